@@ -1,0 +1,68 @@
+"""agentwal: an embedded, transactional store for AI-agent state.
+
+Every step of an agent run commits atomically to a checksummed write-ahead
+log; periodic folds move the state into LMDB; a crash loses nothing that was
+acknowledged, and the run resumes from its last checkpoint.
+
+Importing this package starts no threads and opens no files.
+
+Example::
+
+    import agentwal
+
+    with agentwal.open("state.awal") as store:
+        with store.begin("run-42") as txn:
+            txn["plan"] = {"steps": ["search", "answer"]}
+            txn.meta(node="planner")
+        print(store.head("run-42"))
+"""
+
+from . import errors
+from .errors import (
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptionError,
+    DiskFullError,
+    DurabilityError,
+    Error,
+    InvalidKeyError,
+    MissingKeyError,
+    ReadOnlyError,
+    RunNotFoundError,
+    StoreClosedError,
+    StoreLockedError,
+    TransactionClosedError,
+    UnencodableValueError,
+)
+from .io import FileSystem, OsFileSystem
+from .store import Store, open
+from .txn import Savepoint, Transaction
+from .types import Checkpoint, Durability
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "Checkpoint",
+    "ConflictError",
+    "CorruptionError",
+    "DiskFullError",
+    "Durability",
+    "DurabilityError",
+    "Error",
+    "FileSystem",
+    "InvalidKeyError",
+    "MissingKeyError",
+    "OsFileSystem",
+    "ReadOnlyError",
+    "RunNotFoundError",
+    "Savepoint",
+    "Store",
+    "StoreClosedError",
+    "StoreLockedError",
+    "Transaction",
+    "TransactionClosedError",
+    "UnencodableValueError",
+    "errors",
+    "open",
+]

@@ -1,0 +1,250 @@
+"""The error tree of agentwal.
+
+Theory of operation: every failure the public API reports is an instance of
+:class:`Error`, the one root (like ``sqlite3.Error`` or ``lmdb.Error``). Each
+class carries a stable ``code`` string that scripts may match on, and each
+message ends with what to do next. Errors are built from domain facts (a
+path and an offset, a run and a key), never from a raw ``OSError`` or
+decoder exception: any other exception escaping the public API is a bug.
+
+This module imports nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "ConflictError",
+    "CorruptionError",
+    "DiskFullError",
+    "DurabilityError",
+    "EffectDivergenceError",
+    "EffectInDoubtError",
+    "EffectNotAppliedError",
+    "Error",
+    "InvalidKeyError",
+    "MissingKeyError",
+    "ReadOnlyError",
+    "RunNotFoundError",
+    "StoreClosedError",
+    "StoreLockedError",
+    "TransactionClosedError",
+    "UnencodableValueError",
+]
+
+
+class Error(Exception):
+    """Root of every error agentwal raises.
+
+    Attributes:
+        code: a stable, machine-readable identifier such as ``"conflict"``.
+    """
+
+    code = "error"
+
+
+class ConflictError(Error):
+    """A concurrent commit on the same run overwrote what this transaction read or wrote.
+
+    Nothing of the transaction was applied; begin a new one and redo the step.
+    """
+
+    code = "conflict"
+
+    def __init__(self, run: str, key: str | None = None) -> None:
+        self.run = run
+        self.key = key
+        what = f"key {key!r}" if key is not None else "a key range"
+        super().__init__(
+            f"run {run!r}: {what} was changed by a concurrent commit after this "
+            "transaction began; nothing was applied. Begin a new transaction and retry."
+        )
+
+
+class StoreLockedError(Error):
+    """Another process holds the store's writer lock."""
+
+    code = "store_locked"
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        holder = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"store {path!r} is open for writing by {holder}. Close it there, "
+            "or open this one with readonly=True."
+        )
+
+
+class ReadOnlyError(Error):
+    """A write was attempted on a store opened with ``readonly=True``."""
+
+    code = "read_only"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"store {path!r} was opened read-only. Open it without readonly=True to write."
+        )
+
+
+class StoreClosedError(Error):
+    """The store was closed (or never finished opening)."""
+
+    code = "store_closed"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"store {path!r} is closed. Open it again with agentwal.open().")
+
+
+class TransactionClosedError(Error):
+    """The transaction already committed or rolled back; it cannot be used again."""
+
+    code = "transaction_closed"
+
+    def __init__(self, run: str, state: str) -> None:
+        self.run = run
+        self.state = state
+        super().__init__(
+            f"the transaction on run {run!r} is already {state}. Begin a new one "
+            "with store.begin(run)."
+        )
+
+
+class MissingKeyError(Error, KeyError):
+    """``txn[key]`` on a key that has no value (a ``KeyError`` too)."""
+
+    code = "missing_key"
+
+    def __init__(self, run: str, key: str) -> None:
+        self.run = run
+        self.key = key
+        Exception.__init__(
+            self,
+            f"run {run!r} has no key {key!r}. Use txn.get(key, default) to supply a default.",
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class InvalidKeyError(Error, ValueError):
+    """A key or run id is not a ``str`` of 1..400 UTF-8 bytes."""
+
+    code = "invalid_key"
+
+    def __init__(self, key: object, reason: str) -> None:
+        self.key = key
+        super().__init__(f"invalid key {key!r}: {reason}. Keys are str of 1..400 UTF-8 bytes.")
+
+
+class UnencodableValueError(Error, TypeError):
+    """A value cannot be encoded as CBOR (a custom object, a cycle, a naive datetime...)."""
+
+    code = "unencodable_value"
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        super().__init__(
+            f"value for key {key!r} cannot be stored: {reason}. Store None, bool, int, "
+            "float, str, bytes, list, tuple, dict, set, Decimal, UUID or an aware datetime."
+        )
+
+
+class CorruptionError(Error):
+    """A file of the store is damaged or is not what it should be.
+
+    Attributes:
+        path: the damaged file.
+        offset: the byte offset of the damage, when known.
+        reason: what is wrong.
+    """
+
+    code = "corruption"
+
+    def __init__(self, path: str, offset: int | None, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        where = f"{path} at offset {offset}" if offset is not None else path
+        super().__init__(
+            f"{where}: {reason}. The store was not changed; restore from a backup, or "
+            "run `agentwal verify` to see the extent of the damage."
+        )
+
+
+class DiskFullError(Error):
+    """The disk is full; the commit was not acknowledged and nothing of it is durable.
+
+    The store stays usable: commit again once space is available.
+    """
+
+    code = "disk_full"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"no space left on the device holding {path!r}; the commit was not "
+            "acknowledged. Free some space and commit again."
+        )
+
+
+class DurabilityError(Error):
+    """An fsync or write failed: the writer is stopped and accepts no further commits.
+
+    The outcome of the commits in flight is unknown until the store is reopened.
+    Never retry: fix the disk, then reopen the store, which recovers from the log.
+    """
+
+    code = "durability"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"{path}: {reason}; the store accepts no more commits. Check the disk, "
+            "then close and reopen the store (recovery decides what was kept)."
+        )
+
+
+class EffectInDoubtError(Error):
+    """An effect's outcome is unknown after a crash and its mode forbids calling it again."""
+
+    code = "effect_in_doubt"
+
+
+class EffectNotAppliedError(Error):
+    """A probe reported that an at-most-once effect in doubt was never applied."""
+
+    code = "effect_not_applied"
+
+
+class EffectDivergenceError(Error):
+    """A different effect (name or args) was requested at a position that has a record."""
+
+    code = "effect_divergence"
+
+
+class CheckpointNotFoundError(Error, LookupError):
+    """The run has no checkpoint with that id (never made, or dropped by compaction)."""
+
+    code = "checkpoint_not_found"
+
+    def __init__(self, run: str, checkpoint: int) -> None:
+        self.run = run
+        self.checkpoint = checkpoint
+        super().__init__(
+            f"run {run!r} has no checkpoint {checkpoint}. List the retained ones with "
+            "store.history(run)."
+        )
+
+
+class RunNotFoundError(Error, LookupError):
+    """No run with that id exists in the store."""
+
+    code = "run_not_found"
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        super().__init__(f"no run {run!r} in this store. List the runs with store.runs().")

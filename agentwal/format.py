@@ -1,0 +1,86 @@
+"""On-disk format constants: the one module that says where every byte goes.
+
+``docs/format.md`` documents these tables with a worked example, and the
+golden files in ``tests/data/`` pin them: a change here must bump
+``FORMAT_VERSION`` and update both.
+
+Segment header (``SEGMENT_HEADER_SIZE`` bytes, little-endian)::
+
+    off  size  field
+    0    8     magic  b"AWALSEG\\0"
+    8    2     format version
+    10   2     flags (0)
+    12   4     header size (64)
+    16   16    store id (UUID bytes)
+    32   8     segment number (0, 1, 2 ...)
+    40   8     first LSN the segment holds
+    48   4     salt (random per segment; seeds every record CRC)
+    52   8     reserved (zero)
+    60   4     CRC-32 of bytes 0..59
+
+Record frame (``RECORD_HEADER_SIZE`` bytes, then the payload)::
+
+    off  size  field
+    0    4     CRC-32 seeded with the segment salt, over bytes 4..27 + payload
+    4    4     payload length (>= 1)
+    8    8     LSN (previous + 1)
+    16   8     synced LSN: the highest LSN the writer knew durable when it wrote this
+    24   1     record type
+    25   1     flags (bit 0: the payload's delta is zstd-compressed)
+    26   2     reserved (zero)
+"""
+
+from __future__ import annotations
+
+import struct
+
+FORMAT_VERSION = 1
+
+SEGMENT_MAGIC = b"AWALSEG\x00"
+SEGMENT_HEADER = struct.Struct("<8sHHI16sQQI8s")  # without the trailing CRC
+SEGMENT_HEADER_SIZE = 64
+SEGMENT_SUFFIX = ".wal"
+
+RECORD_HEADER = struct.Struct("<IIQQBBH")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 28
+
+#: Record types.
+REC_COMMIT = 1
+RECORD_TYPES = frozenset({REC_COMMIT})
+
+#: Record flags.
+FLAG_ZSTD = 0x01
+KNOWN_FLAGS = FLAG_ZSTD
+
+#: Largest payload a frame may carry; a bigger length field is damage.
+MAX_RECORD_PAYLOAD = 1 << 30
+#: Deltas at least this long are zstd-compressed (when that makes them smaller).
+COMPRESS_THRESHOLD = 256
+#: Largest decompressed delta accepted from disk.
+MAX_DECOMPRESSED = 1 << 31
+#: Deepest CBOR nesting accepted from disk.
+MAX_CBOR_DEPTH = 256
+
+#: Default nominal segment size (segments are preallocated with zeros).
+DEFAULT_SEGMENT_BYTES = 16 << 20
+MIN_SEGMENT_BYTES = 4096
+
+CONTROL_FILE = "CONTROL"
+WAL_DIR = "wal"
+SNAPSHOT_DIR = "snapshot"
+
+assert SEGMENT_HEADER.size + 4 == SEGMENT_HEADER_SIZE
+assert RECORD_HEADER_SIZE == 28
+
+
+def segment_name(first_lsn: int) -> str:
+    """File name of the segment whose first record has LSN ``first_lsn``."""
+    return f"{first_lsn:020d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The first LSN encoded in a segment file name, or None if it is not one."""
+    stem = name[: -len(SEGMENT_SUFFIX)]
+    if not name.endswith(SEGMENT_SUFFIX) or len(stem) != 20 or not stem.isdigit():
+        return None
+    return int(stem)

@@ -1,0 +1,216 @@
+"""The I/O seam: the one place agentwal touches the operating system's files.
+
+Theory of operation: every WAL and control-file operation goes through an
+object with the methods of :class:`FileSystem` (DESIGN.md, "I/O seam").
+Production uses :class:`OsFileSystem`; ``agentwal.open(path, fs=...)`` takes
+any other object with the same methods, so a test can bring a simulated disk
+(``agentwal.testing.SimulatedDisk``) that loses unsynced data on a power cut.
+
+Contract of the seam, which the engine relies on and simulated disks honour:
+- errors are ``OSError`` with an ``errno``; ``pwrite``/``append`` may be short;
+- ``fsync(fd)`` makes that file's data durable, not its directory entry;
+- ``fsync_dir(path)`` makes the names in ``path`` durable (a new file, a
+  rename, an unlink), as on Linux;
+- ``listdir`` returns names, sorted; ``mkdir`` is ``exist_ok``.
+
+The writer lock is process-level (``flock``) and not part of the seam: a
+simulated disk lives inside one process, where the lock still stops a second
+``Store`` on the same directory. LMDB does its own I/O in ``snapshot.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Protocol, runtime_checkable
+
+from .errors import StoreLockedError
+
+__all__ = [
+    "FileSystem",
+    "OsFileSystem",
+    "WriterLock",
+    "read_all",
+    "write_all",
+    "append_all",
+]
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+_READ_CHUNK = 1 << 20
+
+
+@runtime_checkable
+class FileSystem(Protocol):
+    """What agentwal needs from a file system; all paths are plain strings."""
+
+    def open(self, path: str, create: bool = True) -> int: ...
+    def close(self, fd: int) -> None: ...
+    def pwrite(self, fd: int, offset: int, data: bytes) -> int: ...
+    def append(self, fd: int, data: bytes) -> int: ...
+    def read(self, fd: int, offset: int = 0, n: int | None = None) -> bytes: ...
+    def size(self, fd: int) -> int: ...
+    def truncate(self, fd: int, size: int) -> None: ...
+    def fsync(self, fd: int) -> None: ...
+    def exists(self, path: str) -> bool: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def mkdir(self, path: str) -> None: ...
+    def rename(self, src: str, dst: str) -> None: ...
+    def unlink(self, path: str) -> None: ...
+    def fsync_dir(self, path: str) -> None: ...
+
+
+class OsFileSystem:
+    """The operating system's files: ``os.pwrite``, ``fdatasync`` and friends.
+
+    Files are created with mode 0600 and directories with 0700. A file that
+    cannot be opened for writing (a read-only store on a read-only mount) is
+    opened read-only instead.
+    """
+
+    def open(self, path: str, create: bool = True) -> int:
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        if create:
+            flags |= os.O_CREAT
+        try:
+            return os.open(path, flags, FILE_MODE)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise
+            return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pwrite(self, fd: int, offset: int, data: bytes) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def append(self, fd: int, data: bytes) -> int:
+        os.lseek(fd, 0, os.SEEK_END)
+        return os.write(fd, data)
+
+    def read(self, fd: int, offset: int = 0, n: int | None = None) -> bytes:
+        if n is None:
+            n = max(0, os.fstat(fd).st_size - offset)
+        parts: list[bytes] = []
+        while n > 0:
+            chunk = os.pread(fd, min(n, _READ_CHUNK), offset)
+            if not chunk:
+                break
+            parts.append(chunk)
+            offset += len(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        if sys.platform == "darwin":  # pragma: no cover - fsync lies on macOS
+            import fcntl
+
+            fcntl.fcntl(fd, getattr(fcntl, "F_FULLFSYNC", 51))
+        elif hasattr(os, "fdatasync"):
+            os.fdatasync(fd)
+        else:  # pragma: no cover
+            os.fsync(fd)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def mkdir(self, path: str) -> None:
+        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_all(fs: FileSystem, fd: int, offset: int, data: bytes) -> None:
+    """Write all of ``data`` at ``offset``, retrying short writes until whole."""
+    view = memoryview(data)
+    while view:
+        n = fs.pwrite(fd, offset, bytes(view))
+        if n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        offset += n
+        view = view[n:]
+
+
+def append_all(fs: FileSystem, fd: int, data: bytes) -> None:
+    """Append all of ``data``, retrying short appends until whole."""
+    view = memoryview(data)
+    while view:
+        n = fs.append(fd, bytes(view))
+        if n <= 0:
+            raise OSError(errno.EIO, "append made no progress")
+        view = view[n:]
+
+
+def read_all(fs: FileSystem, path: str) -> bytes:
+    """Read a whole (small) file through the seam."""
+    fd = fs.open(path, create=False)
+    try:
+        return fs.read(fd, 0, None)
+    finally:
+        fs.close(fd)
+
+
+class WriterLock:
+    """The exclusive, process-level writer lock of a store directory.
+
+    ``flock`` on ``<store>/LOCK``; the holder writes its pid into the file so a
+    second writer can be told who holds it. The kernel drops the lock when the
+    holder dies, so a crashed writer never leaves a stale lock.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, "LOCK")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`StoreLockedError` naming the holder."""
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StoreLockedError(os.path.dirname(self.path), holder) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,116 @@
+"""The memtable: committed records not yet folded into LMDB.
+
+Theory of operation: records become visible here, in LSN order, once the
+commit pipeline has made them as durable as the store's mode asks. For each
+key a run keeps a short version chain ``[(lsn, value-bytes | None)]`` so that
+a transaction reading at snapshot LSN *s* sees the newest version <= *s*
+(None is a deletion). Versions that no open transaction can still need are
+pruned as new ones arrive.
+
+A fold freezes the active memtable (no more writes to it) and starts a new
+one; transactions that began before keep their reference to the frozen one
+and an LMDB read transaction from before the fold, so their view never
+changes under them. The memtable does no I/O and takes no locks: the store
+serialises writers and publishes new tables under its commit lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .types import Checkpoint
+
+__all__ = ["Memtable", "RunMem"]
+
+Version = tuple[int, "bytes | None"]
+
+
+@dataclass
+class RunMem:
+    """One run's unfolded versions and checkpoints."""
+
+    versions: dict[str, list[Version]] = field(default_factory=dict)
+    checkpoints: list[tuple[Checkpoint, bytes]] = field(default_factory=list)
+
+    def head(self, snap: int) -> tuple[Checkpoint, bytes] | None:
+        """The newest checkpoint with LSN <= ``snap``."""
+        for c, h in reversed(self.checkpoints):
+            if c.lsn <= snap:
+                return c, h
+        return None
+
+
+class Memtable:
+    """Unfolded committed state of every run, with per-key version chains."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunMem] = {}
+        self.first_lsn = 0  # 0 while empty
+        self.last_lsn = 0
+        self.nbytes = 0
+        self.frozen = False
+
+    def __len__(self) -> int:
+        return sum(len(r.checkpoints) for r in self.runs.values())
+
+    def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, delta: dict[str, bytes | None],
+              oldest_snap: int) -> None:
+        """Make one commit visible; prune versions older than ``oldest_snap`` can see."""
+        assert not self.frozen, "a frozen memtable is read-only"
+        rm = self.runs.get(ckpt.run)
+        if rm is None:
+            rm = self.runs[ckpt.run] = RunMem()
+        for key, value in delta.items():
+            chain = rm.versions.get(key)
+            if chain is None:
+                rm.versions[key] = [(lsn, value)]
+            else:
+                chain.append((lsn, value))
+                _prune(chain, oldest_snap)
+            self.nbytes += len(key) + (len(value) if value is not None else 0) + 16
+        rm.checkpoints.append((ckpt, hsh))
+        if not self.first_lsn:
+            self.first_lsn = lsn
+        self.last_lsn = lsn
+
+    def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:
+        """``(found, value)`` of ``key`` as of ``snap``; found with None means deleted."""
+        rm = self.runs.get(run)
+        if rm is None:
+            return False, None
+        chain = rm.versions.get(key)
+        if chain is None:
+            return False, None
+        for lsn, value in reversed(chain):
+            if lsn <= snap:
+                return True, value
+        return False, None
+
+    def visible(self, run: str, snap: int) -> dict[str, bytes | None]:
+        """Every key of ``run`` this table decides as of ``snap`` (None: deleted)."""
+        rm = self.runs.get(run)
+        out: dict[str, bytes | None] = {}
+        if rm is None:
+            return out
+        for key, chain in rm.versions.items():
+            for lsn, value in reversed(chain):
+                if lsn <= snap:
+                    out[key] = value
+                    break
+        return out
+
+    def fold_view(self) -> dict[str, tuple[dict[str, bytes | None], list[tuple[Checkpoint, bytes]]]]:
+        """For a fold: each run's final writes and its checkpoints in order."""
+        return {run: ({k: chain[-1][1] for k, chain in rm.versions.items()}, rm.checkpoints)
+                for run, rm in self.runs.items()}
+
+
+def _prune(chain: list[Version], oldest_snap: int) -> None:
+    """Drop versions shadowed for every snapshot >= ``oldest_snap``."""
+    keep_from = 0
+    for i in range(len(chain) - 1, -1, -1):
+        if chain[i][0] <= oldest_snap:
+            keep_from = i
+            break
+    if keep_from:
+        del chain[:keep_from]

@@ -1,0 +1,327 @@
+"""The LMDB snapshot: the folded state, checkpoints and ``applied_lsn``.
+
+Theory of operation: LMDB holds everything the WAL no longer needs to. It
+is written only by the fold, and each fold is one LMDB write transaction
+committed with ``sync=True`` that also stores ``applied_lsn``, the LSN of the
+last record it covers. LMDB's copy-on-write B+tree and double meta page make
+that commit atomic, so after any crash LMDB sits exactly at a fold boundary
+and the WAL supplies every record after ``applied_lsn``.
+
+This is the only module that imports ``lmdb``; every ``lmdb.Error`` becomes
+an ``agentwal`` error here. Before mapping ``data.mdb`` it reads LMDB's two
+meta pages itself and checks the file is as long as the newest meta says,
+because touching a page past the end of a truncated map kills the process
+with SIGBUS.
+
+Databases (keys are bytes; integers big-endian so they sort):
+
+- ``meta``:  ``applied_lsn`` -> u64, ``store_id`` -> 16 bytes, ``next_run`` -> u64
+- ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count]``
+- ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR
+- ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
+  ``[id, parent, lsn, created_at, meta, hash, origin]``
+
+Every stored value carries a CRC-32 of its bytes (LMDB has no checksums), checked
+on each read.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import threading
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import cbor2
+import lmdb
+
+from .codec import CodecError, loads
+from .errors import CorruptionError, DiskFullError, DurabilityError, ReadOnlyError
+from .types import Checkpoint
+
+__all__ = ["RunInfo", "Snapshot", "check_lmdb_file"]
+
+_U64 = struct.Struct(">Q")
+_CRC = struct.Struct("<I")
+_LMDB_MAGIC = 0xBEEFC0DE
+_DEFAULT_MAP = (1 << 40) if sys.maxsize > 2**32 else (1 << 30)
+_DATA = "data.mdb"
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What LMDB knows of a run's head."""
+
+    number: int
+    head: int
+    head_hash: bytes
+    count: int
+
+
+def _seal(data: bytes) -> bytes:
+    return _CRC.pack(zlib.crc32(data)) + data
+
+
+def check_lmdb_file(path: str) -> None:
+    """Refuse a ``data.mdb`` that is shorter than its meta pages say (before mapping it).
+
+    Raises:
+        CorruptionError: the file is truncated or its meta pages are damaged.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(2 * 65536)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CorruptionError(path, None, f"cannot read: {exc.strerror}") from None
+    if size == 0:
+        return
+    if len(head) < 160:
+        raise CorruptionError(path, 0, f"LMDB file is {size} bytes, shorter than a meta page")
+    # Page 0 holds a meta; its header is 16 bytes, then MDB_meta.
+    magic, _version = struct.unpack_from("<II", head, 16)
+    if magic != _LMDB_MAGIC:
+        raise CorruptionError(path, 16, "not an LMDB file (bad meta magic)")
+    # mm_dbs[0].md_pad holds the page size (offset 16 + 4 + 4 + 8 + 8 = 40).
+    (psize,) = struct.unpack_from("<I", head, 40)
+    if psize < 512 or psize > 65536 or psize & (psize - 1):
+        raise CorruptionError(path, 40, f"LMDB page size {psize} is not plausible")
+    if size < 2 * psize or len(head) < 2 * psize:
+        raise CorruptionError(path, size, "LMDB file is shorter than its two meta pages")
+    best: tuple[int, int] | None = None
+    for page in (0, 1):
+        base = page * psize + 16
+        m, _v = struct.unpack_from("<II", head, base)
+        if m != _LMDB_MAGIC:
+            raise CorruptionError(path, base, f"LMDB meta page {page} is damaged")
+        last_pg, txnid = struct.unpack_from("<QQ", head, base + 120)
+        if best is None or txnid > best[1]:
+            best = (last_pg, txnid)
+    assert best is not None
+    need = (best[0] + 1) * psize
+    if size < need:
+        raise CorruptionError(path, size,
+                              f"LMDB file is truncated: {size} bytes, its meta needs {need}")
+
+
+class Snapshot:
+    """The LMDB environment under ``<store>/snapshot``."""
+
+    def __init__(self, directory: str, *, readonly: bool, map_size: int = _DEFAULT_MAP) -> None:
+        self.directory = directory
+        self.readonly = readonly
+        self._write_lock = threading.Lock()
+        data = os.path.join(directory, _DATA)
+        if readonly and not os.path.exists(data):
+            raise CorruptionError(data, None, "the snapshot is missing")
+        if not readonly:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_lmdb_file(data)
+        try:
+            self.env = lmdb.open(
+                directory, map_size=map_size, max_dbs=8, max_readers=1024, sync=True,
+                metasync=True, writemap=False, readahead=False, meminit=False,
+                readonly=readonly, lock=True, mode=0o600, create=not readonly,
+            )
+            if not readonly:
+                self.env.reader_check()
+            with self.env.begin(write=not readonly) as txn:
+                self._meta = self.env.open_db(b"meta", txn=txn, create=not readonly)
+                self._runs = self.env.open_db(b"runs", txn=txn, create=not readonly)
+                self._state = self.env.open_db(b"state", txn=txn, create=not readonly)
+                self._ckpt = self.env.open_db(b"ckpt", txn=txn, create=not readonly)
+        except lmdb.Error as exc:
+            raise self._translate(exc, "cannot open the snapshot") from None
+
+    # -- errors -------------------------------------------------------------------
+
+    def _translate(self, exc: Exception, what: str) -> Exception:
+        path = os.path.join(self.directory, _DATA)
+        if isinstance(exc, lmdb.ReadonlyError):
+            return ReadOnlyError(self.directory)
+        if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc):
+            return DiskFullError(path)
+        if isinstance(exc, (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
+                            lmdb.VersionMismatchError, lmdb.BadValsizeError, lmdb.NotFoundError)):
+            return CorruptionError(path, None, f"{what}: {exc}")
+        return DurabilityError(path, f"{what}: {exc}")
+
+    def _corrupt(self, what: str) -> CorruptionError:
+        return CorruptionError(os.path.join(self.directory, _DATA), None, what)
+
+    def _open(self, raw: bytes | None, what: str) -> bytes | None:
+        if raw is None:
+            return None
+        if len(raw) < 4 or _CRC.unpack_from(raw)[0] != zlib.crc32(raw[4:]):
+            raise self._corrupt(f"checksum mismatch in {what}")
+        return bytes(raw[4:])
+
+    def _load(self, raw: bytes | None, what: str) -> Any:
+        data = self._open(raw, what)
+        if data is None:
+            return None
+        try:
+            return loads(data)
+        except CodecError as exc:
+            raise self._corrupt(f"{what}: {exc}") from None
+
+    # -- reading ------------------------------------------------------------------
+
+    def begin_read(self) -> Any:
+        """A read transaction: a consistent view of the last fold."""
+        try:
+            return self.env.begin(buffers=False)
+        except lmdb.Error as exc:
+            raise self._translate(exc, "cannot begin a read") from None
+
+    def meta(self, txn: Any) -> tuple[int, uuid.UUID | None]:
+        """``(applied_lsn, store_id)`` as of ``txn``."""
+        applied = txn.get(b"applied_lsn", db=self._meta)
+        sid = txn.get(b"store_id", db=self._meta)
+        lsn = _U64.unpack(applied)[0] if applied is not None and len(applied) == 8 else 0
+        if sid is not None and len(sid) != 16:
+            raise self._corrupt("store id in the snapshot is damaged")
+        return lsn, (uuid.UUID(bytes=sid) if sid is not None else None)
+
+    def run_info(self, txn: Any, run: str) -> RunInfo | None:
+        """The folded head of ``run``, or None."""
+        obj = self._load(txn.get(run.encode(), db=self._runs), f"run {run!r}")
+        if obj is None:
+            return None
+        if not (isinstance(obj, list) and len(obj) == 4):
+            raise self._corrupt(f"run record of {run!r} is malformed")
+        return RunInfo(obj[0], obj[1], obj[2], obj[3])
+
+    def runs(self, txn: Any) -> list[str]:
+        """Every folded run id."""
+        with txn.cursor(db=self._runs) as cur:
+            return [bytes(k).decode("utf-8", "replace") for k in cur.iternext(values=False)]
+
+    def get(self, txn: Any, run_no: int, key: str) -> bytes | None:
+        """The stored value bytes of ``key`` in run ``run_no``, or None."""
+        return self._open(txn.get(_U64.pack(run_no) + key.encode(), db=self._state),
+                          f"value of key {key!r}")
+
+    def items(self, txn: Any, run_no: int, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        """``(key, value bytes)`` of a run in key order, optionally under ``prefix``."""
+        start = _U64.pack(run_no) + prefix.encode()
+        with txn.cursor(db=self._state) as cur:
+            if not cur.set_range(start):
+                return
+            for k, v in cur.iternext():
+                k = bytes(k)
+                if not k.startswith(start):
+                    return
+                key = k[8:].decode("utf-8", "replace")
+                data = self._open(v, f"value of key {key!r}")
+                assert data is not None
+                yield key, data
+
+    def checkpoint(self, txn: Any, run: str, run_no: int, cid: int) -> Checkpoint | None:
+        """One folded checkpoint, or None."""
+        obj = self._load(txn.get(_U64.pack(run_no) + _U64.pack(cid), db=self._ckpt),
+                         f"checkpoint {run!r}/{cid}")
+        return None if obj is None else self._ckpt_from(run, obj)
+
+    def checkpoints(self, txn: Any, run: str, run_no: int) -> Iterator[Checkpoint]:
+        """Folded checkpoints of a run, newest first."""
+        base = _U64.pack(run_no)
+        with txn.cursor(db=self._ckpt) as cur:
+            if not cur.set_range(_U64.pack(run_no + 1)):
+                if not cur.last():
+                    return
+            elif not cur.prev():
+                return
+            for k, v in cur.iterprev():
+                if not bytes(k).startswith(base):
+                    return
+                yield self._ckpt_from(run, self._load(v, f"checkpoint of {run!r}"))
+
+    def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
+        if not (isinstance(obj, list) and len(obj) == 7):
+            raise self._corrupt(f"checkpoint record of {run!r} is malformed")
+        cid, parent, lsn, created, meta, hsh, origin = obj
+        org = (origin[0], origin[1]) if origin else None
+        return Checkpoint(run, cid, parent, lsn, created, meta, bytes(hsh).hex(), org)
+
+    # -- folding ------------------------------------------------------------------
+
+    def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun]) -> None:
+        """Write a frozen memtable into LMDB in one synced transaction."""
+        if self.readonly:
+            raise ReadOnlyError(self.directory)
+        with self._write_lock:
+            try:
+                with self.env.begin(write=True) as txn:
+                    self._fold_into(txn, applied_lsn, store_id, runs)
+                self.env.sync(True)
+            except lmdb.Error as exc:
+                raise self._translate(exc, "fold failed") from None
+
+    def _fold_into(self, txn: Any, applied_lsn: int, store_id: uuid.UUID,
+                   runs: list[FoldRun]) -> None:
+        raw_next = txn.get(b"next_run", db=self._meta)
+        next_run = _U64.unpack(raw_next)[0] if raw_next else 1
+        for fr in runs:
+            info = self.run_info(txn, fr.run)
+            if info is None:
+                number, count = next_run, 0
+                next_run += 1
+            else:
+                number, count = info.number, info.count
+            base = _U64.pack(number)
+            for key, value in fr.writes.items():
+                k = base + key.encode()
+                if value is None:
+                    txn.delete(k, db=self._state)
+                else:
+                    txn.put(k, _seal(value), db=self._state)
+            for c, hsh in fr.checkpoints:
+                rec = [c.id, c.parent, c.lsn, c.created_at, c.meta, hsh,
+                       list(c.origin) if c.origin else None]
+                txn.put(base + _U64.pack(c.id), _seal(cbor2.dumps(rec)), db=self._ckpt)
+            head, head_hash = fr.checkpoints[-1]
+            count += len(fr.checkpoints)
+            txn.put(fr.run.encode(),
+                    _seal(cbor2.dumps([number, head.id, head_hash, count])), db=self._runs)
+        txn.put(b"next_run", _U64.pack(next_run), db=self._meta)
+        txn.put(b"store_id", store_id.bytes, db=self._meta)
+        txn.put(b"applied_lsn", _U64.pack(applied_lsn), db=self._meta)
+
+    def stats(self) -> dict[str, int]:
+        """LMDB file size and entry counts."""
+        try:
+            info = self.env.info()
+            st = self.env.stat()
+            with self.env.begin() as txn:
+                counts = {name: txn.stat(db)["entries"]
+                          for name, db in (("runs", self._runs), ("state_keys", self._state),
+                                           ("checkpoints", self._ckpt))}
+        except lmdb.Error as exc:
+            raise self._translate(exc, "cannot read stats") from None
+        path = os.path.join(self.directory, _DATA)
+        return {"lmdb_bytes": os.path.getsize(path) if os.path.exists(path) else 0,
+                "lmdb_last_page": info["last_pgno"], "lmdb_page_size": st["psize"], **counts}
+
+    def close(self) -> None:
+        """Close the environment (idempotent)."""
+        try:
+            self.env.close()
+        except lmdb.Error:
+            pass
+
+
+@dataclass
+class FoldRun:
+    """One run's share of a fold: final key writes and new checkpoints in order."""
+
+    run: str
+    writes: dict[str, bytes | None]
+    checkpoints: list[tuple[Checkpoint, bytes]]

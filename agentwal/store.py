@@ -1,0 +1,817 @@
+"""The store: opening and recovery, the commit pipeline, reads, folds, closing.
+
+Theory of operation::
+
+    Txn.commit ─▶ encode delta (no lock) ─▶ [commit lock] validate (OCC), assign
+    LSN, id, parent, hash; queue ─▶ [flush lock] the leader takes the whole
+    queue, writes it in one write, fdatasyncs once (sync mode) ─▶ [commit lock]
+    publish the batch to the memtable in LSN order ─▶ every committer returns
+
+*Group commit*: committers that queue while a leader is syncing are written
+and synced together by the next leader, so N concurrent commits share one
+fdatasync. *Visibility after durability*: a commit becomes readable only
+after it is as durable as the mode promises, so nobody acts on state a crash
+can take back. *Failure*: if a write or sync fails, every queued commit
+fails, the LSN counter and the per-run heads are put back, and (for a failed
+fsync) the writer refuses all further work: ``DurabilityError``.
+
+*Isolation*: a view is ``(snapshot LSN, memtables, LMDB read txn)`` taken
+under the commit lock, so it never changes. Commits validate what they read
+and wrote against ``_last_write`` (key -> LSN of the last commit touching it),
+kept only as far back as the oldest open view.
+
+*Fold*: a background thread (or ``snapshot()``/``close()``) freezes the
+active memtable, writes it to LMDB in one synced transaction with
+``applied_lsn``, then drops the frozen table and removes WAL segments the
+fold covers. Commits continue into the new memtable meanwhile.
+
+Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments) and
+``snapshot.py`` (LMDB); the store itself keeps no state on disk of its own
+beyond what those write.
+
+Lock order: ``_fold_lock`` → ``_flush_lock`` → ``_lock``. ``_lock`` is never
+held across I/O except the LMDB read-transaction begin.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from . import failpoints
+from .codec import CommitRecord, checkpoint_hash, decode_value, encode_commit, encode_delta
+from .control import create_control, read_control
+from .errors import (
+    ConflictError,
+    CorruptionError,
+    DurabilityError,
+    Error,
+    ReadOnlyError,
+    RunNotFoundError,
+    StoreClosedError,
+)
+from .format import (
+    DEFAULT_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
+    REC_COMMIT,
+    SNAPSHOT_DIR,
+    WAL_DIR,
+)
+from .io import FileSystem, OsFileSystem, WriterLock
+from .memtable import Memtable
+from .recovery import recover
+from .snapshot import FoldRun, RunInfo, Snapshot
+from .txn import Transaction
+from .types import Checkpoint, Durability, check_key
+from .wal import PendingRecord, Writer
+
+__all__ = ["Store", "open"]
+
+_ZERO_HASH = bytes(32)
+_ABSENT: Any = object()
+T = TypeVar("T")
+
+
+@dataclass
+class _View:
+    """A consistent read view: everything with LSN <= ``snap``."""
+
+    snap: int
+    layers: tuple[Memtable, ...]  # newest first
+    ltxn: Any
+    lock: threading.Lock | None  # read-only stores share one LMDB txn
+    infos: dict[str, RunInfo | None] = field(default_factory=dict)
+    live: bool = True
+
+
+@dataclass
+class _Pending:
+    """A commit between validation and publication."""
+
+    lsn: int
+    ckpt: Checkpoint
+    hsh: bytes
+    delta: dict[str, bytes | None]
+    record: PendingRecord
+    prev_head: Any
+    prev_writes: dict[str, Any]
+    state: str = "queued"  # queued | done | failed
+    error: BaseException | None = None
+
+
+def open(  # noqa: A001 - the public name is agentwal.open
+    path: str | os.PathLike[str],
+    *,
+    durability: Durability | str = Durability.SYNC,
+    readonly: bool = False,
+    wal_max_bytes: int = 64 << 20,
+    fs: FileSystem | None = None,
+    sync_interval: float = 0.1,
+    segment_bytes: int | None = None,
+) -> Store:
+    """Open (or create) the store in directory ``path`` and recover it.
+
+    Args:
+        path: the store directory; created if missing (unless ``readonly``).
+        durability: ``"sync"`` (default), ``"async"`` or ``"none"``.
+        readonly: open without the writer lock; sees the committed state as of
+            the open (or the last ``refresh()``); writes raise ``ReadOnlyError``.
+        wal_max_bytes: fold the log into LMDB once it holds this many bytes.
+        fs: the file system for the WAL and control file (default: the OS).
+        sync_interval: seconds between background syncs in ``async`` mode.
+        segment_bytes: size of each preallocated WAL segment (default:
+            a quarter of ``wal_max_bytes``, at most 16 MiB).
+
+    Returns:
+        An open :class:`Store` (also a context manager).
+
+    Raises:
+        StoreLockedError: another process has it open for writing.
+        CorruptionError: a file of the store is damaged; nothing was changed.
+        ReadOnlyError / CorruptionError: ``readonly`` and the store does not exist.
+        ValueError: a bad argument.
+
+    Example::
+
+        with agentwal.open("state.awal") as store:
+            with store.begin("run-1") as txn:
+                txn["step"] = 1
+    """
+    mode = Durability(durability)
+    if wal_max_bytes < MIN_SEGMENT_BYTES:
+        raise ValueError(f"wal_max_bytes must be at least {MIN_SEGMENT_BYTES}")
+    if sync_interval <= 0:
+        raise ValueError("sync_interval must be positive")
+    if segment_bytes is None:
+        segment_bytes = max(MIN_SEGMENT_BYTES * 16, min(DEFAULT_SEGMENT_BYTES, wal_max_bytes // 4))
+    if segment_bytes < MIN_SEGMENT_BYTES:
+        raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
+    store = Store(os.fspath(path), mode, readonly, wal_max_bytes, fs or OsFileSystem(),
+                  sync_interval, segment_bytes)
+    try:
+        store._open()
+    except BaseException:
+        store._release_all()
+        raise
+    return store
+
+
+class Store:
+    """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
+
+    def __init__(self, path: str, durability: Durability, readonly: bool, wal_max_bytes: int,
+                 fs: FileSystem, sync_interval: float, segment_bytes: int) -> None:
+        self.path = path
+        self.durability = durability
+        self.readonly = readonly
+        self.wal_max_bytes = wal_max_bytes
+        self._fs = fs
+        self._sync_interval = sync_interval
+        self._segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._fold_lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._closed = True
+        self._stop = False
+        self._writer_lock: WriterLock | None = None
+        self._snap: Snapshot | None = None
+        self._writer: Writer | None = None
+        self._threads: list[threading.Thread] = []
+        self._active = Memtable()
+        self._frozen: Memtable | None = None
+        self._visible = 0
+        self._next_lsn = 1
+        self._applied = 0
+        self._pending: list[_Pending] = []
+        self._heads: dict[str, tuple[int, bytes]] = {}
+        self._last_write: dict[str, dict[str, int]] = {}
+        self._snaps: dict[int, int] = {}
+        self._ro_txn: Any = None
+        self._ro_lock = threading.Lock()
+        self._fold_wanted = False
+        self._fold_error: BaseException | None = None
+        self._fold_mark = 0
+        self._counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0, "folds": 0,
+                          "segments_removed": 0}
+        self._recovery: dict[str, Any] = {}
+        self.store_id: Any = None
+
+    # -- opening --------------------------------------------------------------------
+
+    def _open(self) -> None:
+        t0 = time.perf_counter()
+        fs, path = self._fs, self.path
+        wal_dir = os.path.join(path, WAL_DIR)
+        if self.readonly:
+            if not os.path.isdir(path):
+                raise CorruptionError(path, None, "no store here")
+        else:
+            fs.mkdir(path)
+            fs.fsync_dir(os.path.dirname(os.path.abspath(path)))
+            self._writer_lock = WriterLock(path)
+            self._writer_lock.acquire()
+        try:
+            ctl = read_control(fs, path)
+        except OSError as exc:
+            raise CorruptionError(path, None, f"cannot read the control file: {exc}") from None
+        if ctl is None:
+            if self.readonly:
+                raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)")
+            if fs.exists(wal_dir) and fs.listdir(wal_dir):
+                raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
+            ctl = create_control(fs, path)
+        self.store_id = ctl.store_id
+        if not self.readonly:
+            fs.mkdir(wal_dir)
+            fs.fsync_dir(path)
+        self._snap = Snapshot(os.path.join(path, SNAPSHOT_DIR), readonly=self.readonly)
+        self._load(wal_dir)
+        self._recovery["seconds"] = round(time.perf_counter() - t0, 6)
+        self._closed = False
+        if not self.readonly:
+            self._start_threads()
+
+    def _load(self, wal_dir: str) -> None:
+        """Pin the LMDB base, replay the WAL after it, and set up the writer."""
+        assert self._snap is not None
+        ltxn = self._snap.begin_read()
+        applied, sid = self._snap.meta(ltxn)
+        if sid is not None and sid != self.store_id:
+            ltxn.abort()
+            raise CorruptionError(self._snap.directory, None,
+                                  f"snapshot belongs to store {sid}, not {self.store_id}")
+        try:
+            plan = recover(self._fs, wal_dir, applied, self.store_id, readonly=self.readonly)
+        except OSError as exc:
+            ltxn.abort()
+            raise CorruptionError(wal_dir, None, f"cannot read the WAL: {exc}") from None
+        except BaseException:
+            ltxn.abort()
+            raise
+        mem = Memtable()
+        for r in plan.records:
+            rec = r.record
+            ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, rec.meta,
+                              rec.hash.hex(), rec.origin)
+            mem.apply(r.lsn, ckpt, rec.hash, r.delta, r.lsn)
+            self._heads[rec.run] = (rec.id, rec.hash)
+        self._active = mem
+        self._applied = applied
+        self._visible = plan.next_lsn - 1
+        self._next_lsn = plan.next_lsn
+        self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
+                              torn_bytes=plan.torn_bytes, actions=plan.notes)
+        if self.readonly:
+            self._ro_txn = ltxn
+            return
+        ltxn.abort()
+        w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes)
+        if plan.resume is not None:
+            seg, header, end = plan.resume
+            w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
+        else:
+            w.start(plan.next_lsn)
+        self._writer = w
+        self._fold_mark = w.bytes_written
+
+    def _start_threads(self) -> None:
+        self._stop = False
+        t = threading.Thread(target=self._fold_loop, name="agentwal-fold", daemon=True)
+        self._threads.append(t)
+        t.start()
+        if self.durability is Durability.ASYNC:
+            f = threading.Thread(target=self._flush_loop, name="agentwal-flush", daemon=True)
+            self._threads.append(f)
+            f.start()
+
+    # -- views ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(self.path)
+
+    def _view(self) -> _View:
+        self._check_open()
+        assert self._snap is not None
+        with self._lock:
+            snap = self._visible
+            layers = (self._active,) if self._frozen is None else (self._active, self._frozen)
+            if self.readonly:
+                view = _View(snap, layers, self._ro_txn, self._ro_lock)
+            else:
+                view = _View(snap, layers, self._snap.begin_read(), None)
+            self._snaps[snap] = self._snaps.get(snap, 0) + 1
+        return view
+
+    def _release(self, view: _View) -> None:
+        if not view.live:
+            return
+        view.live = False
+        with self._lock:
+            n = self._snaps.get(view.snap, 0) - 1
+            if n <= 0:
+                self._snaps.pop(view.snap, None)
+            else:
+                self._snaps[view.snap] = n
+        if view.lock is None:
+            try:
+                view.ltxn.abort()
+            except Exception:
+                pass
+
+    def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
+        if view.lock is None:
+            return fn(view.ltxn)
+        with view.lock:
+            return fn(view.ltxn)
+
+    def _info(self, view: _View, run: str) -> RunInfo | None:
+        if run not in view.infos:
+            assert self._snap is not None
+            snap = self._snap
+            view.infos[run] = self._lmdb(view, lambda t: snap.run_info(t, run))
+        return view.infos[run]
+
+    def _read(self, view: _View, run: str, key: str) -> bytes | None:
+        for layer in view.layers:
+            found, value = layer.lookup(run, key, view.snap)
+            if found:
+                return value
+        info = self._info(view, run)
+        if info is None:
+            return None
+        assert self._snap is not None
+        snap = self._snap
+        return self._lmdb(view, lambda t: snap.get(t, info.number, key))
+
+    def _items(self, view: _View, run: str, prefix: str) -> dict[str, bytes | None]:
+        out: dict[str, bytes | None] = {}
+        info = self._info(view, run)
+        if info is not None:
+            assert self._snap is not None
+            snap = self._snap
+            out.update(self._lmdb(view, lambda t: dict(snap.items(t, info.number, prefix))))
+        for layer in reversed(view.layers):
+            for key, value in layer.visible(run, view.snap).items():
+                if key.startswith(prefix):
+                    out[key] = value
+        return out
+
+    def _head(self, view: _View, run: str) -> Checkpoint | None:
+        for layer in view.layers:
+            rm = layer.runs.get(run)
+            if rm is not None:
+                found = rm.head(view.snap)
+                if found is not None:
+                    return found[0]
+        info = self._info(view, run)
+        if info is None:
+            return None
+        assert self._snap is not None
+        snap = self._snap
+        return self._lmdb(view, lambda t: snap.checkpoint(t, run, info.number, info.head))
+
+    def _with_view(self, fn: Callable[[_View], T]) -> T:
+        view = self._view()
+        try:
+            return fn(view)
+        finally:
+            self._release(view)
+
+    # -- transactions -----------------------------------------------------------------
+
+    def begin(self, run: str) -> Transaction:
+        """Begin a write transaction on ``run`` (created by its first commit).
+
+        The transaction reads a consistent snapshot taken now; use it as a
+        context manager (commit on clean exit, roll back on exception) or call
+        ``commit()`` / ``rollback()``.
+
+        Raises:
+            InvalidKeyError: ``run`` is not a valid id.
+            ReadOnlyError: the store is read-only.
+            StoreClosedError: the store is closed.
+        """
+        check_key(run, "run id")
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        return Transaction(self, run, self._view())
+
+    def _txn_read(self, txn: Transaction, key: str) -> bytes | None:
+        self._check_open()
+        return self._read(txn._view, txn.run, key)
+
+    def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]:
+        self._check_open()
+        return self._items(txn._view, txn.run, prefix)
+
+    def _txn_release(self, txn: Transaction) -> None:
+        self._release(txn._view)
+
+    def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
+        self._check_open()
+        run, view = txn.run, txn._view
+        failpoints.hit("commit_before_validate")
+        if not txn._writes and not txn._meta:
+            return self._head(view, run)
+        delta = dict(txn._writes)
+        blob, flags, digest = encode_delta(delta)
+        created = time.time()
+        meta = dict(txn._meta)
+        with self._lock:
+            if self._writer is None or self._closed:
+                raise StoreClosedError(self.path)
+            if self._writer.broken is not None:
+                raise self._writer.broken
+            self._validate(run, view.snap, delta.keys() | txn._reads, txn._prefixes)
+            head = self._head_for_commit(run)
+            parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
+            cid = (parent or 0) + 1
+            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta, None, digest)
+            lsn = self._next_lsn
+            payload = encode_commit(CommitRecord(run, cid, parent, created, meta, hsh, None, blob))
+            ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), None)
+            writes = self._last_write.setdefault(run, {})
+            pc = _Pending(lsn, ckpt, hsh, delta, PendingRecord(lsn, REC_COMMIT, flags, payload),
+                          self._heads.get(run, _ABSENT),
+                          {k: writes.get(k, _ABSENT) for k in delta})
+            for k in delta:
+                writes[k] = lsn
+            self._heads[run] = (cid, hsh)
+            self._next_lsn = lsn + 1
+            self._pending.append(pc)
+        failpoints.hit("commit_after_encode")
+        self._drive(pc)
+        return ckpt
+
+    def _validate(self, run: str, snap: int, keys: set[str] | Any, prefixes: set[str]) -> None:
+        writes = self._last_write.get(run)
+        if not writes:
+            return
+        for k in keys:
+            if writes.get(k, 0) > snap:
+                self._counters["conflicts"] += 1
+                raise ConflictError(run, k)
+        if prefixes:
+            for k, lsn in writes.items():
+                if lsn > snap and any(k.startswith(p) for p in prefixes):
+                    self._counters["conflicts"] += 1
+                    raise ConflictError(run, None)
+
+    def _head_for_commit(self, run: str) -> tuple[int, bytes] | None:
+        """Latest assigned head of ``run`` (pending commits included); under ``_lock``."""
+        head = self._heads.get(run)
+        if head is not None:
+            return head
+        for layer in (self._active, self._frozen):
+            if layer is not None and run in layer.runs and layer.runs[run].checkpoints:
+                c, h = layer.runs[run].checkpoints[-1]
+                return c.id, h
+        assert self._snap is not None
+        ltxn = self._snap.begin_read()
+        try:
+            info = self._snap.run_info(ltxn, run)
+        finally:
+            ltxn.abort()
+        return (info.head, info.head_hash) if info is not None else None
+
+    # -- group commit ------------------------------------------------------------------
+
+    def _drive(self, pc: _Pending) -> None:
+        """Make ``pc`` durable and visible, leading a batch if nobody else is."""
+        with self._flush_lock:
+            if pc.state == "queued":
+                self._lead()
+        if pc.state == "failed":
+            assert pc.error is not None
+            raise pc.error
+
+    def _lead(self) -> None:
+        """Write (and in sync mode fsync) every queued commit; under ``_flush_lock``."""
+        assert self._writer is not None
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            self._writer.append([p.record for p in batch])
+            if self.durability is Durability.SYNC:
+                self._writer.sync()
+                self._counters["syncs"] += 1
+        except Error as exc:
+            self._fail_queued(batch, exc)
+            return
+        except BaseException as exc:
+            # A failpoint or a simulated crash interrupted the batch: its fate on
+            # disk is unknown, so the writer stops, as after a failed fsync.
+            err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
+            self._writer.broken = err
+            self._fail_queued(batch, err)
+            raise
+        with self._lock:
+            oldest = min(self._snaps) if self._snaps else self._visible
+            for p in batch:
+                self._active.apply(p.lsn, p.ckpt, p.hsh, p.delta, oldest)
+                self._visible = p.lsn
+                p.state = "done"
+            self._counters["commits"] += len(batch)
+            self._counters["batches"] += 1
+            if len(self._last_write) and self._counters["commits"] % 512 == 0:
+                self._prune_last_write()
+            if self._writer.bytes_written - self._fold_mark >= self.wal_max_bytes:
+                self._fold_wanted = True
+                self._wake.notify_all()
+        failpoints.hit("after_publish")
+
+    def _fail_queued(self, batch: list[_Pending], exc: BaseException) -> None:
+        """Fail ``batch`` and everything queued after it; put LSNs and heads back."""
+        with self._lock:
+            doomed = batch + self._pending
+            self._pending = []
+            for p in reversed(doomed):
+                run = p.ckpt.run
+                if p.prev_head is _ABSENT:
+                    self._heads.pop(run, None)
+                else:
+                    self._heads[run] = p.prev_head
+                writes = self._last_write.setdefault(run, {})
+                for k, old in p.prev_writes.items():
+                    if old is _ABSENT:
+                        writes.pop(k, None)
+                    else:
+                        writes[k] = old
+                p.state, p.error = "failed", exc
+            self._next_lsn = doomed[0].lsn
+
+    def _prune_last_write(self) -> None:
+        oldest = min(self._snaps) if self._snaps else self._visible
+        for run in list(self._last_write):
+            w = self._last_write[run]
+            for k in [k for k, lsn in w.items() if lsn <= oldest]:
+                del w[k]
+            if not w:
+                del self._last_write[run]
+
+    def sync(self) -> None:
+        """Make every acknowledged commit durable now (a no-op in ``sync`` mode).
+
+        Raises:
+            DurabilityError: the fsync failed; the store accepts no more commits.
+        """
+        self._check_open()
+        if self._writer is None:
+            return
+        with self._flush_lock:
+            self._lead()
+            if self._writer.written_lsn > self._writer.synced_lsn:
+                self._writer.sync()
+                self._counters["syncs"] += 1
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._wake.wait(self._sync_interval)
+                if self._stop:
+                    return
+            try:
+                with self._flush_lock:
+                    w = self._writer
+                    if w is not None and w.broken is None and w.written_lsn > w.synced_lsn:
+                        w.sync()
+                        self._counters["syncs"] += 1
+            except Error:
+                continue  # the writer is poisoned; commits report it
+            except BaseException:
+                return
+
+    # -- folding ------------------------------------------------------------------------
+
+    def _fold_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._fold_wanted and not self._stop:
+                    self._wake.wait()
+                if self._stop:
+                    return
+                self._fold_wanted = False
+            try:
+                self._fold()
+            except Error as exc:
+                self._fold_error = exc
+            except BaseException as exc:
+                self._fold_error = exc
+                return
+
+    def snapshot(self) -> None:
+        """Fold the WAL into LMDB now and remove the segments it covers.
+
+        Raises:
+            ReadOnlyError: the store is read-only.
+            DiskFullError / DurabilityError: LMDB could not be written; the
+                WAL still holds everything and the store keeps working.
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        self._fold()
+
+    def _fold(self) -> None:
+        assert self._snap is not None and self._writer is not None
+        with self._fold_lock:
+            with self._lock:
+                if self._frozen is None:
+                    if not self._active.runs:
+                        return
+                    self._frozen, self._active = self._active, Memtable()
+                    self._frozen.frozen = True
+                    self._fold_mark = self._writer.bytes_written
+                frozen = self._frozen
+            failpoints.hit("fold_after_freeze")
+            runs = [FoldRun(run, writes, ckpts)
+                    for run, (writes, ckpts) in frozen.fold_view().items()]
+            failpoints.hit("fold_before_commit")
+            self._snap.fold(frozen.last_lsn, self.store_id, runs)
+            failpoints.hit("fold_after_commit")
+            with self._lock:
+                self._frozen = None
+                self._applied = frozen.last_lsn
+                self._counters["folds"] += 1
+            with self._flush_lock:
+                if self._writer.broken is None:
+                    self._counters["segments_removed"] += self._writer.remove_through(
+                        frozen.last_lsn)
+
+    # -- reads --------------------------------------------------------------------------
+
+    def get(self, run: str, key: str, default: Any = None) -> Any:
+        """The latest committed value of ``key`` in ``run``, or ``default``.
+
+        Raises:
+            InvalidKeyError: bad run id or key. CorruptionError: damaged value.
+        """
+        check_key(run, "run id")
+        check_key(key)
+        raw = self._with_view(lambda v: self._read(v, run, key))
+        return default if raw is None else decode_value(raw)
+
+    def state(self, run: str) -> dict[str, Any]:
+        """The run's latest committed state as a new dict.
+
+        Raises:
+            RunNotFoundError: the run has no checkpoint.
+        """
+        check_key(run, "run id")
+
+        def read(v: _View) -> dict[str, bytes | None]:
+            if self._head(v, run) is None:
+                raise RunNotFoundError(run)
+            return self._items(v, run, "")
+
+        raw = self._with_view(read)
+        return {k: decode_value(b) for k, b in sorted(raw.items()) if b is not None}
+
+    def head(self, run: str) -> Checkpoint | None:
+        """The run's latest checkpoint, or None if it has none."""
+        check_key(run, "run id")
+        return self._with_view(lambda v: self._head(v, run))
+
+    def history(self, run: str, limit: int | None = None) -> list[Checkpoint]:
+        """The run's checkpoints, newest first (at most ``limit``)."""
+        check_key(run, "run id")
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+
+        def read(v: _View) -> list[Checkpoint]:
+            out: list[Checkpoint] = []
+            for layer in v.layers:
+                rm = layer.runs.get(run)
+                if rm is not None:
+                    out.extend(c for c, _ in reversed(rm.checkpoints) if c.lsn <= v.snap)
+            info = self._info(v, run)
+            if info is not None:
+                assert self._snap is not None
+                snap = self._snap
+                want = None if limit is None else max(0, limit - len(out))
+
+                def folded(t: Any) -> list[Checkpoint]:
+                    got: list[Checkpoint] = []
+                    for c in snap.checkpoints(t, run, info.number):
+                        if want is not None and len(got) >= want:
+                            break
+                        got.append(c)
+                    return got
+
+                out.extend(self._lmdb(v, folded))
+            return out if limit is None else out[:limit]
+
+        return self._with_view(read)
+
+    def runs(self) -> list[str]:
+        """Every run id with at least one checkpoint, sorted."""
+
+        def read(v: _View) -> list[str]:
+            assert self._snap is not None
+            snap = self._snap
+            names = set(self._lmdb(v, snap.runs))
+            for layer in v.layers:
+                names.update(r for r, rm in layer.runs.items()
+                             if any(c.lsn <= v.snap for c, _ in rm.checkpoints))
+            return sorted(names)
+
+        return self._with_view(read)
+
+    def refresh(self) -> None:
+        """Read-only stores: catch up with what the writer has committed since."""
+        self._check_open()
+        if not self.readonly:
+            return
+        with self._ro_lock:
+            old = self._ro_txn
+            self._ro_txn = None
+            if old is not None:
+                old.abort()
+            self._heads.clear()
+            self._load(os.path.join(self.path, WAL_DIR))
+
+    # -- stats and closing -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes, LSNs, counters and what the last recovery did (a new dict)."""
+        self._check_open()
+        assert self._snap is not None
+        with self._lock:
+            out: dict[str, Any] = {
+                "path": self.path, "store_id": str(self.store_id),
+                "durability": self.durability.value, "readonly": self.readonly,
+                "visible_lsn": self._visible, "next_lsn": self._next_lsn,
+                "applied_lsn": self._applied, "memtable_commits": len(self._active),
+                "memtable_bytes": self._active.nbytes, **self._counters,
+                "recovery": dict(self._recovery),
+            }
+            w = self._writer
+            if w is not None:
+                out.update(synced_lsn=w.synced_lsn, written_lsn=w.written_lsn,
+                           wal_segments=len(w.segments), wal_bytes=w.size_bytes(),
+                           wal_bytes_since_fold=w.bytes_written - self._fold_mark,
+                           writer_broken=str(w.broken) if w.broken else None)
+            if self._fold_error is not None:
+                out["fold_error"] = str(self._fold_error)
+        out.update(self._snap.stats())
+        return out
+
+    def close(self) -> None:
+        """Flush, fold the WAL into LMDB, and release the store (idempotent).
+
+        After ``close()`` every method raises ``StoreClosedError``; open
+        transactions are dead. If the writer is broken the fold is skipped and
+        the WAL keeps everything for the next open.
+        """
+        if self._closed:
+            return
+        try:
+            if self._writer is not None and self._writer.broken is None:
+                self.sync()
+                self._fold()
+        finally:
+            self._closed = True
+            self._release_all()
+
+    def _release_all(self) -> None:
+        """Stop threads and close every handle without writing anything."""
+        with self._lock:
+            self._stop = True
+            self._closed = True
+            self._wake.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=30)
+        self._threads = []
+        if self._writer is not None:
+            self._writer.close()
+        if self._ro_txn is not None:
+            try:
+                self._ro_txn.abort()
+            except Exception:
+                pass
+            self._ro_txn = None
+        if self._snap is not None:
+            self._snap.close()
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("read-only" if self.readonly else "open")
+        return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
+

@@ -1,0 +1,265 @@
+"""Appending frames to preallocated segments; rotating and removing segments.
+
+Theory of operation (after LevelDB's ``log_writer``): the writer turns
+records into frames and puts them on disk; it never decides durability
+policy. The commit pipeline calls :meth:`Writer.append` and, when its mode
+asks for it, :meth:`Writer.sync`.
+
+Segments are preallocated: a new segment is zero-filled to its full size,
+given its header, fsynced, and its name made durable with a directory fsync
+*before* the first record goes in. Records then overwrite zeros, so the file
+size never changes and an fdatasync flushes data only.
+
+Crash windows:
+- dying while a segment is created leaves a file that is short, all zero or
+  with a bad header; recovery removes it when it is the last one;
+- dying inside :meth:`append` leaves a torn tail (see ``reader.py``);
+- dying between a fold and :meth:`remove_through` leaves old segments whose
+  records recovery skips because LMDB's ``applied_lsn`` covers them.
+
+Errors: ``ENOSPC`` becomes :class:`DiskFullError` after the bytes of the
+failed write are zeroed again, so a later write cannot leave a stale valid
+frame behind; any other failure, or a failure to undo, becomes
+:class:`DurabilityError` and the writer refuses all further work.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from .. import failpoints
+from ..errors import DiskFullError, DurabilityError
+from ..format import (
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    segment_name,
+)
+from ..io import FileSystem, write_all
+from .frame import SegmentHeader, encode_frame, encode_header
+
+__all__ = ["PendingRecord", "Segment", "Writer"]
+
+_ZERO_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRecord:
+    """A record waiting to be framed: its LSN, type, flags and payload."""
+
+    lsn: int
+    type: int
+    flags: int
+    payload: bytes
+
+
+@dataclass
+class Segment:
+    """A segment the writer knows about."""
+
+    number: int
+    first_lsn: int
+    path: str
+    size: int
+
+
+class Writer:
+    """Owns the tail of the log: the current segment and where the next frame goes."""
+
+    def __init__(self, fs: FileSystem, wal_dir: str, store_id: uuid.UUID,
+                 segment_bytes: int) -> None:
+        self.fs = fs
+        self.wal_dir = wal_dir
+        self.store_id = store_id
+        self.segment_bytes = segment_bytes
+        self.segments: list[Segment] = []
+        self.broken: DurabilityError | None = None
+        self.synced_lsn = 0  # highest LSN known durable
+        self.written_lsn = 0  # highest LSN handed to the OS
+        self.bytes_written = 0
+        self._fd: int | None = None
+        self._salt = 0
+        self._offset = 0
+        self._dirty = False  # the current segment has unsynced writes
+
+    # -- opening ---------------------------------------------------------------
+
+    def resume(self, seg: Segment, salt: int, offset: int, last_lsn: int,
+               earlier: list[Segment]) -> None:
+        """Continue after recovery in ``seg`` at ``offset``; ``last_lsn`` is durable."""
+        self.segments = [*earlier, seg]
+        self._fd = self.fs.open(seg.path, create=False)
+        self._salt = salt
+        self._offset = offset
+        self.synced_lsn = self.written_lsn = last_lsn
+
+    def start(self, first_lsn: int, number: int = 0) -> None:
+        """Start an empty log whose first record will have LSN ``first_lsn``."""
+        self.synced_lsn = self.written_lsn = first_lsn - 1
+        self._rotate(first_lsn, number, 0)
+
+    # -- appending -------------------------------------------------------------
+
+    def append(self, records: list[PendingRecord]) -> None:
+        """Frame ``records`` (consecutive LSNs) and write them in one write.
+
+        A batch never spans segments: when it does not fit in the current
+        one, the next segment is created first (sized to hold it), so a
+        failure leaves nothing of the batch behind.
+        """
+        self._check()
+        if not records:
+            return
+        total = sum(RECORD_HEADER_SIZE + len(r.payload) for r in records)
+        if self._fd is None or self._offset + total > self.segments[-1].size:
+            number = self.segments[-1].number + 1 if self.segments else 0
+            self._rotate(records[0].lsn, number, SEGMENT_HEADER_SIZE + total)
+        synced = self.synced_lsn
+        self._write(b"".join(encode_frame(self._salt, r.lsn, synced, r.type, r.flags, r.payload)
+                             for r in records))
+        self.written_lsn = records[-1].lsn
+
+    def _write(self, blob: bytes) -> None:
+        assert self._fd is not None
+        start = self._offset
+        failpoints.hit("before_wal_append")
+        try:
+            if failpoints._armed and len(blob) > 1:
+                half = len(blob) // 2
+                write_all(self.fs, self._fd, start, blob[:half])
+                failpoints.hit("wal_append_partial")
+                write_all(self.fs, self._fd, start + half, blob[half:])
+            else:
+                write_all(self.fs, self._fd, start, blob)
+        except OSError as exc:
+            self._undo_write(start, len(blob), exc)
+        self._offset += len(blob)
+        self.bytes_written += len(blob)
+        self._dirty = True
+        failpoints.hit("after_wal_append")
+
+    def _undo_write(self, start: int, length: int, exc: OSError) -> None:
+        assert self._fd is not None
+        path = self.segments[-1].path
+        try:
+            write_all(self.fs, self._fd, start, bytes(length))
+        except OSError as undo:
+            raise self._poison(path, f"write failed ({exc.strerror or exc}) and could not be "
+                               f"undone ({undo.strerror or undo})") from None
+        if exc.errno == errno.ENOSPC:
+            raise DiskFullError(path) from None
+        raise self._poison(path, f"write failed: {exc.strerror or exc}") from None
+
+    # -- syncing ---------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make every written frame durable (fdatasync of each touched segment)."""
+        self._check()
+        target = self.written_lsn
+        failpoints.hit("before_fsync")
+        if self._dirty:
+            self._fsync_current()
+        self.synced_lsn = target
+        failpoints.hit("after_fsync")
+
+    def _fsync_current(self) -> None:
+        assert self._fd is not None
+        try:
+            self.fs.fsync(self._fd)
+        except OSError as exc:
+            raise self._poison(self.segments[-1].path,
+                               f"fsync failed: {exc.strerror or exc}") from None
+        self._dirty = False
+
+    # -- rotation and removal ------------------------------------------------------
+
+    def _rotate(self, first_lsn: int, number: int, need: int) -> None:
+        """Create, preallocate and durably name the next segment, then switch to it."""
+        if self._fd is not None:  # retire the full segment: durable, then closed
+            if self._dirty:
+                self._fsync_current()
+            self.synced_lsn = self.written_lsn
+            self.close()
+        size = max(self.segment_bytes, need)
+        path = os.path.join(self.wal_dir, segment_name(first_lsn))
+        header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32))
+        failpoints.hit("before_segment_create")
+        fd: int | None = None
+        try:
+            fd = self.fs.open(path, create=True)
+            self.fs.truncate(fd, 0)
+            zeros = bytes(min(_ZERO_CHUNK, size))
+            off = 0
+            while off < size:
+                chunk = zeros[: min(len(zeros), size - off)]
+                write_all(self.fs, fd, off, chunk)
+                off += len(chunk)
+            write_all(self.fs, fd, 0, encode_header(header))
+            self.fs.fsync(fd)
+            failpoints.hit("segment_preallocated")
+            self.fs.fsync_dir(self.wal_dir)
+        except OSError as exc:
+            self._abandon(path, fd)
+            if exc.errno == errno.ENOSPC:
+                raise DiskFullError(path) from None
+            raise self._poison(path, f"cannot create segment: {exc.strerror or exc}") from None
+        failpoints.hit("after_segment_create")
+        self._fd = fd
+        self._salt = header.salt
+        self._offset = SEGMENT_HEADER_SIZE
+        self.segments.append(Segment(number, first_lsn, path, size))
+
+    def _abandon(self, path: str, fd: int | None) -> None:
+        try:
+            if fd is not None:
+                self.fs.close(fd)
+            if self.fs.exists(path):
+                self.fs.unlink(path)
+                self.fs.fsync_dir(self.wal_dir)
+        except OSError:
+            pass  # an unnamed or half-made segment is removed by recovery
+
+    def remove_through(self, lsn: int) -> int:
+        """Remove segments whose records all have LSN <= ``lsn``; returns how many."""
+        self._check()
+        doomed = [s for s, nxt in zip(self.segments, self.segments[1:])
+                  if nxt.first_lsn <= lsn + 1]
+        if not doomed:
+            return 0
+        failpoints.hit("before_segment_remove")
+        try:
+            for seg in doomed:
+                self.fs.unlink(seg.path)
+            failpoints.hit("after_segment_remove")
+            self.fs.fsync_dir(self.wal_dir)
+        except OSError as exc:
+            raise self._poison(self.wal_dir,
+                               f"cannot remove old segments: {exc.strerror or exc}") from None
+        self.segments = self.segments[len(doomed):]
+        return len(doomed)
+
+    def size_bytes(self) -> int:
+        """Bytes of log on disk (preallocation included)."""
+        return sum(s.size for s in self.segments)
+
+    def close(self) -> None:
+        """Close the current segment (no sync)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+
+    def _poison(self, path: str, reason: str) -> DurabilityError:
+        self.broken = DurabilityError(path, reason)
+        return self.broken
