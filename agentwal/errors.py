@@ -169,8 +169,8 @@ class CorruptionError(Error):
         self.reason = reason
         where = f"{path} at offset {offset}" if offset is not None else path
         super().__init__(
-            f"{where}: {reason}. The store was not changed; restore from a backup, or "
-            "run `agentwal verify` to see the extent of the damage."
+            f"{where}: {reason}. The store was not changed; move the damaged file "
+            "aside or restore the store from a backup."
         )
 
 

@@ -23,6 +23,7 @@ from .types import Checkpoint
 __all__ = ["Memtable", "RunMem"]
 
 Version = tuple[int, "bytes | None"]
+FoldItem = tuple[dict[str, "bytes | None"], list[tuple[Checkpoint, bytes]]]
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Memtable:
                     break
         return out
 
-    def fold_view(self) -> dict[str, tuple[dict[str, bytes | None], list[tuple[Checkpoint, bytes]]]]:
+    def fold_view(self) -> dict[str, FoldItem]:
         """For a fold: each run's final writes and its checkpoints in order."""
         return {run: ({k: chain[-1][1] for k, chain in rm.versions.items()}, rm.checkpoints)
                 for run, rm in self.runs.items()}

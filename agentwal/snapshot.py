@@ -27,6 +27,7 @@ on each read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import sys
@@ -125,20 +126,11 @@ class Snapshot:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         check_lmdb_file(data)
         try:
-            self.env = lmdb.open(
-                directory, map_size=map_size, max_dbs=8, max_readers=1024, sync=True,
-                metasync=True, writemap=False, readahead=False, meminit=False,
-                readonly=readonly, lock=True, mode=0o600, create=not readonly,
-            )
-            if not readonly:
-                self.env.reader_check()
-            with self.env.begin(write=not readonly) as txn:
-                self._meta = self.env.open_db(b"meta", txn=txn, create=not readonly)
-                self._runs = self.env.open_db(b"runs", txn=txn, create=not readonly)
-                self._state = self.env.open_db(b"state", txn=txn, create=not readonly)
-                self._ckpt = self.env.open_db(b"ckpt", txn=txn, create=not readonly)
+            self._shared = _acquire(directory, readonly, map_size)
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot open the snapshot") from None
+        self.env = self._shared.env
+        self._meta, self._runs, self._state, self._ckpt = self._shared.dbs
 
     # -- errors -------------------------------------------------------------------
 
@@ -311,11 +303,62 @@ class Snapshot:
                 "lmdb_last_page": info["last_pgno"], "lmdb_page_size": st["psize"], **counts}
 
     def close(self) -> None:
-        """Close the environment (idempotent)."""
+        """Release the environment (idempotent); the last user closes it."""
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            _release(shared)
+
+
+@dataclass
+class _Shared:
+    """One LMDB environment per directory and process, shared by every Snapshot on it."""
+
+    key: str
+    env: Any
+    dbs: tuple[Any, Any, Any, Any]
+    users: int = 1
+
+
+# LMDB forbids opening one environment twice in a process (its locks are per
+# process), so a writer and read-only stores in the same process share it.
+_shared_lock = threading.Lock()
+_shared: dict[str, _Shared] = {}
+
+
+def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
+    key = os.path.realpath(directory)
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is not None:
+            found.users += 1
+            return found
+        # A read-only store still opens the environment for writing when it
+        # can, so a writer opened later in this process can share it.
+        writable = not readonly or os.access(directory, os.W_OK)
+        env = lmdb.open(directory, map_size=map_size, max_dbs=8, max_readers=1024, sync=True,
+                        metasync=True, writemap=False, readahead=False, meminit=False,
+                        readonly=not writable, lock=True, mode=0o600, create=not readonly)
         try:
-            self.env.close()
-        except lmdb.Error:
-            pass
+            if writable:
+                env.reader_check()
+            # Handles opened in their own (committed) transaction stay valid.
+            dbs = tuple(env.open_db(name, create=writable)
+                        for name in (b"meta", b"runs", b"state", b"ckpt"))
+        except BaseException:
+            env.close()
+            raise
+        entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3]))
+        return entry
+
+
+def _release(entry: _Shared) -> None:
+    with _shared_lock:
+        entry.users -= 1
+        if entry.users > 0:
+            return
+        _shared.pop(entry.key, None)
+    with contextlib.suppress(lmdb.Error):
+        entry.env.close()
 
 
 @dataclass

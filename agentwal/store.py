@@ -35,6 +35,7 @@ held across I/O except the LMDB read-transaction begin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -103,7 +104,7 @@ class _Pending:
     error: BaseException | None = None
 
 
-def open(  # noqa: A001 - the public name is agentwal.open
+def open(
     path: str | os.PathLike[str],
     *,
     durability: Durability | str = Durability.SYNC,
@@ -319,10 +320,8 @@ class Store:
             else:
                 self._snaps[view.snap] = n
         if view.lock is None:
-            try:
+            with contextlib.suppress(Exception):
                 view.ltxn.abort()
-            except Exception:
-                pass
 
     def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
         if view.lock is None:
@@ -795,10 +794,8 @@ class Store:
         if self._writer is not None:
             self._writer.close()
         if self._ro_txn is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._ro_txn.abort()
-            except Exception:
-                pass
             self._ro_txn = None
         if self._snap is not None:
             self._snap.close()

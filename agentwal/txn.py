@@ -18,6 +18,7 @@ thread; the store it came from may be shared by many.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -132,10 +133,8 @@ class Transaction:
 
     def __del__(self) -> None:
         if getattr(self, "_state", None) == "active":
-            try:
+            with contextlib.suppress(Exception):
                 self._engine._txn_release(self)
-            except Exception:
-                pass
 
     # -- reading -------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ frame behind; any other failure, or a failure to undo, becomes
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -225,7 +226,7 @@ class Writer:
     def remove_through(self, lsn: int) -> int:
         """Remove segments whose records all have LSN <= ``lsn``; returns how many."""
         self._check()
-        doomed = [s for s, nxt in zip(self.segments, self.segments[1:])
+        doomed = [s for s, nxt in zip(self.segments, self.segments[1:], strict=False)
                   if nxt.first_lsn <= lsn + 1]
         if not doomed:
             return 0
@@ -249,10 +250,8 @@ class Writer:
         """Close the current segment (no sync)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            try:
+            with contextlib.suppress(OSError):
                 self.fs.close(fd)
-            except OSError:
-                pass
 
     # -- helpers ---------------------------------------------------------------
 

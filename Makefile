@@ -1,0 +1,43 @@
+# agentwal — every target creates .venv from the python3 on PATH if it is missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-all torture bench bench-compare lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m agentwal.demo
+
+test: $(STAMP)
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+
+test-all: $(STAMP)
+	$(PY) -m pytest tests -p no:cacheprovider
+
+torture: $(STAMP)
+	AGENTWAL_TORTURE_SECONDS=$${AGENTWAL_TORTURE_SECONDS:-600} $(PY) -m pytest tests/crash -m "slow or not slow" -p no:cacheprovider
+
+bench: $(STAMP)
+	$(PY) -m pytest bench -p no:cacheprovider --benchmark-only
+	$(PY) bench/compare.py
+
+bench-compare: $(STAMP)
+	$(PY) bench/compare.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check agentwal tests bench
+	$(VENV)/bin/mypy agentwal
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format agentwal tests bench
+	$(VENV)/bin/ruff check --fix agentwal tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .benchmarks demo.awal build dist *.egg-info

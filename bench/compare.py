@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""agentwal beside its baselines, in one process and one run, with the goals' ratios.
+
+Usage::
+
+    .venv/bin/python bench/compare.py            # full run: 5 s per measurement, 3 rounds
+    .venv/bin/python bench/compare.py --quick    # about a minute: 1.5 s, 1 round
+    .venv/bin/python bench/compare.py --json     # the same figures as JSON on stdout
+
+What is measured (each write is one ~1 KiB incompressible value, one
+transaction, and — where the system offers it — durable when it returns):
+
+- agentwal ``sync`` commits on 1 thread and on 8 threads (one run per
+  thread, so they never conflict; group commit shares the fdatasyncs);
+- agentwal ``async`` commits on 1 thread;
+- raw ``os.write`` appending 1 KiB to a plain file + ``os.fdatasync``;
+- the same raw loop overwriting a preallocated, zero-filled file (no size
+  change, so fdatasync has no metadata to flush: the floor for a WAL);
+- SQLite (stdlib ``sqlite3``), ``journal_mode=WAL``, ``synchronous=FULL``,
+  one ``INSERT OR REPLACE`` per ``BEGIN``/``COMMIT``;
+- LMDB (py-lmdb), ``sync=True``, one ``put`` per write transaction;
+- open (recovery) time of a store whose WAL holds 64 MiB of unfolded records,
+  with the page cache warm (a process crash) and with the store's pages
+  evicted (closer to a reboot);
+- open time of a store with 100,000 folded checkpoints vs. one with 1,000.
+
+Measurements of the same round run back to back and the rounds are
+interleaved, so slow drift on a shared machine hits every system alike; each
+figure is the median over rounds. Stores live on a real disk (see
+``benchlib.bench_root``): never tmpfs, where fsync is free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+from benchlib import (
+    MIB,
+    bench_root,
+    build_history_store,
+    build_wal_store,
+    evict_page_cache,
+    fs_type,
+    open_and_release,
+    scratch_dir,
+    values,
+)
+
+import agentwal
+
+RECORD = 1024
+WAL_BYTES = 64 * MIB
+FEW_CHECKPOINTS, MANY_CHECKPOINTS = 1_000, 100_000
+WARMUP = 50
+
+# (label, numerator, denominator, goal, direction): ratio = num / den, met if >= goal
+# (direction "max": the figure itself must be <= goal).
+GOALS: list[tuple[str, str, str | None, float, str]] = [
+    ("1-thread sync vs raw append+fdatasync", "agentwal_sync_1t", "raw_append_fdatasync",
+     1.0, "min"),
+    ("1-thread sync vs SQLite WAL FULL", "agentwal_sync_1t", "sqlite_wal_full", 1.5, "min"),
+    ("1-thread sync vs LMDB sync", "agentwal_sync_1t", "lmdb_sync", 1.5, "min"),
+    ("8-thread sync vs 1-thread sync", "agentwal_sync_8t", "agentwal_sync_1t", 2.0, "min"),
+    ("async commits/s", "agentwal_async_1t", None, 20_000, "min"),
+    ("open, 64 MiB WAL, warm cache (s)", "open_wal_64mib_warm_s", None, 1.5, "max"),
+    ("open, 64 MiB WAL, cold cache (s)", "open_wal_64mib_cold_s", None, 1.5, "max"),
+    ("open, 100k vs 1k checkpoints", "open_100k_ckpt_s", "open_1k_ckpt_s", 1.3, "max"),
+]
+
+
+# -- throughput loops -------------------------------------------------------------------------
+# Each returns (operations, seconds, extra); the caller turns them into a rate.
+
+Result = tuple[int, float, dict[str, Any]]
+
+
+def _timed_loop(op: Callable[[int], None], seconds: float) -> tuple[int, float]:
+    for i in range(WARMUP):
+        op(i)
+    n = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+        for _ in range(16):
+            op(n)
+            n += 1
+        if time.perf_counter() >= deadline:
+            break
+    return n, time.perf_counter() - t0
+
+
+def agentwal_commits(durability: str, threads: int, seconds: float) -> Result:
+    vals = values()
+    with scratch_dir() as d:
+        store = agentwal.open(os.path.join(d, "s.awal"), durability=durability)
+        try:
+            if threads == 1:
+                def op(i: int) -> None:
+                    with store.begin("run-0") as txn:
+                        txn.put("value", vals[i % len(vals)])
+
+                n, dt = _timed_loop(op, seconds)
+            else:
+                n, dt = _threaded_commits(store, threads, seconds, vals)
+            st = store.stats()
+        finally:
+            store.close()
+    extra = {"syncs": st["syncs"], "batches": st["batches"], "commits_total": st["commits"],
+             "folds": st["folds"],
+             "commits_per_sync": round(st["commits"] / max(1, st["syncs"]), 2)}
+    return n, dt, extra
+
+
+def _threaded_commits(store: agentwal.Store, threads: int, seconds: float,
+                      vals: list[bytes]) -> tuple[int, float]:
+    counts = [0] * threads
+    errors: list[BaseException] = []
+    ready = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def worker(k: int) -> None:
+        run = f"run-{k}"
+        try:
+            for i in range(WARMUP // 5):
+                with store.begin(run) as txn:
+                    txn.put("value", vals[i % len(vals)])
+            ready.wait()
+            i = 0
+            while not stop.is_set():
+                with store.begin(run) as txn:
+                    txn.put("value", vals[(i + k) % len(vals)])
+                i += 1
+            counts[k] = i
+        except BaseException as exc:  # report, don't hang the barrier
+            errors.append(exc)
+            ready.abort()
+
+    ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
+    for t in ts:
+        t.start()
+    ready.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return sum(counts), dt
+
+
+def raw_append(seconds: float) -> Result:
+    vals = values()
+    with scratch_dir() as d:
+        fd = os.open(os.path.join(d, "raw.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            def op(i: int) -> None:
+                os.write(fd, vals[i % len(vals)])
+                os.fdatasync(fd)
+
+            n, dt = _timed_loop(op, seconds)
+        finally:
+            os.close(fd)
+    return n, dt, {}
+
+
+def raw_overwrite(seconds: float) -> Result:
+    vals = values()
+    size = 64 * MIB
+    with scratch_dir() as d:
+        fd = os.open(os.path.join(d, "raw.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            zeros = bytes(MIB)
+            for off in range(0, size, MIB):
+                os.pwrite(fd, zeros, off)
+            os.fsync(fd)
+            pos = [0]
+
+            def op(i: int) -> None:
+                os.pwrite(fd, vals[i % len(vals)], pos[0])
+                os.fdatasync(fd)
+                pos[0] = (pos[0] + RECORD) % size
+
+            n, dt = _timed_loop(op, seconds)
+        finally:
+            os.close(fd)
+    return n, dt, {}
+
+
+def sqlite_full(seconds: float) -> Result:
+    vals = values()
+    with scratch_dir() as d:
+        db = sqlite3.connect(os.path.join(d, "s.db"), isolation_level=None)
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key))"
+                       " WITHOUT ROWID")
+
+            def op(i: int) -> None:
+                db.execute("BEGIN")
+                db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)",
+                           ("run-0", "value", vals[i % len(vals)]))
+                db.execute("COMMIT")
+
+            n, dt = _timed_loop(op, seconds)
+        finally:
+            db.close()
+    return n, dt, {"journal_mode": mode, "sqlite": sqlite3.sqlite_version}
+
+
+def lmdb_sync(seconds: float) -> Result:
+    vals = values()
+    with scratch_dir() as d:
+        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 30, sync=True, metasync=True,
+                        writemap=False)
+        try:
+            def op(i: int) -> None:
+                with env.begin(write=True) as txn:
+                    txn.put(b"run-0/value", vals[i % len(vals)])
+
+            n, dt = _timed_loop(op, seconds)
+        finally:
+            env.close()
+    return n, dt, {"lmdb": ".".join(map(str, lmdb.version()))}
+
+
+# -- open times ------------------------------------------------------------------------------
+
+
+def open_wal(path: str, warm: int, cold: int) -> dict[str, Any]:
+    """Open (replay) a crashed store ``warm`` times with a warm cache and ``cold`` times cold."""
+    out: dict[str, Any] = {"warm_s": [], "cold_s": []}
+    open_and_release(path)  # the build's pages are hot; make the first warm open like the rest
+    for _ in range(warm):
+        dt, rec = open_and_release(path)
+        out["warm_s"].append(dt)
+        out["replayed"] = rec.get("replayed")
+    for _ in range(cold):
+        evict_page_cache(path)
+        dt, _rec = open_and_release(path)
+        out["cold_s"].append(dt)
+    return out
+
+
+def open_history(few: str, many: str, rounds: int) -> dict[str, list[float]]:
+    """Open the two history stores alternately ``rounds`` times each."""
+    out: dict[str, list[float]] = {"few": [], "many": []}
+    for path in (few, many):
+        open_and_release(path)  # warm-up
+    for _ in range(rounds):
+        out["few"].append(open_and_release(few)[0])
+        out["many"].append(open_and_release(many)[0])
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+THROUGHPUT: list[tuple[str, str, Callable[[float], Result]]] = [
+    ("agentwal_sync_1t", "agentwal sync, 1 thread", lambda s: agentwal_commits("sync", 1, s)),
+    ("agentwal_sync_8t", "agentwal sync, 8 threads", lambda s: agentwal_commits("sync", 8, s)),
+    ("agentwal_async_1t", "agentwal async, 1 thread", lambda s: agentwal_commits("async", 1, s)),
+    ("raw_append_fdatasync", "raw append + fdatasync", raw_append),
+    ("raw_overwrite_fdatasync", "raw overwrite (preallocated) + fdatasync", raw_overwrite),
+    ("sqlite_wal_full", "SQLite WAL, synchronous=FULL", sqlite_full),
+    ("lmdb_sync", "LMDB sync=True", lmdb_sync),
+]
+
+
+def environment() -> dict[str, Any]:
+    root = bench_root()
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
+            "python": platform.python_version(), "bench_dir": root,
+            "bench_fs": fs_type(root), "sqlite": sqlite3.sqlite_version,
+            "lmdb": ".".join(map(str, lmdb.version())),
+            "agentwal": getattr(agentwal, "__version__", "?")}
+
+
+def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: int,
+        hist_opens: int, log: Callable[[str], None]) -> dict[str, Any]:
+    samples: dict[str, list[float]] = {k: [] for k, _, _ in THROUGHPUT}
+    extras: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in THROUGHPUT}
+    for r in range(rounds):
+        for key, label, fn in THROUGHPUT:
+            n, dt, extra = fn(seconds)
+            samples[key].append(n / dt)
+            extras[key].append(extra)
+            log(f"round {r + 1}/{rounds}  {label:<42} {n / dt:>10,.0f} /s")
+    figures: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    detail: dict[str, Any] = {"samples": samples, "extra": extras}
+    if do_open:
+        with scratch_dir() as d:
+            wal_path = os.path.join(d, "wal64.awal")
+            built = build_wal_store(wal_path, WAL_BYTES)
+            log(f"built a {built['wal_bytes'] / MIB:.1f} MiB WAL ({built['commits']:,} commits) "
+                f"in {built['build_seconds']:.1f} s")
+            ow = open_wal(wal_path, wal_opens, cold_opens)
+            figures["open_wal_64mib_warm_s"] = statistics.median(ow["warm_s"])
+            if ow["cold_s"]:
+                figures["open_wal_64mib_cold_s"] = statistics.median(ow["cold_s"])
+            detail["open_wal"] = {**built, **ow}
+            log(f"open with 64 MiB WAL: warm {ow['warm_s']}, cold {ow['cold_s']}")
+        with scratch_dir() as d:
+            few, many = os.path.join(d, "few.awal"), os.path.join(d, "many.awal")
+            b1 = build_history_store(few, FEW_CHECKPOINTS)
+            b2 = build_history_store(many, MANY_CHECKPOINTS)
+            log(f"built history stores in {b1['build_seconds']:.1f} s and "
+                f"{b2['build_seconds']:.1f} s")
+            oh = open_history(few, many, hist_opens)
+            figures["open_1k_ckpt_s"] = statistics.median(oh["few"])
+            figures["open_100k_ckpt_s"] = statistics.median(oh["many"])
+            detail["open_history"] = {"few": {**b1, "open_s": oh["few"]},
+                                      "many": {**b2, "open_s": oh["many"]}}
+    goals = []
+    for label, num, den, goal, direction in GOALS:
+        if num not in figures or (den is not None and den not in figures):
+            continue
+        value = figures[num] / figures[den] if den is not None else figures[num]
+        met = value >= goal if direction == "min" else value <= goal
+        goals.append({"goal": label, "value": value, "target": goal,
+                      "direction": ">=" if direction == "min" else "<=", "met": met})
+    return {"environment": environment(), "seconds": seconds, "rounds": rounds,
+            "figures": figures, "goals": goals, "detail": detail}
+
+
+def print_table(res: dict[str, Any]) -> None:
+    env, figs = res["environment"], res["figures"]
+    print(f"\nagentwal {env['agentwal']} on {env['cpus']} x {env['cpu_model']}, Linux "
+          f"{env['kernel']}, Python {env['python']}; stores in {env['bench_dir']} "
+          f"({env['bench_fs']}); {res['rounds']} round(s) x {res['seconds']:g} s, medians\n")
+    print(f"{'commits/s (1 KiB value)':<44}{'median':>12}{'min':>10}{'max':>10}")
+    for key, label, _ in THROUGHPUT:
+        s = res["detail"]["samples"][key]
+        print(f"{label:<44}{figs[key]:>12,.0f}{min(s):>10,.0f}{max(s):>10,.0f}")
+    b8 = res["detail"]["extra"]["agentwal_sync_8t"]
+    if b8:
+        cps = statistics.median(e["commits_per_sync"] for e in b8)
+        print(f"{'  (8 threads: commits per fdatasync)':<44}{cps:>12.2f}")
+    if "open_wal_64mib_warm_s" in figs:
+        ow = res["detail"]["open_wal"]
+        print(f"\n{'open / recovery':<44}{'median s':>12}")
+        print(f"{'64 MiB WAL, warm cache':<44}{figs['open_wal_64mib_warm_s']:>12.3f}"
+              f"   ({ow['replayed']:,} records replayed)")
+        if "open_wal_64mib_cold_s" in figs:
+            print(f"{'64 MiB WAL, store pages evicted':<44}{figs['open_wal_64mib_cold_s']:>12.3f}")
+        print(f"{'1,000 folded checkpoints':<44}{figs['open_1k_ckpt_s']:>12.4f}")
+        print(f"{'100,000 folded checkpoints':<44}{figs['open_100k_ckpt_s']:>12.4f}")
+    print(f"\n{'goal':<44}{'value':>12}{'target':>12}  met")
+    for g in res["goals"]:
+        unit = "x" if " vs " in g["goal"] else ""
+        value = f"{g['value']:,.2f}{unit}" if g["value"] < 1000 else f"{g['value']:,.0f}"
+        target = f"{g['direction']} {g['target']:g}{unit}"
+        print(f"{g['goal']:<44}{value:>12}{target:>12}  {'yes' if g['met'] else 'NO'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="duration of each throughput measurement (default 5, --quick 1.5)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved rounds; figures are medians (default 3, --quick 1)")
+    ap.add_argument("--quick", action="store_true", help="short run (about a minute)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--no-open", action="store_true", help="skip the open/recovery measurements")
+    args = ap.parse_args(argv)
+    seconds = args.seconds or (1.5 if args.quick else 5.0)
+    rounds = args.rounds or (1 if args.quick else 3)
+    if seconds <= 0 or rounds < 1:
+        ap.error("--seconds must be > 0 and --rounds >= 1")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    res = run(seconds, rounds, not args.no_open,
+              wal_opens=2 if args.quick else 5, cold_opens=1 if args.quick else 3,
+              hist_opens=10 if args.quick else 30, log=log)
+    if args.json:
+        json.dump(res, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""The store: open/close/reopen, reads, history, locking, read-only opens, modes, folds."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentwal
+from agentwal import errors
+from agentwal.io import OsFileSystem
+
+
+def commit(store: agentwal.Store, run: str, **values: Any) -> agentwal.Checkpoint:
+    with store.begin(run) as txn:
+        for k, v in values.items():
+            txn[k] = v
+    assert txn.checkpoint is not None
+    return txn.checkpoint
+
+
+def test_reopen_after_close_keeps_everything(path: str) -> None:
+    with agentwal.open(path) as s:
+        c1 = commit(s, "a", x=1)
+        c2 = commit(s, "a", x=2, y=[1])
+        commit(s, "b", z="z")
+    with agentwal.open(path) as s:
+        assert s.state("a") == {"x": 2, "y": [1]}
+        assert s.state("b") == {"z": "z"}
+        assert s.history("a") == [c2, c1]
+        assert s.runs() == ["a", "b"]
+        assert s.stats()["recovery"]["replayed"] == 0  # close() folded everything
+
+
+def test_reopen_after_abandon_replays_the_wal(path: str) -> None:
+    s = agentwal.open(path)
+    commit(s, "a", x=1)
+    s.snapshot()
+    commit(s, "a", x=2)
+    commit(s, "a", x=3)
+    s._release_all()  # like kill -9: nothing flushed or folded
+    with agentwal.open(path) as s:
+        assert s.get("a", "x") == 3
+        rec = s.stats()["recovery"]
+        assert rec["replayed"] == 2 and rec["applied_lsn"] == 1
+        assert [c.id for c in s.history("a")] == [3, 2, 1]
+
+
+def test_checkpoints_chain(store: agentwal.Store) -> None:
+    c1 = commit(store, "r", a=1)
+    c2 = commit(store, "r", a=2)
+    assert (c1.id, c1.parent, c2.id, c2.parent) == (1, None, 2, 1)
+    assert c2.lsn > c1.lsn
+    assert len(c1.hash) == 64 and c1.hash != c2.hash
+    assert c1.origin is None
+    assert store.head("r") == c2
+    assert store.history("r", limit=1) == [c2]
+    assert store.history("r", limit=0) == []
+    assert store.head("nope") is None
+    assert store.history("nope") == []
+
+
+def test_history_spans_memtable_and_lmdb(store: agentwal.Store) -> None:
+    for i in range(5):
+        commit(store, "r", i=i)
+    store.snapshot()
+    for i in range(5, 8):
+        commit(store, "r", i=i)
+    hist = store.history("r")
+    assert [c.id for c in hist] == list(range(8, 0, -1))
+    assert [c.id for c in store.history("r", limit=4)] == [8, 7, 6, 5]
+    assert store.head("r") == hist[0]
+
+
+def test_state_of_unknown_run(store: agentwal.Store) -> None:
+    with pytest.raises(errors.RunNotFoundError) as ei:
+        store.state("nope")
+    assert ei.value.code == "run_not_found"
+    assert store.get("nope", "k", default=7) == 7
+
+
+def test_runs_never_conflict(store: agentwal.Store) -> None:
+    t1 = store.begin("a")
+    t2 = store.begin("b")
+    t1["k"] = t1.get("k", 0) + 1
+    t2["k"] = t2.get("k", 0) + 1
+    t1.commit()
+    t2.commit()
+    assert store.get("a", "k") == store.get("b", "k") == 1
+
+
+def test_write_write_conflict_applies_nothing(store: agentwal.Store) -> None:
+    commit(store, "r", k=0)
+    t1, t2 = store.begin("r"), store.begin("r")
+    t1["k"] = 1
+    t2["k"] = 2
+    t2["other"] = 2
+    t1.commit()
+    with pytest.raises(errors.ConflictError) as ei:
+        t2.commit()
+    assert ei.value.code == "conflict" and ei.value.key == "k"
+    assert t2.state == "rolled_back"
+    assert store.state("r") == {"k": 1}
+    assert store.stats()["conflicts"] == 1
+
+
+def test_read_write_conflict(store: agentwal.Store) -> None:
+    commit(store, "r", k=0)
+    t1, t2 = store.begin("r"), store.begin("r")
+    t2.get("k")
+    t1["k"] = 1
+    t1.commit()
+    t2["unrelated"] = 1
+    with pytest.raises(errors.ConflictError):
+        t2.commit()
+
+
+def test_prefix_read_conflicts_with_new_key_under_prefix(store: agentwal.Store) -> None:
+    t1, t2 = store.begin("r"), store.begin("r")
+    assert list(t2.items(prefix="msg/")) == []
+    t1["msg/1"] = "hi"
+    t1.commit()
+    t2["count"] = 0
+    with pytest.raises(errors.ConflictError):
+        t2.commit()
+
+
+def test_disjoint_keys_on_one_run_both_commit(store: agentwal.Store) -> None:
+    t1, t2 = store.begin("r"), store.begin("r")
+    t1["a"] = 1
+    t2["b"] = 2
+    c1 = t1.commit()
+    c2 = t2.commit()
+    assert c1 is not None and c2 is not None and c2.parent == c1.id
+    assert store.state("r") == {"a": 1, "b": 2}
+
+
+def test_concurrent_increments_with_retry_lose_nothing(path: str) -> None:
+    store = agentwal.open(path, durability="sync")
+    n_threads, per_thread = 8, 15
+
+    def worker() -> None:
+        for _ in range(per_thread):
+            while True:
+                try:
+                    with store.begin("r") as txn:
+                        txn["n"] = txn.get("n", 0) + 1
+                    break
+                except errors.ConflictError:
+                    continue
+
+    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.get("r", "n") == n_threads * per_thread
+    assert store.head("r").id == n_threads * per_thread  # type: ignore[union-attr]
+    store.close()
+
+
+def test_group_commit_shares_fsyncs(path: str) -> None:
+    store = agentwal.open(path, durability="sync")
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        for j in range(20):
+            commit(store, f"run-{i}", j=j)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    st = store.stats()
+    assert st["commits"] == 160
+    assert st["syncs"] <= st["batches"] <= 160
+    assert st["synced_lsn"] == 160
+    store.close()
+
+
+def test_second_writer_in_process_is_locked_out(path: str) -> None:
+    with agentwal.open(path):
+        with pytest.raises(errors.StoreLockedError) as ei:
+            agentwal.open(path)
+        assert ei.value.pid == os.getpid()
+        assert ei.value.code == "store_locked"
+        assert "readonly=True" in str(ei.value)
+
+
+_CHILD = """
+import sys, agentwal
+try:
+    agentwal.open(sys.argv[1])
+except agentwal.StoreLockedError as e:
+    print("LOCKED", e.pid)
+    sys.exit(0)
+print("OPENED")
+"""
+
+_READER = """
+import sys, agentwal
+s = agentwal.open(sys.argv[1], readonly=True)
+print(s.get("r", "k"), s.state("r")["k"], s.head("r").id)
+try:
+    s.begin("r")
+except agentwal.ReadOnlyError:
+    print("READONLY")
+s.close()
+"""
+
+
+def test_second_writer_process_gets_store_locked_error_with_pid(path: str) -> None:
+    with agentwal.open(path):
+        out = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert out == ["LOCKED", str(os.getpid())]
+
+
+def test_readonly_open_from_another_process_sees_committed_state(path: str) -> None:
+    with agentwal.open(path) as s:
+        commit(s, "r", k=1)
+        s.snapshot()
+        commit(s, "r", k=2)  # in the WAL only
+        out = subprocess.run([sys.executable, "-c", _READER, path], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert out == ["2", "2", "2", "READONLY"]
+
+
+def test_readonly_refresh_sees_new_commits(path: str) -> None:
+    with agentwal.open(path) as w:
+        commit(w, "r", k=1)
+        r = agentwal.open(path, readonly=True)
+        commit(w, "r", k=2)
+        w.snapshot()
+        commit(w, "r", k=3)
+        assert r.get("r", "k") == 1
+        r.refresh()
+        assert r.get("r", "k") == 3
+        assert [c.id for c in r.history("r")] == [3, 2, 1]
+        with pytest.raises(errors.ReadOnlyError):
+            r.snapshot()
+        r.close()
+
+
+def test_readonly_open_of_missing_store(tmp_path: Path) -> None:
+    with pytest.raises(errors.CorruptionError):
+        agentwal.open(str(tmp_path / "nothing"), readonly=True)
+
+
+def test_closed_store_refuses_use(path: str) -> None:
+    s = agentwal.open(path)
+    txn = s.begin("r")
+    txn["a"] = 1
+    s.close()
+    s.close()  # idempotent
+    for call in (lambda: s.begin("r"), lambda: s.get("r", "a"), s.stats, s.snapshot,
+                 lambda: s.state("r"), txn.commit):
+        with pytest.raises(errors.StoreClosedError):
+            call()
+
+
+def test_files_are_private(path: str) -> None:
+    with agentwal.open(path) as s:
+        commit(s, "r", a=1)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(path, "wal")).st_mode) == 0o700
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            mode = stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode)
+            assert mode & 0o077 == 0, (name, oct(mode))
+
+
+def test_folds_keep_the_wal_short(path: str) -> None:
+    s = agentwal.open(path, durability="none", wal_max_bytes=64 << 10, segment_bytes=16 << 10)
+    for i in range(400):
+        commit(s, f"r{i % 3}", i=i, pad="x" * 500)
+    s.sync()
+    st = s.stats()
+    s.close()
+    assert st["folds"] >= 1 or st["wal_bytes_since_fold"] < 64 << 10
+    with agentwal.open(path) as s:
+        assert s.get("r0", "i") == 399
+        assert sum(len(s.history(r)) for r in s.runs()) == 400
+    files = os.listdir(os.path.join(path, "wal"))
+    assert len(files) <= 2
+
+
+def test_async_mode_sync_makes_commits_durable(path: str) -> None:
+    s = agentwal.open(path, durability="async", sync_interval=10)
+    commit(s, "r", a=1)
+    st = s.stats()
+    assert st["written_lsn"] == 1 and st["synced_lsn"] == 0
+    s.sync()
+    assert s.stats()["synced_lsn"] == 1
+    s.close()
+
+
+def test_async_background_flush(path: str) -> None:
+    import time
+
+    s = agentwal.open(path, durability="async", sync_interval=0.02)
+    commit(s, "r", a=1)
+    deadline = time.monotonic() + 5
+    while s.stats()["synced_lsn"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.stats()["synced_lsn"] == 1
+    s.close()
+
+
+def test_bad_open_arguments(path: str) -> None:
+    with pytest.raises(ValueError):
+        agentwal.open(path, durability="sometimes")
+    with pytest.raises(ValueError):
+        agentwal.open(path, wal_max_bytes=10)
+    assert agentwal.Durability("async") is agentwal.Durability.ASYNC
+
+
+class FlakyFs(OsFileSystem):
+    """The OS file system with switchable fsync and write failures."""
+
+    def __init__(self) -> None:
+        self.fail_fsync = False
+        self.enospc_writes = False
+
+    def fsync(self, fd: int) -> None:
+        if self.fail_fsync:
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+    def pwrite(self, fd: int, offset: int, data: bytes) -> int:
+        # Like a real disk: overwriting allocated bytes needs no space, growing a file does.
+        if self.enospc_writes and offset + len(data) > self.size(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().pwrite(fd, offset, data)
+
+
+def test_failed_fsync_poisons_the_writer(path: str) -> None:
+    fs = FlakyFs()
+    s = agentwal.open(path, fs=fs)
+    commit(s, "r", a=1)
+    fs.fail_fsync = True
+    with pytest.raises(errors.DurabilityError) as ei:
+        commit(s, "r", a=2)
+    assert ei.value.code == "durability"
+    fs.fail_fsync = False  # never retried, even when the disk "recovers"
+    with pytest.raises(errors.DurabilityError):
+        commit(s, "r", a=3)
+    assert s.get("r", "a") == 1  # the failed commit never became visible
+    s.close()  # skips the fold, releases the lock
+    with agentwal.open(path) as s2:
+        assert s2.get("r", "a") in (1, 2)  # the in-flight commit may or may not survive
+        commit(s2, "r", a=4)
+
+
+def test_disk_full_acknowledges_nothing_and_recovers(path: str) -> None:
+    fs = FlakyFs()
+    s = agentwal.open(path, fs=fs, segment_bytes=8192, wal_max_bytes=1 << 20)
+    commit(s, "r", a=0)
+    fs.enospc_writes = True
+    with pytest.raises(errors.DiskFullError) as ei:
+        for i in range(1, 100):
+            commit(s, "r", a=i, pad="x" * 500)
+    assert ei.value.code == "disk_full"
+    last = s.get("r", "a")
+    head = s.head("r")
+    fs.enospc_writes = False
+    c = commit(s, "r", a="after")  # works again once space returns
+    assert head is not None and c.id == head.id + 1 and c.parent == head.id
+    s._release_all()
+    with agentwal.open(path) as s2:
+        assert s2.get("r", "a") == "after"
+        assert [x.id for x in s2.history("r")] == list(range(c.id, 0, -1))
+    assert last is not None
+
+
+def test_import_starts_no_threads_and_opens_no_files() -> None:
+    code = (
+        "import os, threading, sys\n"
+        "before = set(os.listdir('/proc/self/fd'))\n"
+        "import agentwal, agentwal.testing\n"
+        "after = set(os.listdir('/proc/self/fd'))\n"
+        "print(threading.active_count(), len(after - before))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1", "0"]
+
+
+def test_stats_report(store: agentwal.Store) -> None:
+    commit(store, "r", a=1)
+    st = store.stats()
+    for key in ("visible_lsn", "applied_lsn", "synced_lsn", "wal_segments", "wal_bytes",
+                "lmdb_bytes", "commits", "recovery", "durability", "store_id"):
+        assert key in st
+    assert st["visible_lsn"] == 1 and st["commits"] == 1
