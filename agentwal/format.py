@@ -40,6 +40,8 @@ SEGMENT_MAGIC = b"AWALSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sHHI16sQQI8s")  # without the trailing CRC
 SEGMENT_HEADER_SIZE = 64
 SEGMENT_SUFFIX = ".wal"
+#: Suffix of a segment still being created (removed by recovery).
+TMP_SUFFIX = ".tmp"
 
 RECORD_HEADER = struct.Struct("<IIQQBBH")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 28

@@ -15,12 +15,15 @@ Rules, in order:
 2. A segment of another store is never replayed: ``CorruptionError``.
 3. The first needed segment must start at or before ``applied_lsn + 1``, and
    each next one exactly where the previous ended; a gap is corruption.
-4. A bad header is a half-created segment when it is the last one (rotation
-   syncs the segment before naming it): it is removed. Elsewhere, corruption.
+4. A segment is named only after its zeros and header are synced, so a bad
+   header is corruption; an unfinished ``*.wal.tmp`` is removed.
 5. Inside a segment the reader's verdict holds (``wal/reader.py``): a clean
-   end goes on to the next segment; a torn end is the end of the log, its
-   bytes are zeroed and every later segment is removed, unless a later
-   record's synced LSN proves the lost record had been durable (corruption).
+   end goes on to the next segment; a torn end of the *last* segment is the
+   end of the log and its bytes are zeroed. A torn end of any other segment
+   is corruption: the writer synced it whole before creating the next one.
+6. If the log ends before ``applied_lsn`` (LMDB is durable past the last
+   record on disk), the writer starts a new segment at ``applied_lsn + 1``
+   instead of writing after the gap.
 
 Crash windows during recovery itself are safe: repairs only zero bytes that
 are not part of the log and remove files the log does not need, each made
@@ -29,12 +32,13 @@ durable before the store is used, so recovering again reaches the same plan.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from . import failpoints
 from .codec import CodecError, CommitRecord, decode_commit, decode_delta
 from .errors import CorruptionError
-from .format import REC_COMMIT
+from .format import REC_COMMIT, SEGMENT_SUFFIX, TMP_SUFFIX
 from .io import FileSystem, write_all
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
@@ -59,6 +63,7 @@ class Plan:
     next_lsn: int = 1
     resume: tuple[Segment, SegmentHeader, int] | None = None  # segment, header, end offset
     earlier: list[Segment] = field(default_factory=list)
+    next_number: int = 0  # segment number for a new segment
     zero: tuple[str, int, int] | None = None  # path, from, to
     remove: list[str] = field(default_factory=list)
     torn_bytes: int = 0
@@ -80,26 +85,21 @@ def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
 def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Plan:
     """Decide what to replay and repair; raises :class:`CorruptionError`."""
     p = Plan(next_lsn=applied_lsn + 1)
+    for seg in segments:
+        if seg.header is not None and seg.header.store_id != store_id:
+            raise CorruptionError(seg.path, 16, f"segment belongs to store {seg.header.store_id}, "
+                                  f"not this store ({store_id})")
     needed: list[SegmentFile] = []
     for i, seg in enumerate(segments):
-        later_start = any(t.first_lsn <= applied_lsn + 1 for t in segments[i + 1 :])
-        if later_start:
+        if any(t.first_lsn <= applied_lsn + 1 for t in segments[i + 1 :]):
             p.remove.append(seg.path)
             p.notes.append(f"removed stale segment {seg.name}")
         else:
             needed.append(seg)
-    for seg in needed:
-        if seg.header is not None and seg.header.store_id != store_id:
-            raise CorruptionError(seg.path, 16, f"segment belongs to store {seg.header.store_id}, "
-                                  f"not this store ({store_id})")
     expected = applied_lsn + 1
+    log_end = expected  # LSN the last frame on disk is followed by
     for i, seg in enumerate(needed):
-        last = i == len(needed) - 1
-        if seg.header is None:
-            if last:
-                p.remove.append(seg.path)
-                p.notes.append(f"removed half-created segment {seg.name} ({seg.problem})")
-                break
+        if seg.header is None:  # segments are named only once their header is synced
             raise CorruptionError(seg.path, 0, seg.problem)
         if seg.first_lsn > expected:
             raise CorruptionError(seg.path, 0, f"log records {expected}..{seg.first_lsn - 1} "
@@ -108,44 +108,36 @@ def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Pla
             raise CorruptionError(seg.path, 0, f"segment starts at LSN {seg.first_lsn}, the "
                                   f"previous one ended before LSN {expected}")
         scan = seg.scan()
+        last = i == len(needed) - 1
         if scan.state == "corrupt":
             raise CorruptionError(seg.path, scan.end, scan.reason)
+        if scan.state == "torn" and not last:
+            # The writer synced this segment whole before creating the next one.
+            raise CorruptionError(seg.path, scan.end, f"{scan.reason}, in a segment that was "
+                                  f"synced before {needed[i + 1].name} was created")
         for f in scan.frames:
             if f.lsn >= expected:
                 p.records.append(_decode(seg, f.offset, f.lsn, f.type, f.flags, f.payload))
                 expected = f.lsn + 1
-        size = len(seg.data)
-        info = Segment(seg.header.number, seg.first_lsn, seg.path, size)
+        log_end = scan.next_lsn or seg.first_lsn
+        if p.resume is not None:
+            p.earlier.append(p.resume[0])
+        p.resume = (Segment(seg.header.number, seg.first_lsn, seg.path, len(seg.data)),
+                    seg.header, scan.end)
+        p.next_number = seg.header.number + 1
         if scan.state == "torn":
-            for later in needed[i + 1 :]:
-                proof = _durable_after(later, expected)
-                if proof is not None:
-                    raise CorruptionError(seg.path, scan.end,
-                                          f"record LSN {expected} is damaged, but {later.name} "
-                                          f"at offset {proof} shows it was durable")
-                p.remove.append(later.path)
-                p.notes.append(f"removed segment {later.name} written after the torn tail")
             p.zero = (seg.path, scan.end, scan.dirty_end)
             p.torn_bytes = scan.dirty_end - scan.end
             p.notes.append(f"torn tail of {p.torn_bytes} bytes at {seg.name}:{scan.end} zeroed")
-            p.resume = (info, seg.header, scan.end)
-            break
-        if p.resume is not None:
-            p.earlier.append(p.resume[0])
-        p.resume = (info, seg.header, scan.end)
+    if p.resume is not None and log_end != expected:
+        # LMDB is ahead of the log (a fold outran the WAL's sync): continue in a
+        # new segment at applied_lsn + 1, never after a gap in this one.
+        p.earlier.append(p.resume[0])
+        p.resume = None
+        p.notes.append(f"log ends at LSN {log_end - 1}, the snapshot at {applied_lsn}: "
+                       "new segment started")
     p.next_lsn = expected
     return p
-
-
-def _durable_after(seg: SegmentFile, lsn: int) -> int | None:
-    """Offset of a frame in ``seg`` whose synced LSN reaches ``lsn``, if any."""
-    if seg.header is None:
-        return None
-    scan = seg.scan()
-    for f in [*scan.frames, *scan.later]:
-        if f.synced_lsn >= lsn:
-            return f.offset
-    return None
 
 
 def repair(fs: FileSystem, wal_dir: str, p: Plan) -> None:
@@ -179,6 +171,11 @@ def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
     failpoints.hit("recovery_before_replay")
     segments = list_segments(fs, wal_dir) if fs.exists(wal_dir) else []
     p = plan(segments, applied_lsn, store_id)
+    if fs.exists(wal_dir):
+        for name in fs.listdir(wal_dir):
+            if name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX):
+                p.remove.append(os.path.join(wal_dir, name))
+                p.notes.append(f"removed unfinished segment {name}")
     failpoints.hit("recovery_after_replay")
     if not readonly:
         repair(fs, wal_dir, p)

@@ -126,11 +126,12 @@ class Snapshot:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         check_lmdb_file(data)
         try:
-            self._shared = _acquire(directory, readonly, map_size)
+            shared = _acquire(directory, readonly, map_size)
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot open the snapshot") from None
-        self.env = self._shared.env
-        self._meta, self._runs, self._state, self._ckpt = self._shared.dbs
+        self._shared: _Shared | None = shared
+        self.env = shared.env
+        self._meta, self._runs, self._state, self._ckpt = shared.dbs
 
     # -- errors -------------------------------------------------------------------
 

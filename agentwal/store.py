@@ -36,6 +36,7 @@ held across I/O except the LMDB read-transaction begin.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -49,6 +50,7 @@ from .control import create_control, read_control
 from .errors import (
     ConflictError,
     CorruptionError,
+    DiskFullError,
     DurabilityError,
     Error,
     ReadOnlyError,
@@ -133,6 +135,8 @@ def open(
     Raises:
         StoreLockedError: another process has it open for writing.
         CorruptionError: a file of the store is damaged; nothing was changed.
+        DiskFullError: no space to create the store or repair the log.
+        DurabilityError: an I/O error (a failed write or fsync) while opening.
         ReadOnlyError / CorruptionError: ``readonly`` and the store does not exist.
         ValueError: a bad argument.
 
@@ -155,10 +159,20 @@ def open(
                   sync_interval, segment_bytes)
     try:
         store._open()
+    except OSError as exc:
+        store._release_all()
+        raise _io_error(exc, store.path, "cannot open the store") from None
     except BaseException:
         store._release_all()
         raise
     return store
+
+
+def _io_error(exc: OSError, path: str, what: str) -> Error:
+    """The typed error for an I/O failure (not damage: the bytes read were fine)."""
+    if exc.errno == errno.ENOSPC:
+        return DiskFullError(exc.filename or path)
+    return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
 class Store:
@@ -216,10 +230,7 @@ class Store:
             fs.fsync_dir(os.path.dirname(os.path.abspath(path)))
             self._writer_lock = WriterLock(path)
             self._writer_lock.acquire()
-        try:
-            ctl = read_control(fs, path)
-        except OSError as exc:
-            raise CorruptionError(path, None, f"cannot read the control file: {exc}") from None
+        ctl = read_control(fs, path)
         if ctl is None:
             if self.readonly:
                 raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)")
@@ -250,7 +261,7 @@ class Store:
             plan = recover(self._fs, wal_dir, applied, self.store_id, readonly=self.readonly)
         except OSError as exc:
             ltxn.abort()
-            raise CorruptionError(wal_dir, None, f"cannot read the WAL: {exc}") from None
+            raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
         except BaseException:
             ltxn.abort()
             raise
@@ -276,7 +287,7 @@ class Store:
             seg, header, end = plan.resume
             w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
         else:
-            w.start(plan.next_lsn)
+            w.start(plan.next_lsn, plan.next_number)
         self._writer = w
         self._fold_mark = w.bytes_written
 
@@ -632,6 +643,12 @@ class Store:
                     self._fold_mark = self._writer.bytes_written
                 frozen = self._frozen
             failpoints.hit("fold_after_freeze")
+            with self._flush_lock:
+                # LMDB must never be durable past the log: after a power cut the
+                # WAL has to reach applied_lsn (async and none modes sync here).
+                if self._writer.synced_lsn < frozen.last_lsn:
+                    self._writer.sync()
+                    self._counters["syncs"] += 1
             runs = [FoldRun(run, writes, ckpts)
                     for run, (writes, ckpts) in frozen.fold_view().items()]
             failpoints.hit("fold_before_commit")

@@ -3,8 +3,8 @@
 
 Usage::
 
-    .venv/bin/python bench/compare.py            # full run: 5 s per measurement, 3 rounds
-    .venv/bin/python bench/compare.py --quick    # about a minute: 1.5 s, 1 round
+    .venv/bin/python bench/compare.py            # full run (~4 min): 7 rounds of 2 s slices
+    .venv/bin/python bench/compare.py --quick    # about a minute: 2 rounds of 1 s slices
     .venv/bin/python bench/compare.py --json     # the same figures as JSON on stdout
 
 What is measured (each write is one ~1 KiB incompressible value, one
@@ -24,10 +24,14 @@ transaction, and — where the system offers it — durable when it returns):
   evicted (closer to a reboot);
 - open time of a store with 100,000 folded checkpoints vs. one with 1,000.
 
-Measurements of the same round run back to back and the rounds are
-interleaved, so slow drift on a shared machine hits every system alike; each
-figure is the median over rounds. Stores live on a real disk (see
-``benchlib.bench_root``): never tmpfs, where fsync is free.
+fsync latency on a shared (virtual) disk drifts by several times within
+minutes, so throughput is measured in short slices: each round runs every
+system once, back to back (the order rotates from round to round), and a
+ratio between two systems is the median over rounds of their ratio *within*
+a round, which cancels drift slower than a round. A figure on its own is the
+median over rounds. Each slice uses a fresh store, file or database. Stores
+live on a real disk (see ``benchlib.bench_root``): never tmpfs, where fsync
+is free.
 """
 
 from __future__ import annotations
@@ -178,7 +182,7 @@ def raw_append(seconds: float) -> Result:
 
 def raw_overwrite(seconds: float) -> Result:
     vals = values()
-    size = 64 * MIB
+    size = 16 * MIB  # agentwal's default segment size
     with scratch_dir() as d:
         fd = os.open(os.path.join(d, "raw.log"), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
@@ -297,12 +301,18 @@ def environment() -> dict[str, Any]:
             "agentwal": getattr(agentwal, "__version__", "?")}
 
 
+def _paired(samples: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over rounds of the per-round ratio ``num / den`` (drift cancels within a round)."""
+    return statistics.median(a / b for a, b in zip(samples[num], samples[den], strict=True))
+
+
 def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: int,
         hist_opens: int, log: Callable[[str], None]) -> dict[str, Any]:
     samples: dict[str, list[float]] = {k: [] for k, _, _ in THROUGHPUT}
     extras: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in THROUGHPUT}
     for r in range(rounds):
-        for key, label, fn in THROUGHPUT:
+        order = THROUGHPUT[r % len(THROUGHPUT):] + THROUGHPUT[: r % len(THROUGHPUT)]
+        for key, label, fn in order:
             n, dt, extra = fn(seconds)
             samples[key].append(n / dt)
             extras[key].append(extra)
@@ -320,7 +330,8 @@ def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: 
             if ow["cold_s"]:
                 figures["open_wal_64mib_cold_s"] = statistics.median(ow["cold_s"])
             detail["open_wal"] = {**built, **ow}
-            log(f"open with 64 MiB WAL: warm {ow['warm_s']}, cold {ow['cold_s']}")
+            log(f"open with 64 MiB WAL: warm {_fmt_list(ow['warm_s'])}, "
+                f"cold {_fmt_list(ow['cold_s'])}")
         with scratch_dir() as d:
             few, many = os.path.join(d, "few.awal"), os.path.join(d, "many.awal")
             b1 = build_history_store(few, FEW_CHECKPOINTS)
@@ -330,18 +341,23 @@ def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: 
             oh = open_history(few, many, hist_opens)
             figures["open_1k_ckpt_s"] = statistics.median(oh["few"])
             figures["open_100k_ckpt_s"] = statistics.median(oh["many"])
+            samples["open_1k_ckpt_s"], samples["open_100k_ckpt_s"] = oh["few"], oh["many"]
             detail["open_history"] = {"few": {**b1, "open_s": oh["few"]},
                                       "many": {**b2, "open_s": oh["many"]}}
     goals = []
     for label, num, den, goal, direction in GOALS:
         if num not in figures or (den is not None and den not in figures):
             continue
-        value = figures[num] / figures[den] if den is not None else figures[num]
+        value = _paired(samples, num, den) if den is not None else figures[num]
         met = value >= goal if direction == "min" else value <= goal
         goals.append({"goal": label, "value": value, "target": goal,
                       "direction": ">=" if direction == "min" else "<=", "met": met})
     return {"environment": environment(), "seconds": seconds, "rounds": rounds,
             "figures": figures, "goals": goals, "detail": detail}
+
+
+def _fmt_list(xs: list[float]) -> str:
+    return "[" + ", ".join(f"{x:.3f}" for x in xs) + "]"
 
 
 def print_table(res: dict[str, Any]) -> None:
@@ -377,15 +393,15 @@ def print_table(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=None,
-                    help="duration of each throughput measurement (default 5, --quick 1.5)")
+                    help="seconds per throughput slice (default 2, --quick 1)")
     ap.add_argument("--rounds", type=int, default=None,
-                    help="interleaved rounds; figures are medians (default 3, --quick 1)")
+                    help="interleaved rounds; figures are medians (default 7, --quick 2)")
     ap.add_argument("--quick", action="store_true", help="short run (about a minute)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--no-open", action="store_true", help="skip the open/recovery measurements")
     args = ap.parse_args(argv)
-    seconds = args.seconds or (1.5 if args.quick else 5.0)
-    rounds = args.rounds or (1 if args.quick else 3)
+    seconds = args.seconds or (1.0 if args.quick else 2.0)
+    rounds = args.rounds or (2 if args.quick else 7)
     if seconds <= 0 or rounds < 1:
         ap.error("--seconds must be > 0 and --rounds >= 1")
 

@@ -1,5 +1,12 @@
-"""Test support that ships with agentwal: failpoints and (soon) the simulated disk."""
+"""Test support that ships with agentwal: failpoints and the simulated disk.
+
+``SimulatedDisk`` implements the I/O seam in memory with power cuts
+(``crash_image("strict" | "prefix" | "reorder")``) and injected faults
+(``FaultPlan``: EIO/ENOSPC writes, failing fsyncs, a space budget, a crash at
+operation k); ``failpoints`` arms the engine's named crash points.
+"""
 
 from .. import failpoints
+from .disk import SECTOR, FaultPlan, FileState, SimulatedCrash, SimulatedDisk
 
-__all__ = ["failpoints"]
+__all__ = ["SECTOR", "FaultPlan", "FileState", "SimulatedCrash", "SimulatedDisk", "failpoints"]

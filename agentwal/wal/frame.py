@@ -71,7 +71,7 @@ def parse_header(data: bytes) -> SegmentHeader | str:
         return "segment is shorter than its header"
     body = data[: SEGMENT_HEADER.size]
     (crc,) = struct.unpack_from("<I", data, SEGMENT_HEADER.size)
-    magic, version, _flags, size, sid, number, first, salt, _res = SEGMENT_HEADER.unpack(body)
+    magic, version, flags, size, sid, number, first, salt, res = SEGMENT_HEADER.unpack(body)
     if magic != SEGMENT_MAGIC:
         return "bad segment magic"
     if zlib.crc32(body) != crc:
@@ -80,6 +80,8 @@ def parse_header(data: bytes) -> SegmentHeader | str:
         return f"segment format version {version}, this agentwal reads {FORMAT_VERSION}"
     if size != SEGMENT_HEADER_SIZE:
         return f"segment header size {size}, expected {SEGMENT_HEADER_SIZE}"
+    if flags or any(res):
+        return "segment header has unknown flags or nonzero reserved bytes"
     return SegmentHeader(uuid.UUID(bytes=sid), number, first, salt, version)
 
 

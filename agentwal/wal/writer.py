@@ -5,14 +5,17 @@ records into frames and puts them on disk; it never decides durability
 policy. The commit pipeline calls :meth:`Writer.append` and, when its mode
 asks for it, :meth:`Writer.sync`.
 
-Segments are preallocated: a new segment is zero-filled to its full size,
-given its header, fsynced, and its name made durable with a directory fsync
-*before* the first record goes in. Records then overwrite zeros, so the file
-size never changes and an fdatasync flushes data only.
+Segments are preallocated: a new segment is zero-filled to its full size
+under a temporary name, given its header, fsynced, renamed to its segment
+name and that name made durable with a directory fsync, all *before* the
+first record goes in. So a segment name never holds a bad header, and every
+segment but the last was synced whole before the next one was created.
+Records then overwrite zeros, so the file size never changes and an
+fdatasync flushes data only.
 
 Crash windows:
-- dying while a segment is created leaves a file that is short, all zero or
-  with a bad header; recovery removes it when it is the last one;
+- dying while a segment is created leaves at most a ``*.wal.tmp`` file,
+  which recovery removes;
 - dying inside :meth:`append` leaves a torn tail (see ``reader.py``);
 - dying between a fold and :meth:`remove_through` leaves old segments whose
   records recovery skips because LMDB's ``applied_lsn`` covers them.
@@ -37,6 +40,7 @@ from ..errors import DiskFullError, DurabilityError
 from ..format import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
+    TMP_SUFFIX,
     segment_name,
 )
 from ..io import FileSystem, write_all
@@ -186,11 +190,14 @@ class Writer:
             self.close()
         size = max(self.segment_bytes, need)
         path = os.path.join(self.wal_dir, segment_name(first_lsn))
+        tmp = path + TMP_SUFFIX
         header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32))
         failpoints.hit("before_segment_create")
         fd: int | None = None
         try:
-            fd = self.fs.open(path, create=True)
+            # Built under a temporary name and renamed only once its zeros and
+            # header are durable, so a segment name never holds a bad header.
+            fd = self.fs.open(tmp, create=True)
             self.fs.truncate(fd, 0)
             zeros = bytes(min(_ZERO_CHUNK, size))
             off = 0
@@ -201,9 +208,10 @@ class Writer:
             write_all(self.fs, fd, 0, encode_header(header))
             self.fs.fsync(fd)
             failpoints.hit("segment_preallocated")
+            self.fs.rename(tmp, path)
             self.fs.fsync_dir(self.wal_dir)
         except OSError as exc:
-            self._abandon(path, fd)
+            self._abandon(tmp, path, fd)
             if exc.errno == errno.ENOSPC:
                 raise DiskFullError(path) from None
             raise self._poison(path, f"cannot create segment: {exc.strerror or exc}") from None
@@ -213,15 +221,16 @@ class Writer:
         self._offset = SEGMENT_HEADER_SIZE
         self.segments.append(Segment(number, first_lsn, path, size))
 
-    def _abandon(self, path: str, fd: int | None) -> None:
-        try:
+    def _abandon(self, tmp: str, path: str, fd: int | None) -> None:
+        """Best-effort removal of a segment whose creation failed."""
+        with contextlib.suppress(OSError):
             if fd is not None:
                 self.fs.close(fd)
-            if self.fs.exists(path):
-                self.fs.unlink(path)
-                self.fs.fsync_dir(self.wal_dir)
-        except OSError:
-            pass  # an unnamed or half-made segment is removed by recovery
+            for name in (tmp, path):
+                if self.fs.exists(name):
+                    self.fs.unlink(name)
+            self.fs.fsync_dir(self.wal_dir)
+        # whatever is left is a temporary file, which recovery removes
 
     def remove_through(self, lsn: int) -> int:
         """Remove segments whose records all have LSN <= ``lsn``; returns how many."""

@@ -19,15 +19,20 @@ from typing import Any
 import pytest
 
 import agentwal
+from agentwal import failpoints
 
 ROUNDS = int(os.environ.get("AGENTWAL_KILL_ROUNDS", "8"))
+FAILPOINT_ROUNDS = int(os.environ.get("AGENTWAL_FAILPOINT_ROUNDS", "2"))
 RUNS = ("alpha", "beta", "gamma")
 
 # The child: resumes from the store, commits step after step, prints "ACK n" after
 # each commit() returns. Steps with n % 7 == 3 first roll back a poisoned write.
 CHILD = r"""
 import sys, agentwal
+from agentwal import failpoints
 path, mode = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:  # die at the n-th hit of a failpoint
+    failpoints.arm(sys.argv[3], "kill", nth=int(sys.argv[4]))
 store = agentwal.open(path, durability=mode, wal_max_bytes=48 << 10, segment_bytes=16 << 10)
 n = sum(store.get(r, "count", 0) for r in ("alpha", "beta", "gamma"))
 print("START", n, flush=True)
@@ -72,14 +77,21 @@ def observed(path: str) -> tuple[int, dict[str, dict[str, Any]]]:
     return sum(st.get("count", 0) for st in states.values()), states
 
 
-def run_child(path: str, mode: str, kill_after: int, delay: float) -> tuple[int, int]:
-    """Start a child, let it ack ``kill_after`` commits, kill it; returns (start, last ack)."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, path, mode],
+def run_child(path: str, mode: str, kill_after: int, delay: float,
+              failpoint: tuple[str, int] | None = None) -> tuple[int, int]:
+    """Start a child, let it ack ``kill_after`` commits, kill it; returns (start, last ack).
+
+    With ``failpoint``, the child arms it to kill the process on its n-th hit.
+    """
+    extra = [failpoint[0], str(failpoint[1])] if failpoint else []
+    child = subprocess.Popen([sys.executable, "-c", CHILD, path, mode, *extra],
                              stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     start, last = -1, -1
     try:
         for line in child.stdout:
+            if not line.endswith("\n") or len(line.split()) != 2:
+                continue  # cut short by the kill
             word, num = line.split()
             if word == "START":
                 start = int(num)
@@ -92,8 +104,8 @@ def run_child(path: str, mode: str, kill_after: int, delay: float) -> tuple[int,
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    for line in child.stdout.read().splitlines():  # acks printed before the kill landed
-        if line.startswith("ACK "):
+    for line in child.stdout.read().splitlines(keepends=True):  # printed before the kill
+        if line.startswith("ACK ") and line.endswith("\n"):  # a cut line is no ack
             last = int(line.split()[1])
     return start, last
 
@@ -111,3 +123,38 @@ def test_kill_loop_loses_no_acknowledged_commit(tmp_path: Any, mode: str) -> Non
         assert total in (acked, acked + 1), (total, acked)
         assert states == model(total)
         acked = total
+
+
+# Points hit while committing, rotating, folding; recovery points are hit by the next open.
+WORK_POINTS = sorted(p for p in failpoints.POINTS if not p.startswith("recovery"))
+RECOVERY_POINTS = sorted(p for p in failpoints.POINTS if p.startswith("recovery"))
+
+
+@pytest.mark.parametrize("point", WORK_POINTS)
+def test_kill_at_failpoint(tmp_path: Any, point: str) -> None:
+    """Die exactly at ``point`` (on a seeded n-th hit); recovery keeps every ack."""
+    rng = random.Random(point)
+    path = str(tmp_path / "store")
+    acked = 0
+    rare = "segment" in point or "fold" in point  # once per rotation or fold
+    for _ in range(FAILPOINT_ROUNDS):
+        nth = rng.randint(1, 2 if rare else 25)
+        start, last = run_child(path, "sync", 10_000, 0.0, (point, nth))
+        assert start == -1 or start >= acked  # -1: it died inside open()
+        acked = max(acked, last + 1)
+        total, states = observed(path)
+        assert total in (acked, acked + 1), (point, total, acked)
+        assert states == model(total)
+        acked = total
+
+
+@pytest.mark.parametrize("point", RECOVERY_POINTS)
+def test_kill_during_recovery(tmp_path: Any, point: str) -> None:
+    """A crash while recovering leaves a store that recovers to the same state."""
+    path = str(tmp_path / "store")
+    _, last = run_child(path, "async", 25, 0.0)
+    start, _ = run_child(path, "sync", 10_000, 0.0, (point, 1))
+    assert start == -1  # it died inside open(), before printing START
+    total, states = observed(path)
+    assert total in (last + 1, last + 2)
+    assert states == model(total)

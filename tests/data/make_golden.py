@@ -1,0 +1,152 @@
+"""Write the golden files that pin the on-disk format (``tests/data/*-v<FORMAT_VERSION>.bin``).
+
+Usage: ``.venv/bin/python tests/data/make_golden.py`` (from the repository root).
+
+Everything is fixed: the store id, the segment salt, the clock and the
+payloads, so running this twice gives the same bytes, except for the zstd
+frame of record 2, whose compressed bytes may differ between zstandard
+versions (``tests/unit/test_golden.py`` compares that frame by content).
+
+A format change must regenerate these files *and* bump ``FORMAT_VERSION``
+(the files are named after it). ``test_golden.py`` imports the functions
+below to regenerate the images in memory and compare them with the
+committed files.
+
+The segment (``segment-v1.bin``, 4096 bytes like a preallocated segment):
+
+- header: segment 0 of store ``STORE_ID``, first LSN 1, salt ``SALT``;
+- LSN 1 (synced LSN 0), run ``run-1`` checkpoint 1, a small plain delta;
+- LSN 2 (synced LSN 1), run ``run-1`` checkpoint 2, a delta over
+  ``COMPRESS_THRESHOLD`` bytes, zstd-compressed (``FLAG_ZSTD``);
+- LSN 3 (synced LSN 1, same batch as 2), run ``run-1-b`` checkpoint 1,
+  forked from ``("run-1", 2)``, a delta with a deletion;
+- zeros up to 4096 bytes (the clean end).
+
+The control file (``control-v1.bin``): what ``create_control`` writes for
+``STORE_ID`` at ``CREATED_AT``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import cbor2
+
+from agentwal.codec import (
+    CommitRecord,
+    checkpoint_hash,
+    encode_commit,
+    encode_delta,
+    encode_value,
+)
+from agentwal.control import create_control
+from agentwal.format import (
+    COMPRESS_THRESHOLD,
+    CONTROL_FILE,
+    FLAG_ZSTD,
+    FORMAT_VERSION,
+    REC_COMMIT,
+)
+from agentwal.io import OsFileSystem
+from agentwal.wal.frame import SegmentHeader, encode_frame, encode_header
+
+HERE = Path(__file__).resolve().parent
+SEGMENT_FILE = HERE / f"segment-v{FORMAT_VERSION}.bin"
+CONTROL_FILE_GOLDEN = HERE / f"control-v{FORMAT_VERSION}.bin"
+
+STORE_ID = uuid.UUID("a9e1c0de-0000-4000-8000-00000000a11e")
+SALT = 0x5EED5A17
+CREATED_AT = 1767225600.0  # 2026-01-01T00:00:00Z
+SEGMENT_SIZE = 4096
+HEADER = SegmentHeader(STORE_ID, 0, 1, SALT)
+
+#: A message long and repetitive enough to cross COMPRESS_THRESHOLD and shrink.
+LONG_TEXT = "Summarise the quarterly report, then draft the e-mail to finance. " * 12
+
+
+@dataclass(frozen=True)
+class GoldenRecord:
+    """One record of the golden segment, before and after encoding."""
+
+    lsn: int
+    synced_lsn: int
+    run: str
+    id: int
+    parent: int | None
+    created_at: float
+    meta: dict[str, Any]
+    origin: tuple[str, int] | None
+    values: dict[str, Any]  # key -> value (None: a deletion)
+    flags: int  # FLAG_ZSTD when the encoded delta is compressed
+    hash: bytes
+    payload: bytes
+
+
+def _record(lsn: int, synced: int, run: str, cid: int, parent: int | None, meta: dict[str, Any],
+            origin: tuple[str, int] | None, values: dict[str, Any],
+            parent_hash: bytes) -> GoldenRecord:
+    delta = {k: (None if v is None else encode_value(k, v)) for k, v in values.items()}
+    packed, flags, digest = encode_delta(delta)
+    created = CREATED_AT + lsn
+    h = checkpoint_hash(parent_hash, run, cid, parent, created, meta, origin, digest)
+    payload = encode_commit(CommitRecord(run, cid, parent, created, meta, h, origin, packed))
+    return GoldenRecord(lsn, synced, run, cid, parent, created, meta, origin, values, flags, h,
+                        payload)
+
+
+def records() -> list[GoldenRecord]:
+    """The three golden records, encoded with the current codec."""
+    genesis = bytes(32)
+    r1 = _record(1, 0, "run-1", 1, None, {"node": "planner", "step": 1}, None,
+                 {"plan": {"steps": ["search", "answer"]}, "step": 1}, genesis)
+    r2 = _record(2, 1, "run-1", 2, 1, {"node": "tool", "step": 2}, None,
+                 {"messages/0": {"role": "user", "content": LONG_TEXT}, "step": 2}, r1.hash)
+    r3 = _record(3, 1, "run-1-b", 1, None, {"forked": True}, ("run-1", 2),
+                 {"step": 3, "scratch": None}, genesis)
+    assert (r1.flags, r2.flags, r3.flags) == (0, FLAG_ZSTD, 0), "record 2 must be compressed"
+    return [r1, r2, r3]
+
+
+def raw_delta_size(rec: GoldenRecord) -> int:
+    """Length of the uncompressed CBOR delta (to show it crosses COMPRESS_THRESHOLD)."""
+    delta = {k: (None if v is None else encode_value(k, v)) for k, v in rec.values.items()}
+    return len(cbor2.dumps(delta))
+
+
+def segment_image(payloads: dict[int, bytes] | None = None) -> bytes:
+    """The golden segment; ``payloads`` overrides the payload of some LSNs."""
+    payloads = payloads or {}
+    out = bytearray(encode_header(HEADER))
+    for r in records():
+        payload = payloads.get(r.lsn, r.payload)
+        out += encode_frame(SALT, r.lsn, r.synced_lsn, REC_COMMIT, r.flags, payload)
+    assert len(out) <= SEGMENT_SIZE
+    return bytes(out) + bytes(SEGMENT_SIZE - len(out))
+
+
+def control_image() -> bytes:
+    """What ``create_control`` writes for ``STORE_ID`` at ``CREATED_AT``."""
+    with tempfile.TemporaryDirectory() as tmp, \
+            mock.patch("agentwal.control.uuid.uuid4", return_value=STORE_ID), \
+            mock.patch("agentwal.control.time.time", return_value=CREATED_AT):
+        create_control(OsFileSystem(), tmp)
+        return (Path(tmp) / CONTROL_FILE).read_bytes()
+
+
+def main() -> int:
+    r2 = records()[1]
+    assert raw_delta_size(r2) >= COMPRESS_THRESHOLD
+    SEGMENT_FILE.write_bytes(segment_image())
+    CONTROL_FILE_GOLDEN.write_bytes(control_image())
+    print(f"wrote {SEGMENT_FILE} and {CONTROL_FILE_GOLDEN}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

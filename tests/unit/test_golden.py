@@ -1,0 +1,221 @@
+"""Golden files: the committed bytes in ``tests/data/`` pin the on-disk format.
+
+(a) The current reader decodes the committed files, every field checked.
+(b) ``tests/data/make_golden.py`` regenerates them in memory and the bytes
+    must be equal, so any change to the format (the byte tables, the framing,
+    the CRC seeding, the CBOR layout of a commit or of the control file)
+    fails here until the files are regenerated *and* ``FORMAT_VERSION`` is
+    bumped (the files are named after it).
+
+zstd output is not guaranteed to be identical across zstandard versions, so
+the compressed frame (LSN 2) is compared by decoded content, and the rest of
+the image is compared byte for byte with the committed compressed payload
+put back in its place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import cbor2
+import pytest
+
+from agentwal import recovery
+from agentwal.codec import checkpoint_hash, decode_commit, decode_delta, decode_value
+from agentwal.control import read_control
+from agentwal.format import (
+    COMPRESS_THRESHOLD,
+    CONTROL_FILE,
+    FLAG_ZSTD,
+    FORMAT_VERSION,
+    REC_COMMIT,
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    segment_name,
+)
+from agentwal.io import OsFileSystem
+from agentwal.wal import PendingRecord, Writer, list_segments, scan_segment
+from agentwal.wal.frame import Frame, SegmentHeader, encode_frame, parse_header
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def _load_maker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_golden", DATA / "make_golden.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_golden", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mg = _load_maker()
+SEGMENT = DATA / f"segment-v{FORMAT_VERSION}.bin"
+CONTROL = DATA / f"control-v{FORMAT_VERSION}.bin"
+
+
+@pytest.fixture(scope="module")
+def seg_bytes() -> bytes:
+    return SEGMENT.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def frames(seg_bytes: bytes) -> list[Frame]:
+    h = parse_header(seg_bytes)
+    assert isinstance(h, SegmentHeader)
+    s = scan_segment(seg_bytes, h)
+    assert s.state == "clean", s.reason
+    return s.frames
+
+
+def test_golden_files_exist_for_this_format_version() -> None:
+    # Bumping FORMAT_VERSION without regenerating the golden files fails here.
+    assert SEGMENT.is_file(), f"run tests/data/make_golden.py to write {SEGMENT.name}"
+    assert CONTROL.is_file(), f"run tests/data/make_golden.py to write {CONTROL.name}"
+
+
+# -- (a) the committed segment decodes -------------------------------------------------------
+
+
+def test_golden_segment_header(seg_bytes: bytes) -> None:
+    assert len(seg_bytes) == mg.SEGMENT_SIZE == 4096
+    h = parse_header(seg_bytes)
+    assert h == SegmentHeader(mg.STORE_ID, 0, 1, mg.SALT, FORMAT_VERSION)
+    assert isinstance(h, SegmentHeader)
+    assert str(h.store_id) == "a9e1c0de-0000-4000-8000-00000000a11e"
+    assert h.salt == 0x5EED5A17
+
+
+def test_golden_segment_frames(seg_bytes: bytes, frames: list[Frame]) -> None:
+    assert [f.lsn for f in frames] == [1, 2, 3]
+    assert [f.synced_lsn for f in frames] == [0, 1, 1]
+    assert [f.type for f in frames] == [REC_COMMIT] * 3
+    assert [f.flags for f in frames] == [0, FLAG_ZSTD, 0]
+    assert frames[0].offset == SEGMENT_HEADER_SIZE
+    assert frames[1].offset == frames[0].end and frames[2].offset == frames[1].end
+    assert seg_bytes[frames[-1].end:] == bytes(len(seg_bytes) - frames[-1].end)
+    for f in frames:
+        assert f.end - f.offset == RECORD_HEADER_SIZE + len(f.payload)
+
+
+def test_golden_segment_commits(frames: list[Frame]) -> None:
+    recs = [decode_commit(f.payload) for f in frames]
+    deltas = [decode_delta(r.delta, f.flags) for r, f in zip(recs, frames, strict=True)]
+
+    r1, r2, r3 = recs
+    assert (r1.run, r1.id, r1.parent, r1.origin) == ("run-1", 1, None, None)
+    assert (r2.run, r2.id, r2.parent, r2.origin) == ("run-1", 2, 1, None)
+    assert (r3.run, r3.id, r3.parent, r3.origin) == ("run-1-b", 1, None, ("run-1", 2))
+    assert [r.created_at for r in recs] == [1767225601.0, 1767225602.0, 1767225603.0]
+    assert r1.meta == {"node": "planner", "step": 1}
+    assert r2.meta == {"node": "tool", "step": 2}
+    assert r3.meta == {"forked": True}
+
+    d1, d2, d3 = ({k: None if v is None else decode_value(v) for k, v in d.items()}
+                  for d in deltas)
+    assert d1 == {"plan": {"steps": ["search", "answer"]}, "step": 1}
+    assert d2 == {"messages/0": {"role": "user", "content": mg.LONG_TEXT}, "step": 2}
+    assert d3 == {"step": 3, "scratch": None}
+    # Record 2's delta crossed the threshold and is stored compressed.
+    raw2 = cbor2.dumps(deltas[1])
+    assert len(raw2) >= COMPRESS_THRESHOLD and len(r2.delta) < len(raw2)
+
+    # The hash chain: each checkpoint hash covers its fields and its raw delta.
+    parent_hash = {("run-1", None): bytes(32), ("run-1-b", None): bytes(32),
+                   ("run-1", 1): r1.hash}
+    for r, d in zip(recs, deltas, strict=True):
+        digest = hashlib.sha256(cbor2.dumps(d)).digest()
+        expect = checkpoint_hash(parent_hash[(r.run, r.parent)], r.run, r.id, r.parent,
+                                 r.created_at, r.meta, r.origin, digest)
+        assert r.hash == expect
+
+
+def test_golden_segment_recovers(tmp_path: Path) -> None:
+    wal = tmp_path / "wal"
+    wal.mkdir()
+    shutil.copy(SEGMENT, wal / segment_name(1))
+    fs = OsFileSystem()
+    p = recovery.plan(list_segments(fs, str(wal)), 0, mg.STORE_ID)
+    assert [r.lsn for r in p.records] == [1, 2, 3] and p.next_lsn == 4
+    assert p.zero is None and p.remove == []
+    assert decode_value(p.records[1].delta["messages/0"])["content"] == mg.LONG_TEXT
+    assert p.records[2].record.origin == ("run-1", 2)
+
+
+# -- (a) the committed control file decodes ------------------------------------------------
+
+
+def test_golden_control(tmp_path: Path) -> None:
+    data = CONTROL.read_bytes()
+    assert data[:8] == b"AWALCTL\x00"
+    shutil.copy(CONTROL, tmp_path / CONTROL_FILE)
+    ctl = read_control(OsFileSystem(), str(tmp_path))
+    assert ctl is not None
+    assert ctl.store_id == mg.STORE_ID
+    assert ctl.format == FORMAT_VERSION
+    assert ctl.created_at == mg.CREATED_AT
+
+
+# -- (b) regenerating gives the same bytes ----------------------------------------------------
+
+
+def test_regenerated_header_is_identical(seg_bytes: bytes) -> None:
+    assert mg.segment_image()[:SEGMENT_HEADER_SIZE] == seg_bytes[:SEGMENT_HEADER_SIZE]
+
+
+def test_regenerated_plain_frames_are_identical(frames: list[Frame]) -> None:
+    regen = {r.lsn: r for r in mg.records()}
+    for f in frames:
+        r = regen[f.lsn]
+        assert (r.synced_lsn, r.flags) == (f.synced_lsn, f.flags)
+        if not f.flags & FLAG_ZSTD:
+            assert r.payload == f.payload, f"payload of LSN {f.lsn} changed"
+
+
+def test_regenerated_compressed_frame_has_same_content(frames: list[Frame]) -> None:
+    # zstd's output may vary between zstandard versions: compare what it decodes to.
+    (golden,) = [f for f in frames if f.flags & FLAG_ZSTD]
+    (regen,) = [r for r in mg.records() if r.flags & FLAG_ZSTD]
+    old, new = decode_commit(golden.payload), decode_commit(regen.payload)
+    assert (old.run, old.id, old.parent, old.created_at, old.meta, old.hash, old.origin) == (
+        new.run, new.id, new.parent, new.created_at, new.meta, new.hash, new.origin)
+    assert decode_delta(old.delta, golden.flags) == decode_delta(new.delta, regen.flags)
+
+
+def test_regenerated_segment_is_identical(seg_bytes: bytes, frames: list[Frame]) -> None:
+    # Byte for byte, with the committed zstd payload in place of a fresh one.
+    compressed = {f.lsn: f.payload for f in frames if f.flags & FLAG_ZSTD}
+    assert mg.segment_image(compressed) == seg_bytes
+
+
+def test_golden_frames_reencode_identically(seg_bytes: bytes, frames: list[Frame]) -> None:
+    for f in frames:
+        assert encode_frame(mg.SALT, f.lsn, f.synced_lsn, f.type, f.flags, f.payload) == \
+            seg_bytes[f.offset:f.end]
+
+
+def test_writer_reproduces_golden_segment(tmp_path: Path, frames: list[Frame],
+                                          seg_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    # The real Writer, given the golden payloads and the golden salt, writes the
+    # same file: preallocation, header, framing and synced-LSN stamping.
+    monkeypatch.setattr("agentwal.wal.writer.secrets.randbits", lambda _bits: mg.SALT)
+    fs = OsFileSystem()
+    w = Writer(fs, str(tmp_path), mg.STORE_ID, mg.SEGMENT_SIZE)
+    w.start(1)
+    pending = [PendingRecord(f.lsn, f.type, f.flags, f.payload) for f in frames]
+    w.append(pending[:1])
+    w.sync()
+    w.append(pending[1:])
+    w.sync()
+    w.close()
+    assert (tmp_path / segment_name(1)).read_bytes() == seg_bytes
+
+
+def test_regenerated_control_is_identical() -> None:
+    assert mg.control_image() == CONTROL.read_bytes()
