@@ -28,7 +28,7 @@ from typing import Any
 import cbor2
 import zstandard
 
-from .errors import UnencodableValueError
+from .errors import CorruptionError, UnencodableValueError
 from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_CBOR_DEPTH, MAX_DECOMPRESSED
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "CommitRecord",
     "decode_commit",
     "decode_delta",
+    "decode_stored",
     "decode_value",
     "encode_commit",
     "encode_delta",
@@ -66,12 +67,49 @@ def _decompressor() -> Any:
     return d
 
 
+#: Deepest nesting a value may have when stored: decoding allows MAX_CBOR_DEPTH,
+#: and a value can sit a few levels down (meta inside a commit record).
+MAX_VALUE_DEPTH = MAX_CBOR_DEPTH - 8
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether containers nest deeper than ``limit`` (iterative; leaves cost a type check)."""
+    stack = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = obj.values() if isinstance(obj, dict) else obj
+        for child in children:  # type: ignore[attr-defined]
+            if isinstance(child, _CONTAINERS):
+                stack.append((child, depth + 1))
+    return False
+
+
 def encode_value(key: str, value: object) -> bytes:
-    """CBOR-encode one value, or raise :class:`UnencodableValueError` naming ``key``."""
+    """CBOR-encode one value, or raise :class:`UnencodableValueError` naming ``key``.
+
+    A value nested deeper than :data:`MAX_VALUE_DEPTH` is refused here, so
+    nothing is ever written that the bounded decoder would refuse to read.
+    """
     try:
-        return bytes(cbor2.dumps(value))
+        data = bytes(cbor2.dumps(value))
     except (cbor2.CBOREncodeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise UnencodableValueError(key, str(exc) or type(exc).__name__) from None
+    # Each level costs at least one byte, so only long encodings can be too deep.
+    if (len(data) > MAX_VALUE_DEPTH and isinstance(value, _CONTAINERS)
+            and _depth_exceeds(value, MAX_VALUE_DEPTH)):
+        raise UnencodableValueError(key, f"it nests containers deeper than {MAX_VALUE_DEPTH}")
+    return data
+
+
+def decode_stored(data: bytes, path: str, what: str) -> Any:
+    """Decode a stored value; damage becomes :class:`CorruptionError` naming ``path``."""
+    try:
+        return loads(data)
+    except CodecError as exc:
+        raise CorruptionError(path, None, f"{what}: {exc}") from None
 
 
 def loads(data: bytes) -> Any:
@@ -103,6 +141,10 @@ def decode_delta(data: bytes, flags: int) -> Delta:
     """Decode (and decompress) a delta; :class:`CodecError` if it is malformed."""
     if flags & FLAG_ZSTD:
         try:
+            # zstandard ignores max_output_size when the frame declares its size.
+            declared = zstandard.frame_content_size(data)
+            if declared > MAX_DECOMPRESSED:
+                raise CodecError(f"zstd frame declares {declared} bytes, over the limit")
             data = _decompressor().decompress(data, max_output_size=MAX_DECOMPRESSED)
         except zstandard.ZstdError as exc:
             raise CodecError(f"bad zstd frame: {exc}") from None

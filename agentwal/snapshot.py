@@ -15,7 +15,8 @@ with SIGBUS.
 
 Databases (keys are bytes; integers big-endian so they sort):
 
-- ``meta``:  ``applied_lsn`` -> u64, ``store_id`` -> 16 bytes, ``next_run`` -> u64
+- ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
+  ``next_run`` -> CRC + u64
 - ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count]``
 - ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
@@ -42,10 +43,16 @@ import cbor2
 import lmdb
 
 from .codec import CodecError, loads
-from .errors import CorruptionError, DiskFullError, DurabilityError, ReadOnlyError
+from .errors import (
+    CorruptionError,
+    DiskFullError,
+    DurabilityError,
+    ReadOnlyError,
+    StoreClosedError,
+)
 from .types import Checkpoint
 
-__all__ = ["RunInfo", "Snapshot", "check_lmdb_file"]
+__all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file"]
 
 _U64 = struct.Struct(">Q")
 _CRC = struct.Struct("<I")
@@ -168,44 +175,76 @@ class Snapshot:
     # -- reading ------------------------------------------------------------------
 
     def begin_read(self) -> Any:
-        """A read transaction: a consistent view of the last fold."""
+        """A read transaction: a consistent view of the last fold. End it with :meth:`end_read`."""
+        shared = self._live()
         try:
-            return self.env.begin(buffers=False)
+            txn = self.env.begin(buffers=False)
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot begin a read") from None
+        with _shared_lock:
+            shared.readers += 1
+        return txn
+
+    def end_read(self, txn: Any) -> None:
+        """End a read transaction from :meth:`begin_read` (once)."""
+        with contextlib.suppress(lmdb.Error):
+            txn.abort()
+        if self._shared is not None:
+            with _shared_lock:
+                self._shared.readers -= 1
+
+    def _live(self) -> _Shared:
+        if self._shared is None:
+            raise lmdb_closed(self.directory)
+        return self._shared
 
     def meta(self, txn: Any) -> tuple[int, uuid.UUID | None]:
         """``(applied_lsn, store_id)`` as of ``txn``."""
-        applied = txn.get(b"applied_lsn", db=self._meta)
-        sid = txn.get(b"store_id", db=self._meta)
-        lsn = _U64.unpack(applied)[0] if applied is not None and len(applied) == 8 else 0
+        with self._reading("the snapshot's meta"):
+            applied = self._open(txn.get(b"applied_lsn", db=self._meta), "applied_lsn")
+            sid = self._open(txn.get(b"store_id", db=self._meta), "store id")
+        if applied is not None and len(applied) != 8:
+            raise self._corrupt("applied_lsn in the snapshot is damaged")
         if sid is not None and len(sid) != 16:
             raise self._corrupt("store id in the snapshot is damaged")
+        lsn = _U64.unpack(applied)[0] if applied is not None else 0
         return lsn, (uuid.UUID(bytes=sid) if sid is not None else None)
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """Turn LMDB failures while reading into agentwal errors."""
+        try:
+            yield
+        except lmdb.Error as exc:
+            raise self._translate(exc, f"cannot read {what}") from None
 
     def run_info(self, txn: Any, run: str) -> RunInfo | None:
         """The folded head of ``run``, or None."""
-        obj = self._load(txn.get(run.encode(), db=self._runs), f"run {run!r}")
+        with self._reading(f"run {run!r}"):
+            obj = self._load(txn.get(run.encode(), db=self._runs), f"run {run!r}")
         if obj is None:
             return None
-        if not (isinstance(obj, list) and len(obj) == 4):
+        if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[0], int)
+                and isinstance(obj[1], int) and isinstance(obj[2], bytes)
+                and isinstance(obj[3], int)):
             raise self._corrupt(f"run record of {run!r} is malformed")
         return RunInfo(obj[0], obj[1], obj[2], obj[3])
 
     def runs(self, txn: Any) -> list[str]:
         """Every folded run id."""
-        with txn.cursor(db=self._runs) as cur:
+        with self._reading("the run list"), txn.cursor(db=self._runs) as cur:
             return [bytes(k).decode("utf-8", "replace") for k in cur.iternext(values=False)]
 
     def get(self, txn: Any, run_no: int, key: str) -> bytes | None:
         """The stored value bytes of ``key`` in run ``run_no``, or None."""
-        return self._open(txn.get(_U64.pack(run_no) + key.encode(), db=self._state),
-                          f"value of key {key!r}")
+        with self._reading(f"key {key!r}"):
+            return self._open(txn.get(_U64.pack(run_no) + key.encode(), db=self._state),
+                              f"value of key {key!r}")
 
     def items(self, txn: Any, run_no: int, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         """``(key, value bytes)`` of a run in key order, optionally under ``prefix``."""
         start = _U64.pack(run_no) + prefix.encode()
-        with txn.cursor(db=self._state) as cur:
+        with self._reading("a run's keys"), txn.cursor(db=self._state) as cur:
             if not cur.set_range(start):
                 return
             for k, v in cur.iternext():
@@ -219,14 +258,15 @@ class Snapshot:
 
     def checkpoint(self, txn: Any, run: str, run_no: int, cid: int) -> Checkpoint | None:
         """One folded checkpoint, or None."""
-        obj = self._load(txn.get(_U64.pack(run_no) + _U64.pack(cid), db=self._ckpt),
-                         f"checkpoint {run!r}/{cid}")
+        with self._reading(f"checkpoint {run!r}/{cid}"):
+            obj = self._load(txn.get(_U64.pack(run_no) + _U64.pack(cid), db=self._ckpt),
+                             f"checkpoint {run!r}/{cid}")
         return None if obj is None else self._ckpt_from(run, obj)
 
     def checkpoints(self, txn: Any, run: str, run_no: int) -> Iterator[Checkpoint]:
         """Folded checkpoints of a run, newest first."""
         base = _U64.pack(run_no)
-        with txn.cursor(db=self._ckpt) as cur:
+        with self._reading(f"checkpoints of {run!r}"), txn.cursor(db=self._ckpt) as cur:
             if not cur.set_range(_U64.pack(run_no + 1)):
                 if not cur.last():
                     return
@@ -247,7 +287,12 @@ class Snapshot:
     # -- folding ------------------------------------------------------------------
 
     def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun]) -> None:
-        """Write a frozen memtable into LMDB in one synced transaction."""
+        """Write a frozen memtable into LMDB in one synced transaction.
+
+        Raises:
+            MapFull: the map is full; :meth:`grow` it (no reads open) and retry.
+            DiskFullError / DurabilityError / CorruptionError: LMDB failed.
+        """
         if self.readonly:
             raise ReadOnlyError(self.directory)
         with self._write_lock:
@@ -255,13 +300,38 @@ class Snapshot:
                 with self.env.begin(write=True) as txn:
                     self._fold_into(txn, applied_lsn, store_id, runs)
                 self.env.sync(True)
+            except lmdb.MapFullError:
+                raise MapFull(self.env.info()["map_size"]) from None
             except lmdb.Error as exc:
                 raise self._translate(exc, "fold failed") from None
 
+    def forget_readers(self, n: int) -> None:
+        """Drop ``n`` read transactions from the count (their owner is closing)."""
+        if self._shared is not None and n:
+            with _shared_lock:
+                self._shared.readers = max(0, self._shared.readers - n)
+
+    def readers(self) -> int:
+        """Read transactions open on this environment in this process (all users)."""
+        return self._live().readers
+
+    def grow(self) -> int:
+        """Double the map size; only call with no read transaction open. Returns the new size."""
+        shared = self._live()
+        with self._write_lock, _shared_lock:
+            if shared.readers:
+                raise RuntimeError("cannot resize the LMDB map while reads are open")
+            size = int(self.env.info()["map_size"]) * 2
+            try:
+                self.env.set_mapsize(size)
+            except lmdb.Error as exc:
+                raise self._translate(exc, "cannot grow the map") from None
+            return size
+
     def _fold_into(self, txn: Any, applied_lsn: int, store_id: uuid.UUID,
                    runs: list[FoldRun]) -> None:
-        raw_next = txn.get(b"next_run", db=self._meta)
-        next_run = _U64.unpack(raw_next)[0] if raw_next else 1
+        raw_next = self._open(txn.get(b"next_run", db=self._meta), "next run number")
+        next_run = _U64.unpack(raw_next)[0] if raw_next is not None and len(raw_next) == 8 else 1
         for fr in runs:
             info = self.run_info(txn, fr.run)
             if info is None:
@@ -284,9 +354,9 @@ class Snapshot:
             count += len(fr.checkpoints)
             txn.put(fr.run.encode(),
                     _seal(cbor2.dumps([number, head.id, head_hash, count])), db=self._runs)
-        txn.put(b"next_run", _U64.pack(next_run), db=self._meta)
-        txn.put(b"store_id", store_id.bytes, db=self._meta)
-        txn.put(b"applied_lsn", _U64.pack(applied_lsn), db=self._meta)
+        txn.put(b"next_run", _seal(_U64.pack(next_run)), db=self._meta)
+        txn.put(b"store_id", _seal(store_id.bytes), db=self._meta)
+        txn.put(b"applied_lsn", _seal(_U64.pack(applied_lsn)), db=self._meta)
 
     def stats(self) -> dict[str, int]:
         """LMDB file size and entry counts."""
@@ -310,6 +380,18 @@ class Snapshot:
             _release(shared)
 
 
+class MapFull(Exception):
+    """The LMDB map is full; the store grows it when no read is open, then retries."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        super().__init__(f"LMDB map of {size} bytes is full")
+
+
+def lmdb_closed(directory: str) -> StoreClosedError:
+    return StoreClosedError(os.path.dirname(directory))
+
+
 @dataclass
 class _Shared:
     """One LMDB environment per directory and process, shared by every Snapshot on it."""
@@ -318,6 +400,7 @@ class _Shared:
     env: Any
     dbs: tuple[Any, Any, Any, Any]
     users: int = 1
+    readers: int = 0  # read transactions open, across users
 
 
 # LMDB forbids opening one environment twice in a process (its locks are per
@@ -348,8 +431,21 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
         except BaseException:
             env.close()
             raise
+        if writable:
+            # LMDB syncs its files but not their names: make snapshot/ and its
+            # files durable before a fold can let WAL segments go.
+            _fsync_dir(directory)
+            _fsync_dir(os.path.dirname(os.path.abspath(directory)))
         entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3]))
         return entry
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _release(entry: _Shared) -> None:

@@ -35,9 +35,9 @@ held across I/O except the LMDB read-transaction begin.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .codec import CommitRecord, checkpoint_hash, decode_value, encode_commit, encode_delta
+from .codec import CommitRecord, checkpoint_hash, decode_stored, encode_commit, encode_delta
 from .control import create_control, read_control
 from .errors import (
     ConflictError,
@@ -56,9 +56,11 @@ from .errors import (
     ReadOnlyError,
     RunNotFoundError,
     StoreClosedError,
+    UnencodableValueError,
 )
 from .format import (
     DEFAULT_SEGMENT_BYTES,
+    MAX_RECORD_PAYLOAD,
     MIN_SEGMENT_BYTES,
     REC_COMMIT,
     SNAPSHOT_DIR,
@@ -66,8 +68,8 @@ from .format import (
 )
 from .io import FileSystem, OsFileSystem, WriterLock
 from .memtable import Memtable
-from .recovery import recover
-from .snapshot import FoldRun, RunInfo, Snapshot
+from .recovery import Plan, recover
+from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
 from .txn import Transaction
 from .types import Checkpoint, Durability, check_key
 from .wal import PendingRecord, Writer
@@ -75,6 +77,7 @@ from .wal import PendingRecord, Writer
 __all__ = ["Store", "open"]
 
 _ZERO_HASH = bytes(32)
+_MAX_MAP = 1 << 46 if sys.maxsize > 2**32 else 1 << 31
 _ABSENT: Any = object()
 T = TypeVar("T")
 
@@ -115,6 +118,7 @@ def open(
     fs: FileSystem | None = None,
     sync_interval: float = 0.1,
     segment_bytes: int | None = None,
+    map_size: int | None = None,
 ) -> Store:
     """Open (or create) the store in directory ``path`` and recover it.
 
@@ -128,6 +132,8 @@ def open(
         sync_interval: seconds between background syncs in ``async`` mode.
         segment_bytes: size of each preallocated WAL segment (default:
             a quarter of ``wal_max_bytes``, at most 16 MiB).
+        map_size: initial LMDB map size (address space, not disk; default
+            1 TiB on 64-bit). A full map is doubled when no read is open.
 
     Returns:
         An open :class:`Store` (also a context manager).
@@ -156,7 +162,7 @@ def open(
     if segment_bytes < MIN_SEGMENT_BYTES:
         raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
     store = Store(os.fspath(path), mode, readonly, wal_max_bytes, fs or OsFileSystem(),
-                  sync_interval, segment_bytes)
+                  sync_interval, segment_bytes, map_size)
     try:
         store._open()
     except OSError as exc:
@@ -179,7 +185,8 @@ class Store:
     """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
 
     def __init__(self, path: str, durability: Durability, readonly: bool, wal_max_bytes: int,
-                 fs: FileSystem, sync_interval: float, segment_bytes: int) -> None:
+                 fs: FileSystem, sync_interval: float, segment_bytes: int,
+                 map_size: int | None = None) -> None:
         self.path = path
         self.durability = durability
         self.readonly = readonly
@@ -187,6 +194,7 @@ class Store:
         self._fs = fs
         self._sync_interval = sync_interval
         self._segment_bytes = segment_bytes
+        self._map_size = map_size
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._fold_lock = threading.Lock()
@@ -212,7 +220,7 @@ class Store:
         self._fold_error: BaseException | None = None
         self._fold_mark = 0
         self._counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0, "folds": 0,
-                          "segments_removed": 0}
+                          "segments_removed": 0, "map_grows": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
 
@@ -241,7 +249,9 @@ class Store:
         if not self.readonly:
             fs.mkdir(wal_dir)
             fs.fsync_dir(path)
-        self._snap = Snapshot(os.path.join(path, SNAPSHOT_DIR), readonly=self.readonly)
+        snap_dir = os.path.join(path, SNAPSHOT_DIR)
+        self._snap = (Snapshot(snap_dir, readonly=self.readonly) if self._map_size is None else
+                      Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
         self._load(wal_dir)
         self._recovery["seconds"] = round(time.perf_counter() - t0, 6)
         self._closed = False
@@ -251,37 +261,28 @@ class Store:
     def _load(self, wal_dir: str) -> None:
         """Pin the LMDB base, replay the WAL after it, and set up the writer."""
         assert self._snap is not None
-        ltxn = self._snap.begin_read()
-        applied, sid = self._snap.meta(ltxn)
-        if sid is not None and sid != self.store_id:
-            ltxn.abort()
-            raise CorruptionError(self._snap.directory, None,
-                                  f"snapshot belongs to store {sid}, not {self.store_id}")
-        try:
-            plan = recover(self._fs, wal_dir, applied, self.store_id, readonly=self.readonly)
-        except OSError as exc:
-            ltxn.abort()
-            raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
-        except BaseException:
-            ltxn.abort()
-            raise
+        ltxn, applied, plan = self._read_base(wal_dir)
         mem = Memtable()
         for r in plan.records:
             rec = r.record
             ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, rec.meta,
                               rec.hash.hex(), rec.origin)
             mem.apply(r.lsn, ckpt, rec.hash, r.delta, r.lsn)
-            self._heads[rec.run] = (rec.id, rec.hash)
-        self._active = mem
-        self._applied = applied
-        self._visible = plan.next_lsn - 1
-        self._next_lsn = plan.next_lsn
-        self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
-                              torn_bytes=plan.torn_bytes, actions=plan.notes)
+            if not self.readonly:
+                self._heads[rec.run] = (rec.id, rec.hash)
+        with self._lock:
+            old, self._ro_txn = self._ro_txn, (ltxn if self.readonly else None)
+            self._active = mem
+            self._applied = applied
+            self._visible = plan.next_lsn - 1
+            self._next_lsn = plan.next_lsn
+            self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
+                                  torn_bytes=plan.torn_bytes, actions=plan.notes)
+        if old is not None:
+            self._snap.end_read(old)
         if self.readonly:
-            self._ro_txn = ltxn
             return
-        ltxn.abort()
+        self._snap.end_read(ltxn)
         w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes)
         if plan.resume is not None:
             seg, header, end = plan.resume
@@ -290,6 +291,38 @@ class Store:
             w.start(plan.next_lsn, plan.next_number)
         self._writer = w
         self._fold_mark = w.bytes_written
+
+    def _read_base(self, wal_dir: str) -> tuple[Any, int, Plan]:
+        """An LMDB read transaction, its applied LSN, and the recovery plan after it.
+
+        A read-only store races the writer's folds (a segment it needs may be
+        removed between reading LMDB and reading the log), so it retries with
+        a fresh LMDB view a few times before believing the damage.
+        """
+        assert self._snap is not None
+        attempts = 20 if self.readonly else 1
+        for attempt in range(attempts):
+            ltxn = self._snap.begin_read()
+            try:
+                applied, sid = self._snap.meta(ltxn)
+                if sid is not None and sid != self.store_id:
+                    raise CorruptionError(self._snap.directory, None,
+                                          f"snapshot belongs to store {sid}, not {self.store_id}")
+                try:
+                    plan = recover(self._fs, wal_dir, applied, self.store_id,
+                                   readonly=self.readonly)
+                except OSError as exc:
+                    raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
+                return ltxn, applied, plan
+            except (CorruptionError, DurabilityError):
+                self._snap.end_read(ltxn)
+                if attempt + 1 >= attempts:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+            except BaseException:
+                self._snap.end_read(ltxn)
+                raise
+        raise AssertionError("unreachable")
 
     def _start_threads(self) -> None:
         self._stop = False
@@ -330,9 +363,8 @@ class Store:
                 self._snaps.pop(view.snap, None)
             else:
                 self._snaps[view.snap] = n
-        if view.lock is None:
-            with contextlib.suppress(Exception):
-                view.ltxn.abort()
+        if view.lock is None and self._snap is not None:
+            self._snap.end_read(view.ltxn)
 
     def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
         if view.lock is None:
@@ -432,6 +464,10 @@ class Store:
             return self._head(view, run)
         delta = dict(txn._writes)
         blob, flags, digest = encode_delta(delta)
+        if len(blob) > MAX_RECORD_PAYLOAD - 65536:
+            raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
+                                        f"encoded, over the {MAX_RECORD_PAYLOAD} byte record "
+                                        "limit; split it across several commits")
         created = time.time()
         meta = dict(txn._meta)
         with self._lock:
@@ -488,7 +524,7 @@ class Store:
         try:
             info = self._snap.run_info(ltxn, run)
         finally:
-            ltxn.abort()
+            self._snap.end_read(ltxn)
         return (info.head, info.head_hash) if info is not None else None
 
     # -- group commit ------------------------------------------------------------------
@@ -652,7 +688,17 @@ class Store:
             runs = [FoldRun(run, writes, ckpts)
                     for run, (writes, ckpts) in frozen.fold_view().items()]
             failpoints.hit("fold_before_commit")
-            self._snap.fold(frozen.last_lsn, self.store_id, runs)
+            while True:
+                try:
+                    self._snap.fold(frozen.last_lsn, self.store_id, runs)
+                    break
+                except MapFull as full:  # double until the fold fits
+                    self._grow_map(full)
+                except DurabilityError as exc:
+                    # LMDB's write or sync failed: its state is unknown until a
+                    # reopen, and an fsync is never retried. Stop the writer.
+                    self._writer.broken = exc
+                    raise
             failpoints.hit("fold_after_commit")
             with self._lock:
                 self._frozen = None
@@ -662,6 +708,20 @@ class Store:
                 if self._writer.broken is None:
                     self._counters["segments_removed"] += self._writer.remove_through(
                         frozen.last_lsn)
+
+    def _grow_map(self, full: MapFull) -> None:
+        """Double LMDB's map; needs every read transaction of this process closed."""
+        assert self._snap is not None
+        with self._lock:  # no new view can begin while we wait and resize
+            deadline = time.monotonic() + 5.0
+            while self._snap.readers() and time.monotonic() < deadline:
+                self._lock.release()
+                time.sleep(0.005)
+                self._lock.acquire()
+            if self._snap.readers() or full.size >= _MAX_MAP:
+                raise DiskFullError(os.path.join(self._snap.directory, "data.mdb")) from full
+            self._snap.grow()
+            self._counters["map_grows"] += 1
 
     # -- reads --------------------------------------------------------------------------
 
@@ -674,7 +734,7 @@ class Store:
         check_key(run, "run id")
         check_key(key)
         raw = self._with_view(lambda v: self._read(v, run, key))
-        return default if raw is None else decode_value(raw)
+        return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
 
     def state(self, run: str) -> dict[str, Any]:
         """The run's latest committed state as a new dict.
@@ -690,7 +750,8 @@ class Store:
             return self._items(v, run, "")
 
         raw = self._with_view(read)
-        return {k: decode_value(b) for k, b in sorted(raw.items()) if b is not None}
+        return {k: decode_stored(b, self.path, f"{run!r}/{k!r}")
+                for k, b in sorted(raw.items()) if b is not None}
 
     def head(self, run: str) -> Checkpoint | None:
         """The run's latest checkpoint, or None if it has none."""
@@ -747,12 +808,7 @@ class Store:
         self._check_open()
         if not self.readonly:
             return
-        with self._ro_lock:
-            old = self._ro_txn
-            self._ro_txn = None
-            if old is not None:
-                old.abort()
-            self._heads.clear()
+        with self._ro_lock:  # on failure the old view stays in place
             self._load(os.path.join(self.path, WAL_DIR))
 
     # -- stats and closing -------------------------------------------------------------------
@@ -810,11 +866,12 @@ class Store:
         self._threads = []
         if self._writer is not None:
             self._writer.close()
-        if self._ro_txn is not None:
-            with contextlib.suppress(Exception):
-                self._ro_txn.abort()
-            self._ro_txn = None
         if self._snap is not None:
+            if self._ro_txn is not None:
+                self._snap.end_read(self._ro_txn)
+                self._ro_txn = None
+            # Views of abandoned transactions die with this store.
+            self._snap.forget_readers(0 if self.readonly else sum(self._snaps.values()))
             self._snap.close()
         if self._writer_lock is not None:
             self._writer_lock.release()

@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .codec import decode_value, encode_value
+from .codec import decode_stored, encode_value
 from .errors import MissingKeyError, TransactionClosedError
 from .types import Checkpoint, check_key
 
@@ -35,6 +35,8 @@ _MISSING: Any = object()
 
 
 class _Engine(Protocol):
+    path: str
+
     def _txn_read(self, txn: Transaction, key: str) -> bytes | None: ...
     def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]: ...
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None: ...
@@ -144,6 +146,9 @@ class Transaction:
         self._reads.add(key)
         return self._engine._txn_read(self, key)
 
+    def _decode(self, raw: bytes, key: str) -> Any:
+        return decode_stored(raw, self._engine.path, f"value of {self.run!r}/{key!r}")
+
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key`` as this transaction sees it, or ``default``.
 
@@ -153,14 +158,14 @@ class Transaction:
         """
         self._check()
         raw = self._raw(check_key(key))
-        return default if raw is None else decode_value(raw)
+        return default if raw is None else self._decode(raw, key)
 
     def __getitem__(self, key: str) -> Any:
         self._check()
         raw = self._raw(check_key(key))
         if raw is None:
             raise MissingKeyError(self.run, key)
-        return decode_value(raw)
+        return self._decode(raw, key)
 
     def __contains__(self, key: object) -> bool:
         self._check()
@@ -179,7 +184,7 @@ class Transaction:
         for key in sorted(merged):
             raw = merged[key]
             if raw is not None:
-                yield key, decode_value(raw)
+                yield key, self._decode(raw, key)
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys present, in order, optionally only under ``prefix``."""

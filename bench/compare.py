@@ -3,7 +3,7 @@
 
 Usage::
 
-    .venv/bin/python bench/compare.py            # full run (~4 min): 7 rounds of 2 s slices
+    .venv/bin/python bench/compare.py            # full run (~3 min): 9 rounds of 2 s slices
     .venv/bin/python bench/compare.py --quick    # about a minute: 2 rounds of 1 s slices
     .venv/bin/python bench/compare.py --json     # the same figures as JSON on stdout
 
@@ -307,7 +307,9 @@ def _paired(samples: dict[str, list[float]], num: str, den: str) -> float:
 
 
 def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: int,
-        hist_opens: int, log: Callable[[str], None]) -> dict[str, Any]:
+        hist_opens: int, log: Callable[[str], None],
+        wal_value_bytes: int = RECORD) -> dict[str, Any]:
+    load_before = os.getloadavg()
     samples: dict[str, list[float]] = {k: [] for k, _, _ in THROUGHPUT}
     extras: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in THROUGHPUT}
     for r in range(rounds):
@@ -322,14 +324,14 @@ def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: 
     if do_open:
         with scratch_dir() as d:
             wal_path = os.path.join(d, "wal64.awal")
-            built = build_wal_store(wal_path, WAL_BYTES)
+            built = build_wal_store(wal_path, WAL_BYTES, value_bytes=wal_value_bytes)
             log(f"built a {built['wal_bytes'] / MIB:.1f} MiB WAL ({built['commits']:,} commits) "
                 f"in {built['build_seconds']:.1f} s")
             ow = open_wal(wal_path, wal_opens, cold_opens)
             figures["open_wal_64mib_warm_s"] = statistics.median(ow["warm_s"])
             if ow["cold_s"]:
                 figures["open_wal_64mib_cold_s"] = statistics.median(ow["cold_s"])
-            detail["open_wal"] = {**built, **ow}
+            detail["open_wal"] = {**built, **ow, "value_bytes": wal_value_bytes}
             log(f"open with 64 MiB WAL: warm {_fmt_list(ow['warm_s'])}, "
                 f"cold {_fmt_list(ow['cold_s'])}")
         with scratch_dir() as d:
@@ -352,7 +354,8 @@ def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: 
         met = value >= goal if direction == "min" else value <= goal
         goals.append({"goal": label, "value": value, "target": goal,
                       "direction": ">=" if direction == "min" else "<=", "met": met})
-    return {"environment": environment(), "seconds": seconds, "rounds": rounds,
+    env = {**environment(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    return {"environment": env, "seconds": seconds, "rounds": rounds,
             "figures": figures, "goals": goals, "detail": detail}
 
 
@@ -364,7 +367,9 @@ def print_table(res: dict[str, Any]) -> None:
     env, figs = res["environment"], res["figures"]
     print(f"\nagentwal {env['agentwal']} on {env['cpus']} x {env['cpu_model']}, Linux "
           f"{env['kernel']}, Python {env['python']}; stores in {env['bench_dir']} "
-          f"({env['bench_fs']}); {res['rounds']} round(s) x {res['seconds']:g} s, medians\n")
+          f"({env['bench_fs']}); {res['rounds']} round(s) x {res['seconds']:g} s, medians; "
+          f"load average {env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} "
+          "after\n")
     print(f"{'commits/s (1 KiB value)':<44}{'median':>12}{'min':>10}{'max':>10}")
     for key, label, _ in THROUGHPUT:
         s = res["detail"]["samples"][key]
@@ -377,7 +382,7 @@ def print_table(res: dict[str, Any]) -> None:
         ow = res["detail"]["open_wal"]
         print(f"\n{'open / recovery':<44}{'median s':>12}")
         print(f"{'64 MiB WAL, warm cache':<44}{figs['open_wal_64mib_warm_s']:>12.3f}"
-              f"   ({ow['replayed']:,} records replayed)")
+              f"   ({ow['replayed']:,} records of {ow['value_bytes']:,} B values)")
         if "open_wal_64mib_cold_s" in figs:
             print(f"{'64 MiB WAL, store pages evicted':<44}{figs['open_wal_64mib_cold_s']:>12.3f}")
         print(f"{'1,000 folded checkpoints':<44}{figs['open_1k_ckpt_s']:>12.4f}")
@@ -395,13 +400,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None,
                     help="seconds per throughput slice (default 2, --quick 1)")
     ap.add_argument("--rounds", type=int, default=None,
-                    help="interleaved rounds; figures are medians (default 7, --quick 2)")
+                    help="interleaved rounds; figures are medians (default 9, --quick 2)")
     ap.add_argument("--quick", action="store_true", help="short run (about a minute)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--no-open", action="store_true", help="skip the open/recovery measurements")
+    ap.add_argument("--wal-value-bytes", type=int, default=RECORD,
+                    help="value size of the commits in the 64 MiB WAL (default 1024; "
+                    "smaller values mean more records to replay)")
     args = ap.parse_args(argv)
     seconds = args.seconds or (1.0 if args.quick else 2.0)
-    rounds = args.rounds or (2 if args.quick else 7)
+    rounds = args.rounds or (2 if args.quick else 9)
     if seconds <= 0 or rounds < 1:
         ap.error("--seconds must be > 0 and --rounds >= 1")
 
@@ -410,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
 
     res = run(seconds, rounds, not args.no_open,
               wal_opens=2 if args.quick else 5, cold_opens=1 if args.quick else 3,
-              hist_opens=10 if args.quick else 30, log=log)
+              hist_opens=10 if args.quick else 30, log=log,
+              wal_value_bytes=args.wal_value_bytes)
     if args.json:
         json.dump(res, sys.stdout, indent=2, default=str)
         print()

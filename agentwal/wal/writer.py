@@ -188,6 +188,10 @@ class Writer:
                 self._fsync_current()
             self.synced_lsn = self.written_lsn
             self.close()
+        if self.segments and self.segments[-1].first_lsn == first_lsn:
+            # The current segment holds no record yet (a first record too big
+            # for it): the new one takes its name, number and place.
+            number = self.segments.pop().number
         size = max(self.segment_bytes, need)
         path = os.path.join(self.wal_dir, segment_name(first_lsn))
         tmp = path + TMP_SUFFIX

@@ -30,13 +30,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -50,6 +51,7 @@ from agentwal import (
     StoreClosedError,
     TransactionClosedError,
     UnencodableValueError,
+    failpoints,
 )
 from agentwal.codec import CodecError
 
@@ -81,7 +83,7 @@ big_values = st.builds(
     lambda seed, n: random.Random(seed).randbytes(n),
     st.integers(0, 2**32), st.sampled_from([2048, 6000, 12000, 20000]),
 )
-values = st.one_of(small_values, small_values, big_values)
+values = st.one_of(small_values, big_values)
 metas = st.dictionaries(st.sampled_from(["node", "step", "note"]),
                         st.one_of(st.integers(), st.text(max_size=8)), max_size=2)
 
@@ -102,6 +104,7 @@ class TxnModel:
     run: str
     base: dict[str, Any]  # the run's committed state at begin
     begin_seq: int = 0
+    begin_head: tuple[int, str] | None = None  # (id, hash) of the run's head at begin
     writes: dict[str, Any] = field(default_factory=dict)  # key -> value | _DELETED
     meta: dict[str, Any] = field(default_factory=dict)
     reads: set[str] = field(default_factory=set)
@@ -140,22 +143,23 @@ class _Base(RuleBasedStateMachine):
         self.ckpts: dict[str, list[tuple[dict[str, Any], str]]] = {}  # run -> [(meta, hash)]
         self.seq = 0  # changing commits so far (all runs)
         self.log: list[tuple[int, str, frozenset[str]]] = []  # (seq, run, keys written)
-        self.totals = {"commits": 0, "conflicts": 0, "folds": 0, "segments_removed": 0,
-                       "wal_segments": 0}
+        self.counts = {"changing commits": 0, "empty commits": 0, "conflicts": 0,
+                       "folds": 0, "segments removed": 0, "most segments": 0}
 
     def _note_stats(self) -> None:
-        """Add this session's counters to the run's totals (before a close or crash)."""
+        """Add this session's counters to the totals (before a close or crash)."""
         stats = self.store.stats()
-        for name in self.totals:
-            self.totals[name] += stats[name]
-        self.totals["wal_segments"] = max(self.totals["wal_segments"], stats["wal_segments"])
+        self.counts["folds"] += stats["folds"]
+        self.counts["segments removed"] += stats["segments_removed"]
+        self.counts["most segments"] = max(self.counts["most segments"], stats["wal_segments"])
 
     def teardown(self) -> None:
         try:
             self._note_stats()
-            # labels for --hypothesis-show-statistics: do folds and rotations happen?
-            for name, n in self.totals.items():
-                event(f"{name}: {'0' if not n else '1-4' if n < 5 else '5+'}")
+            # labels for --hypothesis-show-statistics: is the machine reaching the
+            # interesting places (commits, conflicts, folds, rotations)?
+            for name, n in self.counts.items():
+                event(f"{name}: {'0' if not n else '1-2' if n < 3 else '3-9' if n < 10 else '10+'}")
             self.store.close()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -163,8 +167,10 @@ class _Base(RuleBasedStateMachine):
     # -- shared steps ------------------------------------------------------------------
 
     def _begin(self, run: str) -> TxnModel:
+        history = self.ckpts.get(run)
         return TxnModel(self.store.begin(run), run, dict(self.committed.get(run, {})),
-                        begin_seq=self.seq)
+                        begin_seq=self.seq,
+                        begin_head=(len(history), history[-1][1]) if history else None)
 
     def _commit(self, tm: TxnModel) -> None:
         """Commit ``tm``: it must conflict exactly when the model says so."""
@@ -172,15 +178,16 @@ class _Base(RuleBasedStateMachine):
             with pytest.raises(ConflictError):
                 tm.txn.commit()
             assert tm.txn.state == "rolled_back"
+            self.counts["conflicts"] += 1
             return
         ckpt = tm.txn.commit()
         assert tm.txn.state == "committed"
-        if not tm.changed:  # no checkpoint: the head as it was
-            history = self.ckpts.get(tm.run)
-            if history:
-                assert ckpt is not None and (ckpt.id, ckpt.hash) == (len(history), history[-1][1])
-            else:
+        if not tm.changed:  # no checkpoint: the head as it was when the transaction began
+            if tm.begin_head is None:
                 assert ckpt is None
+            else:
+                assert ckpt is not None and (ckpt.id, ckpt.hash) == tm.begin_head
+            self.counts["empty commits"] += 1
             return
         assert ckpt is not None
         history = self.ckpts.setdefault(tm.run, [])
@@ -191,6 +198,7 @@ class _Base(RuleBasedStateMachine):
         _apply(self.committed.setdefault(tm.run, {}), tm.writes)
         self.seq += 1
         self.log.append((self.seq, tm.run, frozenset(tm.writes)))
+        self.counts["changing commits"] += 1
 
     def _conflicts(self, tm: TxnModel) -> bool:
         touched = tm.reads | set(tm.writes)
@@ -229,7 +237,12 @@ class _Base(RuleBasedStateMachine):
             n = len(history)
             assert head is not None and head.id == n
             assert self.store.state(run) == self.committed[run]
-            got = self.store.history(run)
+            # Holding the fold lock keeps this read out of the window in which a
+            # background fold has committed to LMDB but not yet dropped its frozen
+            # memtable: a read there sees those checkpoints twice (engine bug, see
+            # test_history_during_a_fold_lists_each_checkpoint_once below).
+            with self.store._fold_lock:
+                got = self.store.history(run)
             assert [c.id for c in got] == list(range(n, 0, -1))
             assert [c.parent for c in got] == [i - 1 or None for i in range(n, 0, -1)]
             assert [(c.meta, c.hash) for c in reversed(got)] == history
@@ -239,7 +252,11 @@ class _Base(RuleBasedStateMachine):
 
 
 class StoreMachine(_Base):
-    """One open transaction per run at a time; folds, closes and crashes in between."""
+    """One open transaction per run at a time; folds, closes and crashes in between.
+
+    Transaction rules begin a transaction on their run when it has none, so
+    most steps do something; ``commit_all`` exists to make commits frequent.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -251,10 +268,6 @@ class StoreMachine(_Base):
         if run not in self.txns:
             self.txns[run] = self._begin(run)
         return self.txns[run]
-
-    @rule(run=st.sampled_from(RUNS))
-    def begin(self, run: str) -> None:
-        self._txn(run)
 
     @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS), value=values)
     def put(self, run: str, key: str, value: Any) -> None:
@@ -272,7 +285,7 @@ class StoreMachine(_Base):
     def get(self, run: str, key: str) -> None:
         tm = self._txn(run)
         want = tm.get(key)
-        assert tm.txn.get(key, _MISSING) == want
+        assert tm.txn.get(key, _MISSING) == want  # read-your-writes over the snapshot
         assert (key in tm.txn) == (want is not _MISSING)
 
     @rule(run=st.sampled_from(RUNS), prefix=st.sampled_from(PREFIXES))
@@ -308,45 +321,45 @@ class StoreMachine(_Base):
         with pytest.raises(ValueError):
             tm.txn.rollback_to(sp)
 
-    @precondition(lambda self: self.txns)
-    @rule(data=st.data())
-    def commit(self, data: st.DataObject) -> None:
-        tm = self.txns.pop(data.draw(st.sampled_from(sorted(self.txns))))
+    def _finish(self, run: str, commit: bool) -> None:
+        tm = self.txns.pop(run)
         self.dead_savepoints += [s for s, _, _ in tm.savepoints]
-        self._commit(tm)
-        with pytest.raises(TransactionClosedError):
+        if commit:
+            self._commit(tm)
+        else:
+            tm.txn.rollback()
+        with pytest.raises(TransactionClosedError):  # a finished transaction is dead
             tm.txn.get("a")
 
     @precondition(lambda self: self.txns)
     @rule(data=st.data())
-    def rollback(self, data: st.DataObject) -> None:
-        tm = self.txns.pop(data.draw(st.sampled_from(sorted(self.txns))))
-        self.dead_savepoints += [s for s, _, _ in tm.savepoints]
-        tm.txn.rollback()
-        with pytest.raises(TransactionClosedError):
-            tm.txn.commit()
+    def commit(self, data: st.DataObject) -> None:
+        self._finish(data.draw(st.sampled_from(sorted(self.txns))), commit=True)
 
-    @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS))
-    def store_get(self, run: str, key: str) -> None:
-        assert self.store.get(run, key, _MISSING) == self.committed.get(run, {}).get(
-            key, _MISSING)
+    @precondition(lambda self: self.txns)
+    @rule()
+    def commit_all(self) -> None:
+        for run in sorted(self.txns):
+            self._finish(run, commit=True)
+
+    @precondition(lambda self: self.txns)
+    @rule(data=st.data())
+    def rollback(self, data: st.DataObject) -> None:
+        self._finish(data.draw(st.sampled_from(sorted(self.txns))), commit=False)
 
     @rule()
     def snapshot(self) -> None:
         self.store.snapshot()
 
-    @rule()
-    def close_and_reopen(self) -> None:
+    @rule(crash=st.booleans())
+    def reopen(self, crash: bool) -> None:
+        """``close()`` and open again, or crash (``_release_all()``: nothing more is
+        written; durability "none" keeps what reached the OS) and open again."""
         self._note_stats()
-        self.store.close()
-        self._kill(list(self.txns.values()))
-        self.txns.clear()
-        self.store = agentwal.open(self.path, **OPTIONS)
-
-    @rule()
-    def crash_and_reopen(self) -> None:
-        self._note_stats()
-        self.store._release_all()  # a process crash: nothing more is written
+        if crash:
+            self.store._release_all()
+        else:
+            self.store.close()
         self._kill(list(self.txns.values()))
         self.txns.clear()
         self.store = agentwal.open(self.path, **OPTIONS)
@@ -357,86 +370,93 @@ class StoreMachine(_Base):
 
 
 class ConcurrencyMachine(_Base):
-    """Up to three transactions open at once on two runs, interleaved."""
+    """Up to three transactions open at once on two runs, interleaved.
 
+    Transaction rules begin a transaction in their slot when it is empty;
+    ``commit_oldest`` (the transaction most likely to lose) keeps commits frequent.
+    """
+
+    # A and B share run r1, so they race each other; C works on r2 alongside,
+    # which must never conflict with either.
     SLOTS = ("A", "B", "C")
-    CRUNS = ("r1", "r2")
-    CKEYS = ("a", "b", "c", "d/1", "d/2")
+    RUN_OF: ClassVar[dict[str, str]] = {"A": "r1", "B": "r1", "C": "r2"}
+    CKEYS = ("a", "b", "d/1", "d/2")
 
     def __init__(self) -> None:
         super().__init__()
         self.slots: dict[str, TxnModel] = {}
 
-    def _slot(self, slot: str, run: str) -> TxnModel:
-        """The slot's open transaction, begun on ``run`` now if the slot is empty."""
+    @initialize()
+    def begin_racers(self) -> None:
+        """Start every example with A and B open on the same run."""
+        self._slot("A")
+        self._slot("B")
+
+    def _slot(self, slot: str) -> TxnModel:
+        """The slot's open transaction, begun now if the slot is empty."""
         if slot not in self.slots:
-            self.slots[slot] = self._begin(run)
+            self.slots[slot] = self._begin(self.RUN_OF[slot])
         return self.slots[slot]
 
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS))
-    def begin(self, slot: str, run: str) -> None:
-        self._slot(slot, run)
-
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS),
-          key=st.sampled_from(CKEYS), value=st.integers(0, 9))
-    def put(self, slot: str, run: str, key: str, value: int) -> None:
-        tm = self._slot(slot, run)
+    @rule(slot=st.sampled_from(SLOTS), key=st.sampled_from(CKEYS), value=st.integers(0, 9))
+    def put(self, slot: str, key: str, value: int) -> None:
+        tm = self._slot(slot)
         tm.txn[key] = value
         tm.writes[key] = value
 
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS), key=st.sampled_from(CKEYS))
-    def delete(self, slot: str, run: str, key: str) -> None:
-        tm = self._slot(slot, run)
+    @rule(slot=st.sampled_from(SLOTS), key=st.sampled_from(CKEYS))
+    def delete(self, slot: str, key: str) -> None:
+        tm = self._slot(slot)
         tm.txn.delete(key)
         tm.writes[key] = _DELETED
 
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS), key=st.sampled_from(CKEYS))
-    def get(self, slot: str, run: str, key: str) -> None:
-        tm = self._slot(slot, run)
+    @rule(slot=st.sampled_from(SLOTS), key=st.sampled_from(CKEYS))
+    def get(self, slot: str, key: str) -> None:
+        tm = self._slot(slot)
         assert tm.txn.get(key, _MISSING) == tm.get(key)  # the snapshot, never later commits
 
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS),
-          prefix=st.sampled_from(("", "d/", "b")))
-    def items(self, slot: str, run: str, prefix: str) -> None:
-        tm = self._slot(slot, run)
+    @rule(slot=st.sampled_from(SLOTS), prefix=st.sampled_from(("", "d/", "b")))
+    def items(self, slot: str, prefix: str) -> None:
+        tm = self._slot(slot)
         assert list(tm.txn.items(prefix)) == tm.items(prefix)
 
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS))
-    def meta(self, slot: str, run: str) -> None:
-        tm = self._slot(slot, run)
+    @rule(slot=st.sampled_from(SLOTS))
+    def meta(self, slot: str) -> None:
+        tm = self._slot(slot)
         tm.txn.meta(step=len(tm.writes))
         tm.meta["step"] = len(tm.writes)
 
-    @rule(slot=st.sampled_from(SLOTS), run=st.sampled_from(CRUNS))
-    def savepoint(self, slot: str, run: str) -> None:
-        tm = self._slot(slot, run)
-        tm.savepoints = [(tm.txn.savepoint(), dict(tm.writes), dict(tm.meta))]
-
-    @precondition(lambda self: any(tm.savepoints for tm in self.slots.values()))
-    @rule(data=st.data())
-    def rollback_to(self, data: st.DataObject) -> None:
-        slot = data.draw(st.sampled_from(sorted(s for s, tm in self.slots.items()
-                                                 if tm.savepoints)))
-        self._rollback_to(self.slots[slot], 0)
+    @rule(slot=st.sampled_from(SLOTS), back=st.booleans())
+    def savepoint_or_back(self, slot: str, back: bool) -> None:
+        """Set the slot's one savepoint, or return to it."""
+        tm = self._slot(slot)
+        if back and tm.savepoints:
+            self._rollback_to(tm, 0)
+        else:
+            tm.savepoints = [(tm.txn.savepoint(), dict(tm.writes), dict(tm.meta))]
 
     @precondition(lambda self: self.slots)
     @rule(data=st.data())
     def commit(self, data: st.DataObject) -> None:
-        slot = data.draw(st.sampled_from(sorted(self.slots)))
+        self._commit(self.slots.pop(data.draw(st.sampled_from(sorted(self.slots)))))
+
+    @precondition(lambda self: self.slots)
+    @rule()
+    def commit_oldest(self) -> None:
+        slot = min(self.slots, key=lambda s: self.slots[s].begin_seq)
         self._commit(self.slots.pop(slot))
 
     @precondition(lambda self: self.slots)
     @rule(data=st.data())
     def rollback(self, data: st.DataObject) -> None:
-        slot = data.draw(st.sampled_from(sorted(self.slots)))
-        self.slots.pop(slot).txn.rollback()
+        self.slots.pop(data.draw(st.sampled_from(sorted(self.slots)))).txn.rollback()
 
-    @rule()
-    def snapshot(self) -> None:
-        self.store.snapshot()
-
-    @rule()
-    def close_and_reopen(self) -> None:
+    @rule(reopen=st.booleans())
+    def snapshot_or_reopen(self, reopen: bool) -> None:
+        """Fold now (open transactions keep their views), or close and open again."""
+        if not reopen:
+            self.store.snapshot()
+            return
         self._note_stats()
         self.store.close()
         self._kill(list(self.slots.values()))
@@ -449,9 +469,9 @@ class ConcurrencyMachine(_Base):
 
 
 StoreMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=30, deadline=None)
+    max_examples=60, stateful_step_count=30, deadline=None)
 ConcurrencyMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=30, deadline=None)
+    max_examples=60, stateful_step_count=30, deadline=None)
 TestStoreModel = StoreMachine.TestCase
 TestConcurrency = ConcurrencyMachine.TestCase
 
@@ -613,3 +633,17 @@ def test_accepted_meta_never_bricks_the_store(tmp_path: Path, name: str, how: st
         _seed(store, "r", a=2)
     finally:
         store.close()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: a read view taken after a fold committed to LMDB but before it dropped the "
+    "frozen memtable (store._fold: between snap.fold() and self._frozen = None) sees "
+    "the folded checkpoints in both layers: history() lists them twice (e.g. [1, 1])"))
+def test_history_during_a_fold_lists_each_checkpoint_once(store: agentwal.Store) -> None:
+    _seed(store, a=1)
+    _seed(store, a=2)
+    seen: list[list[int]] = []
+    failpoints.arm("fold_after_commit", "call",
+                   fn=lambda _: seen.append([c.id for c in store.history("r")]))
+    store.snapshot()  # the background fold thread hits the same window on its own
+    assert seen == [[2, 1]]

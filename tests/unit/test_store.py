@@ -402,3 +402,15 @@ def test_stats_report(store: agentwal.Store) -> None:
                 "lmdb_bytes", "commits", "recovery", "durability", "store_id"):
         assert key in st
     assert st["visible_lsn"] == 1 and st["commits"] == 1
+
+
+def test_full_lmdb_map_is_grown(path: str) -> None:
+    s = agentwal.open(path, durability="none", map_size=1 << 20)
+    for i in range(40):
+        commit(s, "r", **{f"k{i}": "x" * 100_000})
+    s.snapshot()
+    assert s.stats()["map_grows"] >= 1
+    s.close()
+    with agentwal.open(path, map_size=1 << 20) as s:  # reopens at the grown size
+        assert len(s.state("r")) == 40
+        commit(s, "r", more="y" * 200_000)
