@@ -195,6 +195,7 @@ class Store:
         self._sync_interval = sync_interval
         self._segment_bytes = segment_bytes
         self._map_size = map_size
+        self._split_commits_for_test = False  # harness self-test only: breaks atomicity
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._fold_lock = threading.Lock()
@@ -463,19 +464,31 @@ class Store:
         if not txn._writes and not txn._meta:
             return self._head(view, run)
         delta = dict(txn._writes)
+        if self._split_commits_for_test and len(delta) > 1:
+            # A deliberately broken engine (harness self-test): one transaction
+            # becomes two commits, so a crash between them shows half of it.
+            keys = sorted(delta)
+            half = len(keys) // 2
+            self._commit_delta(run, view.snap, txn, {k: delta[k] for k in keys[:half]}, {})
+            return self._commit_delta(run, 1 << 62, txn,
+                                      {k: delta[k] for k in keys[half:]}, dict(txn._meta))
+        return self._commit_delta(run, view.snap, txn, delta, dict(txn._meta))
+
+    def _commit_delta(self, run: str, snap: int, txn: Transaction,
+                      delta: dict[str, bytes | None], meta: dict[str, Any]) -> Checkpoint:
+        """Validate, assign, queue and drive one commit record."""
         blob, flags, digest = encode_delta(delta)
         if len(blob) > MAX_RECORD_PAYLOAD - 65536:
             raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
                                         f"encoded, over the {MAX_RECORD_PAYLOAD} byte record "
                                         "limit; split it across several commits")
         created = time.time()
-        meta = dict(txn._meta)
         with self._lock:
             if self._writer is None or self._closed:
                 raise StoreClosedError(self.path)
             if self._writer.broken is not None:
                 raise self._writer.broken
-            self._validate(run, view.snap, delta.keys() | txn._reads, txn._prefixes)
+            self._validate(run, snap, delta.keys() | txn._reads, txn._prefixes)
             head = self._head_for_commit(run)
             parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
             cid = (parent or 0) + 1

@@ -574,65 +574,96 @@ def test_conflict_across_a_fold(store: agentwal.Store) -> None:
 # -- regressions found by the properties (engine bugs, left for the engine's owner) ------
 
 
-def _deep(depth: int = 300) -> Any:
-    v: Any = []
+def _chain(wrap: Any, depth: int, leaf: Any = 0) -> Any:
+    v = leaf
     for _ in range(depth - 1):
-        v = [v]
+        v = wrap(v)
     return v
 
 
+# Values nested past the decoder's limit (MAX_CBOR_DEPTH): the store must refuse them
+# at put()/meta() or read them back; these shapes it does.
+DEEP_OK = {
+    "deep-list": _chain(lambda v: [v], 300),
+    "deep-dict": _chain(lambda v: {"k": v}, 300),
+    "list-at-limit": _chain(lambda v: [v], 240),
+}
+# ... and these it accepts but cannot read back.
 UNREADABLE = {
-    # nested deeper than MAX_CBOR_DEPTH: cbor2 writes it, the bounded decoder refuses it
-    "deep-list": _deep(),
-    # cbor2 writes '+00:00:30' as 'Z:30', which its own decoder refuses
+    # encode_value counts a set as one level; the decoder counts the tag and the array
+    "deep-frozenset": _chain(lambda v: frozenset({v}), 200),
+    # encode_value's depth check does not look inside map keys
+    "deep-map-key": {_chain(lambda v: (v,), 300): 0},
+    # cbor2 writes the offset +00:00:30 as 'Z:30', which its own decoder refuses
     "offset-30s": dt.datetime(2000, 1, 1, tzinfo=dt.timezone(dt.timedelta(seconds=30))),
 }
+_UNREADABLE_REASON = (
+    "deep-frozenset: encode_value's depth check counts a set as one level but the decoder "
+    "counts the CBOR tag and the array; deep-map-key: the check does not walk map keys; "
+    "offset-30s: cbor2 encodes a positive sub-minute UTC offset as '...Z:30', which it "
+    "cannot decode")
 
 
-@pytest.mark.xfail(strict=True, raises=CodecError, reason=(
-    "BUG: txn.put accepts a value encode_value can write but decode_value cannot read "
-    "(nesting deeper than MAX_CBOR_DEPTH, or a datetime with a positive sub-minute UTC "
-    "offset); txn.get / store.get then raise the internal codec.CodecError, which is not "
-    "an agentwal.Error"))
-@pytest.mark.parametrize("name", sorted(UNREADABLE))
-def test_every_accepted_value_reads_back(store: agentwal.Store, name: str) -> None:
-    v = UNREADABLE[name]
+def _put_and_read(store: agentwal.Store, v: Any) -> None:
     with store.begin("r") as txn:
         try:
             txn.put("k", v)
         except UnencodableValueError:
-            return  # refusing it up front would be fine too
+            return  # refusing it up front is fine
     assert store.get("r", "k") == v
 
 
-@pytest.mark.xfail(strict=True, raises=CorruptionError, reason=(
-    "BUG: txn.meta accepts metadata that the commit-record decoder refuses (see "
-    "test_every_accepted_value_reads_back); the commit succeeds, and afterwards the store "
-    "cannot be reopened at all (WAL replay: CorruptionError), or once folded the run's "
-    "head/history/state/begin+commit raise CorruptionError"))
+@pytest.mark.parametrize("name", sorted(DEEP_OK))
+def test_every_accepted_value_reads_back(store: agentwal.Store, name: str) -> None:
+    _put_and_read(store, DEEP_OK[name])
+
+
+@pytest.mark.xfail(strict=True, raises=(CodecError, CorruptionError), reason=(
+    "BUG: txn.put accepts a value that cannot be read back; store.get raises. "
+    + _UNREADABLE_REASON))
 @pytest.mark.parametrize("name", sorted(UNREADABLE))
-@pytest.mark.parametrize("how", ["crash", "close"])
-def test_accepted_meta_never_bricks_the_store(tmp_path: Path, name: str, how: str) -> None:
-    path = tmp_path / "s.awal"
+def test_every_accepted_value_reads_back_bug(store: agentwal.Store, name: str) -> None:
+    _put_and_read(store, UNREADABLE[name])
+
+
+def _meta_then_reopen(path: Path, bad: Any, how: str) -> None:
     store = agentwal.open(path, **OPTIONS)
     _seed(store, "r", a=1)
     try:
         with store.begin("r") as txn:
-            txn.meta(bad=UNREADABLE[name])
+            txn.meta(bad=bad)
     except UnencodableValueError:
         store.close()
-        return  # refusing it up front would be fine too
+        return  # refusing it up front is fine
     if how == "crash":
         store._release_all()
     else:
         store.close()
     store = agentwal.open(path, **OPTIONS)
     try:
-        assert store.head("r") is not None and store.head("r").meta["bad"] == UNREADABLE[name]
+        head = store.head("r")
+        assert head is not None and head.meta["bad"] == bad
         assert store.state("r") == {"a": 1}
         _seed(store, "r", a=2)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_OK))
+@pytest.mark.parametrize("how", ["crash", "close"])
+def test_accepted_meta_never_bricks_the_store(tmp_path: Path, name: str, how: str) -> None:
+    _meta_then_reopen(tmp_path / "s.awal", DEEP_OK[name], how)
+
+
+@pytest.mark.xfail(strict=True, raises=CorruptionError, reason=(
+    "BUG: txn.meta accepts metadata the commit-record decoder refuses; the commit "
+    "succeeds, then after a crash the store cannot be reopened at all (WAL replay raises "
+    "CorruptionError), and after close() (folded) the run's head/history/state and any "
+    "new commit on it raise CorruptionError. " + _UNREADABLE_REASON))
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+@pytest.mark.parametrize("how", ["crash", "close"])
+def test_accepted_meta_never_bricks_the_store_bug(tmp_path: Path, name: str, how: str) -> None:
+    _meta_then_reopen(tmp_path / "s.awal", UNREADABLE[name], how)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
