@@ -22,8 +22,9 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin]``
 
-Every stored value carries a CRC-32 of its bytes (LMDB has no checksums), checked
-on each read.
+Every stored value carries a CRC-32 of its key and bytes (LMDB has no
+checksums of its own), checked on each read, so a flipped byte in a key or a
+value is reported instead of read.
 """
 
 from __future__ import annotations
@@ -71,8 +72,13 @@ class RunInfo:
     count: int
 
 
-def _seal(data: bytes) -> bytes:
-    return _CRC.pack(zlib.crc32(data)) + data
+def _crc(key: bytes, data: bytes) -> int:
+    return zlib.crc32(data, zlib.crc32(key))
+
+
+def _seal(key: bytes, data: bytes) -> bytes:
+    """``data`` behind a CRC-32 of key and data, so a damaged key is caught too."""
+    return _CRC.pack(_crc(key, data)) + data
 
 
 def check_lmdb_file(path: str) -> None:
@@ -156,15 +162,15 @@ class Snapshot:
     def _corrupt(self, what: str) -> CorruptionError:
         return CorruptionError(os.path.join(self.directory, _DATA), None, what)
 
-    def _open(self, raw: bytes | None, what: str) -> bytes | None:
+    def _open(self, key: bytes, raw: bytes | None, what: str) -> bytes | None:
         if raw is None:
             return None
-        if len(raw) < 4 or _CRC.unpack_from(raw)[0] != zlib.crc32(raw[4:]):
+        if len(raw) < 4 or _CRC.unpack_from(raw)[0] != _crc(key, raw[4:]):
             raise self._corrupt(f"checksum mismatch in {what}")
         return bytes(raw[4:])
 
-    def _load(self, raw: bytes | None, what: str) -> Any:
-        data = self._open(raw, what)
+    def _load(self, key: bytes, raw: bytes | None, what: str) -> Any:
+        data = self._open(key, raw, what)
         if data is None:
             return None
         try:
@@ -201,8 +207,9 @@ class Snapshot:
     def meta(self, txn: Any) -> tuple[int, uuid.UUID | None]:
         """``(applied_lsn, store_id)`` as of ``txn``."""
         with self._reading("the snapshot's meta"):
-            applied = self._open(txn.get(b"applied_lsn", db=self._meta), "applied_lsn")
-            sid = self._open(txn.get(b"store_id", db=self._meta), "store id")
+            applied = self._open(b"applied_lsn", txn.get(b"applied_lsn", db=self._meta),
+                                 "applied_lsn")
+            sid = self._open(b"store_id", txn.get(b"store_id", db=self._meta), "store id")
         if applied is not None and len(applied) != 8:
             raise self._corrupt("applied_lsn in the snapshot is damaged")
         if sid is not None and len(sid) != 16:
@@ -221,7 +228,7 @@ class Snapshot:
     def run_info(self, txn: Any, run: str) -> RunInfo | None:
         """The folded head of ``run``, or None."""
         with self._reading(f"run {run!r}"):
-            obj = self._load(txn.get(run.encode(), db=self._runs), f"run {run!r}")
+            obj = self._load(run.encode(), txn.get(run.encode(), db=self._runs), f"run {run!r}")
         if obj is None:
             return None
         if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[0], int)
@@ -231,15 +238,20 @@ class Snapshot:
         return RunInfo(obj[0], obj[1], obj[2], obj[3])
 
     def runs(self, txn: Any) -> list[str]:
-        """Every folded run id."""
+        """Every folded run id (each record's checksum verified)."""
+        out = []
         with self._reading("the run list"), txn.cursor(db=self._runs) as cur:
-            return [bytes(k).decode("utf-8", "replace") for k in cur.iternext(values=False)]
+            for k, v in cur.iternext():
+                k = bytes(k)
+                self._open(k, v, f"run record {k!r}")
+                out.append(k.decode("utf-8", "replace"))
+        return out
 
     def get(self, txn: Any, run_no: int, key: str) -> bytes | None:
         """The stored value bytes of ``key`` in run ``run_no``, or None."""
         with self._reading(f"key {key!r}"):
-            return self._open(txn.get(_U64.pack(run_no) + key.encode(), db=self._state),
-                              f"value of key {key!r}")
+            k = _U64.pack(run_no) + key.encode()
+            return self._open(k, txn.get(k, db=self._state), f"value of key {key!r}")
 
     def items(self, txn: Any, run_no: int, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         """``(key, value bytes)`` of a run in key order, optionally under ``prefix``."""
@@ -252,15 +264,15 @@ class Snapshot:
                 if not k.startswith(start):
                     return
                 key = k[8:].decode("utf-8", "replace")
-                data = self._open(v, f"value of key {key!r}")
+                data = self._open(k, v, f"value of key {key!r}")
                 assert data is not None
                 yield key, data
 
     def checkpoint(self, txn: Any, run: str, run_no: int, cid: int) -> Checkpoint | None:
         """One folded checkpoint, or None."""
         with self._reading(f"checkpoint {run!r}/{cid}"):
-            obj = self._load(txn.get(_U64.pack(run_no) + _U64.pack(cid), db=self._ckpt),
-                             f"checkpoint {run!r}/{cid}")
+            k = _U64.pack(run_no) + _U64.pack(cid)
+            obj = self._load(k, txn.get(k, db=self._ckpt), f"checkpoint {run!r}/{cid}")
         return None if obj is None else self._ckpt_from(run, obj)
 
     def checkpoints(self, txn: Any, run: str, run_no: int) -> Iterator[Checkpoint]:
@@ -275,7 +287,7 @@ class Snapshot:
             for k, v in cur.iterprev():
                 if not bytes(k).startswith(base):
                     return
-                yield self._ckpt_from(run, self._load(v, f"checkpoint of {run!r}"))
+                yield self._ckpt_from(run, self._load(bytes(k), v, f"checkpoint of {run!r}"))
 
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
         if not (isinstance(obj, list) and len(obj) == 7):
@@ -330,7 +342,7 @@ class Snapshot:
 
     def _fold_into(self, txn: Any, applied_lsn: int, store_id: uuid.UUID,
                    runs: list[FoldRun]) -> None:
-        raw_next = self._open(txn.get(b"next_run", db=self._meta), "next run number")
+        raw_next = self._open(b"next_run", txn.get(b"next_run", db=self._meta), "next run number")
         next_run = _U64.unpack(raw_next)[0] if raw_next is not None and len(raw_next) == 8 else 1
         for fr in runs:
             info = self.run_info(txn, fr.run)
@@ -345,18 +357,20 @@ class Snapshot:
                 if value is None:
                     txn.delete(k, db=self._state)
                 else:
-                    txn.put(k, _seal(value), db=self._state)
+                    txn.put(k, _seal(k, value), db=self._state)
             for c, hsh in fr.checkpoints:
                 rec = [c.id, c.parent, c.lsn, c.created_at, c.meta, hsh,
                        list(c.origin) if c.origin else None]
-                txn.put(base + _U64.pack(c.id), _seal(cbor2.dumps(rec)), db=self._ckpt)
+                ck = base + _U64.pack(c.id)
+                txn.put(ck, _seal(ck, cbor2.dumps(rec)), db=self._ckpt)
             head, head_hash = fr.checkpoints[-1]
             count += len(fr.checkpoints)
-            txn.put(fr.run.encode(),
-                    _seal(cbor2.dumps([number, head.id, head_hash, count])), db=self._runs)
-        txn.put(b"next_run", _seal(_U64.pack(next_run)), db=self._meta)
-        txn.put(b"store_id", _seal(store_id.bytes), db=self._meta)
-        txn.put(b"applied_lsn", _seal(_U64.pack(applied_lsn)), db=self._meta)
+            rk = fr.run.encode()
+            txn.put(rk, _seal(rk, cbor2.dumps([number, head.id, head_hash, count])),
+                    db=self._runs)
+        for name, value in ((b"next_run", _U64.pack(next_run)), (b"store_id", store_id.bytes),
+                            (b"applied_lsn", _U64.pack(applied_lsn))):
+            txn.put(name, _seal(name, value), db=self._meta)
 
     def stats(self) -> dict[str, int]:
         """LMDB file size and entry counts."""
