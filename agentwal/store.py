@@ -1,24 +1,15 @@
-"""The store: opening and recovery, the commit pipeline, reads, folds, closing.
+"""The store: opening and recovery, views and reads, publishing, folds, closing.
 
-Theory of operation::
+Theory of operation: the store owns the memtables, the LMDB snapshot and the
+open views; the commit pipeline (``commit.py``: validation, group commit,
+failure rollback) hands it durable batches through :meth:`Store._publish`.
 
-    Txn.commit ─▶ encode delta (no lock) ─▶ [commit lock] validate (OCC), assign
-    LSN, id, parent, hash; queue ─▶ [flush lock] the leader takes the whole
-    queue, writes it in one write, fdatasyncs once (sync mode) ─▶ [commit lock]
-    publish the batch to the memtable in LSN order ─▶ every committer returns
-
-*Group commit*: committers that queue while a leader is syncing are written
-and synced together by the next leader, so N concurrent commits share one
-fdatasync. *Visibility after durability*: a commit becomes readable only
-after it is as durable as the mode promises, so nobody acts on state a crash
-can take back. *Failure*: if a write or sync fails, every queued commit
-fails, the LSN counter and the per-run heads are put back, and (for a failed
-fsync) the writer refuses all further work: ``DurabilityError``.
+*Visibility after durability*: a commit becomes readable only after it is as
+durable as the mode promises, so nobody acts on state a crash can take back.
 
 *Isolation*: a view is ``(snapshot LSN, memtables, LMDB read txn)`` taken
-under the commit lock, so it never changes. Commits validate what they read
-and wrote against ``_last_write`` (key -> LSN of the last commit touching it),
-kept only as far back as the oldest open view.
+under the store lock, so it never changes under a transaction or a read;
+the pipeline validates commits against the oldest snapshot still open.
 
 *Fold*: a background thread (or ``snapshot()``/``close()``) freezes the
 active memtable, writes it to LMDB in one synced transaction with
@@ -29,8 +20,9 @@ Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments) and
 ``snapshot.py`` (LMDB); the store itself keeps no state on disk of its own
 beyond what those write.
 
-Lock order: ``_fold_lock`` → ``_flush_lock`` → ``_lock``. ``_lock`` is never
-held across I/O except the LMDB read-transaction begin.
+Lock order: ``_fold_lock`` → the pipeline's ``flush_lock`` → ``_lock`` (shared
+with the pipeline). ``_lock`` is never held across I/O except to begin an LMDB
+read transaction.
 """
 
 from __future__ import annotations
@@ -45,10 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .codec import CommitRecord, checkpoint_hash, decode_stored, encode_commit, encode_delta
+from .codec import decode_stored
+from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .errors import (
-    ConflictError,
     CorruptionError,
     DiskFullError,
     DurabilityError,
@@ -56,13 +48,10 @@ from .errors import (
     ReadOnlyError,
     RunNotFoundError,
     StoreClosedError,
-    UnencodableValueError,
 )
 from .format import (
     DEFAULT_SEGMENT_BYTES,
-    MAX_RECORD_PAYLOAD,
     MIN_SEGMENT_BYTES,
-    REC_COMMIT,
     SNAPSHOT_DIR,
     WAL_DIR,
 )
@@ -72,13 +61,11 @@ from .recovery import Plan, recover
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
 from .txn import Transaction
 from .types import Checkpoint, Durability, check_key
-from .wal import PendingRecord, Writer
+from .wal import Writer
 
 __all__ = ["Store", "open"]
 
-_ZERO_HASH = bytes(32)
 _MAX_MAP = 1 << 46 if sys.maxsize > 2**32 else 1 << 31
-_ABSENT: Any = object()
 T = TypeVar("T")
 
 
@@ -92,21 +79,6 @@ class _View:
     lock: threading.Lock | None  # read-only stores share one LMDB txn
     infos: dict[str, RunInfo | None] = field(default_factory=dict)
     live: bool = True
-
-
-@dataclass
-class _Pending:
-    """A commit between validation and publication."""
-
-    lsn: int
-    ckpt: Checkpoint
-    hsh: bytes
-    delta: dict[str, bytes | None]
-    record: PendingRecord
-    prev_head: Any
-    prev_writes: dict[str, Any]
-    state: str = "queued"  # queued | done | failed
-    error: BaseException | None = None
 
 
 def open(
@@ -197,31 +169,25 @@ class Store:
         self._map_size = map_size
         self._split_commits_for_test = False  # harness self-test only: breaks atomicity
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
         self._fold_lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._closed = True
         self._stop = False
         self._writer_lock: WriterLock | None = None
         self._snap: Snapshot | None = None
-        self._writer: Writer | None = None
+        self._pipe: CommitPipeline | None = None
         self._threads: list[threading.Thread] = []
         self._active = Memtable()
         self._frozen: Memtable | None = None
         self._visible = 0
-        self._next_lsn = 1
         self._applied = 0
-        self._pending: list[_Pending] = []
-        self._heads: dict[str, tuple[int, bytes]] = {}
-        self._last_write: dict[str, dict[str, int]] = {}
         self._snaps: dict[int, int] = {}
         self._ro_txn: Any = None
         self._ro_lock = threading.Lock()
         self._fold_wanted = False
         self._fold_error: BaseException | None = None
         self._fold_mark = 0
-        self._counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0, "folds": 0,
-                          "segments_removed": 0, "map_grows": 0}
+        self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
 
@@ -264,19 +230,18 @@ class Store:
         assert self._snap is not None
         ltxn, applied, plan = self._read_base(wal_dir)
         mem = Memtable()
+        heads: dict[str, tuple[int, bytes]] = {}
         for r in plan.records:
             rec = r.record
             ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, rec.meta,
                               rec.hash.hex(), rec.origin)
             mem.apply(r.lsn, ckpt, rec.hash, r.delta, r.lsn)
-            if not self.readonly:
-                self._heads[rec.run] = (rec.id, rec.hash)
+            heads[rec.run] = (rec.id, rec.hash)
         with self._lock:
             old, self._ro_txn = self._ro_txn, (ltxn if self.readonly else None)
             self._active = mem
             self._applied = applied
             self._visible = plan.next_lsn - 1
-            self._next_lsn = plan.next_lsn
             self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
                                   torn_bytes=plan.torn_bytes, actions=plan.notes)
         if old is not None:
@@ -290,7 +255,9 @@ class Store:
             w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
         else:
             w.start(plan.next_lsn, plan.next_number)
-        self._writer = w
+        self._pipe = CommitPipeline(self.path, w, self.durability, self._lock, plan.next_lsn,
+                                    heads, self._folded_head, self._publish,
+                                    self._oldest_snapshot)
         self._fold_mark = w.bytes_written
 
     def _read_base(self, wal_dir: str) -> tuple[Any, int, Plan]:
@@ -459,7 +426,9 @@ class Store:
 
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
         self._check_open()
-        run, view = txn.run, txn._view
+        run, view, pipe = txn.run, txn._view, self._pipe
+        if pipe is None:
+            raise ReadOnlyError(self.path)
         failpoints.hit("commit_before_validate")
         if not txn._writes and not txn._meta:
             return self._head(view, run)
@@ -469,65 +438,14 @@ class Store:
             # becomes two commits, so a crash between them shows half of it.
             keys = sorted(delta)
             half = len(keys) // 2
-            self._commit_delta(run, view.snap, txn, {k: delta[k] for k in keys[:half]}, {})
-            return self._commit_delta(run, 1 << 62, txn,
-                                      {k: delta[k] for k in keys[half:]}, dict(txn._meta))
-        return self._commit_delta(run, view.snap, txn, delta, dict(txn._meta))
+            pipe.commit(run, view.snap, txn._reads, txn._prefixes,
+                        {k: delta[k] for k in keys[:half]}, {})
+            return pipe.commit(run, 1 << 62, set(), set(), {k: delta[k] for k in keys[half:]},
+                               dict(txn._meta))
+        return pipe.commit(run, view.snap, txn._reads, txn._prefixes, delta, dict(txn._meta))
 
-    def _commit_delta(self, run: str, snap: int, txn: Transaction,
-                      delta: dict[str, bytes | None], meta: dict[str, Any]) -> Checkpoint:
-        """Validate, assign, queue and drive one commit record."""
-        blob, flags, digest = encode_delta(delta)
-        if len(blob) > MAX_RECORD_PAYLOAD - 65536:
-            raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
-                                        f"encoded, over the {MAX_RECORD_PAYLOAD} byte record "
-                                        "limit; split it across several commits")
-        created = time.time()
-        with self._lock:
-            if self._writer is None or self._closed:
-                raise StoreClosedError(self.path)
-            if self._writer.broken is not None:
-                raise self._writer.broken
-            self._validate(run, snap, delta.keys() | txn._reads, txn._prefixes)
-            head = self._head_for_commit(run)
-            parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
-            cid = (parent or 0) + 1
-            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta, None, digest)
-            lsn = self._next_lsn
-            payload = encode_commit(CommitRecord(run, cid, parent, created, meta, hsh, None, blob))
-            ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), None)
-            writes = self._last_write.setdefault(run, {})
-            pc = _Pending(lsn, ckpt, hsh, delta, PendingRecord(lsn, REC_COMMIT, flags, payload),
-                          self._heads.get(run, _ABSENT),
-                          {k: writes.get(k, _ABSENT) for k in delta})
-            for k in delta:
-                writes[k] = lsn
-            self._heads[run] = (cid, hsh)
-            self._next_lsn = lsn + 1
-            self._pending.append(pc)
-        failpoints.hit("commit_after_encode")
-        self._drive(pc)
-        return ckpt
-
-    def _validate(self, run: str, snap: int, keys: set[str] | Any, prefixes: set[str]) -> None:
-        writes = self._last_write.get(run)
-        if not writes:
-            return
-        for k in keys:
-            if writes.get(k, 0) > snap:
-                self._counters["conflicts"] += 1
-                raise ConflictError(run, k)
-        if prefixes:
-            for k, lsn in writes.items():
-                if lsn > snap and any(k.startswith(p) for p in prefixes):
-                    self._counters["conflicts"] += 1
-                    raise ConflictError(run, None)
-
-    def _head_for_commit(self, run: str) -> tuple[int, bytes] | None:
-        """Latest assigned head of ``run`` (pending commits included); under ``_lock``."""
-        head = self._heads.get(run)
-        if head is not None:
-            return head
+    def _folded_head(self, run: str) -> tuple[int, bytes] | None:
+        """Latest published head of ``run`` (memtables, then LMDB); under ``_lock``."""
         for layer in (self._active, self._frozen):
             if layer is not None and run in layer.runs and layer.runs[run].checkpoints:
                 c, h = layer.runs[run].checkpoints[-1]
@@ -540,82 +458,20 @@ class Store:
             self._snap.end_read(ltxn)
         return (info.head, info.head_hash) if info is not None else None
 
-    # -- group commit ------------------------------------------------------------------
+    def _oldest_snapshot(self) -> int:
+        """The oldest snapshot LSN an open view still reads at; under ``_lock``."""
+        return min(self._snaps) if self._snaps else self._visible
 
-    def _drive(self, pc: _Pending) -> None:
-        """Make ``pc`` durable and visible, leading a batch if nobody else is."""
-        with self._flush_lock:
-            if pc.state == "queued":
-                self._lead()
-        if pc.state == "failed":
-            assert pc.error is not None
-            raise pc.error
-
-    def _lead(self) -> None:
-        """Write (and in sync mode fsync) every queued commit; under ``_flush_lock``."""
-        assert self._writer is not None
-        with self._lock:
-            batch, self._pending = self._pending, []
-        if not batch:
-            return
-        try:
-            self._writer.append([p.record for p in batch])
-            if self.durability is Durability.SYNC:
-                self._writer.sync()
-                self._counters["syncs"] += 1
-        except Error as exc:
-            self._fail_queued(batch, exc)
-            return
-        except BaseException as exc:
-            # A failpoint or a simulated crash interrupted the batch: its fate on
-            # disk is unknown, so the writer stops, as after a failed fsync.
-            err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
-            self._writer.broken = err
-            self._fail_queued(batch, err)
-            raise
-        with self._lock:
-            oldest = min(self._snaps) if self._snaps else self._visible
-            for p in batch:
-                self._active.apply(p.lsn, p.ckpt, p.hsh, p.delta, oldest)
-                self._visible = p.lsn
-                p.state = "done"
-            self._counters["commits"] += len(batch)
-            self._counters["batches"] += 1
-            if len(self._last_write) and self._counters["commits"] % 512 == 0:
-                self._prune_last_write()
-            if self._writer.bytes_written - self._fold_mark >= self.wal_max_bytes:
-                self._fold_wanted = True
-                self._wake.notify_all()
-        failpoints.hit("after_publish")
-
-    def _fail_queued(self, batch: list[_Pending], exc: BaseException) -> None:
-        """Fail ``batch`` and everything queued after it; put LSNs and heads back."""
-        with self._lock:
-            doomed = batch + self._pending
-            self._pending = []
-            for p in reversed(doomed):
-                run = p.ckpt.run
-                if p.prev_head is _ABSENT:
-                    self._heads.pop(run, None)
-                else:
-                    self._heads[run] = p.prev_head
-                writes = self._last_write.setdefault(run, {})
-                for k, old in p.prev_writes.items():
-                    if old is _ABSENT:
-                        writes.pop(k, None)
-                    else:
-                        writes[k] = old
-                p.state, p.error = "failed", exc
-            self._next_lsn = doomed[0].lsn
-
-    def _prune_last_write(self) -> None:
-        oldest = min(self._snaps) if self._snaps else self._visible
-        for run in list(self._last_write):
-            w = self._last_write[run]
-            for k in [k for k, lsn in w.items() if lsn <= oldest]:
-                del w[k]
-            if not w:
-                del self._last_write[run]
+    def _publish(self, batch: list[Pending]) -> None:
+        """Make a durable batch visible, in LSN order; under ``_lock``."""
+        oldest = self._oldest_snapshot()
+        for p in batch:
+            self._active.apply(p.lsn, p.ckpt, p.hsh, p.delta, oldest)
+            self._visible = p.lsn
+        assert self._pipe is not None
+        if self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes:
+            self._fold_wanted = True
+            self._wake.notify_all()
 
     def sync(self) -> None:
         """Make every acknowledged commit durable now (a no-op in ``sync`` mode).
@@ -624,28 +480,23 @@ class Store:
             DurabilityError: the fsync failed; the store accepts no more commits.
         """
         self._check_open()
-        if self._writer is None:
-            return
-        with self._flush_lock:
-            self._lead()
-            if self._writer.written_lsn > self._writer.synced_lsn:
-                self._writer.sync()
-                self._counters["syncs"] += 1
+        if self._pipe is not None:
+            self._pipe.sync()
 
     def _flush_loop(self) -> None:
+        pipe = self._pipe
+        assert pipe is not None
         while True:
             with self._lock:
                 self._wake.wait(self._sync_interval)
                 if self._stop:
                     return
             try:
-                with self._flush_lock:
-                    w = self._writer
-                    if w is not None and w.broken is None and w.written_lsn > w.synced_lsn:
-                        w.sync()
-                        self._counters["syncs"] += 1
+                with pipe.flush_lock:
+                    if pipe.writer.broken is None:
+                        pipe.sync_written()
             except Error:
-                continue  # the writer is poisoned; commits report it
+                continue  # the writer is stopped; commits report it
             except BaseException:
                 return
 
@@ -681,7 +532,8 @@ class Store:
         self._fold()
 
     def _fold(self) -> None:
-        assert self._snap is not None and self._writer is not None
+        assert self._snap is not None and self._pipe is not None
+        pipe = self._pipe
         with self._fold_lock:
             with self._lock:
                 if self._frozen is None:
@@ -689,15 +541,12 @@ class Store:
                         return
                     self._frozen, self._active = self._active, Memtable()
                     self._frozen.frozen = True
-                    self._fold_mark = self._writer.bytes_written
+                    self._fold_mark = pipe.writer.bytes_written
                 frozen = self._frozen
             failpoints.hit("fold_after_freeze")
-            with self._flush_lock:
-                # LMDB must never be durable past the log: after a power cut the
-                # WAL has to reach applied_lsn (async and none modes sync here).
-                if self._writer.synced_lsn < frozen.last_lsn:
-                    self._writer.sync()
-                    self._counters["syncs"] += 1
+            # LMDB must never be durable past the log: after a power cut the WAL
+            # has to reach applied_lsn (async and none modes sync here).
+            pipe.sync_through(frozen.last_lsn)
             runs = [FoldRun(run, writes, ckpts)
                     for run, (writes, ckpts) in frozen.fold_view().items()]
             failpoints.hit("fold_before_commit")
@@ -710,16 +559,16 @@ class Store:
                 except DurabilityError as exc:
                     # LMDB's write or sync failed: its state is unknown until a
                     # reopen, and an fsync is never retried. Stop the writer.
-                    self._writer.broken = exc
+                    pipe.writer.broken = exc
                     raise
             failpoints.hit("fold_after_commit")
             with self._lock:
                 self._frozen = None
                 self._applied = frozen.last_lsn
                 self._counters["folds"] += 1
-            with self._flush_lock:
-                if self._writer.broken is None:
-                    self._counters["segments_removed"] += self._writer.remove_through(
+            with pipe.flush_lock:
+                if pipe.writer.broken is None:
+                    self._counters["segments_removed"] += pipe.writer.remove_through(
                         frozen.last_lsn)
 
     def _grow_map(self, full: MapFull) -> None:
@@ -834,14 +683,15 @@ class Store:
             out: dict[str, Any] = {
                 "path": self.path, "store_id": str(self.store_id),
                 "durability": self.durability.value, "readonly": self.readonly,
-                "visible_lsn": self._visible, "next_lsn": self._next_lsn,
-                "applied_lsn": self._applied, "memtable_commits": len(self._active),
-                "memtable_bytes": self._active.nbytes, **self._counters,
-                "recovery": dict(self._recovery),
+                "visible_lsn": self._visible, "applied_lsn": self._applied,
+                "memtable_commits": len(self._active), "memtable_bytes": self._active.nbytes,
+                **self._counters, "recovery": dict(self._recovery),
             }
-            w = self._writer
-            if w is not None:
-                out.update(synced_lsn=w.synced_lsn, written_lsn=w.written_lsn,
+            if self._pipe is not None:
+                w = self._pipe.writer
+                out.update(self._pipe.counters)
+                out.update(next_lsn=self._pipe.next_lsn, synced_lsn=w.synced_lsn,
+                           written_lsn=w.written_lsn,
                            wal_segments=len(w.segments), wal_bytes=w.size_bytes(),
                            wal_bytes_since_fold=w.bytes_written - self._fold_mark,
                            writer_broken=str(w.broken) if w.broken else None)
@@ -860,7 +710,7 @@ class Store:
         if self._closed:
             return
         try:
-            if self._writer is not None and self._writer.broken is None:
+            if self._pipe is not None and self._pipe.writer.broken is None:
                 self.sync()
                 self._fold()
         finally:
@@ -877,8 +727,8 @@ class Store:
             if t is not threading.current_thread():
                 t.join(timeout=30)
         self._threads = []
-        if self._writer is not None:
-            self._writer.close()
+        if self._pipe is not None:
+            self._pipe.writer.close()
         if self._snap is not None:
             if self._ro_txn is not None:
                 self._snap.end_read(self._ro_txn)

@@ -17,7 +17,7 @@ RANK = {
     "io": 2,
     "control": 3, "wal": 3,
     "snapshot": 4, "memtable": 4,
-    "txn": 5,
+    "txn": 5, "commit": 5,
     "recovery": 6,
     "store": 7,
     "__init__": 8, "demo": 8, "testing": 8, "cli": 8,

@@ -1,0 +1,230 @@
+"""The commit pipeline: validation, LSN assignment, group commit, failure rollback.
+
+Theory of operation::
+
+    commit ─▶ encode the delta (no lock) ─▶ [lock] validate (OCC) against
+    last_write, assign LSN, checkpoint id, parent and hash; queue ─▶ [flush
+    lock] the leader takes the whole queue, writes it with one write and, in
+    sync mode, one fdatasync ─▶ [lock] publish the batch (the store applies it
+    to its memtable in LSN order) ─▶ every committer returns its checkpoint
+
+*Group commit*: committers that queue while a leader is writing or syncing
+are written and synced together by the next leader, so N concurrent
+commits share one fdatasync.
+
+*Optimistic concurrency*: ``last_write`` maps each key of each run to the LSN
+of the last commit (queued or published) that wrote it. A commit whose
+reads, writes or read prefixes were written after its snapshot LSN raises
+:class:`ConflictError`. Entries older than every open snapshot are pruned.
+
+*Failure*: if a write or sync fails, every queued commit fails, and the LSN
+counter, run heads and ``last_write`` are put back as they were, so the next
+commit continues the log exactly where the durable part ends. ENOSPC leaves
+the writer usable (:class:`DiskFullError`); anything else stops it
+(:class:`DurabilityError`); an exception that is not ours (a failpoint, a
+simulated power cut) stops it too, since the batch's fate is unknown.
+
+The pipeline shares the store's lock (so publishing and reading views agree)
+and never touches the memtable or LMDB itself: the store gives it
+``head_of(run)``, ``publish(batch)`` and ``oldest_snapshot()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import failpoints
+from .codec import CommitRecord, checkpoint_hash, encode_commit, encode_delta
+from .errors import ConflictError, DurabilityError, Error, UnencodableValueError
+from .format import MAX_RECORD_PAYLOAD, REC_COMMIT
+from .types import Checkpoint, Durability
+from .wal import PendingRecord, Writer
+
+__all__ = ["CommitPipeline", "Pending"]
+
+_ZERO_HASH = bytes(32)
+_ABSENT: Any = object()
+
+
+@dataclass
+class Pending:
+    """A commit between validation and publication."""
+
+    lsn: int
+    ckpt: Checkpoint
+    hsh: bytes
+    delta: dict[str, bytes | None]
+    record: PendingRecord
+    prev_head: Any
+    prev_writes: dict[str, Any]
+    state: str = "queued"  # queued | done | failed
+    error: BaseException | None = None
+
+
+class CommitPipeline:
+    """Turns validated deltas into durable, published commits."""
+
+    def __init__(self, path: str, writer: Writer, durability: Durability, lock: threading.Lock,
+                 next_lsn: int, heads: dict[str, tuple[int, bytes]],
+                 head_of: Callable[[str], tuple[int, bytes] | None],
+                 publish: Callable[[list[Pending]], None],
+                 oldest_snapshot: Callable[[], int]) -> None:
+        self.path = path
+        self.writer = writer
+        self.durability = durability
+        self.lock = lock  # the store's lock
+        self.flush_lock = threading.Lock()  # one leader at a time
+        self.next_lsn = next_lsn
+        self.heads = heads  # run -> (id, hash) of its latest assigned checkpoint
+        self.last_write: dict[str, dict[str, int]] = {}
+        self.pending: list[Pending] = []
+        self.counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0}
+        self._head_of = head_of
+        self._publish = publish
+        self._oldest = oldest_snapshot
+
+    # -- committing -----------------------------------------------------------------
+
+    def commit(self, run: str, snap: int, reads: set[str], prefixes: set[str],
+               delta: dict[str, bytes | None], meta: dict[str, Any]) -> Checkpoint:
+        """Validate, assign, queue and drive one commit; returns its checkpoint.
+
+        Raises:
+            ConflictError, UnencodableValueError, DiskFullError, DurabilityError.
+        """
+        blob, flags, digest = encode_delta(delta)
+        if len(blob) > MAX_RECORD_PAYLOAD - 65536:
+            raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
+                                        f"encoded, over the {MAX_RECORD_PAYLOAD} byte record "
+                                        "limit; split it across several commits")
+        created = time.time()
+        with self.lock:
+            if self.writer.broken is not None:
+                raise self.writer.broken
+            self._validate(run, snap, delta.keys() | reads, prefixes)
+            head = self.heads.get(run) or self._head_of(run)
+            parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
+            cid = (parent or 0) + 1
+            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta, None, digest)
+            lsn = self.next_lsn
+            payload = encode_commit(CommitRecord(run, cid, parent, created, meta, hsh, None, blob))
+            ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), None)
+            writes = self.last_write.setdefault(run, {})
+            pc = Pending(lsn, ckpt, hsh, delta, PendingRecord(lsn, REC_COMMIT, flags, payload),
+                         self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta})
+            for k in delta:
+                writes[k] = lsn
+            self.heads[run] = (cid, hsh)
+            self.next_lsn = lsn + 1
+            self.pending.append(pc)
+        failpoints.hit("commit_after_encode")
+        self._drive(pc)
+        return ckpt
+
+    def _validate(self, run: str, snap: int, keys: Any, prefixes: set[str]) -> None:
+        writes = self.last_write.get(run)
+        if not writes:
+            return
+        for k in keys:
+            if writes.get(k, 0) > snap:
+                self.counters["conflicts"] += 1
+                raise ConflictError(run, k)
+        if prefixes:
+            for k, lsn in writes.items():
+                if lsn > snap and any(k.startswith(p) for p in prefixes):
+                    self.counters["conflicts"] += 1
+                    raise ConflictError(run, None)
+
+    # -- group commit ---------------------------------------------------------------
+
+    def _drive(self, pc: Pending) -> None:
+        """Make ``pc`` durable and visible, leading a batch if nobody else is."""
+        with self.flush_lock:
+            if pc.state == "queued":
+                self.lead()
+        if pc.state == "failed":
+            assert pc.error is not None
+            raise pc.error
+
+    def lead(self) -> None:
+        """Write (and in sync mode fsync) every queued commit; call under ``flush_lock``."""
+        with self.lock:
+            batch, self.pending = self.pending, []
+        if not batch:
+            return
+        try:
+            self.writer.append([p.record for p in batch])
+            if self.durability is Durability.SYNC:
+                self.writer.sync()
+                self.counters["syncs"] += 1
+        except Error as exc:
+            self._fail_queued(batch, exc)
+            return
+        except BaseException as exc:
+            err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
+            self.writer.broken = err
+            self._fail_queued(batch, err)
+            raise
+        with self.lock:
+            for p in batch:
+                p.state = "done"
+            self._publish(batch)
+            self.counters["commits"] += len(batch)
+            self.counters["batches"] += 1
+            if self.last_write and self.counters["commits"] % 512 == 0:
+                self._prune_last_write()
+        failpoints.hit("after_publish")
+
+    def _fail_queued(self, batch: list[Pending], exc: BaseException) -> None:
+        """Fail ``batch`` and everything queued after it; put LSNs and heads back."""
+        with self.lock:
+            doomed = batch + self.pending
+            self.pending = []
+            for p in reversed(doomed):
+                run = p.ckpt.run
+                if p.prev_head is _ABSENT:
+                    self.heads.pop(run, None)
+                else:
+                    self.heads[run] = p.prev_head
+                writes = self.last_write.setdefault(run, {})
+                for k, old in p.prev_writes.items():
+                    if old is _ABSENT:
+                        writes.pop(k, None)
+                    else:
+                        writes[k] = old
+                p.state, p.error = "failed", exc
+            self.next_lsn = doomed[0].lsn
+
+    def _prune_last_write(self) -> None:
+        oldest = self._oldest()
+        for run in list(self.last_write):
+            w = self.last_write[run]
+            for k in [k for k, lsn in w.items() if lsn <= oldest]:
+                del w[k]
+            if not w:
+                del self.last_write[run]
+
+    # -- syncing --------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Write anything queued and fsync everything written."""
+        with self.flush_lock:
+            self.lead()
+            self.sync_written()
+
+    def sync_written(self) -> None:
+        """Fsync what was written but not yet synced; call under ``flush_lock``."""
+        if self.writer.written_lsn > self.writer.synced_lsn:
+            self.writer.sync()
+            self.counters["syncs"] += 1
+
+    def sync_through(self, lsn: int) -> None:
+        """Make the log durable at least through ``lsn`` (before LMDB may pass it)."""
+        with self.flush_lock:
+            if self.writer.synced_lsn < lsn:
+                self.writer.sync()
+                self.counters["syncs"] += 1
