@@ -12,7 +12,9 @@ A commit payload is one CBOR array::
 
     [run, id, parent, created_at, meta, hash(32 bytes), origin, delta]
 
-where ``delta`` is the CBOR map ``{key: value-bytes | None}`` (None deletes),
+where ``meta`` is the CBOR-encoded metadata map as a byte string (hashed as
+it is stored, so ``verify`` can recompute the hash from the disk bytes) and
+``delta`` is the CBOR map ``{key: value-bytes | None}`` (None deletes),
 zstd-compressed when the frame's ``FLAG_ZSTD`` is set. Keeping the delta as
 its own byte string lets committers encode and compress it outside the
 commit lock.
@@ -20,8 +22,11 @@ commit lock.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import hashlib
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +40,14 @@ __all__ = [
     "CodecError",
     "CommitRecord",
     "decode_commit",
+    "check_value",
     "decode_delta",
+    "decode_meta",
     "decode_stored",
     "decode_value",
     "encode_commit",
     "encode_delta",
+    "encode_meta",
     "encode_value",
 ]
 
@@ -67,41 +75,71 @@ def _decompressor() -> Any:
     return d
 
 
-#: Deepest nesting a value may have when stored: decoding allows MAX_CBOR_DEPTH,
-#: and a value can sit a few levels down (meta inside a commit record).
+#: Deepest container nesting a value may have when stored. The decoder allows
+#: MAX_CBOR_DEPTH; a set costs two levels (tag and array), a leaf such as a
+#: Decimal up to two more, and meta sits one level down in its record.
 MAX_VALUE_DEPTH = MAX_CBOR_DEPTH - 8
-_CONTAINERS = (list, tuple, dict, set, frozenset)
+_SEQUENCES = (list, tuple)
+_SETS = (set, frozenset)
+_ONE_MINUTE = datetime.timedelta(minutes=1)
+_SCALARS = (str, bytes, bool, int, float, type(None), uuid.UUID)
 
 
-def _depth_exceeds(value: object, limit: int) -> bool:
-    """Whether containers nest deeper than ``limit`` (iterative; leaves cost a type check)."""
-    stack = [(value, 1)]
+def check_value(key: str, value: object) -> None:
+    """Refuse what would not read back as it was written.
+
+    Allowed: None, bool, int, float, str, bytes/bytearray, list, tuple, dict,
+    set/frozenset, aware datetime (not an offset in (0, 1 minute)), finite Decimal
+    (not -0), UUID, nested within :data:`MAX_VALUE_DEPTH` levels. Tuples read
+    back as lists and bytearrays as bytes; everything else reads back equal.
+
+    Raises:
+        UnencodableValueError: naming ``key`` and the offending part.
+    """
+    stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         obj, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = obj.values() if isinstance(obj, dict) else obj
-        for child in children:  # type: ignore[attr-defined]
-            if isinstance(child, _CONTAINERS):
-                stack.append((child, depth + 1))
-    return False
+        if isinstance(obj, _SCALARS):
+            continue
+        if depth > MAX_VALUE_DEPTH:
+            raise UnencodableValueError(key, f"it nests containers deeper than {MAX_VALUE_DEPTH}")
+        if isinstance(obj, dict):
+            stack.extend((k, depth + 1) for k in obj)
+            stack.extend((v, depth + 1) for v in obj.values())
+        elif isinstance(obj, _SEQUENCES):
+            stack.extend((v, depth + 1) for v in obj)
+        elif isinstance(obj, _SETS):
+            stack.extend((v, depth + 2) for v in obj)
+        elif isinstance(obj, datetime.datetime):
+            offset = obj.utcoffset()
+            if offset is None:
+                raise UnencodableValueError(key, "a naive datetime (give it a tzinfo)")
+            if datetime.timedelta(0) < offset < _ONE_MINUTE:
+                # cbor2 writes such an offset as "...Z:30", which it cannot read back.
+                raise UnencodableValueError(key, "a datetime whose UTC offset is positive and "
+                                            "under one minute")
+        elif isinstance(obj, decimal.Decimal):
+            if not obj.is_finite():
+                raise UnencodableValueError(key, f"Decimal {obj} (only finite Decimals)")
+            if obj.is_zero() and obj.is_signed():
+                raise UnencodableValueError(key, "Decimal -0 (its sign would be lost)")
+        elif isinstance(obj, bytearray):
+            continue
+        else:
+            raise UnencodableValueError(key, f"type {type(obj).__name__} is not storable")
 
 
 def encode_value(key: str, value: object) -> bytes:
-    """CBOR-encode one value, or raise :class:`UnencodableValueError` naming ``key``.
+    """Check and CBOR-encode one value, or raise :class:`UnencodableValueError` naming ``key``.
 
-    A value nested deeper than :data:`MAX_VALUE_DEPTH` is refused here, so
-    nothing is ever written that the bounded decoder would refuse to read.
+    Nothing is ever written that the bounded decoder would refuse to read or
+    would read back as something else (see :func:`check_value`).
     """
+    check_value(key, value)
     try:
-        data = bytes(cbor2.dumps(value))
+        return bytes(cbor2.dumps(value))
     except (cbor2.CBOREncodeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise UnencodableValueError(key, str(exc) or type(exc).__name__) from None
-    # Each level costs at least one byte, so only long encodings can be too deep.
-    if (len(data) > MAX_VALUE_DEPTH and isinstance(value, _CONTAINERS)
-            and _depth_exceeds(value, MAX_VALUE_DEPTH)):
-        raise UnencodableValueError(key, f"it nests containers deeper than {MAX_VALUE_DEPTH}")
-    return data
 
 
 def decode_stored(data: bytes, path: str, what: str) -> Any:
@@ -112,10 +150,26 @@ def decode_stored(data: bytes, path: str, what: str) -> Any:
         raise CorruptionError(path, None, f"{what}: {exc}") from None
 
 
+def _refuse_tag(decoder: Any) -> Any:
+    raise cbor2.CBORDecodeError("a CBOR tag agentwal never writes")
+
+
+def _unknown_tag(decoder: Any, tag: Any) -> Any:
+    raise cbor2.CBORDecodeError(f"unknown CBOR tag {tag.tag}")
+
+
+# Tags cbor2 would turn into objects agentwal never stores (regex, MIME message,
+# IP addresses, fractions, shared values, dates...): refused, like unknown tags,
+# so hostile bytes cannot make the decoder build them.
+_REFUSED = dict.fromkeys((5, 21, 22, 23, 24, 25, 28, 29, 30, 32, 33, 34, 35, 36, 52, 54, 100,
+                          256, 260, 261, 1004, 43000), _refuse_tag)
+
+
 def loads(data: bytes) -> Any:
     """Decode CBOR from disk within the depth limit; :class:`CodecError` on any failure."""
     try:
-        return cbor2.loads(data, max_depth=MAX_CBOR_DEPTH)
+        return cbor2.loads(data, max_depth=MAX_CBOR_DEPTH, semantic_decoders=_REFUSED,
+                           tag_hook=_unknown_tag)
     except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError, RecursionError,
             MemoryError, LookupError) as exc:
         raise CodecError(f"undecodable CBOR: {exc}") from None
@@ -165,10 +219,23 @@ class CommitRecord:
     id: int
     parent: int | None
     created_at: float
-    meta: dict[str, Any]
+    meta: bytes  # the CBOR map, exactly as hashed
     hash: bytes
     origin: tuple[str, int] | None
     delta: bytes
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    """Encode checkpoint metadata once; these bytes are stored and hashed as they are."""
+    return bytes(cbor2.dumps(meta))
+
+
+def decode_meta(data: bytes) -> dict[str, Any]:
+    """Decode checkpoint metadata; :class:`CodecError` if it is not a map."""
+    meta = loads(data)
+    if not isinstance(meta, dict):
+        raise CodecError("checkpoint metadata is not a map")
+    return meta
 
 
 def encode_commit(rec: CommitRecord) -> bytes:
@@ -193,7 +260,7 @@ def decode_commit(payload: bytes) -> CommitRecord:
         and cid >= 1
         and (parent is None or isinstance(parent, int))
         and isinstance(created, (int, float))
-        and isinstance(meta, dict)
+        and isinstance(meta, bytes)
         and isinstance(hsh, bytes)
         and len(hsh) == 32
         and isinstance(delta, bytes)
@@ -206,6 +273,7 @@ def decode_commit(payload: bytes) -> CommitRecord:
     if not ok:
         raise CodecError("commit payload has a field of the wrong type")
     org = (origin[0], origin[1]) if origin is not None else None
+    decode_meta(meta)  # a record whose metadata does not decode is damaged
     return CommitRecord(run, cid, parent, float(created), meta, hsh, org, delta)
 
 
@@ -215,11 +283,16 @@ def checkpoint_hash(
     cid: int,
     parent: int | None,
     created_at: float,
-    meta: dict[str, Any],
+    meta: bytes,
     origin: tuple[str, int] | None,
     delta_digest: bytes,
 ) -> bytes:
-    """SHA-256 chaining a checkpoint to its parent: covers the fields and the change."""
+    """SHA-256 chaining a checkpoint to its parent: covers the fields and the change.
+
+    ``sha256(parent_hash || cbor([run, id, parent, created_at, origin]) || meta
+    bytes || sha256(delta bytes))``; ``meta`` is the stored encoding, so the
+    hash can be recomputed from what is on disk.
+    """
     org = list(origin) if origin is not None else None
-    body = cbor2.dumps([run, cid, parent, created_at, meta, org], canonical=True)
-    return hashlib.sha256(parent_hash + body + delta_digest).digest()
+    body = cbor2.dumps([run, cid, parent, created_at, org])
+    return hashlib.sha256(parent_hash + body + meta + delta_digest).digest()

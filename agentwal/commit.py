@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import failpoints
-from .codec import CommitRecord, checkpoint_hash, encode_commit, encode_delta
+from .codec import CommitRecord, checkpoint_hash, encode_commit, encode_delta, encode_meta
 from .errors import ConflictError, DurabilityError, Error, UnencodableValueError
 from .format import MAX_RECORD_PAYLOAD, REC_COMMIT
 from .types import Checkpoint, Durability
@@ -57,6 +57,7 @@ class Pending:
     lsn: int
     ckpt: Checkpoint
     hsh: bytes
+    meta_raw: bytes
     delta: dict[str, bytes | None]
     record: PendingRecord
     prev_head: Any
@@ -97,6 +98,7 @@ class CommitPipeline:
             ConflictError, UnencodableValueError, DiskFullError, DurabilityError.
         """
         blob, flags, digest = encode_delta(delta)
+        meta_raw = encode_meta(meta)
         if len(blob) > MAX_RECORD_PAYLOAD - 65536:
             raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
                                         f"encoded, over the {MAX_RECORD_PAYLOAD} byte record "
@@ -109,12 +111,14 @@ class CommitPipeline:
             head = self.heads.get(run) or self._head_of(run)
             parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
             cid = (parent or 0) + 1
-            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta, None, digest)
+            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta_raw, None, digest)
             lsn = self.next_lsn
-            payload = encode_commit(CommitRecord(run, cid, parent, created, meta, hsh, None, blob))
+            payload = encode_commit(CommitRecord(run, cid, parent, created, meta_raw, hsh, None,
+                                                 blob))
             ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), None)
             writes = self.last_write.setdefault(run, {})
-            pc = Pending(lsn, ckpt, hsh, delta, PendingRecord(lsn, REC_COMMIT, flags, payload),
+            pc = Pending(lsn, ckpt, hsh, meta_raw, delta,
+                         PendingRecord(lsn, REC_COMMIT, flags, payload),
                          self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta})
             for k in delta:
                 writes[k] = lsn

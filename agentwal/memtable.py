@@ -23,7 +23,9 @@ from .types import Checkpoint
 __all__ = ["Memtable", "RunMem"]
 
 Version = tuple[int, "bytes | None"]
-FoldItem = tuple[dict[str, "bytes | None"], list[tuple[Checkpoint, bytes]]]
+#: A checkpoint with its hash and its metadata exactly as encoded and hashed.
+Entry = tuple[Checkpoint, bytes, bytes]
+FoldItem = tuple[dict[str, "bytes | None"], list[Entry]]
 
 
 @dataclass
@@ -31,13 +33,13 @@ class RunMem:
     """One run's unfolded versions and checkpoints."""
 
     versions: dict[str, list[Version]] = field(default_factory=dict)
-    checkpoints: list[tuple[Checkpoint, bytes]] = field(default_factory=list)
+    checkpoints: list[Entry] = field(default_factory=list)
 
-    def head(self, snap: int) -> tuple[Checkpoint, bytes] | None:
+    def head(self, snap: int) -> Checkpoint | None:
         """The newest checkpoint with LSN <= ``snap``."""
-        for c, h in reversed(self.checkpoints):
+        for c, _h, _m in reversed(self.checkpoints):
             if c.lsn <= snap:
-                return c, h
+                return c
         return None
 
 
@@ -54,8 +56,8 @@ class Memtable:
     def __len__(self) -> int:
         return sum(len(r.checkpoints) for r in self.runs.values())
 
-    def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, delta: dict[str, bytes | None],
-              oldest_snap: int) -> None:
+    def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, meta_raw: bytes,
+              delta: dict[str, bytes | None], oldest_snap: int) -> None:
         """Make one commit visible; prune versions older than ``oldest_snap`` can see."""
         assert not self.frozen, "a frozen memtable is read-only"
         rm = self.runs.get(ckpt.run)
@@ -69,7 +71,7 @@ class Memtable:
                 chain.append((lsn, value))
                 _prune(chain, oldest_snap)
             self.nbytes += len(key) + (len(value) if value is not None else 0) + 16
-        rm.checkpoints.append((ckpt, hsh))
+        rm.checkpoints.append((ckpt, hsh, meta_raw))
         if not self.first_lsn:
             self.first_lsn = lsn
         self.last_lsn = lsn

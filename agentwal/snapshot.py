@@ -43,7 +43,7 @@ from typing import Any
 import cbor2
 import lmdb
 
-from .codec import CodecError, loads
+from .codec import CodecError, decode_meta, loads
 from .errors import (
     CorruptionError,
     DiskFullError,
@@ -292,9 +292,18 @@ class Snapshot:
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
         if not (isinstance(obj, list) and len(obj) == 7):
             raise self._corrupt(f"checkpoint record of {run!r} is malformed")
-        cid, parent, lsn, created, meta, hsh, origin = obj
+        cid, parent, lsn, created, meta_raw, hsh, origin = obj
+        if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
+                and isinstance(lsn, int) and isinstance(created, (int, float))
+                and isinstance(meta_raw, bytes) and isinstance(hsh, bytes)
+                and (origin is None or (isinstance(origin, list) and len(origin) == 2))):
+            raise self._corrupt(f"checkpoint record of {run!r} has a field of the wrong type")
+        try:
+            meta = decode_meta(meta_raw)
+        except CodecError as exc:
+            raise self._corrupt(f"checkpoint {run!r}/{cid} metadata: {exc}") from None
         org = (origin[0], origin[1]) if origin else None
-        return Checkpoint(run, cid, parent, lsn, created, meta, bytes(hsh).hex(), org)
+        return Checkpoint(run, cid, parent, lsn, float(created), meta, hsh.hex(), org)
 
     # -- folding ------------------------------------------------------------------
 
@@ -358,12 +367,12 @@ class Snapshot:
                     txn.delete(k, db=self._state)
                 else:
                     txn.put(k, _seal(k, value), db=self._state)
-            for c, hsh in fr.checkpoints:
-                rec = [c.id, c.parent, c.lsn, c.created_at, c.meta, hsh,
+            for c, hsh, meta_raw in fr.checkpoints:
+                rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
                        list(c.origin) if c.origin else None]
                 ck = base + _U64.pack(c.id)
                 txn.put(ck, _seal(ck, cbor2.dumps(rec)), db=self._ckpt)
-            head, head_hash = fr.checkpoints[-1]
+            head, head_hash, _meta = fr.checkpoints[-1]
             count += len(fr.checkpoints)
             rk = fr.run.encode()
             txn.put(rk, _seal(rk, cbor2.dumps([number, head.id, head_hash, count])),
@@ -478,4 +487,4 @@ class FoldRun:
 
     run: str
     writes: dict[str, bytes | None]
-    checkpoints: list[tuple[Checkpoint, bytes]]
+    checkpoints: list[tuple[Checkpoint, bytes, bytes]]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .codec import decode_stored
+from .codec import decode_meta, decode_stored
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .errors import (
@@ -233,9 +233,9 @@ class Store:
         heads: dict[str, tuple[int, bytes]] = {}
         for r in plan.records:
             rec = r.record
-            ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, rec.meta,
-                              rec.hash.hex(), rec.origin)
-            mem.apply(r.lsn, ckpt, rec.hash, r.delta, r.lsn)
+            ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at,
+                              decode_meta(rec.meta), rec.hash.hex(), rec.origin)
+            mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn)
             heads[rec.run] = (rec.id, rec.hash)
         with self._lock:
             old, self._ro_txn = self._ro_txn, (ltxn if self.readonly else None)
@@ -378,7 +378,7 @@ class Store:
             if rm is not None:
                 found = rm.head(view.snap)
                 if found is not None:
-                    return found[0]
+                    return found
         info = self._info(view, run)
         if info is None:
             return None
@@ -448,7 +448,7 @@ class Store:
         """Latest published head of ``run`` (memtables, then LMDB); under ``_lock``."""
         for layer in (self._active, self._frozen):
             if layer is not None and run in layer.runs and layer.runs[run].checkpoints:
-                c, h = layer.runs[run].checkpoints[-1]
+                c, h, _m = layer.runs[run].checkpoints[-1]
                 return c.id, h
         assert self._snap is not None
         ltxn = self._snap.begin_read()
@@ -466,7 +466,7 @@ class Store:
         """Make a durable batch visible, in LSN order; under ``_lock``."""
         oldest = self._oldest_snapshot()
         for p in batch:
-            self._active.apply(p.lsn, p.ckpt, p.hsh, p.delta, oldest)
+            self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
             self._visible = p.lsn
         assert self._pipe is not None
         if self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes:
@@ -631,16 +631,22 @@ class Store:
             for layer in v.layers:
                 rm = layer.runs.get(run)
                 if rm is not None:
-                    out.extend(c for c, _ in reversed(rm.checkpoints) if c.lsn <= v.snap)
+                    out.extend(c for c, _h, _m in reversed(rm.checkpoints) if c.lsn <= v.snap)
             info = self._info(v, run)
             if info is not None:
                 assert self._snap is not None
                 snap = self._snap
                 want = None if limit is None else max(0, limit - len(out))
 
+                # While a fold commits, LMDB may already hold what the frozen
+                # memtable still shows: take from LMDB only what is older.
+                below = min((c.id for c in out), default=None)
+
                 def folded(t: Any) -> list[Checkpoint]:
                     got: list[Checkpoint] = []
                     for c in snap.checkpoints(t, run, info.number):
+                        if below is not None and c.id >= below:
+                            continue
                         if want is not None and len(got) >= want:
                             break
                         got.append(c)
@@ -660,7 +666,7 @@ class Store:
             names = set(self._lmdb(v, snap.runs))
             for layer in v.layers:
                 names.update(r for r, rm in layer.runs.items()
-                             if any(c.lsn <= v.snap for c, _ in rm.checkpoints))
+                             if any(c.lsn <= v.snap for c, _h, _m in rm.checkpoints))
             return sorted(names)
 
         return self._with_view(read)

@@ -36,7 +36,7 @@ def run(*args: str) -> tuple[int, str]:
 def test_every_command_has_help_and_is_documented() -> None:
     docs = DOCS.read_text()
     for name, cmd in main.commands.items():
-        code, out = run(name, "--help")
+        code, _ = run(name, "--help")
         assert code == 0, name
         assert cmd.help and len(cmd.help) > 20, name
         assert f"agentwal {name}" in docs, f"docs/cli.md does not document {name}"

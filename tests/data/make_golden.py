@@ -43,6 +43,7 @@ from agentwal.codec import (
     checkpoint_hash,
     encode_commit,
     encode_delta,
+    encode_meta,
     encode_value,
 )
 from agentwal.control import create_control
@@ -94,8 +95,9 @@ def _record(lsn: int, synced: int, run: str, cid: int, parent: int | None, meta:
     delta = {k: (None if v is None else encode_value(k, v)) for k, v in values.items()}
     packed, flags, digest = encode_delta(delta)
     created = CREATED_AT + lsn
-    h = checkpoint_hash(parent_hash, run, cid, parent, created, meta, origin, digest)
-    payload = encode_commit(CommitRecord(run, cid, parent, created, meta, h, origin, packed))
+    meta_raw = encode_meta(meta)
+    h = checkpoint_hash(parent_hash, run, cid, parent, created, meta_raw, origin, digest)
+    payload = encode_commit(CommitRecord(run, cid, parent, created, meta_raw, h, origin, packed))
     return GoldenRecord(lsn, synced, run, cid, parent, created, meta, origin, values, flags, h,
                         payload)
 

@@ -8,6 +8,9 @@ is small and some values are large, so segments rotate and get removed),
 closes every handle without writing; with durability ``"none"`` what went
 to the OS survives, so every committed transaction must still be there).
 After every step the store's state, head and history equal the model's.
+Transaction rules begin a transaction on their run when it has none, and
+``step`` runs a whole ``with store.begin(run) as txn:`` block, so most steps
+do something (Hypothesis' swarm testing disables random subsets of rules).
 
 ``ConcurrencyMachine``: several transactions open at once on the same runs,
 interleaved; the model decides the optimistic validation the way DESIGN.md
@@ -18,16 +21,25 @@ see later commits, and that runs never conflict with each other.
 
 The engine's rule, mirrored by both models: a commit that changed nothing
 (no put/delete left after savepoint rollbacks) and set no meta makes no
-checkpoint and returns the head as it was.
+checkpoint and returns the head as of the transaction's snapshot.
+
+Run with ``--hypothesis-show-statistics`` to see how often the machines
+reach commits, conflicts, folds, segment removal, closes and crashes.
+
+Engine bugs found here are pinned at the end of the file as minimal
+``xfail(strict=True)`` regressions; the state machines step around them
+(see ``_check_runs``) so they stay deterministic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -144,14 +156,17 @@ class _Base(RuleBasedStateMachine):
         self.seq = 0  # changing commits so far (all runs)
         self.log: list[tuple[int, str, frozenset[str]]] = []  # (seq, run, keys written)
         self.counts = {"changing commits": 0, "empty commits": 0, "conflicts": 0,
-                       "folds": 0, "segments removed": 0, "most segments": 0}
+                       "folds": 0, "segments removed": 0, "most segments": 0,
+                       "closes": 0, "crashes": 0}
 
     def _note_stats(self) -> None:
         """Add this session's counters to the totals (before a close or crash)."""
-        stats = self.store.stats()
-        self.counts["folds"] += stats["folds"]
-        self.counts["segments removed"] += stats["segments_removed"]
-        self.counts["most segments"] = max(self.counts["most segments"], stats["wal_segments"])
+        with contextlib.suppress(agentwal.Error):  # only labels; never hide a failure
+            stats = self.store.stats()
+            self.counts["folds"] += stats.get("folds", 0)
+            self.counts["segments removed"] += stats.get("segments_removed", 0)
+            self.counts["most segments"] = max(self.counts["most segments"],
+                                               stats.get("wal_segments", 0))
 
     def teardown(self) -> None:
         try:
@@ -347,6 +362,26 @@ class StoreMachine(_Base):
     def rollback(self, data: st.DataObject) -> None:
         self._finish(data.draw(st.sampled_from(sorted(self.txns))), commit=False)
 
+    @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS), value=values)
+    def step(self, run: str, key: str, value: Any) -> None:
+        """One agent step: a whole ``with store.begin(run) as txn:`` block with one put
+        (or, when the run has a transaction open, that put added to it and committed)."""
+        if run in self.txns:
+            self.put(run, key, value)
+            self._finish(run, commit=True)
+            return
+        with self.store.begin(run) as txn:
+            txn[key] = value
+        assert txn.state == "committed" and txn.checkpoint is not None
+        ckpt = txn.checkpoint
+        history = self.ckpts.setdefault(run, [])
+        history.append(({}, ckpt.hash))
+        assert (ckpt.id, ckpt.parent, ckpt.meta) == (len(history), len(history) - 1 or None, {})
+        self.committed.setdefault(run, {})[key] = value
+        self.seq += 1
+        self.log.append((self.seq, run, frozenset({key})))
+        self.counts["changing commits"] += 1
+
     @rule()
     def snapshot(self) -> None:
         self.store.snapshot()
@@ -358,8 +393,10 @@ class StoreMachine(_Base):
         self._note_stats()
         if crash:
             self.store._release_all()
+            self.counts["crashes"] += 1
         else:
             self.store.close()
+            self.counts["closes"] += 1
         self._kill(list(self.txns.values()))
         self.txns.clear()
         self.store = agentwal.open(self.path, **OPTIONS)
@@ -459,6 +496,7 @@ class ConcurrencyMachine(_Base):
             return
         self._note_stats()
         self.store.close()
+        self.counts["closes"] += 1
         self._kill(list(self.slots.values()))
         self.slots.clear()
         self.store = agentwal.open(self.path, **OPTIONS)
@@ -618,11 +656,8 @@ def test_every_accepted_value_reads_back(store: agentwal.Store, name: str) -> No
     _put_and_read(store, DEEP_OK[name])
 
 
-@pytest.mark.xfail(strict=True, raises=(CodecError, CorruptionError), reason=(
-    "BUG: txn.put accepts a value that cannot be read back; store.get raises. "
-    + _UNREADABLE_REASON))
 @pytest.mark.parametrize("name", sorted(UNREADABLE))
-def test_every_accepted_value_reads_back_bug(store: agentwal.Store, name: str) -> None:
+def test_every_accepted_value_reads_back_regression(store: agentwal.Store, name: str) -> None:
     _put_and_read(store, UNREADABLE[name])
 
 
@@ -655,21 +690,23 @@ def test_accepted_meta_never_bricks_the_store(tmp_path: Path, name: str, how: st
     _meta_then_reopen(tmp_path / "s.awal", DEEP_OK[name], how)
 
 
-@pytest.mark.xfail(strict=True, raises=CorruptionError, reason=(
-    "BUG: txn.meta accepts metadata the commit-record decoder refuses; the commit "
-    "succeeds, then after a crash the store cannot be reopened at all (WAL replay raises "
-    "CorruptionError), and after close() (folded) the run's head/history/state and any "
-    "new commit on it raise CorruptionError. " + _UNREADABLE_REASON))
 @pytest.mark.parametrize("name", sorted(UNREADABLE))
 @pytest.mark.parametrize("how", ["crash", "close"])
-def test_accepted_meta_never_bricks_the_store_bug(tmp_path: Path, name: str, how: str) -> None:
+def test_accepted_meta_never_bricks_the_store_regression(tmp_path: Path, name: str, how: str) -> None:
     _meta_then_reopen(tmp_path / "s.awal", UNREADABLE[name], how)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: a read view taken after a fold committed to LMDB but before it dropped the "
-    "frozen memtable (store._fold: between snap.fold() and self._frozen = None) sees "
-    "the folded checkpoints in both layers: history() lists them twice (e.g. [1, 1])"))
+def test_meta_with_nested_sets_commits_in_linear_time(store: agentwal.Store) -> None:
+    # Regression: canonical CBOR of nested sets doubled per level (depth 22 took
+    # ~16 s under the commit lock); now a few milliseconds. The bound is loose on
+    # purpose: it only separates exponential from linear on a noisy machine.
+    meta = _chain(lambda v: frozenset({v}), 22)
+    t0 = time.perf_counter()
+    with store.begin("r") as txn:
+        txn.meta(sets=meta)
+    assert time.perf_counter() - t0 < 2.0
+
+
 def test_history_during_a_fold_lists_each_checkpoint_once(store: agentwal.Store) -> None:
     _seed(store, a=1)
     _seed(store, a=2)

@@ -26,7 +26,13 @@ import cbor2
 import pytest
 
 from agentwal import recovery
-from agentwal.codec import checkpoint_hash, decode_commit, decode_delta, decode_value
+from agentwal.codec import (
+    checkpoint_hash,
+    decode_commit,
+    decode_delta,
+    decode_meta,
+    decode_value,
+)
 from agentwal.control import read_control
 from agentwal.format import (
     COMPRESS_THRESHOLD,
@@ -112,9 +118,9 @@ def test_golden_segment_commits(frames: list[Frame]) -> None:
     assert (r2.run, r2.id, r2.parent, r2.origin) == ("run-1", 2, 1, None)
     assert (r3.run, r3.id, r3.parent, r3.origin) == ("run-1-b", 1, None, ("run-1", 2))
     assert [r.created_at for r in recs] == [1767225601.0, 1767225602.0, 1767225603.0]
-    assert r1.meta == {"node": "planner", "step": 1}
-    assert r2.meta == {"node": "tool", "step": 2}
-    assert r3.meta == {"forked": True}
+    assert decode_meta(r1.meta) == {"node": "planner", "step": 1}
+    assert decode_meta(r2.meta) == {"node": "tool", "step": 2}
+    assert decode_meta(r3.meta) == {"forked": True}
 
     d1, d2, d3 = ({k: None if v is None else decode_value(v) for k, v in d.items()}
                   for d in deltas)
@@ -125,7 +131,8 @@ def test_golden_segment_commits(frames: list[Frame]) -> None:
     raw2 = cbor2.dumps(deltas[1])
     assert len(raw2) >= COMPRESS_THRESHOLD and len(r2.delta) < len(raw2)
 
-    # The hash chain: each checkpoint hash covers its fields and its raw delta.
+    # The hash chain: each checkpoint hash covers its fields, its metadata bytes
+    # as stored, and its raw delta.
     parent_hash = {("run-1", None): bytes(32), ("run-1-b", None): bytes(32),
                    ("run-1", 1): r1.hash}
     for r, d in zip(recs, deltas, strict=True):

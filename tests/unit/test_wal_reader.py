@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 
 from agentwal import recovery
-from agentwal.codec import CommitRecord, decode_value, encode_commit, encode_delta, encode_value
+from agentwal.codec import (
+    CommitRecord,
+    decode_meta,
+    decode_value,
+    encode_commit,
+    encode_delta,
+    encode_meta,
+    encode_value,
+)
 from agentwal.errors import CorruptionError, Error
 from agentwal.format import (
     FLAG_ZSTD,
@@ -63,8 +71,8 @@ def rec(lsn: int, pad: int = 0) -> PendingRecord:
     packed, flags, _digest = encode_delta(delta)
     record = CommitRecord(
         run="run-a", id=lsn, parent=lsn - 1 if lsn > 1 else None, created_at=1000.0 + lsn,
-        meta={"step": lsn}, hash=hashlib.sha256(str(lsn).encode()).digest(), origin=None,
-        delta=packed,
+        meta=encode_meta({"step": lsn}), hash=hashlib.sha256(str(lsn).encode()).digest(),
+        origin=None, delta=packed,
     )
     return PendingRecord(lsn, REC_COMMIT, flags, encode_commit(record))
 
@@ -501,7 +509,7 @@ def test_plan_replays_a_clean_log(wal: Path) -> None:
     p = plan(wal)
     assert lsns(p) == [1, 2, 3] and p.next_lsn == 4
     r = p.records[1]
-    assert (r.record.run, r.record.id, r.record.parent, r.record.meta) == (
+    assert (r.record.run, r.record.id, r.record.parent, decode_meta(r.record.meta)) == (
         "run-a", 2, 1, {"step": 2})
     assert decode_value(r.delta["step"]) == 2
     assert p.zero is None and p.remove == [] and p.torn_bytes == 0
