@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 from .errors import StoreLockedError
 
 __all__ = [
+    "DISK_FULL_ERRNOS",
     "FileSystem",
     "OsFileSystem",
     "WriterLock",
@@ -35,6 +36,10 @@ __all__ = [
     "write_all",
     "append_all",
 ]
+
+#: errnos that mean "no room for this write": a full disk, a quota, a file-size
+#: limit. Nothing was acknowledged, and the store works again once there is room.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700

@@ -51,6 +51,7 @@ from .errors import (
     ReadOnlyError,
     StoreClosedError,
 )
+from .io import DISK_FULL_ERRNOS
 from .types import Checkpoint
 
 __all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file"]
@@ -152,7 +153,8 @@ class Snapshot:
         path = os.path.join(self.directory, _DATA)
         if isinstance(exc, lmdb.ReadonlyError):
             return ReadOnlyError(self.directory)
-        if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc):
+        if (isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc)
+                or getattr(exc, "code", None) in DISK_FULL_ERRNOS):
             return DiskFullError(path)
         if isinstance(exc, (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
                             lmdb.VersionMismatchError, lmdb.BadValsizeError, lmdb.NotFoundError)):

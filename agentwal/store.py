@@ -27,7 +27,6 @@ read transaction.
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import threading
@@ -55,7 +54,7 @@ from .format import (
     SNAPSHOT_DIR,
     WAL_DIR,
 )
-from .io import FileSystem, OsFileSystem, WriterLock
+from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .memtable import Memtable
 from .recovery import Plan, recover
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
@@ -148,7 +147,7 @@ def open(
 
 def _io_error(exc: OSError, path: str, what: str) -> Error:
     """The typed error for an I/O failure (not damage: the bytes read were fine)."""
-    if exc.errno == errno.ENOSPC:
+    if exc.errno in DISK_FULL_ERRNOS:
         return DiskFullError(exc.filename or path)
     return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
@@ -523,8 +522,10 @@ class Store:
 
         Raises:
             ReadOnlyError: the store is read-only.
-            DiskFullError / DurabilityError: LMDB could not be written; the
-                WAL still holds everything and the store keeps working.
+            DiskFullError: LMDB had no room; the WAL still holds everything and
+                the store keeps working (the next fold tries again).
+            DurabilityError: LMDB's write or sync failed; the WAL still holds
+                everything, but the store accepts no more commits until reopened.
         """
         self._check_open()
         if self.readonly:

@@ -543,7 +543,7 @@ def _setup_ops(place: _Place, w: Workload) -> int:
     return min(20, n // 2)
 
 
-def enospc_case(base: str, seed: str, place: str, *, strict: bool = False) -> Result:
+def enospc_case(base: str, seed: str, place: str, *, strict: bool = True) -> Result:
     """Fill the disk at ``place`` in a child under ``RLIMIT_FSIZE``; judge what survived.
 
     Checks, in order: the child refused with ``DiskFullError`` or
@@ -644,7 +644,7 @@ def _after_fill(path: str, w: Workload, acked: int, in_flight: bool, durability:
 
 
 def enospc_cases(base: str, seed: int | str, *, seeds: int = 1,
-                 places: tuple[str, ...] = tuple(ENOSPC_PLACES), strict: bool = False,
+                 places: tuple[str, ...] = tuple(ENOSPC_PLACES), strict: bool = True,
                  deadline: float | None = None) -> Iterator[Result]:
     """Every place in ``places`` for ``seeds`` seeds derived from ``seed`` (``f"{seed}-{n}"``).
 

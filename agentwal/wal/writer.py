@@ -20,7 +20,8 @@ Crash windows:
 - dying between a fold and :meth:`remove_through` leaves old segments whose
   records recovery skips because LMDB's ``applied_lsn`` covers them.
 
-Errors: ``ENOSPC`` becomes :class:`DiskFullError` after the bytes of the
+Errors: ``ENOSPC`` (or ``EDQUOT``, ``EFBIG``: no room for the write) becomes
+:class:`DiskFullError` after the bytes of the
 failed write are zeroed again, so a later write cannot leave a stale valid
 frame behind; any other failure, or a failure to undo, becomes
 :class:`DurabilityError` and the writer refuses all further work.
@@ -29,7 +30,6 @@ frame behind; any other failure, or a failure to undo, becomes
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import uuid
@@ -43,7 +43,7 @@ from ..format import (
     TMP_SUFFIX,
     segment_name,
 )
-from ..io import FileSystem, write_all
+from ..io import DISK_FULL_ERRNOS, FileSystem, write_all
 from .frame import SegmentHeader, encode_frame, encode_header
 
 __all__ = ["PendingRecord", "Segment", "Writer"]
@@ -154,7 +154,7 @@ class Writer:
         except OSError as undo:
             raise self._poison(path, f"write failed ({exc.strerror or exc}) and could not be "
                                f"undone ({undo.strerror or undo})") from None
-        if exc.errno == errno.ENOSPC:
+        if exc.errno in DISK_FULL_ERRNOS:
             raise DiskFullError(path) from None
         raise self._poison(path, f"write failed: {exc.strerror or exc}") from None
 
@@ -216,7 +216,7 @@ class Writer:
             self.fs.fsync_dir(self.wal_dir)
         except OSError as exc:
             self._abandon(tmp, path, fd)
-            if exc.errno == errno.ENOSPC:
+            if exc.errno in DISK_FULL_ERRNOS:
                 raise DiskFullError(path) from None
             raise self._poison(path, f"cannot create segment: {exc.strerror or exc}") from None
         failpoints.hit("after_segment_create")

@@ -33,14 +33,6 @@ from agentwal.testing.workload import Oracle, Workload, drive, read_all
 SECONDS = float(os.environ.get("AGENTWAL_TORTURE_SECONDS", "0"))
 SEEDS = 2
 
-_MAPPING_BUG = ("BUG: EFBIG/EDQUOT are not treated as a full disk: wal/writer.py "
-                "(_undo_write, _rotate) and store._io_error map only ENOSPC to DiskFullError, "
-                "so a file-size limit or quota poisons the writer with DurabilityError")
-_LMDB_MAPPING_BUG = ("BUG: snapshot.Snapshot._translate maps an lmdb.Error to DiskFullError "
-                     "only by the text 'No space', not by its errno (lmdb.Error.code) "
-                     "EFBIG/EDQUOT/ENOSPC")
-
-
 def failures(results: list[Result]) -> list[str]:
     return [f"{r.line()}  [{r.repro}]" for r in results if not r.ok]
 
@@ -57,14 +49,14 @@ def test_full_disk_at_every_place_loses_nothing(tmp_path: Path) -> None:
     assert {r.case.split("/")[0] for r in results} == set(ENOSPC_PLACES)
 
 
-@pytest.mark.xfail(strict=True, reason=_MAPPING_BUG)
+# Regression: EFBIG/EDQUOT used to stop the writer (DurabilityError) instead of
+# being a full disk (DiskFullError, nothing acknowledged, the store keeps working).
 @pytest.mark.parametrize("place", ["create-segment", "rotation", "big-value"])
 def test_file_size_limit_on_the_wal_is_disk_full(tmp_path: Path, place: str) -> None:
     result = enospc_case(str(tmp_path), "strict", place, strict=True)
     assert result.ok, result.line()
 
 
-@pytest.mark.xfail(strict=True, reason=_LMDB_MAPPING_BUG)
 def test_file_size_limit_on_lmdb_is_disk_full(tmp_path: Path) -> None:
     result = enospc_case(str(tmp_path), "strict", "create-lmdb", strict=True)
     assert result.ok, result.line()
@@ -110,10 +102,8 @@ def _fill_and_recover(path: str, code: int) -> None:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 @pytest.mark.parametrize("code", [
     pytest.param(errno.ENOSPC, id="ENOSPC"),
-    pytest.param(errno.EDQUOT, id="EDQUOT",
-                 marks=pytest.mark.xfail(strict=True, reason=_MAPPING_BUG)),
-    pytest.param(errno.EFBIG, id="EFBIG",
-                 marks=pytest.mark.xfail(strict=True, reason=_MAPPING_BUG)),
+    pytest.param(errno.EDQUOT, id="EDQUOT"),
+    pytest.param(errno.EFBIG, id="EFBIG"),
 ])
 def test_no_space_errnos_are_disk_full_and_the_store_recovers(path: str, code: int) -> None:
     _fill_and_recover(path, code)
