@@ -59,6 +59,7 @@ __all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file"]
 _U64 = struct.Struct(">Q")
 _CRC = struct.Struct("<I")
 _LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_DATA_VERSION = 1
 _DEFAULT_MAP = (1 << 40) if sys.maxsize > 2**32 else (1 << 30)
 _DATA = "data.mdb"
 
@@ -70,7 +71,9 @@ class RunInfo:
     number: int
     head: int
     head_hash: bytes
-    count: int
+    count: int  # checkpoints folded
+    keys: int = 0  # keys in the run's folded state
+    digest: int = 0  # XOR of those entries' CRCs: a missing or stale entry changes it
 
 
 def _crc(key: bytes, data: bytes) -> int:
@@ -101,9 +104,12 @@ def check_lmdb_file(path: str) -> None:
     if len(head) < 160:
         raise CorruptionError(path, 0, f"LMDB file is {size} bytes, shorter than a meta page")
     # Page 0 holds a meta; its header is 16 bytes, then MDB_meta.
-    magic, _version = struct.unpack_from("<II", head, 16)
+    magic, version = struct.unpack_from("<II", head, 16)
     if magic != _LMDB_MAGIC:
         raise CorruptionError(path, 16, "not an LMDB file (bad meta magic)")
+    if version != _LMDB_DATA_VERSION:
+        raise CorruptionError(path, 20, f"LMDB data version {version}, expected "
+                              f"{_LMDB_DATA_VERSION}")
     # mm_dbs[0].md_pad holds the page size (offset 16 + 4 + 4 + 8 + 8 = 40).
     (psize,) = struct.unpack_from("<I", head, 40)
     if psize < 512 or psize > 65536 or psize & (psize - 1):
@@ -113,8 +119,8 @@ def check_lmdb_file(path: str) -> None:
     best: tuple[int, int] | None = None
     for page in (0, 1):
         base = page * psize + 16
-        m, _v = struct.unpack_from("<II", head, base)
-        if m != _LMDB_MAGIC:
+        m, v = struct.unpack_from("<II", head, base)
+        if m != _LMDB_MAGIC or v != _LMDB_DATA_VERSION:
             raise CorruptionError(path, base, f"LMDB meta page {page} is damaged")
         last_pg, txnid = struct.unpack_from("<QQ", head, base + 120)
         if best is None or txnid > best[1]:
@@ -149,15 +155,23 @@ class Snapshot:
 
     # -- errors -------------------------------------------------------------------
 
-    def _translate(self, exc: Exception, what: str) -> Exception:
+    def _translate(self, exc: Exception, what: str, *, reading: bool = False) -> Exception:
+        """The agentwal error for an ``lmdb.Error``.
+
+        Reading goes through the memory map, where I/O cannot fail with an
+        error code: any failure while reading is damage to the file.
+        """
         path = os.path.join(self.directory, _DATA)
         if isinstance(exc, lmdb.ReadonlyError):
             return ReadOnlyError(self.directory)
         if (isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc)
                 or getattr(exc, "code", None) in DISK_FULL_ERRNOS):
             return DiskFullError(path)
-        if isinstance(exc, (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError,
-                            lmdb.VersionMismatchError, lmdb.BadValsizeError, lmdb.NotFoundError)):
+        if reading or isinstance(exc, (lmdb.CorruptedError, lmdb.InvalidError,
+                                       lmdb.PageNotFoundError, lmdb.VersionMismatchError,
+                                       lmdb.BadValsizeError, lmdb.NotFoundError,
+                                       lmdb.BadDbiError, lmdb.BadTxnError,
+                                       lmdb.IncompatibleError)):
             return CorruptionError(path, None, f"{what}: {exc}")
         return DurabilityError(path, f"{what}: {exc}")
 
@@ -225,7 +239,7 @@ class Snapshot:
         try:
             yield
         except lmdb.Error as exc:
-            raise self._translate(exc, f"cannot read {what}") from None
+            raise self._translate(exc, f"cannot read {what}", reading=True) from None
 
     def run_info(self, txn: Any, run: str) -> RunInfo | None:
         """The folded head of ``run``, or None."""
@@ -233,11 +247,11 @@ class Snapshot:
             obj = self._load(run.encode(), txn.get(run.encode(), db=self._runs), f"run {run!r}")
         if obj is None:
             return None
-        if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[0], int)
-                and isinstance(obj[1], int) and isinstance(obj[2], bytes)
-                and isinstance(obj[3], int)):
+        if not (isinstance(obj, list) and len(obj) == 6
+                and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
+                and isinstance(obj[2], bytes)):
             raise self._corrupt(f"run record of {run!r} is malformed")
-        return RunInfo(obj[0], obj[1], obj[2], obj[3])
+        return RunInfo(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5])
 
     def runs(self, txn: Any) -> list[str]:
         """Every folded run id (each record's checksum verified)."""
@@ -255,20 +269,33 @@ class Snapshot:
             k = _U64.pack(run_no) + key.encode()
             return self._open(k, txn.get(k, db=self._state), f"value of key {key!r}")
 
-    def items(self, txn: Any, run_no: int, prefix: str = "") -> Iterator[tuple[str, bytes]]:
-        """``(key, value bytes)`` of a run in key order, optionally under ``prefix``."""
-        start = _U64.pack(run_no) + prefix.encode()
+    def items(self, txn: Any, info: RunInfo, prefix: str = "") -> dict[str, bytes]:
+        """``{key: value bytes}`` of a run, optionally only keys under ``prefix``.
+
+        A whole-run scan is checked against the run record's key count and
+        digest, so an entry whose key was damaged (and now sorts elsewhere) or
+        a stale page is reported instead of silently missing.
+        """
+        start = _U64.pack(info.number) + prefix.encode()
+        out: dict[str, bytes] = {}
+        digest = 0
         with self._reading("a run's keys"), txn.cursor(db=self._state) as cur:
-            if not cur.set_range(start):
-                return
-            for k, v in cur.iternext():
-                k = bytes(k)
+            found = cur.set_range(start)
+            while found:
+                k, v = bytes(cur.key()), cur.value()
                 if not k.startswith(start):
-                    return
+                    self._open(k, v, "the entry after a run's keys")  # damage sorts here too
+                    break
                 key = k[8:].decode("utf-8", "replace")
                 data = self._open(k, v, f"value of key {key!r}")
                 assert data is not None
-                yield key, data
+                out[key] = data
+                digest ^= _CRC.unpack_from(v)[0]
+                found = cur.next()
+        if not prefix and (len(out) != info.keys or digest != info.digest):
+            raise self._corrupt(f"run #{info.number} holds {len(out)} readable keys (digest "
+                                f"{digest:08x}); its record says {info.keys} ({info.digest:08x})")
+        return out
 
     def checkpoint(self, txn: Any, run: str, run_no: int, cid: int) -> Checkpoint | None:
         """One folded checkpoint, or None."""
@@ -286,10 +313,22 @@ class Snapshot:
                     return
             elif not cur.prev():
                 return
+            expect: int | None = None
             for k, v in cur.iterprev():
                 if not bytes(k).startswith(base):
+                    self._open(bytes(k), v, "the entry before a run's checkpoints")
+                    if expect is not None and expect != 0:
+                        raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, "
+                                            "not at 1")
                     return
-                yield self._ckpt_from(run, self._load(bytes(k), v, f"checkpoint of {run!r}"))
+                c = self._ckpt_from(run, self._load(bytes(k), v, f"checkpoint of {run!r}"))
+                if expect is not None and c.id != expect:
+                    raise self._corrupt(f"checkpoint {expect} of {run!r} is missing "
+                                        f"(found {c.id})")
+                expect = c.id - 1
+                yield c
+            if expect is not None and expect != 0:
+                raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, not at 1")
 
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
         if not (isinstance(obj, list) and len(obj) == 7):
@@ -358,17 +397,25 @@ class Snapshot:
         for fr in runs:
             info = self.run_info(txn, fr.run)
             if info is None:
-                number, count = next_run, 0
+                number, count, nkeys, digest = next_run, 0, 0, 0
                 next_run += 1
             else:
-                number, count = info.number, info.count
+                number, count, nkeys, digest = info.number, info.count, info.keys, info.digest
             base = _U64.pack(number)
             for key, value in fr.writes.items():
                 k = base + key.encode()
+                old = txn.get(k, db=self._state)
+                if old is not None:
+                    self._open(k, old, f"value of key {key!r}")  # never fold over damage
+                    nkeys -= 1
+                    digest ^= _CRC.unpack_from(old)[0]
                 if value is None:
                     txn.delete(k, db=self._state)
                 else:
-                    txn.put(k, _seal(k, value), db=self._state)
+                    sealed = _seal(k, value)
+                    txn.put(k, sealed, db=self._state)
+                    nkeys += 1
+                    digest ^= _CRC.unpack_from(sealed)[0]
             for c, hsh, meta_raw in fr.checkpoints:
                 rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
                        list(c.origin) if c.origin else None]
@@ -377,7 +424,7 @@ class Snapshot:
             head, head_hash, _meta = fr.checkpoints[-1]
             count += len(fr.checkpoints)
             rk = fr.run.encode()
-            txn.put(rk, _seal(rk, cbor2.dumps([number, head.id, head_hash, count])),
+            txn.put(rk, _seal(rk, cbor2.dumps([number, head.id, head_hash, count, nkeys, digest])),
                     db=self._runs)
         for name, value in ((b"next_run", _U64.pack(next_run)), (b"store_id", store_id.bytes),
                             (b"applied_lsn", _U64.pack(applied_lsn))):
@@ -453,6 +500,12 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             # Handles opened in their own (committed) transaction stay valid.
             dbs = tuple(env.open_db(name, create=writable)
                         for name in (b"meta", b"runs", b"state", b"ckpt"))
+            with env.begin() as txn:
+                for name, db in zip((b"meta", b"runs", b"state", b"ckpt"), dbs, strict=True):
+                    flags = db.flags(txn)  # type: ignore[call-arg]
+                    if any(flags.values()):  # created plain: a set flag is a damaged record
+                        raise CorruptionError(os.path.join(directory, _DATA), None,
+                                              f"database {name.decode()} has flags {flags}")
         except BaseException:
             env.close()
             raise

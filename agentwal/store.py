@@ -364,7 +364,7 @@ class Store:
         if info is not None:
             assert self._snap is not None
             snap = self._snap
-            out.update(self._lmdb(view, lambda t: dict(snap.items(t, info.number, prefix))))
+            out.update(self._lmdb(view, lambda t: snap.items(t, info, prefix)))
         for layer in reversed(view.layers):
             for key, value in layer.visible(run, view.snap).items():
                 if key.startswith(prefix):
@@ -383,7 +383,12 @@ class Store:
             return None
         assert self._snap is not None
         snap = self._snap
-        return self._lmdb(view, lambda t: snap.checkpoint(t, run, info.number, info.head))
+        head = self._lmdb(view, lambda t: snap.checkpoint(t, run, info.number, info.head))
+        if head is None:
+            raise CorruptionError(os.path.join(snap.directory, "data.mdb"), None,
+                                  f"run {run!r} names head checkpoint {info.head}, which is "
+                                  "missing")
+        return head
 
     def _with_view(self, fn: Callable[[_View], T]) -> T:
         view = self._view()

@@ -73,8 +73,10 @@ def bench_root() -> str:
     if chosen:
         os.makedirs(chosen, exist_ok=True)
         if fs_type(chosen) in RAM_FILESYSTEMS:
-            raise SystemExit(f"AGENTWAL_BENCH_DIR={chosen} is on {fs_type(chosen)}: fsync is "
-                             "free there, so durable-commit figures would be meaningless")
+            raise SystemExit(
+                f"AGENTWAL_BENCH_DIR={chosen} is on {fs_type(chosen)}: fsync is "
+                "free there, so durable-commit figures would be meaningless"
+            )
         return chosen
     tmp = tempfile.gettempdir()
     if fs_type(tmp) not in RAM_FILESYSTEMS:
@@ -102,8 +104,9 @@ def values(n: int = 16, size: int = VALUE_BYTES, seed: int = 1) -> list[bytes]:
     return [rnd.randbytes(size) for _ in range(n)]
 
 
-def build_wal_store(path: str, wal_bytes: int, *, value_bytes: int = VALUE_BYTES,
-                    runs: int = 8) -> dict[str, Any]:
+def build_wal_store(
+    path: str, wal_bytes: int, *, value_bytes: int = VALUE_BYTES, runs: int = 8
+) -> dict[str, Any]:
     """A store whose WAL holds ``wal_bytes`` of records never folded, left as after a crash.
 
     Built with ``durability="none"`` (the bytes on disk are the same; the
@@ -155,8 +158,11 @@ def build_history_store(path: str, checkpoints: int, *, runs: int = 10) -> dict[
         stats = store.stats()
     finally:
         store.close()
-    return {"checkpoints": stats.get("checkpoints", checkpoints),
-            "lmdb_bytes": stats.get("lmdb_bytes"), "build_seconds": time.perf_counter() - t0}
+    return {
+        "checkpoints": stats.get("checkpoints", checkpoints),
+        "lmdb_bytes": stats.get("lmdb_bytes"),
+        "build_seconds": time.perf_counter() - t0,
+    }
 
 
 def evict_page_cache(path: str) -> None:

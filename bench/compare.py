@@ -19,6 +19,8 @@ transaction, and — where the system offers it — durable when it returns):
 - SQLite (stdlib ``sqlite3``), ``journal_mode=WAL``, ``synchronous=FULL``,
   one ``INSERT OR REPLACE`` per ``BEGIN``/``COMMIT``;
 - LMDB (py-lmdb), ``sync=True``, one ``put`` per write transaction;
+- for reference (no goal): SQLite as above with 8 writer threads, one
+  connection each (SQLite serialises writers, one fsync per commit);
 - open (recovery) time of a store whose WAL holds 64 MiB of unfolded records,
   with the page cache warm (a process crash) and with the store's pages
   evicted (closer to a reboot);
@@ -71,8 +73,13 @@ WARMUP = 50
 # (label, numerator, denominator, goal, direction): ratio = num / den, met if >= goal
 # (direction "max": the figure itself must be <= goal).
 GOALS: list[tuple[str, str, str | None, float, str]] = [
-    ("1-thread sync vs raw append+fdatasync", "agentwal_sync_1t", "raw_append_fdatasync",
-     1.0, "min"),
+    (
+        "1-thread sync vs raw append+fdatasync",
+        "agentwal_sync_1t",
+        "raw_append_fdatasync",
+        1.0,
+        "min",
+    ),
     ("1-thread sync vs SQLite WAL FULL", "agentwal_sync_1t", "sqlite_wal_full", 1.5, "min"),
     ("1-thread sync vs LMDB sync", "agentwal_sync_1t", "lmdb_sync", 1.5, "min"),
     ("8-thread sync vs 1-thread sync", "agentwal_sync_8t", "agentwal_sync_1t", 2.0, "min"),
@@ -82,6 +89,18 @@ GOALS: list[tuple[str, str, str | None, float, str]] = [
     ("open, 100k vs 1k checkpoints", "open_100k_ckpt_s", "open_1k_ckpt_s", 1.3, "max"),
 ]
 
+
+# Ratios reported beside the goals, without a target of their own.
+REFERENCE: list[tuple[str, str, str]] = [
+    ("8-thread sync vs SQLite FULL 8 threads", "agentwal_sync_8t", "sqlite_wal_full_8t"),
+    (
+        "raw overwrite vs SQLite FULL (a WAL's ceiling)",
+        "raw_overwrite_fdatasync",
+        "sqlite_wal_full",
+    ),
+    ("raw overwrite vs raw append", "raw_overwrite_fdatasync", "raw_append_fdatasync"),
+    ("1-thread sync vs raw overwrite", "agentwal_sync_1t", "raw_overwrite_fdatasync"),
+]
 
 # -- throughput loops -------------------------------------------------------------------------
 # Each returns (operations, seconds, extra); the caller turns them into a rate.
@@ -110,6 +129,7 @@ def agentwal_commits(durability: str, threads: int, seconds: float) -> Result:
         store = agentwal.open(os.path.join(d, "s.awal"), durability=durability)
         try:
             if threads == 1:
+
                 def op(i: int) -> None:
                     with store.begin("run-0") as txn:
                         txn.put("value", vals[i % len(vals)])
@@ -120,14 +140,19 @@ def agentwal_commits(durability: str, threads: int, seconds: float) -> Result:
             st = store.stats()
         finally:
             store.close()
-    extra = {"syncs": st["syncs"], "batches": st["batches"], "commits_total": st["commits"],
-             "folds": st["folds"],
-             "commits_per_sync": round(st["commits"] / max(1, st["syncs"]), 2)}
+    extra = {
+        "syncs": st["syncs"],
+        "batches": st["batches"],
+        "commits_total": st["commits"],
+        "folds": st["folds"],
+        "commits_per_sync": round(st["commits"] / max(1, st["syncs"]), 2),
+    }
     return n, dt, extra
 
 
-def _threaded_commits(store: agentwal.Store, threads: int, seconds: float,
-                      vals: list[bytes]) -> tuple[int, float]:
+def _threaded_commits(
+    store: agentwal.Store, threads: int, seconds: float, vals: list[bytes]
+) -> tuple[int, float]:
     counts = [0] * threads
     errors: list[BaseException] = []
     ready = threading.Barrier(threads + 1)
@@ -170,6 +195,7 @@ def raw_append(seconds: float) -> Result:
     with scratch_dir() as d:
         fd = os.open(os.path.join(d, "raw.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
+
             def op(i: int) -> None:
                 os.write(fd, vals[i % len(vals)])
                 os.fdatasync(fd)
@@ -203,20 +229,30 @@ def raw_overwrite(seconds: float) -> Result:
     return n, dt, {}
 
 
+def _sqlite_open(path: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, timeout=60)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
+
+
 def sqlite_full(seconds: float) -> Result:
     vals = values()
     with scratch_dir() as d:
-        db = sqlite3.connect(os.path.join(d, "s.db"), isolation_level=None)
+        db = _sqlite_open(os.path.join(d, "s.db"))
         try:
-            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key))"
-                       " WITHOUT ROWID")
+            mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+            db.execute(
+                "CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key))"
+                " WITHOUT ROWID"
+            )
 
             def op(i: int) -> None:
                 db.execute("BEGIN")
-                db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)",
-                           ("run-0", "value", vals[i % len(vals)]))
+                db.execute(
+                    "INSERT OR REPLACE INTO kv VALUES (?, ?, ?)",
+                    ("run-0", "value", vals[i % len(vals)]),
+                )
                 db.execute("COMMIT")
 
             n, dt = _timed_loop(op, seconds)
@@ -225,12 +261,68 @@ def sqlite_full(seconds: float) -> Result:
     return n, dt, {"journal_mode": mode, "sqlite": sqlite3.sqlite_version}
 
 
+def sqlite_full_threads(seconds: float, threads: int = 8) -> Result:
+    """SQLite as above, ``threads`` writers with a connection each (SQLite serialises them)."""
+    vals = values()
+    with scratch_dir() as d:
+        path = os.path.join(d, "s.db")
+        db = _sqlite_open(path)
+        db.execute(
+            "CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key)) WITHOUT ROWID"
+        )
+        db.close()
+        counts = [0] * threads
+        errors: list[BaseException] = []
+        ready = threading.Barrier(threads + 1)
+        stop = threading.Event()
+
+        def worker(k: int) -> None:
+            try:
+                conn = _sqlite_open(path)
+            except BaseException as exc:
+                errors.append(exc)
+                ready.abort()
+                return
+            try:
+                ready.wait()
+                i = 0
+                while not stop.is_set():
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute(
+                        "INSERT OR REPLACE INTO kv VALUES (?, ?, ?)",
+                        (f"run-{k}", "value", vals[(i + k) % len(vals)]),
+                    )
+                    conn.execute("COMMIT")
+                    i += 1
+                counts[k] = i
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                conn.close()
+
+        ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
+        for t in ts:
+            t.start()
+        ready.wait()
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        stop.set()
+        for t in ts:
+            t.join()
+        dt = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+    return sum(counts), dt, {}
+
+
 def lmdb_sync(seconds: float) -> Result:
     vals = values()
     with scratch_dir() as d:
-        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 30, sync=True, metasync=True,
-                        writemap=False)
+        env = lmdb.open(
+            os.path.join(d, "lmdb"), map_size=1 << 30, sync=True, metasync=True, writemap=False
+        )
         try:
+
             def op(i: int) -> None:
                 with env.begin(write=True) as txn:
                     txn.put(b"run-0/value", vals[i % len(vals)])
@@ -247,7 +339,8 @@ def lmdb_sync(seconds: float) -> Result:
 def open_wal(path: str, warm: int, cold: int) -> dict[str, Any]:
     """Open (replay) a crashed store ``warm`` times with a warm cache and ``cold`` times cold."""
     out: dict[str, Any] = {"warm_s": [], "cold_s": []}
-    open_and_release(path)  # the build's pages are hot; make the first warm open like the rest
+    if warm > 2:  # a first open so that every timed warm open follows another one
+        open_and_release(path)
     for _ in range(warm):
         dt, rec = open_and_release(path)
         out["warm_s"].append(dt)
@@ -279,8 +372,34 @@ THROUGHPUT: list[tuple[str, str, Callable[[float], Result]]] = [
     ("raw_append_fdatasync", "raw append + fdatasync", raw_append),
     ("raw_overwrite_fdatasync", "raw overwrite (preallocated) + fdatasync", raw_overwrite),
     ("sqlite_wal_full", "SQLite WAL, synchronous=FULL", sqlite_full),
+    ("sqlite_wal_full_8t", "SQLite WAL FULL, 8 threads (reference)", sqlite_full_threads),
     ("lmdb_sync", "LMDB sync=True", lmdb_sync),
 ]
+
+
+def _revision() -> str:
+    """The git commit of the checkout, with ``+dirty`` if ``agentwal/`` has local edits."""
+    import subprocess
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "agentwal"],
+            cwd=here,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev or "unknown") + ("+dirty" if dirty else "")
 
 
 def environment() -> dict[str, Any]:
@@ -294,11 +413,18 @@ def environment() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
-            "python": platform.python_version(), "bench_dir": root,
-            "bench_fs": fs_type(root), "sqlite": sqlite3.sqlite_version,
-            "lmdb": ".".join(map(str, lmdb.version())),
-            "agentwal": getattr(agentwal, "__version__", "?")}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "kernel": platform.release(),
+        "revision": _revision(),
+        "python": platform.python_version(),
+        "bench_dir": root,
+        "bench_fs": fs_type(root),
+        "sqlite": sqlite3.sqlite_version,
+        "lmdb": ".".join(map(str, lmdb.version())),
+        "agentwal": getattr(agentwal, "__version__", "?"),
+    }
 
 
 def _paired(samples: dict[str, list[float]], num: str, den: str) -> float:
@@ -306,14 +432,21 @@ def _paired(samples: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(a / b for a, b in zip(samples[num], samples[den], strict=True))
 
 
-def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: int,
-        hist_opens: int, log: Callable[[str], None],
-        wal_value_bytes: int = RECORD) -> dict[str, Any]:
+def run(
+    seconds: float,
+    rounds: int,
+    do_open: bool,
+    wal_opens: int,
+    cold_opens: int,
+    hist_opens: int,
+    log: Callable[[str], None],
+    wal_value_bytes: int = RECORD,
+) -> dict[str, Any]:
     load_before = os.getloadavg()
     samples: dict[str, list[float]] = {k: [] for k, _, _ in THROUGHPUT}
     extras: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in THROUGHPUT}
     for r in range(rounds):
-        order = THROUGHPUT[r % len(THROUGHPUT):] + THROUGHPUT[: r % len(THROUGHPUT)]
+        order = THROUGHPUT[r % len(THROUGHPUT) :] + THROUGHPUT[: r % len(THROUGHPUT)]
         for key, label, fn in order:
             n, dt, extra = fn(seconds)
             samples[key].append(n / dt)
@@ -325,38 +458,65 @@ def run(seconds: float, rounds: int, do_open: bool, wal_opens: int, cold_opens: 
         with scratch_dir() as d:
             wal_path = os.path.join(d, "wal64.awal")
             built = build_wal_store(wal_path, WAL_BYTES, value_bytes=wal_value_bytes)
-            log(f"built a {built['wal_bytes'] / MIB:.1f} MiB WAL ({built['commits']:,} commits) "
-                f"in {built['build_seconds']:.1f} s")
+            log(
+                f"built a {built['wal_bytes'] / MIB:.1f} MiB WAL ({built['commits']:,} commits) "
+                f"in {built['build_seconds']:.1f} s"
+            )
             ow = open_wal(wal_path, wal_opens, cold_opens)
             figures["open_wal_64mib_warm_s"] = statistics.median(ow["warm_s"])
             if ow["cold_s"]:
                 figures["open_wal_64mib_cold_s"] = statistics.median(ow["cold_s"])
             detail["open_wal"] = {**built, **ow, "value_bytes": wal_value_bytes}
-            log(f"open with 64 MiB WAL: warm {_fmt_list(ow['warm_s'])}, "
-                f"cold {_fmt_list(ow['cold_s'])}")
+            log(
+                f"open with 64 MiB WAL: warm {_fmt_list(ow['warm_s'])}, "
+                f"cold {_fmt_list(ow['cold_s'])}"
+            )
         with scratch_dir() as d:
             few, many = os.path.join(d, "few.awal"), os.path.join(d, "many.awal")
             b1 = build_history_store(few, FEW_CHECKPOINTS)
             b2 = build_history_store(many, MANY_CHECKPOINTS)
-            log(f"built history stores in {b1['build_seconds']:.1f} s and "
-                f"{b2['build_seconds']:.1f} s")
+            log(
+                f"built history stores in {b1['build_seconds']:.1f} s and "
+                f"{b2['build_seconds']:.1f} s"
+            )
             oh = open_history(few, many, hist_opens)
             figures["open_1k_ckpt_s"] = statistics.median(oh["few"])
             figures["open_100k_ckpt_s"] = statistics.median(oh["many"])
             samples["open_1k_ckpt_s"], samples["open_100k_ckpt_s"] = oh["few"], oh["many"]
-            detail["open_history"] = {"few": {**b1, "open_s": oh["few"]},
-                                      "many": {**b2, "open_s": oh["many"]}}
+            detail["open_history"] = {
+                "few": {**b1, "open_s": oh["few"]},
+                "many": {**b2, "open_s": oh["many"]},
+            }
     goals = []
     for label, num, den, goal, direction in GOALS:
         if num not in figures or (den is not None and den not in figures):
             continue
         value = _paired(samples, num, den) if den is not None else figures[num]
         met = value >= goal if direction == "min" else value <= goal
-        goals.append({"goal": label, "value": value, "target": goal,
-                      "direction": ">=" if direction == "min" else "<=", "met": met})
+        goals.append(
+            {
+                "goal": label,
+                "value": value,
+                "target": goal,
+                "direction": ">=" if direction == "min" else "<=",
+                "met": met,
+            }
+        )
+    reference = [
+        {"ratio": label, "value": _paired(samples, num, den)}
+        for label, num, den in REFERENCE
+        if num in samples and den in samples
+    ]
     env = {**environment(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
-    return {"environment": env, "seconds": seconds, "rounds": rounds,
-            "figures": figures, "goals": goals, "detail": detail}
+    return {
+        "environment": env,
+        "seconds": seconds,
+        "rounds": rounds,
+        "figures": figures,
+        "goals": goals,
+        "reference": reference,
+        "detail": detail,
+    }
 
 
 def _fmt_list(xs: list[float]) -> str:
@@ -365,11 +525,14 @@ def _fmt_list(xs: list[float]) -> str:
 
 def print_table(res: dict[str, Any]) -> None:
     env, figs = res["environment"], res["figures"]
-    print(f"\nagentwal {env['agentwal']} on {env['cpus']} x {env['cpu_model']}, Linux "
-          f"{env['kernel']}, Python {env['python']}; stores in {env['bench_dir']} "
-          f"({env['bench_fs']}); {res['rounds']} round(s) x {res['seconds']:g} s, medians; "
-          f"load average {env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} "
-          "after\n")
+    print(
+        f"\nagentwal {env['agentwal']} ({env.get('revision', '?')}) on {env['cpus']} x "
+        f"{env['cpu_model']}, Linux "
+        f"{env['kernel']}, Python {env['python']}; stores in {env['bench_dir']} "
+        f"({env['bench_fs']}); {res['rounds']} round(s) x {res['seconds']:g} s, medians; "
+        f"load average {env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} "
+        "after\n"
+    )
     print(f"{'commits/s (1 KiB value)':<44}{'median':>12}{'min':>10}{'max':>10}")
     for key, label, _ in THROUGHPUT:
         s = res["detail"]["samples"][key]
@@ -381,8 +544,10 @@ def print_table(res: dict[str, Any]) -> None:
     if "open_wal_64mib_warm_s" in figs:
         ow = res["detail"]["open_wal"]
         print(f"\n{'open / recovery':<44}{'median s':>12}")
-        print(f"{'64 MiB WAL, warm cache':<44}{figs['open_wal_64mib_warm_s']:>12.3f}"
-              f"   ({ow['replayed']:,} records of {ow['value_bytes']:,} B values)")
+        print(
+            f"{'64 MiB WAL, warm cache':<44}{figs['open_wal_64mib_warm_s']:>12.3f}"
+            f"   ({ow['replayed']:,} records of {ow['value_bytes']:,} B values)"
+        )
         if "open_wal_64mib_cold_s" in figs:
             print(f"{'64 MiB WAL, store pages evicted':<44}{figs['open_wal_64mib_cold_s']:>12.3f}")
         print(f"{'1,000 folded checkpoints':<44}{figs['open_1k_ckpt_s']:>12.4f}")
@@ -393,20 +558,36 @@ def print_table(res: dict[str, Any]) -> None:
         value = f"{g['value']:,.2f}{unit}" if g["value"] < 1000 else f"{g['value']:,.0f}"
         target = f"{g['direction']} {g['target']:g}{unit}"
         print(f"{g['goal']:<44}{value:>12}{target:>12}  {'yes' if g['met'] else 'NO'}")
+    if res.get("reference"):
+        print(f"\n{'reference ratio (no goal)':<50}{'value':>6}")
+        for ref in res["reference"]:
+            print(f"{ref['ratio']:<50}{ref['value']:>5.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=None,
-                    help="seconds per throughput slice (default 2, --quick 1)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="interleaved rounds; figures are medians (default 9, --quick 2)")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="seconds per throughput slice (default 2, --quick 1)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds; figures are medians (default 9, --quick 2)",
+    )
     ap.add_argument("--quick", action="store_true", help="short run (about a minute)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--no-open", action="store_true", help="skip the open/recovery measurements")
-    ap.add_argument("--wal-value-bytes", type=int, default=RECORD,
-                    help="value size of the commits in the 64 MiB WAL (default 1024; "
-                    "smaller values mean more records to replay)")
+    ap.add_argument(
+        "--wal-value-bytes",
+        type=int,
+        default=RECORD,
+        help="value size of the commits in the 64 MiB WAL (default 1024; "
+        "smaller values mean more records to replay)",
+    )
     args = ap.parse_args(argv)
     seconds = args.seconds or (1.0 if args.quick else 2.0)
     rounds = args.rounds or (2 if args.quick else 9)
@@ -416,10 +597,16 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    res = run(seconds, rounds, not args.no_open,
-              wal_opens=2 if args.quick else 5, cold_opens=1 if args.quick else 3,
-              hist_opens=10 if args.quick else 30, log=log,
-              wal_value_bytes=args.wal_value_bytes)
+    res = run(
+        seconds,
+        rounds,
+        not args.no_open,
+        wal_opens=2 if args.quick else 5,
+        cold_opens=1 if args.quick else 3,
+        hist_opens=10 if args.quick else 30,
+        log=log,
+        wal_value_bytes=args.wal_value_bytes,
+    )
     if args.json:
         json.dump(res, sys.stdout, indent=2, default=str)
         print()

@@ -29,6 +29,7 @@ import argparse
 import collections
 import cProfile
 import functools
+import importlib
 import os
 import pstats
 import sys
@@ -39,31 +40,71 @@ from typing import Any
 from benchlib import scratch_dir, values
 
 import agentwal
-from agentwal import codec, memtable, txn
-from agentwal import io as aio
-from agentwal import store as store_mod
-from agentwal.wal import writer as writer_mod
 
-# (depth, label, owner, attribute): the commit path as a tree, outermost first.
-STAGES: list[tuple[int, str, Any, str]] = [
-    (0, "Transaction.commit (validate, log, publish)", txn.Transaction, "commit"),
-    (1, "encode_delta: CBOR + sha256 + zstd attempt", store_mod, "encode_delta"),
-    (2, "zstd compress attempt", None, "zstd"),
-    (1, "checkpoint_hash (canonical CBOR + sha256)", store_mod, "checkpoint_hash"),
-    (1, "encode_commit (CBOR of the record)", store_mod, "encode_commit"),
-    (1, "_validate (OCC)", store_mod.Store, "_validate"),
-    (1, "_drive (group commit: wait or lead)", store_mod.Store, "_drive"),
-    (2, "_lead (leader: write, sync, publish)", store_mod.Store, "_lead"),
-    (3, "Writer.append (frame + write)", writer_mod.Writer, "append"),
-    (4, "os.pwrite", aio.OsFileSystem, "pwrite"),
-    (4, "segment rotation (preallocate 16 MiB)", writer_mod.Writer, "_rotate"),
-    (3, "Writer.sync", writer_mod.Writer, "sync"),
-    (4, "fdatasync", aio.OsFileSystem, "fsync"),
-    (3, "Memtable.apply (publish)", memtable.Memtable, "apply"),
-    (1, "_txn_release (end the read view)", store_mod.Store, "_txn_release"),
-    (0, "Store.begin (read view + LMDB read txn)", store_mod.Store, "begin"),
-    (0, "Transaction.put (check key, CBOR value)", txn.Transaction, "put"),
+# (depth, label, candidates): the commit path as a tree, outermost first. A
+# candidate is "module:Attr" or "module:Class.attr"; every one that exists is
+# wrapped (a function imported by name into several modules is wrapped in each,
+# only one of them is on the path). The engine moves code between modules, so
+# each stage lists where it has lived.
+STAGES: list[tuple[int, str, list[str]]] = [
+    (0, "Transaction.commit (validate, log, publish)", ["agentwal.txn:Transaction.commit"]),
+    (
+        1,
+        "encode_delta: CBOR + sha256 + zstd attempt",
+        ["agentwal.commit:encode_delta", "agentwal.store:encode_delta"],
+    ),
+    (2, "zstd compress attempt", ["zstd"]),
+    (
+        1,
+        "checkpoint_hash (canonical CBOR + sha256)",
+        ["agentwal.commit:checkpoint_hash", "agentwal.store:checkpoint_hash"],
+    ),
+    (
+        1,
+        "encode_commit (CBOR of the record)",
+        ["agentwal.commit:encode_commit", "agentwal.store:encode_commit"],
+    ),
+    (1, "encode_meta", ["agentwal.commit:encode_meta"]),
+    (
+        1,
+        "_validate (OCC)",
+        ["agentwal.commit:CommitPipeline._validate", "agentwal.store:Store._validate"],
+    ),
+    (
+        1,
+        "_drive (group commit: wait or lead)",
+        ["agentwal.commit:CommitPipeline._drive", "agentwal.store:Store._drive"],
+    ),
+    (
+        2,
+        "lead (leader: write, sync, publish)",
+        ["agentwal.commit:CommitPipeline.lead", "agentwal.store:Store._lead"],
+    ),
+    (3, "Writer.append (frame + write)", ["agentwal.wal.writer:Writer.append"]),
+    (4, "os.pwrite", ["agentwal.io:OsFileSystem.pwrite"]),
+    (4, "segment rotation (preallocate)", ["agentwal.wal.writer:Writer._rotate"]),
+    (3, "Writer.sync", ["agentwal.wal.writer:Writer.sync"]),
+    (4, "fdatasync", ["agentwal.io:OsFileSystem.fsync"]),
+    (3, "Memtable.apply (publish)", ["agentwal.memtable:Memtable.apply"]),
+    (1, "_txn_release (end the read view)", ["agentwal.store:Store._txn_release"]),
+    (0, "Store.begin (read view + LMDB read txn)", ["agentwal.store:Store.begin"]),
+    (0, "Transaction.put (check key, CBOR value)", ["agentwal.txn:Transaction.put"]),
 ]
+
+
+def resolve(spec: str) -> tuple[Any, str] | None:
+    """``"module:Class.attr"`` -> (owner object, attribute name), or None if absent."""
+    mod_name, _, path = spec.partition(":")
+    try:
+        owner: Any = importlib.import_module(mod_name)
+    except ImportError:
+        return None
+    *parents, attr = path.split(".")
+    for name in parents:
+        owner = getattr(owner, name, None)
+        if owner is None:
+            return None
+    return (owner, attr) if callable(getattr(owner, attr, None)) else None
 
 
 class Timers:
@@ -91,6 +132,7 @@ class Timers:
         return True
 
     def wrap_zstd(self, label: str) -> bool:
+        codec = importlib.import_module("agentwal.codec")
         get = getattr(codec, "_compressor", None)
         if get is None:
             return False
@@ -120,8 +162,9 @@ class Timers:
         return True
 
 
-def workload(store: agentwal.Store, threads: int, commits: int, seconds: float | None,
-             vals: list[bytes]) -> tuple[int, float]:
+def workload(
+    store: agentwal.Store, threads: int, commits: int, seconds: float | None, vals: list[bytes]
+) -> tuple[int, float]:
     """Commit ``commits`` times per thread (or for ``seconds``); returns (commits, wall)."""
     counts = [0] * threads
     stop = threading.Event()
@@ -166,20 +209,33 @@ def main(argv: list[str] | None = None) -> int:
         s = fresh(d, "plain.awal")
         n, wall = workload(s, args.threads, args.commits, args.seconds, vals)
         s.close()
-        print(f"{args.durability}, {args.threads} thread(s), {args.value_bytes} B values: "
-              f"{n:,} commits, {n / wall:,.0f} commits/s, {wall / n * 1e6:.1f} us/commit "
-              "(plain)")
+        print(
+            f"{args.durability}, {args.threads} thread(s), {args.value_bytes} B values: "
+            f"{n:,} commits, {n / wall:,.0f} commits/s, {wall / n * 1e6:.1f} us/commit "
+            "(plain)"
+        )
 
         timers = Timers()
         done_at: dict[int, float] = {}
         handoff: list[float] = []
         wrapped = []
-        for depth, label, owner, attr in STAGES:
-            ok = timers.wrap_zstd(label) if owner is None else timers.wrap(owner, attr, label)
+        for depth, label, candidates in STAGES:
+            ok = False
+            for spec in candidates:
+                if spec == "zstd":
+                    ok = timers.wrap_zstd(label) or ok
+                    continue
+                found = resolve(spec)
+                if found is not None:
+                    ok = timers.wrap(found[0], found[1], label) or ok
             if ok:
                 wrapped.append((depth, label))
-        if args.threads > 1:  # hand-off: publish of a commit -> its committer returns
-            apply, drive = memtable.Memtable.apply, store_mod.Store._drive
+        drive_at = resolve("agentwal.commit:CommitPipeline._drive") or resolve(
+            "agentwal.store:Store._drive"
+        )
+        apply_at = resolve("agentwal.memtable:Memtable.apply")
+        if args.threads > 1 and drive_at and apply_at:  # hand-off: published -> returns
+            apply, drive = getattr(*apply_at), getattr(*drive_at)
 
             def apply_hook(self: Any, lsn: int, *a: Any, **k: Any) -> Any:
                 done_at[lsn] = time.perf_counter()
@@ -192,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                     if pc.lsn in done_at:
                         handoff.append(time.perf_counter() - done_at[pc.lsn])
 
-            memtable.Memtable.apply = apply_hook
-            store_mod.Store._drive = drive_hook
+            setattr(*apply_at, apply_hook)
+            setattr(*drive_at, drive_hook)
         s = fresh(d, "timed.awal")
         timers.total.clear()
         timers.calls.clear()
@@ -206,11 +262,16 @@ def main(argv: list[str] | None = None) -> int:
         st = s.stats()
         s.close()
 
-    print(f"instrumented: {n:,} commits, {wall / n * 1e6:.1f} us/commit wall; "
-          f"{st['commits'] / max(1, st['syncs']):.2f} commits per fdatasync"
-          if st["syncs"] else f"instrumented: {n:,} commits, {wall / n * 1e6:.1f} us/commit")
-    print(f"\n{'stage (inclusive, summed over threads)':<56}{'us/commit':>10}{'calls':>9}"
-          f"{'us/call':>10}")
+    print(
+        f"instrumented: {n:,} commits, {wall / n * 1e6:.1f} us/commit wall; "
+        f"{st['commits'] / max(1, st['syncs']):.2f} commits per fdatasync"
+        if st["syncs"]
+        else f"instrumented: {n:,} commits, {wall / n * 1e6:.1f} us/commit"
+    )
+    print(
+        f"\n{'stage (inclusive, summed over threads)':<56}{'us/commit':>10}{'calls':>9}"
+        f"{'us/call':>10}"
+    )
     for depth, label in wrapped:
         c = timers.calls[label]
         if not c:
@@ -222,10 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ndisk busy (inside fdatasync): {fsync / wall * 100:.0f}% of wall time")
     if handoff:
         handoff.sort()
-        q = {p: handoff[min(len(handoff) - 1, int(p * len(handoff)))] * 1e6
-             for p in (0.5, 0.9, 0.99)}
-        print(f"published -> commit() returns: p50 {q[0.5]:.0f} us, p90 {q[0.9]:.0f} us, "
-              f"p99 {q[0.99]:.0f} us")
+        q = {
+            p: handoff[min(len(handoff) - 1, int(p * len(handoff)))] * 1e6 for p in (0.5, 0.9, 0.99)
+        }
+        print(
+            f"published -> commit() returns: p50 {q[0.5]:.0f} us, p90 {q[0.9]:.0f} us, "
+            f"p99 {q[0.99]:.0f} us"
+        )
     if prof:
         print()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)

@@ -49,15 +49,17 @@ def _time_open(benchmark, path: str, rounds: int) -> None:
 
 @pytest.mark.parametrize("wal_mib", [1, 8, 64])
 def test_open_vs_wal_size(benchmark, module_scratch, wal_mib):
-    path = _store(module_scratch, f"wal-{wal_mib}.awal",
-                  lambda p: build_wal_store(p, wal_mib * MIB))
+    path = _store(
+        module_scratch, f"wal-{wal_mib}.awal", lambda p: build_wal_store(p, wal_mib * MIB)
+    )
     benchmark.extra_info.update(_built[f"wal-{wal_mib}.awal"])
     _time_open(benchmark, path, rounds=20 if wal_mib < 64 else 5)
 
 
 @pytest.mark.parametrize("checkpoints", [1_000, 100_000])
 def test_open_vs_history(benchmark, module_scratch, checkpoints):
-    path = _store(module_scratch, f"hist-{checkpoints}.awal",
-                  lambda p: build_history_store(p, checkpoints))
+    path = _store(
+        module_scratch, f"hist-{checkpoints}.awal", lambda p: build_history_store(p, checkpoints)
+    )
     benchmark.extra_info.update(_built[f"hist-{checkpoints}.awal"])
     _time_open(benchmark, path, rounds=30)
