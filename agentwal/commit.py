@@ -40,7 +40,7 @@ from typing import Any
 from . import failpoints
 from .codec import CommitRecord, checkpoint_hash, encode_commit, encode_delta, encode_meta
 from .errors import ConflictError, DurabilityError, Error, UnencodableValueError
-from .format import MAX_RECORD_PAYLOAD, REC_COMMIT
+from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_RECORD_PAYLOAD, REC_COMMIT
 from .types import Checkpoint, Durability
 from .wal import PendingRecord, Writer
 
@@ -78,7 +78,11 @@ class CommitPipeline:
         self.writer = writer
         self.durability = durability
         self.lock = lock  # the store's lock
-        self.flush_lock = threading.Lock()  # one leader at a time
+        self.flush_lock = threading.Lock()  # one writer of the log at a time
+        self._done = threading.Condition(lock)  # a batch was published or failed
+        self._leading = False  # a committer is leading a batch
+        self._zstd_misses = 0  # recent compression attempts that did not help
+        self._zstd_skip = 0  # commits left before compression is tried again
         self.next_lsn = next_lsn
         self.heads = heads  # run -> (id, hash) of its latest assigned checkpoint
         self.last_write: dict[str, dict[str, int]] = {}
@@ -97,7 +101,10 @@ class CommitPipeline:
         Raises:
             ConflictError, UnencodableValueError, DiskFullError, DurabilityError.
         """
-        blob, flags, digest = encode_delta(delta)
+        try_zstd = self._zstd_skip <= 0
+        blob, flags, digest = encode_delta(delta, compress=try_zstd)
+        self._learn_compression(
+            try_zstd and (bool(flags & FLAG_ZSTD) or len(blob) >= COMPRESS_THRESHOLD), flags)
         meta_raw = encode_meta(meta)
         if len(blob) > MAX_RECORD_PAYLOAD - 65536:
             raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
@@ -129,6 +136,21 @@ class CommitPipeline:
         self._drive(pc)
         return ckpt
 
+    def _learn_compression(self, tried: bool, flags: int) -> None:
+        """Stop trying zstd for a while when it keeps not helping (random or packed data).
+
+        Unsynchronised on purpose: a lost update only changes how soon the next
+        attempt happens, never what is written.
+        """
+        if not tried:
+            self._zstd_skip -= 1
+        elif flags & FLAG_ZSTD:
+            self._zstd_misses = 0
+        else:
+            self._zstd_misses += 1
+            if self._zstd_misses >= 8:
+                self._zstd_misses, self._zstd_skip = 0, 64
+
     def _validate(self, run: str, snap: int, keys: Any, prefixes: set[str]) -> None:
         writes = self.last_write.get(run)
         if not writes:
@@ -146,10 +168,26 @@ class CommitPipeline:
     # -- group commit ---------------------------------------------------------------
 
     def _drive(self, pc: Pending) -> None:
-        """Make ``pc`` durable and visible, leading a batch if nobody else is."""
-        with self.flush_lock:
-            if pc.state == "queued":
-                self.lead()
+        """Make ``pc`` durable and visible, leading a batch if nobody else is.
+
+        A committer whose record a leader is already writing waits on a
+        condition, not on ``flush_lock``, so it returns as soon as its batch
+        is published instead of after the *next* batch's fsync.
+        """
+        with self.lock:
+            while pc.state == "queued" and self._leading:
+                self._done.wait()
+            lead = pc.state == "queued"
+            if lead:
+                self._leading = True
+        if lead:
+            try:
+                with self.flush_lock:
+                    self.lead()
+            finally:
+                with self.lock:
+                    self._leading = False
+                    self._done.notify_all()
         if pc.state == "failed":
             assert pc.error is not None
             raise pc.error
@@ -181,6 +219,7 @@ class CommitPipeline:
             self.counters["batches"] += 1
             if self.last_write and self.counters["commits"] % 512 == 0:
                 self._prune_last_write()
+            self._done.notify_all()
         failpoints.hit("after_publish")
 
     def _fail_queued(self, batch: list[Pending], exc: BaseException) -> None:
@@ -202,6 +241,7 @@ class CommitPipeline:
                         writes[k] = old
                 p.state, p.error = "failed", exc
             self.next_lsn = doomed[0].lsn
+            self._done.notify_all()
 
     def _prune_last_write(self) -> None:
         oldest = self._oldest()

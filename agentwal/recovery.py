@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import failpoints
-from .codec import CodecError, CommitRecord, decode_commit, decode_delta
+from .codec import CodecError, CommitRecord, decode_commit, decode_delta, decode_meta
 from .errors import CorruptionError
 from .format import REC_COMMIT, SEGMENT_SUFFIX, TMP_SUFFIX
 from .io import FileSystem, write_all
@@ -52,6 +53,7 @@ class Replayed:
 
     lsn: int
     record: CommitRecord
+    meta: dict[str, Any]
     delta: dict[str, bytes | None]
 
 
@@ -76,10 +78,11 @@ def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
         raise CorruptionError(seg.path, offset, f"record LSN {lsn} has unknown type {rtype}")
     try:
         rec = decode_commit(payload)
+        meta = decode_meta(rec.meta)
         delta = decode_delta(rec.delta, flags)
     except CodecError as exc:
         raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
-    return Replayed(lsn, rec, delta)
+    return Replayed(lsn, rec, meta, delta)
 
 
 def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Plan:

@@ -27,16 +27,18 @@ read transaction.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .codec import decode_meta, decode_stored
+from .codec import decode_stored
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .errors import (
@@ -152,6 +154,31 @@ def _io_error(exc: OSError, path: str, what: str) -> Error:
     return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (restoring its previous state after)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _replay(plan: Plan) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
+    """A memtable holding the replayed records, and each replayed run's head."""
+    mem = Memtable()
+    heads: dict[str, tuple[int, bytes]] = {}
+    for r in plan.records:
+        rec = r.record
+        ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
+                          rec.hash.hex(), rec.origin)
+        mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn)
+        heads[rec.run] = (rec.id, rec.hash)
+    return mem, heads
+
+
 class Store:
     """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
 
@@ -227,15 +254,9 @@ class Store:
     def _load(self, wal_dir: str) -> None:
         """Pin the LMDB base, replay the WAL after it, and set up the writer."""
         assert self._snap is not None
-        ltxn, applied, plan = self._read_base(wal_dir)
-        mem = Memtable()
-        heads: dict[str, tuple[int, bytes]] = {}
-        for r in plan.records:
-            rec = r.record
-            ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at,
-                              decode_meta(rec.meta), rec.hash.hex(), rec.origin)
-            mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn)
-            heads[rec.run] = (rec.id, rec.hash)
+        with _gc_paused():  # replay makes many objects that all live on: skip the scans
+            ltxn, applied, plan = self._read_base(wal_dir)
+            mem, heads = _replay(plan)
         with self._lock:
             old, self._ro_txn = self._ro_txn, (ltxn if self.readonly else None)
             self._active = mem

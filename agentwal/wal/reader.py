@@ -37,6 +37,8 @@ from .frame import Frame, SegmentHeader, parse_header, try_frame
 
 __all__ = ["Scan", "SegmentFile", "list_segments", "read_segment", "scan_segment"]
 
+_NONZERO = re.compile(b"[^\x00]")
+
 # Bytes 24..27 of a plausible frame header: type, flags, two zero bytes.
 _CANDIDATE = re.compile(
     b"(?=["
@@ -99,9 +101,9 @@ def scan_segment(data: bytes, header: SegmentHeader) -> Scan:
         frames.append(f)
         off = f.end
         expected += 1
-    dirty_end = len(data[off:].rstrip(b"\x00")) + off
-    if dirty_end == off:
+    if _NONZERO.search(data, off) is None:  # the zero preallocation (no copy made)
         return Scan(frames, off, "clean", "", off)
+    dirty_end = len(data.rstrip(b"\x00"))
     later = _later_frames(data, off + 1, header.salt, expected)
     proof = next((f for f in later if f.synced_lsn >= expected), None)
     if proof is not None:

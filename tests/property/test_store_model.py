@@ -58,14 +58,12 @@ from hypothesis.stateful import (
 import agentwal
 from agentwal import (
     ConflictError,
-    CorruptionError,
     RunNotFoundError,
     StoreClosedError,
     TransactionClosedError,
     UnencodableValueError,
     failpoints,
 )
-from agentwal.codec import CodecError
 
 RUNS = ("r1", "r2", "r3")
 KEYS = ("a", "ab", "b/1", "b/2", "c", "ü/ключ")
@@ -692,7 +690,8 @@ def test_accepted_meta_never_bricks_the_store(tmp_path: Path, name: str, how: st
 
 @pytest.mark.parametrize("name", sorted(UNREADABLE))
 @pytest.mark.parametrize("how", ["crash", "close"])
-def test_accepted_meta_never_bricks_the_store_regression(tmp_path: Path, name: str, how: str) -> None:
+def test_accepted_meta_never_bricks_the_store_regression(tmp_path: Path, name: str,
+                                                         how: str) -> None:
     _meta_then_reopen(tmp_path / "s.awal", UNREADABLE[name], how)
 
 

@@ -54,3 +54,19 @@ def test_decode_stored_turns_damage_into_corruption_error() -> None:
     with pytest.raises(agentwal.CorruptionError) as ei:
         codec.decode_stored(b"\x9f\x01", "/some/store", "value of 'r'/'k'")
     assert ei.value.path == "/some/store"
+
+
+def test_compression_is_skipped_for_a_while_when_it_never_helps(store: agentwal.Store) -> None:
+    import random
+
+    rng = random.Random(1)
+    pipe = store._pipe
+    assert pipe is not None
+    for _ in range(8):  # incompressible deltas: every attempt is wasted
+        with store.begin("r") as txn:
+            txn["noise"] = rng.randbytes(2000)
+    assert pipe._zstd_skip == 64
+    with store.begin("r") as txn:
+        txn["text"] = "abc" * 1000  # compressible, but inside the pause: stored plain
+    assert pipe._zstd_skip == 63
+    assert store.get("r", "text") == "abc" * 1000
