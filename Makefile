@@ -18,11 +18,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
 
+# The whole suite with the crash tiers' timed loops stretched (about 5 extra minutes).
 test-all: $(STAMP)
-	$(PY) -m pytest tests -p no:cacheprovider
+	AGENTWAL_TORTURE_SECONDS=$${AGENTWAL_TORTURE_SECONDS:-60} $(PY) -m pytest tests -p no:cacheprovider
 
+# Every fault-injection tier for TORTURE_SECONDS (default 600) in .torture/.
+TORTURE_SECONDS ?= 600
 torture: $(STAMP)
-	AGENTWAL_TORTURE_SECONDS=$${AGENTWAL_TORTURE_SECONDS:-600} $(PY) -m pytest tests/crash -m "slow or not slow" -p no:cacheprovider
+	$(VENV)/bin/agentwal torture .torture --seconds $(TORTURE_SECONDS) --seed $${SEED:-1}
 
 bench: $(STAMP)
 	$(PY) -m pytest bench -p no:cacheprovider --benchmark-only
@@ -40,4 +43,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix agentwal tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .benchmarks demo.awal build dist *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal build dist *.egg-info

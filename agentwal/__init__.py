@@ -31,6 +31,7 @@ from .errors import (
     RunNotFoundError,
     StoreClosedError,
     StoreLockedError,
+    TooManyReadersError,
     TransactionClosedError,
     UnencodableValueError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "StoreLockedError",
+    "TooManyReadersError",
     "Transaction",
     "TransactionClosedError",
     "UnencodableValueError",

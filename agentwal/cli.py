@@ -82,6 +82,10 @@ def reports_errors(fn: F) -> F:
         except Error as exc:
             click.echo(f"error [{exc.code}]: {exc}", err=True)
             sys.exit(1)
+        except OSError as exc:  # e.g. a segment removed by a writer while we read
+            click.echo(f"error [io]: {exc.strerror or exc}: {exc.filename or ''}. Check the "
+                       "path, or retry if a writer was folding.", err=True)
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -254,62 +258,111 @@ def _wal_records(path: str, limit: int | None) -> tuple[list[dict[str, Any]], li
 
 # -- torture ----------------------------------------------------------------------------
 
-TIERS = ("sim", "sweep")
+TIERS = ("sim", "sweep", "kill", "enospc", "corrupt")
+
+
+def _seeds(seed: str) -> Iterator[str]:
+    """The given seed first (so a printed seed reproduces its case), then derived ones."""
+    yield seed
+    n = 1
+    while True:
+        yield f"{seed}-{n}"
+        n += 1
+
+
+def _tier_runner(tier: str, directory: str, seed: str, opts: dict[str, Any],
+                 deadline: float) -> Iterator[Any]:
+    """Results of one tier until ``deadline`` (or, for ``--count``, until that many)."""
+    from .testing import corrupt, proc, tiers
+
+    def until_deadline() -> Iterator[str]:
+        for s in _seeds(seed):
+            if time.monotonic() >= deadline:
+                return
+            yield s
+
+    if tier == "sim":
+        for s in until_deadline():
+            for m in ([opts["model"]] if opts["model"] else tiers.MODELS):
+                yield from tiers.power_cut_rounds(directory, s, m, durability=opts["durability"])
+    elif tier == "sweep":
+        for s in until_deadline():
+            yield from tiers.sweep(directory, s)
+    elif tier == "kill":
+        for s in until_deadline():
+            yield from proc.kill_rounds(directory, s, durability=opts["durability"],
+                                        deadline=deadline)
+    elif tier == "enospc":
+        places = [opts["case"]] if opts["case"] else list(proc.ENOSPC_PLACES)
+        for s in until_deadline():
+            for place in places:
+                yield proc.enospc_case(directory, s, place)
+    elif tier == "corrupt":
+        kinds = {"checked": corrupt.CHECKED_KINDS, "structural": corrupt.LMDB_STRUCTURAL_KINDS,
+                 "all": corrupt.DAMAGE_KINDS}[opts["kinds"]]
+        if opts["count"]:
+            yield from corrupt.corrupt_cases(directory, seed, count=opts["count"], kinds=kinds)
+        else:
+            yield from corrupt.corrupt_cases(directory, seed, count=1, deadline=deadline,
+                                             kinds=kinds)
 
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="How long to run, shared between the tiers.")
-@click.option("--seed", default="1", show_default=True, help="Seed of every case (reproducible).")
+              help="How long to run, shared equally between the chosen tiers.")
+@click.option("--seed", default="1", show_default=True,
+              help="Seed of the first case of each tier; later cases use SEED-1, SEED-2...")
 @click.option("--tier", "tiers", type=click.Choice([*TIERS, "all"]), multiple=True,
               default=("all",), show_default=True, help="Which tiers to run (repeatable).")
 @click.option("--model", type=click.Choice(["strict", "prefix", "reorder"]), default=None,
-              help="sim tier: only this power-cut model.")
+              help="sim: only this power-cut model.")
 @click.option("--durability", type=click.Choice(["sync", "async", "none"]), default="sync",
-              show_default=True, help="sim tier: the store's durability mode.")
+              show_default=True, help="sim and kill: the store's durability mode.")
+@click.option("--case", default=None, help="enospc: only this place (e.g. rotation, fold).")
+@click.option("--kinds", type=click.Choice(["checked", "structural", "all"]), default="checked",
+              show_default=True, help="corrupt: which damage kinds.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="corrupt: run exactly this many cases (reproduces case COUNT-1).")
 def torture(directory: str, seconds: float, seed: str, tiers: tuple[str, ...],
-            model: str | None, durability: str) -> None:
+            model: str | None, durability: str, case: str | None, kinds: str,
+            count: int | None) -> None:
     """Run the fault-injection harness against DIRECTORY (on the disk you want to test).
 
-    Tiers: sim (simulated power cuts: strict, prefix and reorder models, several
-    crash/recover rounds per seed), sweep (a power cut before every I/O
-    operation of a short workload). Every case is seeded; a failure prints its
-    seed and a command that reproduces it. Ends with a summary table and
+    \b
+    Tiers:
+      sim      simulated power cuts (strict, prefix, reorder), several rounds per seed
+      sweep    a power cut before every I/O operation of a five-commit workload
+      kill     SIGKILL a child after an ack, inside a commit, at random, in recovery
+      enospc   a child under a file-size limit commits until the disk is "full"
+      corrupt  damaged copies of stores (WAL, LMDB, CONTROL) opened in a child
+
+    Every case is seeded and judged by an oracle; a failure prints its seed and
+    a command that reproduces it. Ends with a table per tier and a last line
     "N passed, M failed"; exits 1 if any case failed.
     """
-    from .testing.tiers import MODELS, Result, power_cut_rounds, sweep
+    from .testing import proc
 
+    if case is not None and case not in proc.ENOSPC_PLACES:
+        raise click.BadParameter(f"choose from {', '.join(proc.ENOSPC_PLACES)}",
+                                 param_hint="--case")
     os.makedirs(directory, mode=0o700, exist_ok=True)
     chosen = list(TIERS) if "all" in tiers else list(dict.fromkeys(tiers))
+    opts = {"model": model, "durability": durability, "case": case, "kinds": kinds,
+            "count": count}
     share = seconds / len(chosen)
-    results: list[Result] = []
+    results: list[Any] = []
     started = time.monotonic()
-
-    def sim(deadline: float) -> Iterator[Result]:
-        n = 0
-        while time.monotonic() < deadline:
-            for m in ([model] if model else MODELS):
-                yield from power_cut_rounds(directory, f"{seed}-{n}", m, durability=durability)
-            n += 1
-
-    def sweeps(deadline: float) -> Iterator[Result]:
-        n = 0
-        while time.monotonic() < deadline:
-            yield from sweep(directory, f"{seed}-{n}")
-            n += 1
-
-    runners = {"sim": sim, "sweep": sweeps}
     with click.progressbar(length=int(seconds), label="torture", show_eta=True,
                            file=sys.stderr) as bar:
         for i, tier in enumerate(chosen):
             deadline = started + share * (i + 1)
-            for result in runners[tier](deadline):
+            for result in _tier_runner(tier, directory, seed, opts, deadline):
                 results.append(result)
                 if not result.ok:
                     click.echo(f"\n{result.line()}\n  seed {result.seed}; reproduce: "
                                f"{result.repro.replace('DIR', directory)}", err=True)
-                bar.update(int(time.monotonic() - started) - bar.pos)
+                bar.update(min(int(seconds), int(time.monotonic() - started)) - bar.pos)
         bar.update(int(seconds) - bar.pos)
     _summary(results)
     if any(not r.ok for r in results):

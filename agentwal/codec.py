@@ -13,7 +13,7 @@ A commit payload is one CBOR array::
     [run, id, parent, created_at, meta, hash(32 bytes), origin, delta]
 
 where ``meta`` is the CBOR-encoded metadata map as a byte string (hashed as
-it is stored, so ``verify`` can recompute the hash from the disk bytes) and
+it is stored, so the hash can be recomputed from the bytes on disk) and
 ``delta`` is the CBOR map ``{key: value-bytes | None}`` (None deletes),
 zstd-compressed when the frame's ``FLAG_ZSTD`` is set. Keeping the delta as
 its own byte string lets committers encode and compress it outside the
@@ -77,7 +77,7 @@ def _decompressor() -> Any:
 
 #: Deepest container nesting a value may have when stored. The decoder allows
 #: MAX_CBOR_DEPTH; a set costs two levels (tag and array), a leaf such as a
-#: Decimal up to two more, and meta sits one level down in its record.
+#: Decimal up to two more; the rest is margin.
 MAX_VALUE_DEPTH = MAX_CBOR_DEPTH - 8
 _SEQUENCES = (list, tuple)
 _SETS = (set, frozenset)
@@ -187,6 +187,9 @@ def encode_delta(delta: Delta, *, compress: bool = True) -> tuple[bytes, int, by
     when ``compress`` is true and that makes them at least 1/16 smaller.
     """
     raw = bytes(cbor2.dumps(delta))
+    if len(raw) > MAX_DECOMPRESSED:  # recovery would refuse to inflate it
+        raise UnencodableValueError("<commit>", f"the change is {len(raw)} bytes, over the "
+                                    f"{MAX_DECOMPRESSED} byte limit; split it across commits")
     digest = hashlib.sha256(raw).digest()
     if compress and len(raw) >= COMPRESS_THRESHOLD:
         packed = _compressor().compress(raw)

@@ -19,8 +19,9 @@ reads, writes or read prefixes were written after its snapshot LSN raises
 
 *Failure*: if a write or sync fails, every queued commit fails, and the LSN
 counter, run heads and ``last_write`` are put back as they were, so the next
-commit continues the log exactly where the durable part ends. ENOSPC leaves
-the writer usable (:class:`DiskFullError`); anything else stops it
+commit continues the log exactly where the durable part ends. No room
+(ENOSPC, EDQUOT, EFBIG) leaves the writer usable (:class:`DiskFullError`);
+anything else stops it
 (:class:`DurabilityError`); an exception that is not ours (a failpoint, a
 simulated power cut) stops it too, since the batch's fate is unknown.
 
@@ -39,7 +40,13 @@ from typing import Any
 
 from . import failpoints
 from .codec import CommitRecord, checkpoint_hash, encode_commit, encode_delta, encode_meta
-from .errors import ConflictError, DurabilityError, Error, UnencodableValueError
+from .errors import (
+    ConflictError,
+    DurabilityError,
+    Error,
+    StoreClosedError,
+    UnencodableValueError,
+)
 from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_RECORD_PAYLOAD, REC_COMMIT
 from .types import Checkpoint, Durability
 from .wal import PendingRecord, Writer
@@ -87,6 +94,8 @@ class CommitPipeline:
         self.heads = heads  # run -> (id, hash) of its latest assigned checkpoint
         self.last_write: dict[str, dict[str, int]] = {}
         self.pending: list[Pending] = []
+        self.closed = False  # set by the store, under the lock, when it closes
+        self._since_prune = 0  # commits published since last_write was last pruned
         self.counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0}
         self._head_of = head_of
         self._publish = publish
@@ -106,12 +115,16 @@ class CommitPipeline:
         self._learn_compression(
             try_zstd and (bool(flags & FLAG_ZSTD) or len(blob) >= COMPRESS_THRESHOLD), flags)
         meta_raw = encode_meta(meta)
-        if len(blob) > MAX_RECORD_PAYLOAD - 65536:
-            raise UnencodableValueError("<commit>", f"the commit's change is {len(blob)} bytes "
-                                        f"encoded, over the {MAX_RECORD_PAYLOAD} byte record "
-                                        "limit; split it across several commits")
+        size = len(blob) + len(meta_raw)
+        if size > MAX_RECORD_PAYLOAD - 65536:
+            raise UnencodableValueError("<commit>", f"the commit is {size} bytes encoded, "
+                                        f"over the {MAX_RECORD_PAYLOAD} byte record limit; "
+                                        "split it across several commits")
         created = time.time()
+        failpoints.hit("commit_after_encode")
         with self.lock:
+            if self.closed:
+                raise StoreClosedError(self.path)
             if self.writer.broken is not None:
                 raise self.writer.broken
             self._validate(run, snap, delta.keys() | reads, prefixes)
@@ -132,7 +145,6 @@ class CommitPipeline:
             self.heads[run] = (cid, hsh)
             self.next_lsn = lsn + 1
             self.pending.append(pc)
-        failpoints.hit("commit_after_encode")
         self._drive(pc)
         return ckpt
 
@@ -217,7 +229,9 @@ class CommitPipeline:
             self._publish(batch)
             self.counters["commits"] += len(batch)
             self.counters["batches"] += 1
-            if self.last_write and self.counters["commits"] % 512 == 0:
+            self._since_prune += len(batch)
+            if self._since_prune >= 512:  # batches step over multiples: count instead
+                self._since_prune = 0
                 self._prune_last_write()
             self._done.notify_all()
         failpoints.hit("after_publish")

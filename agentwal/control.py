@@ -67,7 +67,11 @@ def read_control(fs: FileSystem, directory: str) -> Control | None:
         sid = uuid.UUID(bytes=obj["store_id"])
     except ValueError:
         raise CorruptionError(path, 12, "store id is malformed") from None
-    return Control(sid, FORMAT_VERSION, float(obj.get("created_at", 0.0)))
+    created = obj.get("created_at", 0.0)
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not (
+            0 <= created < 1e12):
+        raise CorruptionError(path, 12, "creation time is malformed")
+    return Control(sid, FORMAT_VERSION, float(created))
 
 
 def create_control(fs: FileSystem, directory: str) -> Control:

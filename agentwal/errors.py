@@ -12,6 +12,8 @@ This module imports nothing from the rest of the package.
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
     "CheckpointNotFoundError",
     "ConflictError",
@@ -28,6 +30,7 @@ __all__ = [
     "RunNotFoundError",
     "StoreClosedError",
     "StoreLockedError",
+    "TooManyReadersError",
     "TransactionClosedError",
     "UnencodableValueError",
 ]
@@ -69,7 +72,10 @@ class StoreLockedError(Error):
     def __init__(self, path: str, pid: int | None) -> None:
         self.path = path
         self.pid = pid
-        holder = f"process {pid}" if pid else "another process"
+        if pid is not None and pid == os.getpid():
+            holder = f"this process (pid {pid}, another Store object)"
+        else:
+            holder = f"process {pid}" if pid else "another process"
         super().__init__(
             f"store {path!r} is open for writing by {holder}. Close it there, "
             "or open this one with readonly=True."
@@ -224,6 +230,19 @@ class EffectDivergenceError(Error):
     """A different effect (name or args) was requested at a position that has a record."""
 
     code = "effect_divergence"
+
+
+class TooManyReadersError(Error):
+    """Every LMDB reader slot is taken: too many transactions or reads are open at once."""
+
+    code = "too_many_readers"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path}: every reader slot is in use. Finish (commit or roll back) "
+            "transactions you no longer need, or use fewer threads at once."
+        )
 
 
 class CheckpointNotFoundError(Error, LookupError):

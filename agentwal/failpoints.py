@@ -24,7 +24,7 @@ __all__ = ["POINTS", "FailpointFired", "arm", "disarm", "hit", "hits", "names"]
 POINTS: dict[str, str] = {
     # commit path (one per committer)
     "commit_before_validate": "a commit is about to take the commit lock and validate",
-    "commit_after_encode": "the record is encoded and queued, nothing written",
+    "commit_after_encode": "the commit is encoded, not yet validated nor queued",
     # group commit (the leader that writes a batch)
     "before_wal_append": "a batch is about to be written to the segment",
     "wal_append_partial": "half of a batch's bytes are written, the rest not",

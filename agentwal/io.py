@@ -1,7 +1,7 @@
 """The I/O seam: the one place agentwal touches the operating system's files.
 
 Theory of operation: every WAL and control-file operation goes through an
-object with the methods of :class:`FileSystem` (DESIGN.md, "I/O seam").
+object with the methods of :class:`FileSystem` (the "I/O seam").
 Production uses :class:`OsFileSystem`; ``agentwal.open(path, fs=...)`` takes
 any other object with the same methods, so a test can bring a simulated disk
 (``agentwal.testing.SimulatedDisk``) that loses unsynced data on a power cut.
@@ -20,6 +20,7 @@ simulated disk lives inside one process, where the lock still stops a second
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -131,7 +132,18 @@ class OsFileSystem:
         return sorted(os.listdir(path))
 
     def mkdir(self, path: str) -> None:
-        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+        # os.makedirs gives only the leaf the mode; every directory made here is 0700.
+        missing = []
+        head = os.path.abspath(path)
+        while not os.path.isdir(head):
+            missing.append(head)
+            head = os.path.dirname(head)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, DIR_MODE)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
 
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
@@ -202,9 +214,12 @@ class WriterLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StoreLockedError(os.path.dirname(self.path), holder) from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        # The pid is for the error message of the next writer: best effort
+        # (a full disk must not keep the lock held by a store that failed to open).
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""

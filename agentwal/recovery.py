@@ -69,6 +69,7 @@ class Plan:
     zero: tuple[str, int, int] | None = None  # path, from, to
     remove: list[str] = field(default_factory=list)
     torn_bytes: int = 0
+    replayed_bytes: int = 0  # frame bytes of the records to replay
     notes: list[str] = field(default_factory=list)
 
 
@@ -121,6 +122,7 @@ def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Pla
         for f in scan.frames:
             if f.lsn >= expected:
                 p.records.append(_decode(seg, f.offset, f.lsn, f.type, f.flags, f.payload))
+                p.replayed_bytes += f.end - f.offset
                 expected = f.lsn + 1
         log_end = scan.next_lsn or seg.first_lsn
         if p.resume is not None:
@@ -173,6 +175,10 @@ def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
     """Read the log, plan, and (unless ``readonly``) repair. Returns the plan."""
     failpoints.hit("recovery_before_replay")
     segments = list_segments(fs, wal_dir) if fs.exists(wal_dir) else []
+    if applied_lsn and not segments:
+        # A store always keeps its current segment, even right after a fold.
+        raise CorruptionError(wal_dir, None, f"the log is missing: the snapshot covers LSN "
+                              f"{applied_lsn} but no segment remains")
     p = plan(segments, applied_lsn, store_id)
     if fs.exists(wal_dir):
         for name in fs.listdir(wal_dir):

@@ -50,6 +50,7 @@ from .errors import (
     DurabilityError,
     ReadOnlyError,
     StoreClosedError,
+    TooManyReadersError,
 )
 from .io import DISK_FULL_ERRNOS
 from .types import Checkpoint
@@ -164,6 +165,10 @@ class Snapshot:
         path = os.path.join(self.directory, _DATA)
         if isinstance(exc, lmdb.ReadonlyError):
             return ReadOnlyError(self.directory)
+        if "closed/deleted" in str(exc):  # the store was closed under a read
+            return StoreClosedError(os.path.dirname(self.directory))
+        if isinstance(exc, lmdb.ReadersFullError):
+            return TooManyReadersError(path)
         if (isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc)
                 or getattr(exc, "code", None) in DISK_FULL_ERRNOS):
             return DiskFullError(path)
@@ -393,7 +398,9 @@ class Snapshot:
     def _fold_into(self, txn: Any, applied_lsn: int, store_id: uuid.UUID,
                    runs: list[FoldRun]) -> None:
         raw_next = self._open(b"next_run", txn.get(b"next_run", db=self._meta), "next run number")
-        next_run = _U64.unpack(raw_next)[0] if raw_next is not None and len(raw_next) == 8 else 1
+        if raw_next is not None and len(raw_next) != 8:
+            raise self._corrupt("the next run number in the snapshot is damaged")
+        next_run = _U64.unpack(raw_next)[0] if raw_next is not None else 1
         for fr in runs:
             info = self.run_info(txn, fr.run)
             if info is None:
@@ -432,15 +439,17 @@ class Snapshot:
 
     def stats(self) -> dict[str, int]:
         """LMDB file size and entry counts."""
+        txn = self.begin_read()  # counted, so a map resize waits for it
         try:
             info = self.env.info()
             st = self.env.stat()
-            with self.env.begin() as txn:
-                counts = {name: txn.stat(db)["entries"]
-                          for name, db in (("runs", self._runs), ("state_keys", self._state),
-                                           ("checkpoints", self._ckpt))}
+            counts = {name: txn.stat(db)["entries"]
+                      for name, db in (("runs", self._runs), ("state_keys", self._state),
+                                       ("checkpoints", self._ckpt))}
         except lmdb.Error as exc:
-            raise self._translate(exc, "cannot read stats") from None
+            raise self._translate(exc, "cannot read stats", reading=True) from None
+        finally:
+            self.end_read(txn)
         path = os.path.join(self.directory, _DATA)
         return {"lmdb_bytes": os.path.getsize(path) if os.path.exists(path) else 0,
                 "lmdb_last_page": info["last_pgno"], "lmdb_page_size": st["psize"], **counts}
@@ -498,7 +507,7 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             if writable:
                 env.reader_check()
             # Handles opened in their own (committed) transaction stay valid.
-            dbs = tuple(env.open_db(name, create=writable)
+            dbs = tuple(env.open_db(name, create=not readonly)
                         for name in (b"meta", b"runs", b"state", b"ckpt"))
             with env.begin() as txn:
                 for name, db in zip((b"meta", b"runs", b"state", b"ckpt"), dbs, strict=True):
@@ -509,7 +518,7 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
         except BaseException:
             env.close()
             raise
-        if writable:
+        if not readonly:
             # LMDB syncs its files but not their names: make snapshot/ and its
             # files durable before a fold can let WAL segments go.
             _fsync_dir(directory)

@@ -27,12 +27,14 @@ read transaction.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -71,6 +73,18 @@ T = TypeVar("T")
 
 
 @dataclass
+class _Pin:
+    """A read-only store's LMDB read transaction, shared by the views taken on it.
+
+    ``refresh()`` retires it; it ends when its last view is released.
+    """
+
+    txn: Any
+    users: int = 0
+    retired: bool = False
+
+
+@dataclass
 class _View:
     """A consistent read view: everything with LSN <= ``snap``."""
 
@@ -78,6 +92,7 @@ class _View:
     layers: tuple[Memtable, ...]  # newest first
     ltxn: Any
     lock: threading.Lock | None  # read-only stores share one LMDB txn
+    pin: _Pin | None = None
     infos: dict[str, RunInfo | None] = field(default_factory=dict)
     live: bool = True
 
@@ -166,6 +181,29 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _background(ref: weakref.ref[Store], wake: threading.Condition, step: str,
+                interval: float) -> None:
+    """A store's background thread: wake (notified or every ``interval``), do ``step``."""
+    while True:
+        with wake:
+            wake.wait(interval)
+        store = ref()
+        if store is None or not getattr(store, step)():
+            return
+        del store
+
+
+def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
+                     writer: Writer | None) -> None:
+    """Finalizer of a store dropped without close(): like a crash, nothing is written."""
+    if writer is not None:
+        writer.close()
+    if snap is not None:
+        snap.close()
+    if lock is not None:
+        lock.release()
+
+
 def _replay(plan: Plan) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
     """A memtable holding the replayed records, and each replayed run's head."""
     mem = Memtable()
@@ -208,10 +246,14 @@ class Store:
         self._visible = 0
         self._applied = 0
         self._snaps: dict[int, int] = {}
-        self._ro_txn: Any = None
-        self._ro_lock = threading.Lock()
+        self._ro_pin: _Pin | None = None
+        self._ro_lock = threading.Lock()  # reads through a shared LMDB txn, one at a time
+        self._refresh_lock = threading.Lock()
+        self._dead: collections.deque[_View] = collections.deque()  # from Transaction.__del__
         self._fold_wanted = False
         self._fold_error: BaseException | None = None
+        self._fold_retry_at = 0.0  # after a failed fold, the next try waits until then
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._fold_mark = 0
         self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0}
         self._recovery: dict[str, Any] = {}
@@ -248,6 +290,9 @@ class Store:
         self._load(wal_dir)
         self._recovery["seconds"] = round(time.perf_counter() - t0, 6)
         self._closed = False
+        self._finalizer = weakref.finalize(
+            self, _release_handles, self._writer_lock, self._snap,
+            self._pipe.writer if self._pipe is not None else None)
         if not self.readonly:
             self._start_threads()
 
@@ -257,15 +302,20 @@ class Store:
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
             mem, heads = _replay(plan)
+        ended = None
         with self._lock:
-            old, self._ro_txn = self._ro_txn, (ltxn if self.readonly else None)
+            if self.readonly:
+                old, self._ro_pin = self._ro_pin, _Pin(ltxn)
+                if old is not None:
+                    old.retired = True
+                    ended = old.txn if old.users == 0 else None
             self._active = mem
             self._applied = applied
             self._visible = plan.next_lsn - 1
             self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
                                   torn_bytes=plan.torn_bytes, actions=plan.notes)
-        if old is not None:
-            self._snap.end_read(old)
+        if ended is not None:
+            self._snap.end_read(ended)
         if self.readonly:
             return
         self._snap.end_read(ltxn)
@@ -274,11 +324,14 @@ class Store:
             seg, header, end = plan.resume
             w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
         else:
-            w.start(plan.next_lsn, plan.next_number)
+            w.start(plan.next_lsn, plan.next_number, plan.earlier)
         self._pipe = CommitPipeline(self.path, w, self.durability, self._lock, plan.next_lsn,
                                     heads, self._folded_head, self._publish,
                                     self._oldest_snapshot)
-        self._fold_mark = w.bytes_written
+        # The replayed log counts toward the next fold, so a process that keeps
+        # crashing early still folds and open time stays bounded.
+        self._fold_mark = w.bytes_written - plan.replayed_bytes
+        self._fold_wanted = plan.replayed_bytes >= self.wal_max_bytes
 
     def _read_base(self, wal_dir: str) -> tuple[Any, int, Plan]:
         """An LMDB read transaction, its applied LSN, and the recovery plan after it.
@@ -313,14 +366,18 @@ class Store:
         raise AssertionError("unreachable")
 
     def _start_threads(self) -> None:
+        # The threads hold the store weakly, so a store dropped without close()
+        # is still collected, and its finalizer releases the writer lock.
         self._stop = False
-        t = threading.Thread(target=self._fold_loop, name="agentwal-fold", daemon=True)
-        self._threads.append(t)
-        t.start()
+        ref = weakref.ref(self)
+        jobs = [("agentwal-fold", "_fold_step", 1.0)]
         if self.durability is Durability.ASYNC:
-            f = threading.Thread(target=self._flush_loop, name="agentwal-flush", daemon=True)
-            self._threads.append(f)
-            f.start()
+            jobs.append(("agentwal-flush", "_flush_step", self._sync_interval))
+        for name, step, interval in jobs:
+            t = threading.Thread(target=_background, args=(ref, self._wake, step, interval),
+                                 name=name, daemon=True)
+            self._threads.append(t)
+            t.start()
 
     # -- views ----------------------------------------------------------------------
 
@@ -331,11 +388,16 @@ class Store:
     def _view(self) -> _View:
         self._check_open()
         assert self._snap is not None
+        while self._dead:  # views of transactions the garbage collector dropped
+            self._release(self._dead.popleft())
         with self._lock:
             snap = self._visible
             layers = (self._active,) if self._frozen is None else (self._active, self._frozen)
             if self.readonly:
-                view = _View(snap, layers, self._ro_txn, self._ro_lock)
+                pin = self._ro_pin
+                assert pin is not None
+                pin.users += 1
+                view = _View(snap, layers, pin.txn, self._ro_lock, pin)
             else:
                 view = _View(snap, layers, self._snap.begin_read(), None)
             self._snaps[snap] = self._snaps.get(snap, 0) + 1
@@ -345,14 +407,22 @@ class Store:
         if not view.live:
             return
         view.live = False
+        ltxn, view.ltxn = view.ltxn, None  # the LMDB reader slot is freed now, not at GC
+        ended = None
         with self._lock:
             n = self._snaps.get(view.snap, 0) - 1
             if n <= 0:
                 self._snaps.pop(view.snap, None)
             else:
                 self._snaps[view.snap] = n
-        if view.lock is None and self._snap is not None:
-            self._snap.end_read(view.ltxn)
+            if view.pin is None:
+                ended = ltxn
+            else:
+                view.pin.users -= 1
+                if view.pin.retired and view.pin.users == 0:
+                    ended = view.pin.txn
+        if ended is not None and self._snap is not None:
+            self._snap.end_read(ended)
 
     def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
         if view.lock is None:
@@ -449,6 +519,10 @@ class Store:
     def _txn_release(self, txn: Transaction) -> None:
         self._release(txn._view)
 
+    def _txn_abandon(self, txn: Transaction) -> None:
+        """A transaction was garbage-collected unfinished; takes no lock (GC runs anywhere)."""
+        self._dead.append(txn._view)
+
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
         self._check_open()
         run, view, pipe = txn.run, txn._view, self._pipe
@@ -494,7 +568,8 @@ class Store:
             self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
             self._visible = p.lsn
         assert self._pipe is not None
-        if self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes:
+        if (self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes
+                and time.monotonic() >= self._fold_retry_at):
             self._fold_wanted = True
             self._wake.notify_all()
 
@@ -508,40 +583,39 @@ class Store:
         if self._pipe is not None:
             self._pipe.sync()
 
-    def _flush_loop(self) -> None:
+    def _flush_step(self) -> bool:
+        """Async mode's background flush; False once the thread should stop."""
         pipe = self._pipe
-        assert pipe is not None
-        while True:
-            with self._lock:
-                self._wake.wait(self._sync_interval)
-                if self._stop:
-                    return
-            try:
-                with pipe.flush_lock:
-                    if pipe.writer.broken is None:
-                        pipe.sync_written()
-            except Error:
-                continue  # the writer is stopped; commits report it
-            except BaseException:
-                return
+        if pipe is None or self._stop:
+            return False
+        try:
+            with pipe.flush_lock:
+                if pipe.writer.broken is None and not pipe.writer.closed:
+                    pipe.sync_written()
+        except Error:
+            pass  # the writer is stopped; commits report it
+        return True
 
     # -- folding ------------------------------------------------------------------------
 
-    def _fold_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._fold_wanted and not self._stop:
-                    self._wake.wait()
-                if self._stop:
-                    return
-                self._fold_wanted = False
-            try:
-                self._fold()
-            except Error as exc:
-                self._fold_error = exc
-            except BaseException as exc:
-                self._fold_error = exc
-                return
+    def _fold_step(self) -> bool:
+        """The fold thread's work when woken; False once the thread should stop."""
+        with self._lock:
+            if self._stop:
+                return False
+            if not self._fold_wanted:
+                return True
+            self._fold_wanted = False
+        try:
+            self._fold()
+            self._fold_error = None
+        except Error as exc:
+            self._fold_error = exc
+            self._fold_retry_at = time.monotonic() + 1.0  # not on every batch
+        except BaseException as exc:
+            self._fold_error = exc
+            return False
+        return True
 
     def snapshot(self) -> None:
         """Fold the WAL into LMDB now and remove the segments it covers.
@@ -557,6 +631,7 @@ class Store:
         if self.readonly:
             raise ReadOnlyError(self.path)
         self._fold()
+        self._fold()  # a frozen table left by a failed fold goes first: fold the rest too
 
     def _fold(self) -> None:
         assert self._snap is not None and self._pipe is not None
@@ -601,7 +676,9 @@ class Store:
     def _grow_map(self, full: MapFull) -> None:
         """Double LMDB's map; needs every read transaction of this process closed."""
         assert self._snap is not None
-        with self._lock:  # no new view can begin while we wait and resize
+        # Wait (lock released between looks) until no read is open, then resize
+        # while holding the lock, so no view can begin between the look and the resize.
+        with self._lock:
             deadline = time.monotonic() + 5.0
             while self._snap.readers() and time.monotonic() < deadline:
                 self._lock.release()
@@ -647,7 +724,7 @@ class Store:
         check_key(run, "run id")
         return self._with_view(lambda v: self._head(v, run))
 
-    def history(self, run: str, limit: int | None = None) -> list[Checkpoint]:
+    def history(self, run: str, *, limit: int | None = None) -> list[Checkpoint]:
         """The run's checkpoints, newest first (at most ``limit``)."""
         check_key(run, "run id")
         if limit is not None and limit < 0:
@@ -703,7 +780,7 @@ class Store:
         self._check_open()
         if not self.readonly:
             return
-        with self._ro_lock:  # on failure the old view stays in place
+        with self._refresh_lock:  # on failure the old view stays in place
             self._load(os.path.join(self.path, WAL_DIR))
 
     # -- stats and closing -------------------------------------------------------------------
@@ -755,17 +832,26 @@ class Store:
         with self._lock:
             self._stop = True
             self._closed = True
+            if self._pipe is not None:
+                self._pipe.closed = True  # a commit past _check_open() stops here
             self._wake.notify_all()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=30)
         self._threads = []
         if self._pipe is not None:
-            self._pipe.writer.close()
+            got = self._pipe.flush_lock.acquire(timeout=30)  # let a batch being written finish
+            try:
+                self._pipe.writer.close()
+            finally:
+                if got:
+                    self._pipe.flush_lock.release()
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if self._snap is not None:
-            if self._ro_txn is not None:
-                self._snap.end_read(self._ro_txn)
-                self._ro_txn = None
+            if self._ro_pin is not None:
+                self._snap.end_read(self._ro_pin.txn)
+                self._ro_pin = None
             # Views of abandoned transactions die with this store.
             self._snap.forget_readers(0 if self.readonly else sum(self._snaps.values()))
             self._snap.close()

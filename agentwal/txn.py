@@ -41,6 +41,7 @@ class _Engine(Protocol):
     def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]: ...
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None: ...
     def _txn_release(self, txn: Transaction) -> None: ...
+    def _txn_abandon(self, txn: Transaction) -> None: ...
 
 
 class Savepoint:
@@ -134,9 +135,11 @@ class Transaction:
             self.rollback()
 
     def __del__(self) -> None:
+        # The collector may run while this thread holds the store's lock:
+        # only hand the view back, the store releases it later.
         if getattr(self, "_state", None) == "active":
             with contextlib.suppress(Exception):
-                self._engine._txn_release(self)
+                self._engine._txn_abandon(self)
 
     # -- reading -------------------------------------------------------------------
 
@@ -169,6 +172,8 @@ class Transaction:
 
     def __contains__(self, key: object) -> bool:
         self._check()
+        if not isinstance(key, str):
+            return False  # like a dict: a key that cannot exist is not in it
         return self._raw(check_key(key)) is not None
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:

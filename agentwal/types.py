@@ -25,7 +25,8 @@ class Durability(str, enum.Enum):
     - ``SYNC``: after the record is on stable storage (group-committed fdatasync).
     - ``ASYNC``: after the record is written to the OS; a background flusher
       makes it durable within ``sync_interval``; ``store.sync()`` forces it.
-    - ``NONE``: never synced; for tests and scratch runs.
+    - ``NONE``: commits are never synced (the log is synced only when a segment
+      fills, before a fold, and at ``sync()``/``close()``); for tests and scratch runs.
     """
 
     SYNC = "sync"

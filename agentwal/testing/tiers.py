@@ -173,6 +173,7 @@ def sweep(base: str, seed: str = "sweep", *, commits: int = 5,
     """
     w = _workload(seed, big=0.0)
     oracle = Oracle(w)
+    os.makedirs(base, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="sweep-count-", dir=base)
     total = _count_ops(scratch, w, commits)
     shutil.rmtree(scratch, ignore_errors=True)

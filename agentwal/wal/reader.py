@@ -37,8 +37,6 @@ from .frame import Frame, SegmentHeader, parse_header, try_frame
 
 __all__ = ["Scan", "SegmentFile", "list_segments", "read_segment", "scan_segment"]
 
-_NONZERO = re.compile(b"[^\x00]")
-
 # Bytes 24..27 of a plausible frame header: type, flags, two zero bytes.
 _CANDIDATE = re.compile(
     b"(?=["
@@ -101,7 +99,7 @@ def scan_segment(data: bytes, header: SegmentHeader) -> Scan:
         frames.append(f)
         off = f.end
         expected += 1
-    if _NONZERO.search(data, off) is None:  # the zero preallocation (no copy made)
+    if data.count(0, off) == len(data) - off:  # the zero preallocation (memchr speed, no copy)
         return Scan(frames, off, "clean", "", off)
     dirty_end = len(data.rstrip(b"\x00"))
     later = _later_frames(data, off + 1, header.salt, expected)

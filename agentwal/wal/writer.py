@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 
 from .. import failpoints
-from ..errors import DiskFullError, DurabilityError
+from ..errors import DiskFullError, DurabilityError, StoreClosedError
 from ..format import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -82,6 +82,7 @@ class Writer:
         self.segment_bytes = segment_bytes
         self.segments: list[Segment] = []
         self.broken: DurabilityError | None = None
+        self.closed = False
         self.synced_lsn = 0  # highest LSN known durable
         self.written_lsn = 0  # highest LSN handed to the OS
         self.bytes_written = 0
@@ -101,9 +102,14 @@ class Writer:
         self._offset = offset
         self.synced_lsn = self.written_lsn = last_lsn
 
-    def start(self, first_lsn: int, number: int = 0) -> None:
-        """Start an empty log whose first record will have LSN ``first_lsn``."""
+    def start(self, first_lsn: int, number: int = 0, earlier: list[Segment] | None = None) -> None:
+        """Start a new segment whose first record will have LSN ``first_lsn``.
+
+        ``earlier`` are segments recovery kept (their records are all folded);
+        the writer removes them with the next :meth:`remove_through`.
+        """
         self.synced_lsn = self.written_lsn = first_lsn - 1
+        self.segments = list(earlier or [])
         self._rotate(first_lsn, number, 0)
 
     # -- appending -------------------------------------------------------------
@@ -116,6 +122,8 @@ class Writer:
         failure leaves nothing of the batch behind.
         """
         self._check()
+        if self.closed:
+            raise StoreClosedError(os.path.dirname(self.wal_dir))
         if not records:
             return
         total = sum(RECORD_HEADER_SIZE + len(r.payload) for r in records)
@@ -151,6 +159,7 @@ class Writer:
         path = self.segments[-1].path
         try:
             write_all(self.fs, self._fd, start, bytes(length))
+            self.fs.fsync(self._fd)  # the undo must be durable before we say "not written"
         except OSError as undo:
             raise self._poison(path, f"write failed ({exc.strerror or exc}) and could not be "
                                f"undone ({undo.strerror or undo})") from None
@@ -187,7 +196,7 @@ class Writer:
             if self._dirty:
                 self._fsync_current()
             self.synced_lsn = self.written_lsn
-            self.close()
+            self._close_fd()
         if self.segments and self.segments[-1].first_lsn == first_lsn:
             # The current segment holds no record yet (a first record too big
             # for it): the new one takes its name, number and place.
@@ -260,7 +269,11 @@ class Writer:
         return sum(s.size for s in self.segments)
 
     def close(self) -> None:
-        """Close the current segment (no sync)."""
+        """Close the current segment (no sync); the writer accepts no more records."""
+        self.closed = True
+        self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             with contextlib.suppress(OSError):

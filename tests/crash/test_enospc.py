@@ -11,8 +11,8 @@ A file-size limit fails writes with ``EFBIG``, not ``ENOSPC``; the tier accepts
 cases that nothing acknowledged is lost and that the store takes commits
 again once the limit is gone. The strict tests below require
 ``DiskFullError`` (the store keeps working in the same process) wherever the
-errno says "no space for this write" (``ENOSPC``, ``EDQUOT``, ``EFBIG``);
-they are expected failures until the engine maps those errnos.
+errno says "no space for this write" (``ENOSPC``, ``EDQUOT``, ``EFBIG``),
+as the engine does since it maps all three to a full disk.
 """
 
 from __future__ import annotations

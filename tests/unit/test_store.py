@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -414,3 +415,138 @@ def test_full_lmdb_map_is_grown(path: str) -> None:
     with agentwal.open(path, map_size=1 << 20) as s:  # reopens at the grown size
         assert len(s.state("r")) == 40
         commit(s, "r", more="y" * 200_000)
+
+
+def test_commit_racing_close_is_refused(path: str) -> None:
+    # Regression: a commit that passed the open check just before close() was
+    # still written, into a new segment created after the lock was released.
+    s = agentwal.open(path)
+    commit(s, "r", a=1)
+    pipe = s._pipe
+    assert pipe is not None
+    s.close()
+    with pytest.raises(errors.StoreClosedError):
+        pipe.commit("r", 0, set(), set(), {"a": b"\x02"}, {})
+    assert sorted(os.listdir(os.path.join(path, "wal"))) == ["00000000000000000001.wal"]
+
+
+def _in_thread(fn: Any, timeout: float = 60) -> None:
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it does not finish."""
+    box: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test thread
+            box.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "deadlocked"
+    if box:
+        raise box[0]
+
+
+def test_abandoned_transaction_collected_inside_the_store_does_not_deadlock(path: str) -> None:
+    # Regression: Transaction.__del__ took the store lock, which the collecting
+    # thread could already hold (GC runs at any allocation).
+    import gc
+
+    s = agentwal.open(path, durability="none")
+
+    class Step:
+        pass
+
+    def churn() -> None:
+        old = gc.get_threshold()
+        gc.set_threshold(1)
+        try:
+            for i in range(300):
+                st = Step()
+                st.self = st  # type: ignore[attr-defined]
+                st.txn = s.begin("a")  # type: ignore[attr-defined]
+                del st
+                with s.begin("b") as t:
+                    t["k"] = i
+        finally:
+            gc.set_threshold(*old)
+
+    _in_thread(churn)
+    assert s.get("b", "k") == 299
+    s.close()
+
+
+def test_finished_transactions_free_their_reader_slot(path: str) -> None:
+    # Regression: a finished transaction kept its LMDB read transaction (and
+    # reader slot) until garbage collection; 1024 of them exhausted the table.
+    with agentwal.open(path, durability="none") as s:
+        done = []
+        for i in range(1100):
+            with s.begin("r") as txn:
+                txn["i"] = i
+            done.append(txn)
+        assert s.get("r", "i") == 1099
+
+
+def test_refresh_while_other_threads_read(path: str) -> None:
+    # Regression: refresh() ended the LMDB transaction other threads were
+    # reading through, and they reported CorruptionError.
+    with agentwal.open(path, durability="none") as w:
+        commit(w, "r", k=0)
+        w.snapshot()
+        ro = agentwal.open(path, readonly=True)
+        errors_seen: list[BaseException] = []
+        stop = threading.Event()
+
+        def reader() -> None:
+            while not stop.is_set():
+                try:
+                    ro.state("r")
+                    ro.history("r")
+                except BaseException as exc:
+                    errors_seen.append(exc)
+                    return
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for i in range(30):
+            commit(w, "r", k=i)
+            if i % 10 == 0:
+                w.snapshot()
+            ro.refresh()
+        stop.set()
+        for t in threads:
+            t.join()
+        ro.close()
+    assert not errors_seen, errors_seen[:3]
+
+
+def test_replayed_log_counts_toward_the_next_fold(path: str) -> None:
+    # Regression: after recovery the fold threshold ignored the replayed bytes,
+    # so a process that always crashed early grew the WAL (and open time) forever.
+    replayed = []
+    for life in range(6):
+        s = agentwal.open(path, durability="none", wal_max_bytes=64 << 10,
+                          segment_bytes=16 << 10)
+        replayed.append(s.stats()["recovery"]["replayed"])
+        for i in range(40):
+            commit(s, "r", life=life, i=i, pad=os.urandom(1000))  # incompressible
+        deadline = time.monotonic() + 5
+        while s.stats()["wal_bytes_since_fold"] >= 64 << 10 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the background fold catches up
+        s._release_all()
+    assert max(replayed) <= 130, replayed  # ~ two folds' worth at most, not 40 x lives
+
+
+def test_store_dropped_without_close_releases_its_lock(path: str) -> None:
+    # Regression: the background threads kept an unclosed store alive forever.
+    import gc
+
+    s = agentwal.open(path)
+    commit(s, "r", a=1)
+    del s
+    gc.collect()
+    with agentwal.open(path) as again:  # not StoreLockedError
+        assert again.get("r", "a") == 1

@@ -832,5 +832,13 @@ def test_recover_twice_reaches_the_same_plan(wal: Path) -> None:
 
 
 def test_recover_without_wal_dir(wal: Path) -> None:
-    p = recover(wal, applied=4)
-    assert p.records == [] and p.next_lsn == 5 and p.resume is None
+    p = recover(wal, applied=0)  # a new store
+    assert p.records == [] and p.next_lsn == 1 and p.resume is None
+
+
+def test_missing_log_after_a_fold_is_corruption(wal: Path) -> None:
+    # Regression: with applied_lsn > 0 and no segment at all, the records after
+    # the fold were silently gone (a store always keeps its current segment).
+    with pytest.raises(CorruptionError) as ei:
+        recover(wal, applied=4)
+    assert "log is missing" in ei.value.reason
