@@ -237,8 +237,13 @@ def encode_meta(meta: dict[str, Any]) -> bytes:
     return bytes(cbor2.dumps(meta))
 
 
+_EMPTY_MAP = b"\xa0"
+
+
 def decode_meta(data: bytes) -> dict[str, Any]:
     """Decode checkpoint metadata; :class:`CodecError` if it is not a map."""
+    if data == _EMPTY_MAP:  # the usual case, a fresh dict without the decoder
+        return {}
     meta = loads(data)
     if not isinstance(meta, dict):
         raise CodecError("checkpoint metadata is not a map")

@@ -63,10 +63,12 @@ class Memtable:
         rm = self.runs.get(ckpt.run)
         if rm is None:
             rm = self.runs[ckpt.run] = RunMem()
+        versions = rm.versions
         for key, value in delta.items():
-            chain = rm.versions.get(key)
-            if chain is None:
-                rm.versions[key] = [(lsn, value)]
+            chain = versions.get(key)
+            if chain is None or lsn <= oldest_snap:
+                # No reader is older than this version (recovery): it replaces all.
+                versions[key] = [(lsn, value)]
             else:
                 chain.append((lsn, value))
                 _prune(chain, oldest_snap)
