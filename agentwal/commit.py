@@ -79,7 +79,7 @@ class CommitPipeline:
     def __init__(self, path: str, writer: Writer, durability: Durability, lock: threading.Lock,
                  next_lsn: int, heads: dict[str, tuple[int, bytes]],
                  head_of: Callable[[str], tuple[int, bytes] | None],
-                 publish: Callable[[list[Pending]], None],
+                 publish: Callable[[list[Pending], tuple[int, int] | None], None],
                  oldest_snapshot: Callable[[], int]) -> None:
         self.path = path
         self.writer = writer
@@ -226,7 +226,7 @@ class CommitPipeline:
         with self.lock:
             for p in batch:
                 p.state = "done"
-            self._publish(batch)
+            self._publish(batch, self.writer.position)
             self.counters["commits"] += len(batch)
             self.counters["batches"] += 1
             self._since_prune += len(batch)

@@ -52,6 +52,9 @@ class Memtable:
         self.last_lsn = 0
         self.nbytes = 0
         self.frozen = False
+        #: (segment first LSN, offset) just past the last record applied: where
+        #: the log continues once this table is folded
+        self.log_pos: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return sum(len(r.checkpoints) for r in self.runs.values())

@@ -39,7 +39,7 @@ from typing import Any
 from . import failpoints
 from .codec import CodecError, CommitRecord, decode_commit, decode_delta, decode_meta
 from .errors import CorruptionError
-from .format import REC_COMMIT, SEGMENT_SUFFIX, TMP_SUFFIX
+from .format import REC_COMMIT, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, TMP_SUFFIX
 from .io import FileSystem, write_all
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
@@ -86,8 +86,13 @@ def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
     return Replayed(lsn, rec, meta, delta)
 
 
-def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Plan:
-    """Decide what to replay and repair; raises :class:`CorruptionError`."""
+def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,
+         start: tuple[int, int] | None = None) -> Plan:
+    """Decide what to replay and repair; raises :class:`CorruptionError`.
+
+    ``start=(segment first LSN, offset)`` is where the snapshot says the log
+    continues after ``applied_lsn``; the folded frames before it are not read.
+    """
     p = Plan(next_lsn=applied_lsn + 1)
     for seg in segments:
         if seg.header is not None and seg.header.store_id != store_id:
@@ -111,7 +116,11 @@ def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Pla
         if i > 0 and seg.first_lsn != expected:
             raise CorruptionError(seg.path, 0, f"segment starts at LSN {seg.first_lsn}, the "
                                   f"previous one ended before LSN {expected}")
-        scan = seg.scan()
+        hint = None
+        if i == 0 and start is not None and start[0] == seg.first_lsn and (
+                SEGMENT_HEADER_SIZE <= start[1] <= len(seg.data)):
+            hint = (start[1], expected)
+        scan = seg.scan(hint)
         last = i == len(needed) - 1
         if scan.state == "corrupt":
             raise CorruptionError(seg.path, scan.end, scan.reason)
@@ -124,7 +133,7 @@ def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object) -> Pla
                 p.records.append(_decode(seg, f.offset, f.lsn, f.type, f.flags, f.payload))
                 p.replayed_bytes += f.end - f.offset
                 expected = f.lsn + 1
-        log_end = scan.next_lsn or seg.first_lsn
+        log_end = scan.next_lsn
         if p.resume is not None:
             p.earlier.append(p.resume[0])
         p.resume = (Segment(seg.header.number, seg.first_lsn, seg.path, len(seg.data)),
@@ -171,7 +180,7 @@ def repair(fs: FileSystem, wal_dir: str, p: Plan) -> None:
 
 
 def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
-            readonly: bool) -> Plan:
+            readonly: bool, start: tuple[int, int] | None = None) -> Plan:
     """Read the log, plan, and (unless ``readonly``) repair. Returns the plan."""
     failpoints.hit("recovery_before_replay")
     segments = list_segments(fs, wal_dir) if fs.exists(wal_dir) else []
@@ -179,7 +188,7 @@ def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
         # A store always keeps its current segment, even right after a fold.
         raise CorruptionError(wal_dir, None, f"the log is missing: the snapshot covers LSN "
                               f"{applied_lsn} but no segment remains")
-    p = plan(segments, applied_lsn, store_id)
+    p = plan(segments, applied_lsn, store_id, start)
     if fs.exists(wal_dir):
         for name in fs.listdir(wal_dir):
             if name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX):

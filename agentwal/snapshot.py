@@ -238,6 +238,16 @@ class Snapshot:
         lsn = _U64.unpack(applied)[0] if applied is not None else 0
         return lsn, (uuid.UUID(bytes=sid) if sid is not None else None)
 
+    def log_pos(self, txn: Any) -> tuple[int, int] | None:
+        """(segment first LSN, offset) where the log continues after ``applied_lsn``."""
+        with self._reading("the log position"):
+            raw = self._open(b"log_pos", txn.get(b"log_pos", db=self._meta), "log position")
+        if raw is None:
+            return None
+        if len(raw) != 16:
+            raise self._corrupt("the log position in the snapshot is damaged")
+        return _U64.unpack_from(raw, 0)[0], _U64.unpack_from(raw, 8)[0]
+
     @contextlib.contextmanager
     def _reading(self, what: str) -> Iterator[None]:
         """Turn LMDB failures while reading into agentwal errors."""
@@ -353,7 +363,8 @@ class Snapshot:
 
     # -- folding ------------------------------------------------------------------
 
-    def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun]) -> None:
+    def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun],
+             log_pos: tuple[int, int] | None = None) -> None:
         """Write a frozen memtable into LMDB in one synced transaction.
 
         Raises:
@@ -365,7 +376,7 @@ class Snapshot:
         with self._write_lock:
             try:
                 with self.env.begin(write=True) as txn:
-                    self._fold_into(txn, applied_lsn, store_id, runs)
+                    self._fold_into(txn, applied_lsn, store_id, runs, log_pos)
                 self.env.sync(True)
             except lmdb.MapFullError:
                 raise MapFull(self.env.info()["map_size"]) from None
@@ -396,7 +407,7 @@ class Snapshot:
             return size
 
     def _fold_into(self, txn: Any, applied_lsn: int, store_id: uuid.UUID,
-                   runs: list[FoldRun]) -> None:
+                   runs: list[FoldRun], log_pos: tuple[int, int] | None) -> None:
         raw_next = self._open(b"next_run", txn.get(b"next_run", db=self._meta), "next run number")
         if raw_next is not None and len(raw_next) != 8:
             raise self._corrupt("the next run number in the snapshot is damaged")
@@ -436,6 +447,11 @@ class Snapshot:
         for name, value in ((b"next_run", _U64.pack(next_run)), (b"store_id", store_id.bytes),
                             (b"applied_lsn", _U64.pack(applied_lsn))):
             txn.put(name, _seal(name, value), db=self._meta)
+        if log_pos is not None:  # where the log continues: recovery skips what is folded
+            txn.put(b"log_pos", _seal(b"log_pos", _U64.pack(log_pos[0]) + _U64.pack(log_pos[1])),
+                    db=self._meta)
+        else:
+            txn.delete(b"log_pos", db=self._meta)
 
     def stats(self) -> dict[str, int]:
         """LMDB file size and entry counts."""

@@ -214,6 +214,8 @@ def _replay(plan: Plan) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
                           rec.hash.hex(), rec.origin)
         mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn)
         heads[rec.run] = (rec.id, rec.hash)
+    if plan.records and plan.resume is not None:
+        mem.log_pos = (plan.resume[0].first_lsn, plan.resume[2])
     return mem, heads
 
 
@@ -351,7 +353,7 @@ class Store:
                                           f"snapshot belongs to store {sid}, not {self.store_id}")
                 try:
                     plan = recover(self._fs, wal_dir, applied, self.store_id,
-                                   readonly=self.readonly)
+                                   readonly=self.readonly, start=self._snap.log_pos(ltxn))
                 except OSError as exc:
                     raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
                 return ltxn, applied, plan
@@ -561,12 +563,13 @@ class Store:
         """The oldest snapshot LSN an open view still reads at; under ``_lock``."""
         return min(self._snaps) if self._snaps else self._visible
 
-    def _publish(self, batch: list[Pending]) -> None:
+    def _publish(self, batch: list[Pending], pos: tuple[int, int] | None) -> None:
         """Make a durable batch visible, in LSN order; under ``_lock``."""
         oldest = self._oldest_snapshot()
         for p in batch:
             self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
             self._visible = p.lsn
+        self._active.log_pos = pos
         assert self._pipe is not None
         if (self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes
                 and time.monotonic() >= self._fold_retry_at):
@@ -654,7 +657,7 @@ class Store:
             failpoints.hit("fold_before_commit")
             while True:
                 try:
-                    self._snap.fold(frozen.last_lsn, self.store_id, runs)
+                    self._snap.fold(frozen.last_lsn, self.store_id, runs, frozen.log_pos)
                     break
                 except MapFull as full:  # double until the fold fits
                     self._grow_map(full)

@@ -58,6 +58,7 @@ class Scan:
         reason: why the scan stopped, when not clean.
         dirty_end: offset past the last non-zero byte (what to zero when torn).
         later: valid frames found past a torn or corrupt stop.
+        start_lsn: the LSN the scan expected first.
     """
 
     frames: list[Frame]
@@ -66,10 +67,12 @@ class Scan:
     reason: str = ""
     dirty_end: int = 0
     later: list[Frame] = field(default_factory=list)
+    start_lsn: int = 0  # the LSN the scan expected first
 
     @property
-    def next_lsn(self) -> int | None:
-        return self.frames[-1].lsn + 1 if self.frames else None
+    def next_lsn(self) -> int:
+        """The LSN the next record after this segment's valid ones would have."""
+        return self.frames[-1].lsn + 1 if self.frames else self.start_lsn
 
 
 def _later_frames(data: bytes, start: int, salt: int, min_lsn: int) -> list[Frame]:
@@ -84,32 +87,37 @@ def _later_frames(data: bytes, start: int, salt: int, min_lsn: int) -> list[Fram
     return found
 
 
-def scan_segment(data: bytes, header: SegmentHeader) -> Scan:
-    """Scan a whole segment image (header included)."""
+def scan_segment(data: bytes, header: SegmentHeader, start: tuple[int, int] | None = None) -> Scan:
+    """Scan a segment image (header included).
+
+    ``start=(offset, lsn)`` begins at a known frame boundary instead of the
+    header: the frames before it are covered by the snapshot and not read.
+    """
     frames: list[Frame] = []
-    off = SEGMENT_HEADER_SIZE
-    expected = header.first_lsn
+    off, expected = start if start is not None else (SEGMENT_HEADER_SIZE, header.first_lsn)
+    first = expected
     while True:
         f = try_frame(data, off, header.salt)
         if f is None:
             break
         if f.lsn != expected:
             return Scan(frames, off, "corrupt",
-                        f"record with LSN {f.lsn} where LSN {expected} belongs", len(data))
+                        f"record with LSN {f.lsn} where LSN {expected} belongs", len(data),
+                        start_lsn=first)
         frames.append(f)
         off = f.end
         expected += 1
     if data.count(0, off) == len(data) - off:  # the zero preallocation (memchr speed, no copy)
-        return Scan(frames, off, "clean", "", off)
+        return Scan(frames, off, "clean", "", off, start_lsn=first)
     dirty_end = len(data.rstrip(b"\x00"))
     later = _later_frames(data, off + 1, header.salt, expected)
     proof = next((f for f in later if f.synced_lsn >= expected), None)
     if proof is not None:
         return Scan(frames, off, "corrupt",
                     f"record LSN {expected} is damaged, but record LSN {proof.lsn} at offset "
-                    f"{proof.offset} shows it was durable", dirty_end, later)
+                    f"{proof.offset} shows it was durable", dirty_end, later, first)
     return Scan(frames, off, "torn", f"torn or damaged record where LSN {expected} belongs",
-                dirty_end, later)
+                dirty_end, later, first)
 
 
 @dataclass
@@ -123,9 +131,9 @@ class SegmentFile:
     problem: str
     data: bytes
 
-    def scan(self) -> Scan:
+    def scan(self, start: tuple[int, int] | None = None) -> Scan:
         assert self.header is not None
-        return scan_segment(self.data, self.header)
+        return scan_segment(self.data, self.header, start)
 
 
 def read_segment(fs: FileSystem, path: str) -> bytes:

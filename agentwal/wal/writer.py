@@ -86,6 +86,8 @@ class Writer:
         self.synced_lsn = 0  # highest LSN known durable
         self.written_lsn = 0  # highest LSN handed to the OS
         self.bytes_written = 0
+        #: (first LSN of the segment, offset) just past the last frame written
+        self.position: tuple[int, int] | None = None
         self._fd: int | None = None
         self._salt = 0
         self._offset = 0
@@ -100,6 +102,7 @@ class Writer:
         self._fd = self.fs.open(seg.path, create=False)
         self._salt = salt
         self._offset = offset
+        self.position = (seg.first_lsn, offset)
         self.synced_lsn = self.written_lsn = last_lsn
 
     def start(self, first_lsn: int, number: int = 0, earlier: list[Segment] | None = None) -> None:
@@ -134,6 +137,7 @@ class Writer:
         self._write(b"".join(encode_frame(self._salt, r.lsn, synced, r.type, r.flags, r.payload)
                              for r in records))
         self.written_lsn = records[-1].lsn
+        self.position = (self.segments[-1].first_lsn, self._offset)
 
     def _write(self, blob: bytes) -> None:
         assert self._fd is not None

@@ -193,7 +193,7 @@ def test_empty_segment_is_clean(wal: Path) -> None:
     w.close()
     s = scan(only_segment(wal))
     assert s.state == "clean" and s.frames == [] and s.end == SEGMENT_HEADER_SIZE
-    assert s.next_lsn is None
+    assert s.next_lsn == 1  # nothing in it: the next record is its first
 
 
 def test_batch_frames_share_synced_lsn(wal: Path) -> None:
