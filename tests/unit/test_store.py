@@ -559,10 +559,11 @@ def test_open_skips_the_frames_a_fold_covers(path: str) -> None:
         for i in range(50):
             commit(s, "r", i=i)
     seg = os.path.join(path, "wal", sorted(os.listdir(os.path.join(path, "wal")))[-1])
-    data = bytearray(open(seg, "rb").read())
-    data[64 + 40] ^= 0xFF  # inside the first (folded) frame
-    with open(seg, "wb") as f:
-        f.write(data)
+    with open(seg, "r+b") as f:  # flip a byte inside the first (folded) frame
+        f.seek(64 + 40)
+        byte = f.read(1)[0]
+        f.seek(64 + 40)
+        f.write(bytes([byte ^ 0xFF]))
     with agentwal.open(path) as s:  # not read, so not an error
         assert s.get("r", "i") == 49
         commit(s, "r", i=50)
