@@ -52,7 +52,7 @@ from .errors import (
     StoreClosedError,
     TooManyReadersError,
 )
-from .io import DISK_FULL_ERRNOS
+from .io import DISK_FULL_ERRNOS, OsFileSystem
 from .types import Checkpoint
 
 __all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file"]
@@ -537,18 +537,10 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
         if not readonly:
             # LMDB syncs its files but not their names: make snapshot/ and its
             # files durable before a fold can let WAL segments go.
-            _fsync_dir(directory)
-            _fsync_dir(os.path.dirname(os.path.abspath(directory)))
+            OsFileSystem().fsync_dir(directory)
+            OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
         entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3]))
         return entry
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _release(entry: _Shared) -> None:

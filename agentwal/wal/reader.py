@@ -32,10 +32,10 @@ from ..format import (
     SEGMENT_HEADER_SIZE,
     parse_segment_name,
 )
-from ..io import FileSystem
+from ..io import FileSystem, read_all
 from .frame import Frame, SegmentHeader, parse_header, try_frame
 
-__all__ = ["Scan", "SegmentFile", "list_segments", "read_segment", "scan_segment"]
+__all__ = ["Scan", "SegmentFile", "list_segments", "scan_segment"]
 
 # Bytes 24..27 of a plausible frame header: type, flags, two zero bytes.
 _CANDIDATE = re.compile(
@@ -136,15 +136,6 @@ class SegmentFile:
         return scan_segment(self.data, self.header, start)
 
 
-def read_segment(fs: FileSystem, path: str) -> bytes:
-    """The whole content of one segment."""
-    fd = fs.open(path, create=False)
-    try:
-        return fs.read(fd, 0, None)
-    finally:
-        fs.close(fd)
-
-
 def list_segments(fs: FileSystem, wal_dir: str) -> list[SegmentFile]:
     """Every segment in ``wal_dir`` in LSN order, read and header-checked.
 
@@ -156,7 +147,7 @@ def list_segments(fs: FileSystem, wal_dir: str) -> list[SegmentFile]:
         if first is None:
             continue
         path = os.path.join(wal_dir, name)
-        data = read_segment(fs, path)
+        data = read_all(fs, path)
         parsed = parse_header(data)
         if isinstance(parsed, str):
             out.append(SegmentFile(name, path, first, None, parsed, data))
