@@ -126,7 +126,7 @@ class CommitPipeline:
             if self.closed:
                 raise StoreClosedError(self.path)
             if self.writer.broken is not None:
-                raise self.writer.broken
+                raise self.writer.stopped()
             self._validate(run, snap, delta.keys() | reads, prefixes)
             head = self.heads.get(run) or self._head_of(run)
             parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["POINTS", "FailpointFired", "arm", "disarm", "hit", "hits", "names"]
+__all__ = ["POINTS", "FailpointFired", "arm", "count_hits", "disarm", "hit", "hits", "names"]
 
 #: Every failpoint the engine defines, with the crash window it marks.
 POINTS: dict[str, str] = {

@@ -375,9 +375,10 @@ class Snapshot:
             raise ReadOnlyError(self.directory)
         with self._write_lock:
             try:
+                # The environment has sync=True and metasync=True: the commit
+                # fdatasyncs the data pages, then the meta page.
                 with self.env.begin(write=True) as txn:
                     self._fold_into(txn, applied_lsn, store_id, runs, log_pos)
-                self.env.sync(True)
             except lmdb.MapFullError:
                 raise MapFull(self.env.info()["map_size"]) from None
             except lmdb.Error as exc:

@@ -177,7 +177,15 @@ class Transaction:
         return self._raw(check_key(key)) is not None
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
-        """``(key, value)`` pairs in key order, optionally only keys under ``prefix``."""
+        """``(key, value)`` pairs in key order, optionally only keys under ``prefix``.
+
+        The keys are read (and the transaction checked) when ``items`` is
+        called; values are decoded as the iterator reaches them.
+
+        Raises:
+            TransactionClosedError: the transaction is finished.
+            TypeError: ``prefix`` is not a str.
+        """
         self._check()
         if not isinstance(prefix, str):
             raise TypeError("prefix must be str")
@@ -186,10 +194,8 @@ class Transaction:
         for key, raw in self._writes.items():
             if key.startswith(prefix):
                 merged[key] = raw
-        for key in sorted(merged):
-            raw = merged[key]
-            if raw is not None:
-                yield key, self._decode(raw, key)
+        present = [(key, merged[key]) for key in sorted(merged) if merged[key] is not None]
+        return ((key, self._decode(raw, key)) for key, raw in present if raw is not None)
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys present, in order, optionally only under ``prefix``."""

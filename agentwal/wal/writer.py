@@ -144,7 +144,7 @@ class Writer:
         start = self._offset
         failpoints.hit("before_wal_append")
         try:
-            if failpoints._armed and len(blob) > 1:
+            if "wal_append_partial" in failpoints._armed and len(blob) > 1:
                 half = len(blob) // 2
                 write_all(self.fs, self._fd, start, blob[:half])
                 failpoints.hit("wal_append_partial")
@@ -287,7 +287,14 @@ class Writer:
 
     def _check(self) -> None:
         if self.broken is not None:
-            raise self.broken
+            raise self.stopped()
+
+    def stopped(self) -> DurabilityError:
+        """A fresh error saying the writer stopped (one object is never raised in many threads)."""
+        assert self.broken is not None
+        err = DurabilityError(self.broken.path, self.broken.reason)
+        err.__cause__ = self.broken
+        return err
 
     def _poison(self, path: str, reason: str) -> DurabilityError:
         self.broken = DurabilityError(path, reason)
