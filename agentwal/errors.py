@@ -181,16 +181,20 @@ class CorruptionError(Error):
 
 
 class DiskFullError(Error):
-    """The disk is full; the commit was not acknowledged and nothing of it is durable.
+    """No room for a write: the disk is full (or a quota or file-size limit is hit).
 
-    The store stays usable: commit again once space is available.
+    Raised from a commit, nothing of it was acknowledged or made durable;
+    raised from a fold, LMDB is unchanged and the WAL still holds everything.
+    Either way the store stays usable: try again once there is room.
     """
 
     code = "disk_full"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, reason: str | None = None) -> None:
         self.path = path
+        self.reason = reason
         super().__init__(
+            reason if reason is not None else
             f"no space left on the device holding {path!r}; the commit was not "
             "acknowledged. Free some space and commit again."
         )

@@ -171,7 +171,9 @@ class Snapshot:
             return TooManyReadersError(path)
         if (isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc)
                 or getattr(exc, "code", None) in DISK_FULL_ERRNOS):
-            return DiskFullError(path)
+            return DiskFullError(path, f"no room to write the snapshot {path!r} ({what}); "
+                                 "LMDB is unchanged and the WAL keeps everything. Free some "
+                                 "space; the next fold tries again.")
         if reading or isinstance(exc, (lmdb.CorruptedError, lmdb.InvalidError,
                                        lmdb.PageNotFoundError, lmdb.VersionMismatchError,
                                        lmdb.BadValsizeError, lmdb.NotFoundError,

@@ -165,7 +165,10 @@ def open(
 def _io_error(exc: OSError, path: str, what: str) -> Error:
     """The typed error for an I/O failure (not damage: the bytes read were fine)."""
     if exc.errno in DISK_FULL_ERRNOS:
-        return DiskFullError(exc.filename or path)
+        where = exc.filename or path
+        return DiskFullError(where, f"{what}: no room to write {where!r} "
+                             f"({exc.strerror or exc}). Free some space and open the store "
+                             "again.")
     return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
@@ -688,7 +691,13 @@ class Store:
                 time.sleep(0.005)
                 self._lock.acquire()
             if self._snap.readers() or full.size >= _MAX_MAP:
-                raise DiskFullError(os.path.join(self._snap.directory, "data.mdb")) from full
+                path = os.path.join(self._snap.directory, "data.mdb")
+                why = ("it is at its largest size" if full.size >= _MAX_MAP else
+                       "read transactions stay open in this process (a read-only store "
+                       "holds one until refresh() or close())")
+                raise DiskFullError(path, f"the LMDB map of {path!r} is full and cannot grow: "
+                                    f"{why}. Nothing was lost: the WAL keeps everything; "
+                                    "finish those reads and the next fold grows it.") from full
             self._snap.grow()
             self._counters["map_grows"] += 1
 
