@@ -594,12 +594,10 @@ class Store:
         pipe = self._pipe
         if pipe is None or self._stop:
             return False
-        try:
-            with pipe.flush_lock:
-                if pipe.writer.broken is None and not pipe.writer.closed:
-                    pipe.sync_written()
-        except Error:
-            pass  # the writer is stopped; commits report it
+        # A failed sync stops the writer; the commits that follow report it.
+        with contextlib.suppress(Error), pipe.flush_lock:
+            if pipe.writer.broken is None and not pipe.writer.closed:
+                pipe.sync_written()
         return True
 
     # -- folding ------------------------------------------------------------------------

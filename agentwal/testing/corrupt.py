@@ -572,11 +572,9 @@ class Checker:
         assert proc.stdin is not None and self._err is not None
         err_start = self._err.seek(0, os.SEEK_END)
         request = json.dumps({"path": path, "runs": runs, "timeout": self.timeout})
-        try:
+        with contextlib.suppress(BrokenPipeError):  # it died: the read below reports how
             proc.stdin.write(request.encode() + b"\n")
             proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died; the read below reports how
         line = self._readline(proc, time.monotonic() + self.timeout + 10)
         if line is not None:
             answer: dict[str, Any] = json.loads(line)

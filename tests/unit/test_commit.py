@@ -20,6 +20,7 @@ import agentwal
 from agentwal import errors, failpoints
 from agentwal.commit import CommitPipeline
 from agentwal.io import OsFileSystem
+from tests.helpers import commit
 
 
 class FaultyFs(OsFileSystem):
@@ -65,14 +66,6 @@ def pipe_of(store: agentwal.Store) -> CommitPipeline:
     pipe = store._pipe
     assert pipe is not None
     return pipe
-
-
-def commit(store: agentwal.Store, run: str, **values: Any) -> agentwal.Checkpoint:
-    with store.begin(run) as txn:
-        for k, v in values.items():
-            txn[k] = v
-    assert txn.checkpoint is not None
-    return txn.checkpoint
 
 
 def queue_behind_a_blocked_leader(store: agentwal.Store,

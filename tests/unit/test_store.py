@@ -17,14 +17,7 @@ import pytest
 import agentwal
 from agentwal import errors
 from agentwal.io import OsFileSystem
-
-
-def commit(store: agentwal.Store, run: str, **values: Any) -> agentwal.Checkpoint:
-    with store.begin(run) as txn:
-        for k, v in values.items():
-            txn[k] = v
-    assert txn.checkpoint is not None
-    return txn.checkpoint
+from tests.helpers import commit
 
 
 def test_reopen_after_close_keeps_everything(path: str) -> None:
