@@ -312,7 +312,7 @@ def _tier_runner(tier: str, directory: str, seed: str, opts: dict[str, Any],
 @click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="How long to run, shared equally between the chosen tiers.")
 @click.option("--seed", default="1", show_default=True,
-              help="Seed of the first case of each tier; later cases use SEED-1, SEED-2...")
+              help="Seed of each tier's first case; later cases append -1, -2... to it.")
 @click.option("--tier", "tiers", type=click.Choice([*TIERS, "all"]), multiple=True,
               default=("all",), show_default=True, help="Which tiers to run (repeatable).")
 @click.option("--model", type=click.Choice(["strict", "prefix", "reorder"]), default=None,

@@ -91,7 +91,8 @@ def check_value(key: str, value: object) -> None:
     Allowed: None, bool, int, float, str, bytes/bytearray, list, tuple, dict,
     set/frozenset, aware datetime (not an offset in (0, 1 minute)), finite Decimal
     (not -0), UUID, nested within :data:`MAX_VALUE_DEPTH` levels. Tuples read
-    back as lists and bytearrays as bytes; everything else reads back equal.
+    back as lists (as tuples where they are dict keys or set members) and
+    bytearrays as bytes; everything else reads back equal.
 
     Raises:
         UnencodableValueError: naming ``key`` and the offending part.

@@ -96,6 +96,7 @@ class CommitPipeline:
         self.pending: list[Pending] = []
         self.closed = False  # set by the store, under the lock, when it closes
         self._since_prune = 0  # commits published since last_write was last pruned
+        self.settled_lsn = next_lsn - 1  # every LSN up to here is published or failed
         self.counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0}
         self._head_of = head_of
         self._publish = publish
@@ -164,18 +165,30 @@ class CommitPipeline:
                 self._zstd_misses, self._zstd_skip = 0, 64
 
     def _validate(self, run: str, snap: int, keys: Any, prefixes: set[str]) -> None:
+        """Raise :class:`ConflictError` if a key read or written changed after ``snap``.
+
+        Before raising, wait (briefly) until the conflicting commit is settled:
+        it may still be on its way to disk, and a retry begun before it is
+        visible would conflict again, in a spin.
+        """
         writes = self.last_write.get(run)
         if not writes:
             return
+        conflict: tuple[str | None, int] | None = None
         for k in keys:
-            if writes.get(k, 0) > snap:
-                self.counters["conflicts"] += 1
-                raise ConflictError(run, k)
-        if prefixes:
+            lsn = writes.get(k, 0)
+            if lsn > snap:
+                conflict = (k, lsn)
+                break
+        if conflict is None and prefixes:
             for k, lsn in writes.items():
                 if lsn > snap and any(k.startswith(p) for p in prefixes):
-                    self.counters["conflicts"] += 1
-                    raise ConflictError(run, None)
+                    conflict = (None, lsn)
+                    break
+        if conflict is not None:
+            self.counters["conflicts"] += 1
+            self._done.wait_for(lambda: self.settled_lsn >= conflict[1], timeout=5.0)
+            raise ConflictError(run, conflict[0])
 
     # -- group commit ---------------------------------------------------------------
 
@@ -227,6 +240,7 @@ class CommitPipeline:
             for p in batch:
                 p.state = "done"
             self._publish(batch, self.writer.position)
+            self.settled_lsn = max(self.settled_lsn, batch[-1].lsn)
             self.counters["commits"] += len(batch)
             self.counters["batches"] += 1
             self._since_prune += len(batch)
@@ -254,6 +268,7 @@ class CommitPipeline:
                     else:
                         writes[k] = old
                 p.state, p.error = "failed", exc
+            self.settled_lsn = max(self.settled_lsn, doomed[-1].lsn)
             self.next_lsn = doomed[0].lsn
             self._done.notify_all()
 

@@ -169,14 +169,15 @@ class CorruptionError(Error):
 
     code = "corruption"
 
-    def __init__(self, path: str, offset: int | None, reason: str) -> None:
+    def __init__(self, path: str, offset: int | None, reason: str,
+                 hint: str | None = None) -> None:
         self.path = path
         self.offset = offset
         self.reason = reason
         where = f"{path} at offset {offset}" if offset is not None else path
         super().__init__(
-            f"{where}: {reason}. The store was not changed; move the damaged file "
-            "aside or restore the store from a backup."
+            f"{where}: {reason}. " + (hint or "The store was not changed; move the damaged "
+                                      "file aside or restore the store from a backup.")
         )
 
 

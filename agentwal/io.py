@@ -202,9 +202,14 @@ class WriterLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise :class:`StoreLockedError` naming the holder."""
+        """Take the lock or raise :class:`StoreLockedError` naming the holder.
+
+        The lock and LMDB live in the real directory even when the WAL goes
+        through another file system (``fs=``), so it is created if missing.
+        """
         import fcntl
 
+        OsFileSystem().mkdir(os.path.dirname(self.path))
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

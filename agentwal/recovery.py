@@ -195,7 +195,9 @@ def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
                 p.remove.append(os.path.join(wal_dir, name))
                 p.notes.append(f"removed unfinished segment {name}")
     failpoints.hit("recovery_after_replay")
-    if not readonly:
+    if readonly:
+        p.notes = [f"{n} (read-only: not done)" for n in p.notes]
+    else:
         repair(fs, wal_dir, p)
         failpoints.hit("recovery_after_repair")
     return p

@@ -463,7 +463,7 @@ class Snapshot:
             info = self.env.info()
             st = self.env.stat()
             counts = {name: txn.stat(db)["entries"]
-                      for name, db in (("runs", self._runs), ("state_keys", self._state),
+                      for name, db in (("folded_runs", self._runs), ("state_keys", self._state),
                                        ("checkpoints", self._ckpt))}
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot read stats", reading=True) from None

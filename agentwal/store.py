@@ -131,7 +131,7 @@ def open(
         CorruptionError: a file of the store is damaged; nothing was changed.
         DiskFullError: no space to create the store or repair the log.
         DurabilityError: an I/O error (a failed write or fsync) while opening.
-        ReadOnlyError / CorruptionError: ``readonly`` and the store does not exist.
+        CorruptionError: ``readonly`` and there is no store at ``path``.
         ValueError: a bad argument.
 
     Example::
@@ -267,12 +267,12 @@ class Store:
     # -- opening --------------------------------------------------------------------
 
     def _open(self) -> None:
-        t0 = time.perf_counter()
         fs, path = self._fs, self.path
         wal_dir = os.path.join(path, WAL_DIR)
         if self.readonly:
             if not os.path.isdir(path):
-                raise CorruptionError(path, None, "no store here")
+                raise CorruptionError(path, None, "no store here",
+                                      "Check the path; a read-only open never creates a store.")
         else:
             fs.mkdir(path)
             fs.fsync_dir(os.path.dirname(os.path.abspath(path)))
@@ -281,7 +281,8 @@ class Store:
         ctl = read_control(fs, path)
         if ctl is None:
             if self.readonly:
-                raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)")
+                raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
+                                      "Check the path; a read-only open never creates a store.")
             if fs.exists(wal_dir) and fs.listdir(wal_dir):
                 raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
             ctl = create_control(fs, path)
@@ -293,7 +294,6 @@ class Store:
         self._snap = (Snapshot(snap_dir, readonly=self.readonly) if self._map_size is None else
                       Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
         self._load(wal_dir)
-        self._recovery["seconds"] = round(time.perf_counter() - t0, 6)
         self._closed = False
         self._finalizer = weakref.finalize(
             self, _release_handles, self._writer_lock, self._snap,
@@ -304,6 +304,7 @@ class Store:
     def _load(self, wal_dir: str) -> None:
         """Pin the LMDB base, replay the WAL after it, and set up the writer."""
         assert self._snap is not None
+        started = time.perf_counter()
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
             mem, heads = _replay(plan)
@@ -318,7 +319,8 @@ class Store:
             self._applied = applied
             self._visible = plan.next_lsn - 1
             self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
-                                  torn_bytes=plan.torn_bytes, actions=plan.notes)
+                                  torn_bytes=plan.torn_bytes, actions=plan.notes,
+                                  seconds=round(time.perf_counter() - started, 6))
         if ended is not None:
             self._snap.end_read(ended)
         if self.readonly:
@@ -802,7 +804,8 @@ class Store:
         with self._lock:
             out: dict[str, Any] = {
                 "path": self.path, "store_id": str(self.store_id),
-                "durability": self.durability.value, "readonly": self.readonly,
+                "durability": None if self.readonly else self.durability.value,
+                "readonly": self.readonly,
                 "visible_lsn": self._visible, "applied_lsn": self._applied,
                 "memtable_commits": len(self._active), "memtable_bytes": self._active.nbytes,
                 **self._counters, "recovery": dict(self._recovery),

@@ -291,7 +291,7 @@ def test_values_are_sealed_with_a_crc_of_key_and_bytes(snap: Snapshot) -> None:
 def test_stats(snap: Snapshot) -> None:
     fold_basic(snap)
     st = snap.stats()
-    assert (st["runs"], st["state_keys"], st["checkpoints"]) == (2, 4, 4)
+    assert (st["folded_runs"], st["state_keys"], st["checkpoints"]) == (2, 4, 4)
     assert st["lmdb_page_size"] == 4096 and st["lmdb_bytes"] > 0 and st["lmdb_last_page"] > 0
 
 
