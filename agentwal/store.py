@@ -637,16 +637,22 @@ class Store:
         if self.readonly:
             raise ReadOnlyError(self.path)
         self._fold()
-        self._fold()  # a frozen table left by a failed fold goes first: fold the rest too
 
     def _fold(self) -> None:
+        """Fold everything published so far (a table left by a failed fold first)."""
+        while self._fold_one():
+            pass
+
+    def _fold_one(self) -> bool:
+        """Fold one memtable; True if it was one a failed fold had left frozen."""
         assert self._snap is not None and self._pipe is not None
         pipe = self._pipe
         with self._fold_lock:
             with self._lock:
+                leftover = self._frozen is not None
                 if self._frozen is None:
                     if not self._active.runs:
-                        return
+                        return False
                     self._frozen, self._active = self._active, Memtable()
                     self._frozen.frozen = True
                     self._fold_mark = pipe.writer.bytes_written
@@ -678,6 +684,7 @@ class Store:
                 if pipe.writer.broken is None:
                     self._counters["segments_removed"] += pipe.writer.remove_through(
                         frozen.last_lsn)
+        return leftover
 
     def _grow_map(self, full: MapFull) -> None:
         """Double LMDB's map; needs every read transaction of this process closed."""

@@ -562,3 +562,18 @@ def test_open_skips_the_frames_a_fold_covers(path: str) -> None:
         commit(s, "r", i=50)
     with agentwal.open(path) as s:
         assert s.get("r", "i") == 50
+
+
+def test_a_fold_after_a_failed_one_folds_everything(path: str) -> None:
+    # The leftover frozen table goes first, then the active one, in one call.
+    from agentwal import failpoints
+
+    with agentwal.open(path, durability="none") as s:
+        commit(s, "r", a=1)
+        failpoints.arm("fold_before_commit", exc=errors.DiskFullError(path))
+        with pytest.raises(errors.DiskFullError):
+            s.snapshot()
+        commit(s, "r", a=2)  # lands in the new active table
+        s.snapshot()
+        st = s.stats()
+        assert st["applied_lsn"] == st["visible_lsn"] == 2
