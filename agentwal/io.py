@@ -35,7 +35,6 @@ __all__ = [
     "WriterLock",
     "read_all",
     "write_all",
-    "append_all",
 ]
 
 #: errnos that mean "no room for this write": a full disk, a quota, a file-size
@@ -167,16 +166,6 @@ def write_all(fs: FileSystem, fd: int, offset: int, data: bytes) -> None:
         if n <= 0:
             raise OSError(errno.EIO, "write made no progress")
         offset += n
-        view = view[n:]
-
-
-def append_all(fs: FileSystem, fd: int, data: bytes) -> None:
-    """Append all of ``data``, retrying short appends until whole."""
-    view = memoryview(data)
-    while view:
-        n = fs.append(fd, bytes(view))
-        if n <= 0:
-            raise OSError(errno.EIO, "append made no progress")
         view = view[n:]
 
 

@@ -48,7 +48,6 @@ class Memtable:
 
     def __init__(self) -> None:
         self.runs: dict[str, RunMem] = {}
-        self.first_lsn = 0  # 0 while empty
         self.last_lsn = 0
         self.nbytes = 0
         self.frozen = False
@@ -77,8 +76,6 @@ class Memtable:
                 _prune(chain, oldest_snap)
             self.nbytes += len(key) + (len(value) if value is not None else 0) + 16
         rm.checkpoints.append((ckpt, hsh, meta_raw))
-        if not self.first_lsn:
-            self.first_lsn = lsn
         self.last_lsn = lsn
 
     def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:

@@ -20,7 +20,7 @@ import agentwal
 from agentwal import errors, failpoints
 from agentwal.commit import CommitPipeline
 from agentwal.io import OsFileSystem
-from tests.helpers import commit
+from tests.helpers import commit, increment_in_threads
 
 
 class FaultyFs(OsFileSystem):
@@ -386,25 +386,8 @@ def test_an_immediate_retry_after_a_conflict_does_not_spin(path: str) -> None:
     # again: 8 threads x 50 increments cost over 100,000 conflicts. Now the
     # loser waits for the winner to settle, so each commit makes at most one
     # conflict per other thread.
-    import threading
-
     s = agentwal.open(path, durability="sync")
-
-    def worker() -> None:
-        for _ in range(50):
-            while True:
-                try:
-                    with s.begin("r") as txn:
-                        txn["n"] = txn.get("n", 0) + 1
-                    break
-                except errors.ConflictError:
-                    continue
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    increment_in_threads(s, "r", 8, 50)
     assert s.get("r", "n") == 400
     assert s.stats()["conflicts"] <= 400 * 7
     s.close()

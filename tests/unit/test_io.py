@@ -19,7 +19,6 @@ from agentwal.io import (
     FileSystem,
     OsFileSystem,
     WriterLock,
-    append_all,
     read_all,
     write_all,
 )
@@ -372,7 +371,7 @@ def test_fsync_dir_of_a_missing_directory(fs: OsFileSystem, tmp_path: Path) -> N
     assert ei.value.errno == errno.ENOENT
 
 
-# -- write_all / append_all / read_all ------------------------------------------------------
+# -- write_all / read_all ------------------------------------------------------
 
 
 class TrickleFs(OsFileSystem):
@@ -420,7 +419,6 @@ def test_write_all_of_nothing_makes_no_call(tmp_path: Path) -> None:
     tfs = TrickleFs()
     fd = tfs.open(str(tmp_path / "f"))
     write_all(tfs, fd, 0, b"")
-    append_all(tfs, fd, b"")
     assert tfs.calls == []
     tfs.close(fd)
 
@@ -447,27 +445,6 @@ def test_write_all_passes_errors_through(tmp_path: Path) -> None:
         write_all(ffs, fd, 0, b"abc")
     assert ei.value.errno == errno.ENOSPC
     ffs.close(fd)
-
-
-def test_append_all_retries_short_appends(tmp_path: Path) -> None:
-    tfs = TrickleFs(step=1)
-    fd = tfs.open(str(tmp_path / "f"))
-    tfs.pwrite(fd, 0, b">")
-    append_all(tfs, fd, b"abcd")
-    assert [c[2] for c in tfs.calls if c[0] == "append"] == [4, 3, 2, 1]
-    assert tfs.read(fd) == b">abcd"
-    tfs.close(fd)
-
-
-@pytest.mark.parametrize("step", [0, -1])
-def test_append_all_without_progress_is_eio(tmp_path: Path, step: int) -> None:
-    tfs = TrickleFs(step=step)
-    fd = tfs.open(str(tmp_path / "f"))
-    with pytest.raises(OSError) as ei:
-        append_all(tfs, fd, b"abc")
-    assert ei.value.errno == errno.EIO
-    assert len(tfs.calls) == 1
-    tfs.close(fd)
 
 
 def test_read_all_reads_the_whole_file_and_closes_it(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 import agentwal
 from agentwal import errors
 from agentwal.io import OsFileSystem
-from tests.helpers import commit
+from tests.helpers import commit, increment_in_threads
 
 
 def test_reopen_after_close_keeps_everything(path: str) -> None:
@@ -139,22 +139,7 @@ def test_disjoint_keys_on_one_run_both_commit(store: agentwal.Store) -> None:
 def test_concurrent_increments_with_retry_lose_nothing(path: str) -> None:
     store = agentwal.open(path, durability="sync")
     n_threads, per_thread = 8, 15
-
-    def worker() -> None:
-        for _ in range(per_thread):
-            while True:
-                try:
-                    with store.begin("r") as txn:
-                        txn["n"] = txn.get("n", 0) + 1
-                    break
-                except errors.ConflictError:
-                    continue
-
-    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    increment_in_threads(store, "r", n_threads, per_thread)
     assert store.get("r", "n") == n_threads * per_thread
     assert store.head("r").id == n_threads * per_thread  # type: ignore[union-attr]
     store.close()
