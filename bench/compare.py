@@ -150,27 +150,22 @@ def agentwal_commits(durability: str, threads: int, seconds: float) -> Result:
     return n, dt, extra
 
 
-def _threaded_commits(
-    store: agentwal.Store, threads: int, seconds: float, vals: list[bytes]
-) -> tuple[int, float]:
+def _race(threads: int, seconds: float,
+          body: Callable[[int, threading.Barrier, threading.Event], int]) -> tuple[int, float]:
+    """Run ``body(k, ready, stop)`` in ``threads`` threads for ``seconds`` once all are ready.
+
+    Each body warms up, waits on ``ready``, loops until ``stop`` and returns
+    its count; the total and the timed interval are returned. A body that
+    raises aborts the barrier and the error is raised here.
+    """
     counts = [0] * threads
     errors: list[BaseException] = []
     ready = threading.Barrier(threads + 1)
     stop = threading.Event()
 
     def worker(k: int) -> None:
-        run = f"run-{k}"
         try:
-            for i in range(WARMUP // 5):
-                with store.begin(run) as txn:
-                    txn.put("value", vals[i % len(vals)])
-            ready.wait()
-            i = 0
-            while not stop.is_set():
-                with store.begin(run) as txn:
-                    txn.put("value", vals[(i + k) % len(vals)])
-                i += 1
-            counts[k] = i
+            counts[k] = body(k, ready, stop)
         except BaseException as exc:  # report, don't hang the barrier
             errors.append(exc)
             ready.abort()
@@ -188,6 +183,25 @@ def _threaded_commits(
     if errors:
         raise errors[0]
     return sum(counts), dt
+
+
+def _threaded_commits(
+    store: agentwal.Store, threads: int, seconds: float, vals: list[bytes]
+) -> tuple[int, float]:
+    def body(k: int, ready: threading.Barrier, stop: threading.Event) -> int:
+        run = f"run-{k}"
+        for i in range(WARMUP // 5):
+            with store.begin(run) as txn:
+                txn.put("value", vals[i % len(vals)])
+        ready.wait()
+        i = 0
+        while not stop.is_set():
+            with store.begin(run) as txn:
+                txn.put("value", vals[(i + k) % len(vals)])
+            i += 1
+        return i
+
+    return _race(threads, seconds, body)
 
 
 def raw_append(seconds: float) -> Result:
@@ -271,18 +285,9 @@ def sqlite_full_threads(seconds: float, threads: int = 8) -> Result:
             "CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key)) WITHOUT ROWID"
         )
         db.close()
-        counts = [0] * threads
-        errors: list[BaseException] = []
-        ready = threading.Barrier(threads + 1)
-        stop = threading.Event()
 
-        def worker(k: int) -> None:
-            try:
-                conn = _sqlite_open(path)
-            except BaseException as exc:
-                errors.append(exc)
-                ready.abort()
-                return
+        def body(k: int, ready: threading.Barrier, stop: threading.Event) -> int:
+            conn = _sqlite_open(path)
             try:
                 ready.wait()
                 i = 0
@@ -294,25 +299,12 @@ def sqlite_full_threads(seconds: float, threads: int = 8) -> Result:
                     )
                     conn.execute("COMMIT")
                     i += 1
-                counts[k] = i
-            except BaseException as exc:
-                errors.append(exc)
+                return i
             finally:
                 conn.close()
 
-        ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
-        for t in ts:
-            t.start()
-        ready.wait()
-        t0 = time.perf_counter()
-        time.sleep(seconds)
-        stop.set()
-        for t in ts:
-            t.join()
-        dt = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
-    return sum(counts), dt, {}
+        n, dt = _race(threads, seconds, body)
+    return n, dt, {}
 
 
 def lmdb_sync(seconds: float) -> Result:
