@@ -18,12 +18,19 @@ Example::
 """
 
 from . import errors
+from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
     CheckpointNotFoundError,
     ConflictError,
     CorruptionError,
     DiskFullError,
     DurabilityError,
+    EffectDivergenceError,
+    EffectError,
+    EffectInDoubtError,
+    EffectNotAppliedError,
+    EffectNotFoundError,
+    EffectSettledError,
     Error,
     InvalidKeyError,
     MissingKeyError,
@@ -36,6 +43,7 @@ from .errors import (
     UnencodableValueError,
 )
 from .io import FileSystem, OsFileSystem
+from .ledger import DispatchReport
 from .store import Store, open
 from .txn import Savepoint, Transaction
 from .types import Checkpoint, Durability
@@ -43,13 +51,25 @@ from .types import Checkpoint, Durability
 __version__ = "0.1.0"
 
 __all__ = [
+    "NOT_APPLIED",
+    "UNKNOWN",
     "CheckpointNotFoundError",
     "Checkpoint",
     "ConflictError",
     "CorruptionError",
     "DiskFullError",
     "Durability",
+    "DispatchReport",
     "DurabilityError",
+    "EffectContext",
+    "EffectDivergenceError",
+    "EffectError",
+    "EffectInDoubtError",
+    "EffectMode",
+    "EffectNotAppliedError",
+    "EffectNotFoundError",
+    "EffectRecord",
+    "EffectSettledError",
     "Error",
     "FileSystem",
     "InvalidKeyError",

@@ -49,6 +49,8 @@ __all__ = [
     "encode_delta",
     "encode_meta",
     "encode_value",
+    "pack_payload",
+    "unpack_payload",
 ]
 
 Delta = dict[str, "bytes | None"]
@@ -188,29 +190,44 @@ def encode_delta(delta: Delta, *, compress: bool = True) -> tuple[bytes, int, by
     when ``compress`` is true and that makes them at least 1/16 smaller.
     """
     raw = bytes(cbor2.dumps(delta))
-    if len(raw) > MAX_DECOMPRESSED:  # recovery would refuse to inflate it
-        raise UnencodableValueError("<commit>", f"the change is {len(raw)} bytes, over the "
-                                    f"{MAX_DECOMPRESSED} byte limit; split it across commits")
     digest = hashlib.sha256(raw).digest()
+    packed, flags = pack_payload(raw, "<commit>", compress=compress)
+    return packed, flags, digest
+
+
+def pack_payload(raw: bytes, what: str, *, compress: bool = True) -> tuple[bytes, int]:
+    """``(bytes, flags)`` for a record payload: zstd when it helps by 1/16 or more.
+
+    Raises:
+        UnencodableValueError: ``raw`` is over the decompression limit.
+    """
+    if len(raw) > MAX_DECOMPRESSED:  # recovery would refuse to inflate it
+        raise UnencodableValueError(what, f"it is {len(raw)} bytes encoded, over the "
+                                    f"{MAX_DECOMPRESSED} byte limit; split it up")
     if compress and len(raw) >= COMPRESS_THRESHOLD:
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) - (len(raw) >> 4):
-            return packed, FLAG_ZSTD, digest
-    return raw, 0, digest
+            return packed, FLAG_ZSTD
+    return raw, 0
+
+
+def unpack_payload(data: bytes, flags: int) -> bytes:
+    """Undo :func:`pack_payload`; :class:`CodecError` for a bad or oversized frame."""
+    if not flags & FLAG_ZSTD:
+        return data
+    try:
+        # zstandard ignores max_output_size when the frame declares its size.
+        declared = zstandard.frame_content_size(data)
+        if declared > MAX_DECOMPRESSED:
+            raise CodecError(f"zstd frame declares {declared} bytes, over the limit")
+        return bytes(_decompressor().decompress(data, max_output_size=MAX_DECOMPRESSED))
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"bad zstd frame: {exc}") from None
 
 
 def decode_delta(data: bytes, flags: int) -> Delta:
     """Decode (and decompress) a delta; :class:`CodecError` if it is malformed."""
-    if flags & FLAG_ZSTD:
-        try:
-            # zstandard ignores max_output_size when the frame declares its size.
-            declared = zstandard.frame_content_size(data)
-            if declared > MAX_DECOMPRESSED:
-                raise CodecError(f"zstd frame declares {declared} bytes, over the limit")
-            data = _decompressor().decompress(data, max_output_size=MAX_DECOMPRESSED)
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"bad zstd frame: {exc}") from None
-    delta = loads(data)
+    delta = loads(unpack_payload(data, flags))
     if not isinstance(delta, dict):
         raise CodecError("delta is not a map")
     for k, v in delta.items():
@@ -231,6 +248,9 @@ class CommitRecord:
     hash: bytes
     origin: tuple[str, int] | None
     delta: bytes
+    #: CBOR list of outbox entries ``[name, mode, args bytes, key | None,
+    #: idempotent]`` (``txn.defer``), hashed as stored; None when there are none
+    deferred: bytes | None = None
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:
@@ -254,19 +274,19 @@ def decode_meta(data: bytes) -> dict[str, Any]:
 def encode_commit(rec: CommitRecord) -> bytes:
     """Encode a commit payload."""
     origin = list(rec.origin) if rec.origin is not None else None
-    return bytes(
-        cbor2.dumps(
-            [rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash, origin, rec.delta]
-        )
-    )
+    fields = [rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash, origin, rec.delta]
+    if rec.deferred is not None:
+        fields.append(rec.deferred)
+    return bytes(cbor2.dumps(fields))
 
 
 def decode_commit(payload: bytes) -> CommitRecord:
     """Decode a commit payload, checking every field's type (``meta`` stays encoded)."""
     obj = loads(payload)
-    if not isinstance(obj, list) or len(obj) != 8:
-        raise CodecError("commit payload is not an 8-element array")
-    run, cid, parent, created, meta, hsh, origin, delta = obj
+    if not isinstance(obj, list) or len(obj) not in (8, 9):
+        raise CodecError("commit payload is not an 8- or 9-element array")
+    run, cid, parent, created, meta, hsh, origin, delta = obj[:8]
+    deferred = obj[8] if len(obj) == 9 else None
     ok = (
         isinstance(run, str)
         and isinstance(cid, int)
@@ -277,6 +297,7 @@ def decode_commit(payload: bytes) -> CommitRecord:
         and isinstance(hsh, bytes)
         and len(hsh) == 32
         and isinstance(delta, bytes)
+        and (deferred is None or isinstance(deferred, bytes))
         and (
             origin is None
             or (isinstance(origin, list) and len(origin) == 2 and isinstance(origin[0], str)
@@ -286,7 +307,7 @@ def decode_commit(payload: bytes) -> CommitRecord:
     if not ok:
         raise CodecError("commit payload has a field of the wrong type")
     org = (origin[0], origin[1]) if origin is not None else None
-    return CommitRecord(run, cid, parent, float(created), meta, hsh, org, delta)
+    return CommitRecord(run, cid, parent, float(created), meta, hsh, org, delta, deferred)
 
 
 def checkpoint_hash(
@@ -298,13 +319,16 @@ def checkpoint_hash(
     meta: bytes,
     origin: tuple[str, int] | None,
     delta_digest: bytes,
+    deferred: bytes | None = None,
 ) -> bytes:
     """SHA-256 chaining a checkpoint to its parent: covers the fields and the change.
 
     ``sha256(parent_hash || cbor([run, id, parent, created_at, origin]) || meta
-    bytes || sha256(delta bytes))``; ``meta`` is the stored encoding, so the
-    hash can be recomputed from what is on disk.
+    bytes || sha256(delta bytes) [|| sha256(deferred bytes)])``; ``meta`` is
+    the stored encoding, so the hash can be recomputed from what is on disk.
+    The outbox part is there only when the commit has deferred effects.
     """
     org = list(origin) if origin is not None else None
     body = cbor2.dumps([run, cid, parent, created_at, org])
-    return hashlib.sha256(parent_hash + body + meta + delta_digest).digest()
+    tail = hashlib.sha256(deferred).digest() if deferred is not None else b""
+    return hashlib.sha256(parent_hash + body + meta + delta_digest + tail).digest()

@@ -39,7 +39,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import failpoints
-from .codec import CommitRecord, checkpoint_hash, encode_commit, encode_delta, encode_meta
+from .codec import (
+    CommitRecord,
+    checkpoint_hash,
+    encode_commit,
+    encode_delta,
+    encode_meta,
+    pack_payload,
+)
+from .effects import Deferred, encode_outbox
 from .errors import (
     ConflictError,
     DurabilityError,
@@ -47,7 +55,7 @@ from .errors import (
     StoreClosedError,
     UnencodableValueError,
 )
-from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_RECORD_PAYLOAD, REC_COMMIT
+from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_RECORD_PAYLOAD, REC_COMMIT, REC_EFFECT
 from .types import Checkpoint, Durability
 from .wal import PendingRecord, Writer
 
@@ -59,10 +67,10 @@ _ABSENT: Any = object()
 
 @dataclass
 class Pending:
-    """A commit between validation and publication."""
+    """A commit (or an effect entry) between validation and publication."""
 
     lsn: int
-    ckpt: Checkpoint
+    ckpt: Checkpoint | None  # None for an effect entry
     hsh: bytes
     meta_raw: bytes
     delta: dict[str, bytes | None]
@@ -71,6 +79,10 @@ class Pending:
     prev_writes: dict[str, Any]
     state: str = "queued"  # queued | done | failed
     error: BaseException | None = None
+    #: outbox entries of a commit: ``(name, mode, args bytes, key | None, idempotent)``
+    deferred: list[Deferred] | None = None
+    #: the ledger entry an effect record carries and its (uncompressed) encoding
+    effect: tuple[Any, bytes] | None = None
 
 
 class CommitPipeline:
@@ -105,8 +117,12 @@ class CommitPipeline:
     # -- committing -----------------------------------------------------------------
 
     def commit(self, run: str, snap: int, reads: set[str], prefixes: set[str],
-               delta: dict[str, bytes | None], meta: dict[str, Any]) -> Checkpoint:
+               delta: dict[str, bytes | None], meta: dict[str, Any],
+               deferred: list[Deferred] | None = None,
+               ) -> Checkpoint:
         """Validate, assign, queue and drive one commit; returns its checkpoint.
+
+        ``deferred`` outbox entries are logged (and hashed) with the commit.
 
         Raises:
             ConflictError, UnencodableValueError, DiskFullError, DurabilityError.
@@ -116,7 +132,8 @@ class CommitPipeline:
         self._learn_compression(
             try_zstd and (bool(flags & FLAG_ZSTD) or len(blob) >= COMPRESS_THRESHOLD), flags)
         meta_raw = encode_meta(meta)
-        size = len(blob) + len(meta_raw)
+        outbox = encode_outbox(deferred) if deferred else None
+        size = len(blob) + len(meta_raw) + len(outbox or b"")
         if size > MAX_RECORD_PAYLOAD - 65536:
             raise UnencodableValueError("<commit>", f"the commit is {size} bytes encoded, "
                                         f"over the {MAX_RECORD_PAYLOAD} byte record limit; "
@@ -132,15 +149,17 @@ class CommitPipeline:
             head = self.heads.get(run) or self._head_of(run)
             parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
             cid = (parent or 0) + 1
-            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta_raw, None, digest)
+            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta_raw, None, digest,
+                                  outbox)
             lsn = self.next_lsn
             payload = encode_commit(CommitRecord(run, cid, parent, created, meta_raw, hsh, None,
-                                                 blob))
+                                                 blob, outbox))
             ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), None)
             writes = self.last_write.setdefault(run, {})
             pc = Pending(lsn, ckpt, hsh, meta_raw, delta,
                          PendingRecord(lsn, REC_COMMIT, flags, payload),
-                         self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta})
+                         self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta},
+                         deferred=deferred or None)
             for k in delta:
                 writes[k] = lsn
             self.heads[run] = (cid, hsh)
@@ -148,6 +167,29 @@ class CommitPipeline:
             self.pending.append(pc)
         self._drive(pc)
         return ckpt
+
+    def record_effect(self, entry: Any, raw: bytes) -> int:
+        """Log one effects-ledger entry and return once it is durable and published.
+
+        Effect records are always fsynced, whatever the durability mode: an
+        intent must be on disk before the call it announces. Returns the LSN.
+
+        Raises:
+            UnencodableValueError, DiskFullError, DurabilityError, StoreClosedError.
+        """
+        payload, flags = pack_payload(raw, f"effect {entry.name!r}")
+        with self.lock:
+            if self.closed:
+                raise StoreClosedError(self.path)
+            if self.writer.broken is not None:
+                raise self.writer.stopped()
+            lsn = self.next_lsn
+            pc = Pending(lsn, None, b"", b"", {}, PendingRecord(lsn, REC_EFFECT, flags, payload),
+                         _ABSENT, {}, effect=(entry, raw))
+            self.next_lsn = lsn + 1
+            self.pending.append(pc)
+        self._drive(pc)
+        return lsn
 
     def _learn_compression(self, tried: bool, flags: int) -> None:
         """Stop trying zstd for a while when it keeps not helping (random or packed data).
@@ -225,7 +267,8 @@ class CommitPipeline:
             return
         try:
             self.writer.append([p.record for p in batch])
-            if self.durability is Durability.SYNC:
+            # Effect records (ckpt None) are synced in every mode.
+            if self.durability is Durability.SYNC or any(p.ckpt is None for p in batch):
                 self.writer.sync()
                 self.counters["syncs"] += 1
         except Error as exc:
@@ -256,6 +299,9 @@ class CommitPipeline:
             doomed = batch + self.pending
             self.pending = []
             for p in reversed(doomed):
+                p.state, p.error = "failed", exc
+                if p.ckpt is None:  # an effect entry: no head or write to put back
+                    continue
                 run = p.ckpt.run
                 if p.prev_head is _ABSENT:
                     self.heads.pop(run, None)
@@ -267,7 +313,6 @@ class CommitPipeline:
                         writes.pop(k, None)
                     else:
                         writes[k] = old
-                p.state, p.error = "failed", exc
             self.settled_lsn = max(self.settled_lsn, doomed[-1].lsn)
             self.next_lsn = doomed[0].lsn
             self._done.notify_all()

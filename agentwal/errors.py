@@ -21,8 +21,11 @@ __all__ = [
     "DiskFullError",
     "DurabilityError",
     "EffectDivergenceError",
+    "EffectError",
     "EffectInDoubtError",
     "EffectNotAppliedError",
+    "EffectNotFoundError",
+    "EffectSettledError",
     "Error",
     "InvalidKeyError",
     "MissingKeyError",
@@ -219,22 +222,60 @@ class DurabilityError(Error):
         )
 
 
-class EffectInDoubtError(Error):
+class EffectError(Error):
+    """Base of the effect errors: carries the entry's ``effect_id`` and ``key``.
+
+    The message says what happened and what to do (check the downstream,
+    then ``store.resolve_effect``); nothing was called when one is raised.
+    """
+
+    code = "effect"
+
+    def __init__(self, effect_id: str | None, key: str | None, message: str) -> None:
+        self.effect_id = effect_id
+        self.key = key
+        super().__init__(message)
+
+
+class EffectInDoubtError(EffectError):
     """An effect's outcome is unknown after a crash and its mode forbids calling it again."""
 
     code = "effect_in_doubt"
 
 
-class EffectNotAppliedError(Error):
-    """A probe reported that an at-most-once effect in doubt was never applied."""
+class EffectNotAppliedError(EffectError):
+    """An at-most-once effect was not applied (a probe or an operator said so); never retried."""
 
     code = "effect_not_applied"
 
 
-class EffectDivergenceError(Error):
-    """A different effect (name or args) was requested at a position that has a record."""
+class EffectDivergenceError(EffectError):
+    """A different effect (name, args or mode) was requested where one is recorded."""
 
     code = "effect_divergence"
+
+
+class EffectNotFoundError(Error, LookupError):
+    """No effects-ledger entry has that id (never recorded, or expired by retention)."""
+
+    code = "effect_not_found"
+
+    def __init__(self, effect_id: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"no effect {effect_id!r} in the ledger. List the entries with "
+                         "store.effects() or `agentwal effects`.")
+
+
+class EffectSettledError(Error):
+    """``resolve_effect`` on an entry that is already settled: nothing was changed."""
+
+    code = "effect_settled"
+
+    def __init__(self, effect_id: str, status: str) -> None:
+        self.effect_id = effect_id
+        self.status = status
+        super().__init__(f"effect {effect_id} is already {status}; nothing was changed. Only "
+                         "pending, in_doubt and failed entries can be resolved.")
 
 
 class TooManyReadersError(Error):

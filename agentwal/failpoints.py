@@ -46,6 +46,12 @@ POINTS: dict[str, str] = {
     "recovery_before_replay": "LMDB base loaded, WAL not yet read",
     "recovery_after_replay": "WAL replayed into the memtable, torn tail not yet repaired",
     "recovery_after_repair": "torn tail zeroed and synced, store not yet ready",
+    # effects (txn.effect and store.dispatch, one attempt)
+    "effect_before_intent": "an effect is about to record its intent; nothing called",
+    "effect_after_intent": "the intent is durable, the effect not yet called",
+    "after_effect_call": "the effect returned or raised, its outcome not yet recorded",
+    "effect_after_outcome": "the outcome is durable, the transaction not yet committed",
+    "effect_before_retry": "an attempt failed and was recorded; the retry not yet begun",
 }
 
 

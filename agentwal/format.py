@@ -26,7 +26,7 @@ Record frame (``RECORD_HEADER_SIZE`` bytes, then the payload)::
     8    8     LSN (previous + 1)
     16   8     synced LSN: the highest LSN the writer knew durable when it wrote this
     24   1     record type
-    25   1     flags (bit 0: the payload's delta is zstd-compressed)
+    25   1     flags (bit 0: the commit's delta / the effect entry is zstd-compressed)
     26   2     reserved (zero)
 """
 
@@ -48,7 +48,9 @@ RECORD_HEADER_SIZE = RECORD_HEADER.size  # 28
 
 #: Record types.
 REC_COMMIT = 1
-RECORD_TYPES = frozenset({REC_COMMIT})
+#: An effects-ledger entry (the whole entry; the last record of a key wins).
+REC_EFFECT = 2
+RECORD_TYPES = frozenset({REC_COMMIT, REC_EFFECT})
 
 #: Record flags.
 FLAG_ZSTD = 0x01

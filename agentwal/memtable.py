@@ -12,12 +12,18 @@ one; transactions that began before keep their reference to the frozen one
 and an LMDB read transaction from before the fold, so their view never
 changes under them. The memtable does no I/O and takes no locks: the store
 serialises writers and publishes new tables under its commit lock.
+
+Effects-ledger entries (``effects.py``) live here too until folded: the
+latest entry per idempotency key (last record wins, no versions: the ledger
+is read at its newest, not at a snapshot) and an index from an effect's
+position ``(run, checkpoint, ordinal)`` to its key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .effects import EffectRecord
 from .types import Checkpoint
 
 __all__ = ["Memtable", "RunMem"]
@@ -54,9 +60,27 @@ class Memtable:
         #: (segment first LSN, offset) just past the last record applied: where
         #: the log continues once this table is folded
         self.log_pos: tuple[int, int] | None = None
+        #: idempotency key -> (latest entry, its encoding)
+        self.effects: dict[str, tuple[EffectRecord, bytes]] = {}
+        #: (run, checkpoint, ordinal) -> idempotency key, for txn.effect entries
+        self.effect_pos: dict[tuple[str, int, int], str] = {}
 
     def __len__(self) -> int:
         return sum(len(r.checkpoints) for r in self.runs.values())
+
+    @property
+    def empty(self) -> bool:
+        """True if nothing was published into this table (nothing to fold)."""
+        return not self.runs and not self.effects
+
+    def apply_effect(self, lsn: int, entry: EffectRecord, raw: bytes) -> None:
+        """Make one ledger entry the latest for its key."""
+        assert not self.frozen, "a frozen memtable is read-only"
+        self.effects[entry.key] = (entry, raw)
+        if entry.ordinal is not None:
+            self.effect_pos[(entry.run, entry.checkpoint, entry.ordinal)] = entry.key
+        self.nbytes += len(raw) + 16
+        self.last_lsn = lsn
 
     def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, meta_raw: bytes,
               delta: dict[str, bytes | None], oldest_snap: int) -> None:

@@ -37,14 +37,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import failpoints
-from .codec import CodecError, CommitRecord, decode_commit, decode_delta, decode_meta
+from .codec import (
+    CodecError,
+    CommitRecord,
+    decode_commit,
+    decode_delta,
+    decode_meta,
+    unpack_payload,
+)
+from .effects import Deferred, EffectRecord, decode_entry, decode_outbox
 from .errors import CorruptionError
-from .format import REC_COMMIT, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, TMP_SUFFIX
+from .format import REC_COMMIT, REC_EFFECT, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, TMP_SUFFIX
 from .io import FileSystem, write_all
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
 
-__all__ = ["Plan", "Replayed", "plan", "recover", "repair"]
+__all__ = ["Plan", "Replayed", "ReplayedEffect", "plan", "recover", "repair"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +63,23 @@ class Replayed:
     record: CommitRecord
     meta: dict[str, Any]
     delta: dict[str, bytes | None]
+    deferred: list[Deferred] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedEffect:
+    """One effects-ledger entry read back from the log."""
+
+    lsn: int
+    entry: EffectRecord
+    raw: bytes  # the entry's CBOR map, uncompressed
 
 
 @dataclass
 class Plan:
     """What recovery found and what it will do."""
 
-    records: list[Replayed] = field(default_factory=list)
+    records: list[Replayed | ReplayedEffect] = field(default_factory=list)
     next_lsn: int = 1
     resume: tuple[Segment, SegmentHeader, int] | None = None  # segment, header, end offset
     earlier: list[Segment] = field(default_factory=list)
@@ -74,16 +92,23 @@ class Plan:
 
 
 def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
-            payload: bytes) -> Replayed:
+            payload: bytes) -> Replayed | ReplayedEffect:
+    if rtype == REC_EFFECT:
+        try:
+            raw = unpack_payload(payload, flags)
+            return ReplayedEffect(lsn, decode_entry(raw), raw)
+        except CodecError as exc:
+            raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
     if rtype != REC_COMMIT:
         raise CorruptionError(seg.path, offset, f"record LSN {lsn} has unknown type {rtype}")
     try:
         rec = decode_commit(payload)
         meta = decode_meta(rec.meta)
         delta = decode_delta(rec.delta, flags)
+        deferred = decode_outbox(rec.deferred) if rec.deferred is not None else None
     except CodecError as exc:
         raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
-    return Replayed(lsn, rec, meta, delta)
+    return Replayed(lsn, rec, meta, delta, deferred)
 
 
 def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,

@@ -21,6 +21,11 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin]``
+- ``effects``: the effects ledger (``effects.py``), three kinds of key:
+  ``b"k"`` + idempotency key -> CRC + entry CBOR map;
+  ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
+  (where a ``txn.effect`` entry sits); ``b"q"`` + lsn (u64) + index (u32) ->
+  CRC + idempotency key, for each outbox entry not yet settled (dispatch order)
 
 Every stored value carries a CRC-32 of its key and bytes (LMDB has no
 checksums of its own), checked on each read, so a flipped byte in a key or a
@@ -44,6 +49,7 @@ import cbor2
 import lmdb
 
 from .codec import CodecError, decode_meta, loads
+from .effects import EffectRecord, decode_entry, outstanding
 from .errors import (
     CorruptionError,
     DiskFullError,
@@ -58,6 +64,7 @@ from .types import Checkpoint
 __all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file"]
 
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 _CRC = struct.Struct("<I")
 _LMDB_MAGIC = 0xBEEFC0DE
 _LMDB_DATA_VERSION = 1
@@ -152,7 +159,7 @@ class Snapshot:
             raise self._translate(exc, "cannot open the snapshot") from None
         self._shared: _Shared | None = shared
         self.env = shared.env
-        self._meta, self._runs, self._state, self._ckpt = shared.dbs
+        self._meta, self._runs, self._state, self._ckpt, self._effects = shared.dbs
 
     # -- errors -------------------------------------------------------------------
 
@@ -363,11 +370,88 @@ class Snapshot:
         org = (origin[0], origin[1]) if origin else None
         return Checkpoint(run, cid, parent, lsn, float(created), meta, hsh.hex(), org)
 
+    # -- the effects ledger ---------------------------------------------------------
+
+    def _entry(self, k: bytes, v: Any) -> EffectRecord:
+        data = self._open(k, v, "an effects-ledger entry")
+        assert data is not None
+        try:
+            return decode_entry(data)
+        except CodecError as exc:
+            raise self._corrupt(f"effects-ledger entry {k[1:]!r}: {exc}") from None
+
+    def effect(self, txn: Any, key: str) -> EffectRecord | None:
+        """The folded ledger entry with idempotency key ``key``, or None."""
+        k = b"k" + key.encode()
+        with self._reading("the effects ledger"):
+            v = txn.get(k, db=self._effects)
+            return None if v is None else self._entry(k, v)
+
+    def effect_key_at(self, txn: Any, run: str, checkpoint: int, ordinal: int) -> str | None:
+        """The key of the ``txn.effect`` entry at this position, or None."""
+        k = _pos_key(run, checkpoint, ordinal)
+        with self._reading("the effects ledger"):
+            data = self._open(k, txn.get(k, db=self._effects), "an effect position")
+        return None if data is None else data.decode("utf-8", "replace")
+
+    def effects(self, txn: Any) -> Iterator[EffectRecord]:
+        """Every folded ledger entry, in key order."""
+        with self._reading("the effects ledger"), txn.cursor(db=self._effects) as cur:
+            found = cur.set_range(b"k")
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(b"k"):
+                    break
+                yield self._entry(k, cur.value())
+                found = cur.next()
+
+    def outbox(self, txn: Any) -> list[str]:
+        """Keys of folded outbox entries not yet settled, in commit order."""
+        out = []
+        with self._reading("the outbox"), txn.cursor(db=self._effects) as cur:
+            found = cur.set_range(b"q")
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(b"q"):
+                    break
+                data = self._open(k, cur.value(), "an outbox entry")
+                assert data is not None
+                out.append(data.decode("utf-8", "replace"))
+                found = cur.next()
+        return out
+
+    def _put_effect(self, txn: Any, entry: EffectRecord, raw: bytes) -> None:
+        k = b"k" + entry.key.encode()
+        txn.put(k, _seal(k, raw), db=self._effects)
+        key = entry.key.encode()
+        if entry.ordinal is not None:
+            pk = _pos_key(entry.run, entry.checkpoint, entry.ordinal)
+            txn.put(pk, _seal(pk, key), db=self._effects)
+        if entry.order is not None:
+            qk = b"q" + _U64.pack(entry.order[0]) + _U32.pack(entry.order[1])
+            if outstanding(entry):
+                txn.put(qk, _seal(qk, key), db=self._effects)
+            else:
+                txn.delete(qk, db=self._effects)
+
+    def _expire_effects(self, txn: Any, before: float) -> None:
+        doomed = [e for e in self.effects(txn)
+                  if not outstanding(e) and e.updated_at < before]
+        for e in doomed:
+            txn.delete(b"k" + e.key.encode(), db=self._effects)
+            if e.ordinal is not None:
+                txn.delete(_pos_key(e.run, e.checkpoint, e.ordinal), db=self._effects)
+
     # -- folding ------------------------------------------------------------------
 
     def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun],
-             log_pos: tuple[int, int] | None = None) -> None:
+             log_pos: tuple[int, int] | None = None,
+             effects: list[tuple[EffectRecord, bytes]] | None = None,
+             expire_before: float | None = None) -> None:
         """Write a frozen memtable into LMDB in one synced transaction.
+
+        ``effects`` are ledger entries to store (latest per key); settled
+        entries last updated before ``expire_before`` are dropped.
 
         Raises:
             MapFull: the map is full; :meth:`grow` it (no reads open) and retry.
@@ -381,6 +465,10 @@ class Snapshot:
                 # fdatasyncs the data pages, then the meta page.
                 with self.env.begin(write=True) as txn:
                     self._fold_into(txn, applied_lsn, store_id, runs, log_pos)
+                    for entry, raw in effects or ():
+                        self._put_effect(txn, entry, raw)
+                    if expire_before is not None:
+                        self._expire_effects(txn, expire_before)
             except lmdb.MapFullError:
                 raise MapFull(self.env.info()["map_size"]) from None
             except lmdb.Error as exc:
@@ -464,7 +552,8 @@ class Snapshot:
             st = self.env.stat()
             counts = {name: txn.stat(db)["entries"]
                       for name, db in (("folded_runs", self._runs), ("state_keys", self._state),
-                                       ("checkpoints", self._ckpt))}
+                                       ("checkpoints", self._ckpt),
+                                       ("effect_index_entries", self._effects))}
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot read stats", reading=True) from None
         finally:
@@ -488,6 +577,10 @@ class MapFull(Exception):
         super().__init__(f"LMDB map of {size} bytes is full")
 
 
+def _pos_key(run: str, checkpoint: int, ordinal: int) -> bytes:
+    return b"p" + cbor2.dumps([run, checkpoint, ordinal])
+
+
 def lmdb_closed(directory: str) -> StoreClosedError:
     return StoreClosedError(os.path.dirname(directory))
 
@@ -498,7 +591,7 @@ class _Shared:
 
     key: str
     env: Any
-    dbs: tuple[Any, Any, Any, Any]
+    dbs: tuple[Any, Any, Any, Any, Any]
     users: int = 1
     readers: int = 0  # read transactions open, across users
 
@@ -507,6 +600,7 @@ class _Shared:
 # process), so a writer and read-only stores in the same process share it.
 _shared_lock = threading.Lock()
 _shared: dict[str, _Shared] = {}
+_DB_NAMES = (b"meta", b"runs", b"state", b"ckpt", b"effects")
 
 
 def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
@@ -519,17 +613,16 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
         # A read-only store still opens the environment for writing when it
         # can, so a writer opened later in this process can share it.
         writable = not readonly or os.access(directory, os.W_OK)
-        env = lmdb.open(directory, map_size=map_size, max_dbs=8, max_readers=1024, sync=True,
+        env = lmdb.open(directory, map_size=map_size, max_dbs=16, max_readers=1024, sync=True,
                         metasync=True, writemap=False, readahead=False, meminit=False,
                         readonly=not writable, lock=True, mode=0o600, create=not readonly)
         try:
             if writable:
                 env.reader_check()
             # Handles opened in their own (committed) transaction stay valid.
-            dbs = tuple(env.open_db(name, create=not readonly)
-                        for name in (b"meta", b"runs", b"state", b"ckpt"))
+            dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
             with env.begin() as txn:
-                for name, db in zip((b"meta", b"runs", b"state", b"ckpt"), dbs, strict=True):
+                for name, db in zip(_DB_NAMES, dbs, strict=True):
                     flags = db.flags(txn)  # type: ignore[call-arg]
                     if any(flags.values()):  # created plain: a set flag is a damaged record
                         raise CorruptionError(os.path.join(directory, _DATA), None,
@@ -542,7 +635,7 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             # files durable before a fold can let WAL segments go.
             OsFileSystem().fsync_dir(directory)
             OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
-        entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3]))
+        entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3], dbs[4]))
         return entry
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import gc
 import os
 import sys
@@ -43,6 +44,15 @@ from . import failpoints
 from .codec import decode_stored
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
+from .effects import (
+    STATUSES,
+    Deferred,
+    EffectContext,
+    EffectRecord,
+    encode_entry,
+    outbox_entries,
+    outstanding,
+)
 from .errors import (
     CorruptionError,
     DiskFullError,
@@ -59,8 +69,9 @@ from .format import (
     WAL_DIR,
 )
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
+from .ledger import DispatchReport, Ledger, Request
 from .memtable import Memtable
-from .recovery import Plan, recover
+from .recovery import Plan, ReplayedEffect, recover
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
 from .txn import Transaction
 from .types import Checkpoint, Durability, check_key
@@ -69,6 +80,7 @@ from .wal import Writer
 __all__ = ["Store", "open"]
 
 _MAX_MAP = 1 << 46 if sys.maxsize > 2**32 else 1 << 31
+_UNSET: Any = object()
 T = TypeVar("T")
 
 
@@ -107,6 +119,7 @@ def open(
     sync_interval: float = 0.1,
     segment_bytes: int | None = None,
     map_size: int | None = None,
+    effect_retention: datetime.timedelta | None = datetime.timedelta(days=30),
 ) -> Store:
     """Open (or create) the store in directory ``path`` and recover it.
 
@@ -122,6 +135,10 @@ def open(
             a quarter of ``wal_max_bytes``, at most 16 MiB).
         map_size: initial LMDB map size (address space, not disk; default
             1 TiB on 64-bit). A full map is doubled when no read is open.
+        effect_retention: how long settled effects-ledger entries (done,
+            resolved, not applied) are kept after their last update, so their
+            keys still dedup (default 30 days; None keeps them forever).
+            Entries in doubt, failed or pending are never dropped.
 
     Returns:
         An open :class:`Store` (also a context manager).
@@ -149,8 +166,12 @@ def open(
         segment_bytes = max(MIN_SEGMENT_BYTES * 16, min(DEFAULT_SEGMENT_BYTES, wal_max_bytes // 4))
     if segment_bytes < MIN_SEGMENT_BYTES:
         raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
+    if effect_retention is not None and effect_retention.total_seconds() < 0:
+        raise ValueError("effect_retention must not be negative")
     store = Store(os.fspath(path), mode, readonly, wal_max_bytes, fs or OsFileSystem(),
                   sync_interval, segment_bytes, map_size)
+    if effect_retention is not None:
+        store._effect_retention = effect_retention.total_seconds()
     try:
         store._open()
     except OSError as exc:
@@ -207,19 +228,38 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         lock.release()
 
 
-def _replay(plan: Plan) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
-    """A memtable holding the replayed records, and each replayed run's head."""
+def _replay(plan: Plan, store_id: Any, folded: Callable[[str], bool]
+            ) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
+    """A memtable holding the replayed records, and each replayed run's head.
+
+    ``folded(key)`` says whether LMDB already has a ledger entry with that
+    key (an outbox entry with a business key is not recorded twice).
+    """
     mem = Memtable()
     heads: dict[str, tuple[int, bytes]] = {}
     for r in plan.records:
+        if isinstance(r, ReplayedEffect):
+            mem.apply_effect(r.lsn, r.entry, r.raw)
+            continue
         rec = r.record
         ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
                           rec.hash.hex(), rec.origin)
         mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn)
+        if r.deferred:
+            _add_outbox(mem, store_id, ckpt, r.deferred, folded)
         heads[rec.run] = (rec.id, rec.hash)
     if plan.records and plan.resume is not None:
         mem.log_pos = (plan.resume[0].first_lsn, plan.resume[2])
     return mem, heads
+
+
+def _add_outbox(mem: Memtable, store_id: Any, ckpt: Checkpoint, deferred: list[Deferred],
+                folded: Callable[[str], bool]) -> None:
+    """Ledger entries for a committed outbox; a key already recorded is left as it is."""
+    for entry in outbox_entries(store_id, ckpt.run, ckpt.id, ckpt.created_at, ckpt.lsn,
+                                deferred):
+        if entry.key not in mem.effects and not folded(entry.key):
+            mem.apply_effect(ckpt.lsn, entry, encode_entry(entry))
 
 
 class Store:
@@ -263,6 +303,9 @@ class Store:
         self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
+        self._ledger = Ledger(self)
+        self._effect_retention: float | None = None  # seconds; set by open()
+        self._next_expiry = 0.0
 
     # -- opening --------------------------------------------------------------------
 
@@ -307,7 +350,9 @@ class Store:
         started = time.perf_counter()
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
-            mem, heads = _replay(plan)
+            snap = self._snap
+            mem, heads = _replay(plan, self.store_id,
+                                 lambda key: snap.effect(ltxn, key) is not None)
         ended = None
         with self._lock:
             if self.readonly:
@@ -536,7 +581,7 @@ class Store:
         if pipe is None:
             raise ReadOnlyError(self.path)
         failpoints.hit("commit_before_validate")
-        if not txn._writes and not txn._meta:
+        if not txn._writes and not txn._meta and not txn._deferred:
             return self._head(view, run)
         delta = dict(txn._writes)
         if self._split_commits_for_test and len(delta) > 1:
@@ -548,7 +593,8 @@ class Store:
                         {k: delta[k] for k in keys[:half]}, {})
             return pipe.commit(run, 1 << 62, set(), set(), {k: delta[k] for k in keys[half:]},
                                dict(txn._meta))
-        return pipe.commit(run, view.snap, txn._reads, txn._prefixes, delta, dict(txn._meta))
+        return pipe.commit(run, view.snap, txn._reads, txn._prefixes, delta, dict(txn._meta),
+                           list(txn._deferred))
 
     def _folded_head(self, run: str) -> tuple[int, bytes] | None:
         """Latest published head of ``run`` (memtables, then LMDB); under ``_lock``."""
@@ -572,7 +618,14 @@ class Store:
         """Make a durable batch visible, in LSN order; under ``_lock``."""
         oldest = self._oldest_snapshot()
         for p in batch:
-            self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
+            if p.ckpt is None:
+                assert p.effect is not None
+                self._active.apply_effect(p.lsn, *p.effect)
+            else:
+                self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
+                if p.deferred:
+                    _add_outbox(self._active, self.store_id, p.ckpt, p.deferred,
+                                self._effect_folded)
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
@@ -651,7 +704,7 @@ class Store:
             with self._lock:
                 leftover = self._frozen is not None
                 if self._frozen is None:
-                    if not self._active.runs:
+                    if self._active.empty:
                         return False
                     self._frozen, self._active = self._active, Memtable()
                     self._frozen.frozen = True
@@ -663,10 +716,15 @@ class Store:
             pipe.sync_through(frozen.last_lsn)
             runs = [FoldRun(run, writes, ckpts)
                     for run, (writes, ckpts) in frozen.fold_view().items()]
+            effects = list(frozen.effects.values())
+            expire = None
+            if self._effect_retention is not None and time.time() >= self._next_expiry:
+                expire = time.time() - self._effect_retention
             failpoints.hit("fold_before_commit")
             while True:
                 try:
-                    self._snap.fold(frozen.last_lsn, self.store_id, runs, frozen.log_pos)
+                    self._snap.fold(frozen.last_lsn, self.store_id, runs, frozen.log_pos,
+                                    effects, expire)
                     break
                 except MapFull as full:  # double until the fold fits
                     self._grow_map(full)
@@ -676,6 +734,8 @@ class Store:
                     pipe.writer.broken = exc
                     raise
             failpoints.hit("fold_after_commit")
+            if expire is not None:
+                self._next_expiry = time.time() + 3600.0  # expiry scans the ledger: hourly
             with self._lock:
                 self._frozen = None
                 self._applied = frozen.last_lsn
@@ -801,6 +861,156 @@ class Store:
             return
         with self._refresh_lock:  # on failure the old view stays in place
             self._load(os.path.join(self.path, WAL_DIR))
+
+    # -- effects --------------------------------------------------------------------
+
+    def effects(self, run: str | None = None, status: str | None = None) -> list[EffectRecord]:
+        """Entries of the effects ledger, oldest first, optionally of one run or status.
+
+        Args:
+            run: only entries recorded by this run.
+            status: only ``pending``, ``in_doubt``, ``done``, ``failed``,
+                ``not_applied`` or ``resolved`` entries.
+
+        Raises:
+            ValueError: an unknown status. StoreClosedError, CorruptionError.
+
+        Example::
+
+            for e in store.effects(status="in_doubt"):
+                print(e.effect_id, e.name, e.attempts, e.error)
+        """
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
+        if run is not None:
+            check_key(run, "run id")
+        return [e for e in sorted(self._effect_all(), key=lambda e: (e.created_at, e.key))
+                if (run is None or e.run == run) and (status is None or e.status == status)]
+
+    def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
+                 probes: dict[str, Callable[[EffectContext], Any]] | None = None,
+                 run: str | None = None, limit: int | None = None) -> DispatchReport:
+        """Run committed outbox entries (``txn.defer``) in commit order.
+
+        Each entry runs like ``txn.effect`` under its mode, with
+        ``handler(ctx)`` and the deferred args in ``ctx.args``; done entries
+        are skipped, so dispatch is safe to run again after a crash. An entry
+        whose handler raises is recorded ``failed`` and the run's later entries
+        wait for the next pass; an entry without a handler stays pending.
+
+        Args:
+            handlers: effect name -> ``handler(ctx)``.
+            probes: effect name -> ``probe(ctx)`` for entries in doubt
+                (required for exactly_once entries not deferred idempotent).
+            run: only this run's entries. limit: at most this many entries.
+
+        Returns:
+            A :class:`DispatchReport` (``done``, ``failed``, ``in_doubt``, ``skipped``).
+
+        Raises:
+            ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        if run is not None:
+            check_key(run, "run id")
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+        return self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+
+    def resolve_effect(self, effect_id: str, *, result: Any = _UNSET, not_applied: bool = False,
+                       by: str | None = None) -> EffectRecord:
+        """Settle an entry in doubt (or failed, or pending) by hand, durably.
+
+        Give ``result=`` (what the downstream did: status ``resolved``, and
+        the next attempt returns it) or ``not_applied=True`` (it never
+        happened: at_most_once raises ``EffectNotAppliedError`` at the next
+        attempt, the other modes call again). ``by`` names who decided
+        (default: user@host and pid); the time is recorded.
+
+        Raises:
+            ValueError: neither or both of ``result`` and ``not_applied``.
+            EffectNotFoundError, EffectSettledError, UnencodableValueError,
+            ReadOnlyError, StoreClosedError.
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        if (result is _UNSET) == (not not_applied):
+            raise ValueError("give exactly one of result=... or not_applied=True")
+        return self._ledger.resolve(effect_id, result=None if result is _UNSET else result,
+                                    not_applied=not_applied, by=by)
+
+    def _txn_base(self, txn: Transaction) -> int:
+        head = self._head(txn._view, txn.run)
+        return head.id if head is not None else 0
+
+    def _txn_effect(self, txn: Transaction, req: Request) -> Any:
+        self._check_open()
+        return self._ledger.run(req)
+
+    def _effect_folded(self, key: str) -> bool:
+        """LMDB has a ledger entry for ``key``; called under ``_lock``."""
+        assert self._snap is not None
+        ltxn = self._snap.begin_read()
+        try:
+            return self._snap.effect(ltxn, key) is not None
+        finally:
+            self._snap.end_read(ltxn)
+
+    def _effect_get(self, key: str) -> EffectRecord | None:
+        return self._with_view(lambda v: self._effect_get_in(v, key))
+
+    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
+        def read(v: _View) -> str | None:
+            for layer in v.layers:
+                found = layer.effect_pos.get((run, checkpoint, ordinal))
+                if found is not None:
+                    return found
+            snap = self._snap
+            assert snap is not None
+            return self._lmdb(v, lambda t: snap.effect_key_at(t, run, checkpoint, ordinal))
+
+        return self._with_view(read)
+
+    def _effect_write(self, entry: EffectRecord) -> None:
+        self._check_open()
+        if self._pipe is None:
+            raise ReadOnlyError(self.path)
+        self._pipe.record_effect(entry, encode_entry(entry))
+
+    def _effect_all(self) -> list[EffectRecord]:
+        def read(v: _View) -> list[EffectRecord]:
+            snap = self._snap
+            assert snap is not None
+            out = {e.key: e for e in self._lmdb(v, lambda t: list(snap.effects(t)))}
+            for layer in reversed(v.layers):
+                out.update((k, e) for k, (e, _raw) in layer.effects.items())
+            return list(out.values())
+
+        return self._with_view(read)
+
+    def _effect_outbox(self) -> list[EffectRecord]:
+        """Unsettled outbox entries in commit order."""
+        def read(v: _View) -> list[EffectRecord]:
+            snap = self._snap
+            assert snap is not None
+            keys = set(self._lmdb(v, snap.outbox))
+            for layer in v.layers:
+                keys.update(k for k, (e, _raw) in layer.effects.items() if e.deferred)
+            return [e for e in (self._effect_get_in(v, k) for k in keys)
+                    if e is not None and e.deferred and outstanding(e)]
+
+        return sorted(self._with_view(read), key=lambda e: e.order or (0, 0))
+
+    def _effect_get_in(self, v: _View, key: str) -> EffectRecord | None:
+        for layer in v.layers:
+            if key in layer.effects:
+                return layer.effects[key][0]
+        snap = self._snap
+        assert snap is not None
+        return self._lmdb(v, lambda t: snap.effect(t, key))
 
     # -- stats and closing -------------------------------------------------------------------
 

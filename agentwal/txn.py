@@ -19,11 +19,13 @@ thread; the store it came from may be shared by many.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import decode_stored, encode_value
+from .effects import Deferred, EffectContext, EffectMode, derive_key
 from .errors import MissingKeyError, TransactionClosedError
+from .ledger import Request
 from .types import Checkpoint, check_key
 
 if TYPE_CHECKING:
@@ -36,23 +38,36 @@ _MISSING: Any = object()
 
 class _Engine(Protocol):
     path: str
+    store_id: Any
 
     def _txn_read(self, txn: Transaction, key: str) -> bytes | None: ...
     def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]: ...
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None: ...
     def _txn_release(self, txn: Transaction) -> None: ...
     def _txn_abandon(self, txn: Transaction) -> None: ...
+    def _txn_base(self, txn: Transaction) -> int: ...
+    def _txn_effect(self, txn: Transaction, req: Request) -> Any: ...
+
+
+def _check_mode(mode: object) -> EffectMode:
+    try:
+        return EffectMode(mode)
+    except ValueError:
+        raise ValueError(f"mode must be one of {[m.value for m in EffectMode]}, "
+                         f"not {mode!r}") from None
 
 
 class Savepoint:
     """A point inside a transaction to return to with ``txn.rollback_to(sp)``."""
 
-    __slots__ = ("_depth", "_meta", "_writes")
+    __slots__ = ("_deferred", "_depth", "_meta", "_writes")
 
-    def __init__(self, depth: int, writes: dict[str, bytes | None], meta: dict[str, Any]):
+    def __init__(self, depth: int, writes: dict[str, bytes | None], meta: dict[str, Any],
+                 deferred: int = 0):
         self._depth = depth
         self._writes = writes
         self._meta = meta
+        self._deferred = deferred
 
 
 class Transaction:
@@ -75,6 +90,9 @@ class Transaction:
         self._prefixes: set[str] = set()
         self._meta: dict[str, Any] = {}
         self._savepoints: list[Savepoint] = []
+        self._deferred: list[Deferred] = []
+        self._effects_made = 0  # effect positions used (never rolled back: effects are not)
+        self._effect_names: dict[str, int] = {}
         self._state = "active"
         self.checkpoint: Checkpoint | None = None
 
@@ -234,12 +252,117 @@ class Transaction:
         encode_value("meta", merged)
         self._meta = merged
 
+    # -- effects -------------------------------------------------------------------
+
+    def effect(self, name: str, fn: Callable[[EffectContext], Any], *,
+               mode: EffectMode | str, args: Any = None, key: str | None = None,
+               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
+               retries: int = 0,
+               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
+               backoff: float = 0.1) -> Any:
+        """Call ``fn(ctx)`` under an explicit contract, recorded in the effects ledger.
+
+        The intent is made durable before ``fn`` runs and the outcome when it
+        returns or raises, whatever the store's durability mode; the record is
+        autonomous (a rollback of this transaction keeps it). At the same
+        position (this run, this transaction's base checkpoint, the n-th effect)
+        or the same business ``key``, a recorded result is returned without a
+        call. See ``docs/effects.md`` for the table of crash windows.
+
+        Args:
+            name: what the effect is (``"charge-card"``); part of its key.
+            fn: called as ``fn(ctx)`` with an :class:`EffectContext`; returns a
+                CBOR-encodable result.
+            mode: ``"at_most_once"``, ``"at_least_once"`` or ``"exactly_once"``.
+            args: recorded with the intent and passed as ``ctx.args``.
+            key: a business idempotency key (dedups across steps, runs and
+                forks); default: derived from the position.
+            probe: ``probe(ctx)`` asks the downstream whether an effect in doubt
+                was applied: its result, :data:`agentwal.NOT_APPLIED` or
+                :data:`agentwal.UNKNOWN`.
+            idempotent: the downstream dedups by ``ctx.key``.
+            retries: extra attempts (same key) on the exceptions in ``retry_on``,
+                each recorded, with ``backoff`` seconds doubling between them.
+
+        Returns:
+            The result of ``fn`` (or of the probe, or the recorded one).
+
+        Raises:
+            ValueError: a bad mode; ``exactly_once`` without ``probe`` or
+                ``idempotent=True``; ``retries`` with ``at_most_once``.
+            EffectInDoubtError: the outcome of an earlier attempt is unknown and
+                the mode forbids calling again; nothing was called.
+            EffectNotAppliedError: an at_most_once effect was not applied.
+            EffectDivergenceError: this position or key has a record of another
+                name, args or mode; nothing was called.
+            UnencodableValueError: bad args (nothing ran) or an unstorable result.
+            DiskFullError, DurabilityError: a record could not be made durable.
+            Whatever ``fn`` raised (recorded as ``failed``).
+
+        Example::
+
+            receipt = txn.effect("charge-card", charge, mode="exactly_once",
+                                 args={"amount": 4900}, idempotent=True)
+        """
+        self._check()
+        req_mode = _check_mode(mode)
+        check_key(name, "effect name")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(ctx)")
+        if probe is not None and not callable(probe):
+            raise TypeError("probe must be callable as probe(ctx)")
+        if req_mode is EffectMode.EXACTLY_ONCE and probe is None and not idempotent:
+            raise ValueError("exactly_once needs probe= (to ask the downstream whether an "
+                             "attempt in doubt was applied) or idempotent=True (the downstream "
+                             "dedups by ctx.key); without either it cannot be exactly once")
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if retries and req_mode is EffectMode.AT_MOST_ONCE:
+            raise ValueError("at_most_once never calls twice, so it cannot retry; use "
+                             "at_least_once or exactly_once")
+        if backoff < 0:
+            raise ValueError("backoff must be >= 0")
+        if key is not None:
+            check_key(key, "effect key")
+        args_raw = encode_value(f"args of effect {name!r}", args)
+        base = self._engine._txn_base(self)
+        ordinal = self._effects_made
+        nth = self._effect_names.get(name, 0)
+        self._effects_made += 1
+        self._effect_names[name] = nth + 1
+        if key is None:
+            key = derive_key(self._engine.store_id, self.run, base, name, nth)
+        req = Request(name, fn, req_mode, args_raw, key, self.run, base, ordinal, probe,
+                      bool(idempotent), retries, tuple(retry_on), float(backoff))
+        return self._engine._txn_effect(self, req)
+
+    def defer(self, name: str, *, mode: EffectMode | str, args: Any = None,
+              key: str | None = None, idempotent: bool = False) -> None:
+        """Add an outbox entry that commits atomically with this transaction.
+
+        A committed entry is run by ``store.dispatch(handlers)`` in commit
+        order under the same mode rules as :meth:`effect`; a rolled-back
+        transaction (or ``rollback_to`` a savepoint before it) leaves nothing.
+
+        Raises:
+            ValueError: a bad mode. UnencodableValueError: bad args.
+            InvalidKeyError: a bad name or key.
+        """
+        self._check()
+        req_mode = _check_mode(mode)
+        check_key(name, "effect name")
+        if key is not None:
+            check_key(key, "effect key")
+        args_raw = encode_value(f"args of deferred effect {name!r}", args)
+        self._deferred.append((name, req_mode.value, args_raw, key, bool(idempotent)))
+
     # -- savepoints ----------------------------------------------------------------
 
     def savepoint(self) -> Savepoint:
         """Mark the current changes; ``rollback_to`` returns to this mark."""
         self._check()
-        sp = Savepoint(len(self._savepoints), dict(self._writes), dict(self._meta))
+        sp = Savepoint(len(self._savepoints), dict(self._writes), dict(self._meta),
+                       len(self._deferred))
         self._savepoints.append(sp)
         return sp
 
@@ -255,6 +378,7 @@ class Transaction:
         del self._savepoints[sp._depth + 1 :]
         self._writes = dict(sp._writes)
         self._meta = dict(sp._meta)
+        del self._deferred[sp._deferred :]
 
     def __repr__(self) -> str:
         return f"<agentwal.Transaction run={self.run!r} {self._state} writes={len(self._writes)}>"

@@ -1,0 +1,367 @@
+"""Effect policy: modes, keys, ledger entries and what to do at each attempt.
+
+Theory of operation: an *effect* is a call to the world outside the store.
+Its ledger entry is autonomous (it is its own WAL record, not part of a
+commit), so a rollback of the transaction that made it does not erase it.
+This module is pure: it says what an entry looks like, how keys are derived
+and, given the entry found at a position, what the executor must do next.
+``ledger.py`` carries the decisions out (records through the WAL, calls).
+
+Life of an entry (``status``)::
+
+    (none) ──intent──▶ in_doubt ──fn returned──▶ done
+                          │  ──fn raised────▶ failed
+                          │  ──probe: applied──▶ done
+                          │  ──probe: not applied (at_most_once)──▶ not_applied
+                          └─ resolve_effect(result=) ─▶ resolved
+                             resolve_effect(not_applied=True) ─▶ not_applied
+    (deferred, committed) pending ──dispatch──▶ in_doubt ──▶ ... as above
+
+``in_doubt`` is what an intent without an outcome is: if we die while ``fn``
+runs, recovery finds exactly that. A ``failed`` entry is treated like one at
+the next attempt: the exception may have come after the downstream applied
+the call (a timeout), so only the mode's rule may call it again.
+
+Decision table (``decide``), for an entry found at the same position/key:
+
+=============  =============  ======================  ===========================
+status         at_most_once   at_least_once           exactly_once
+=============  =============  ======================  ===========================
+(none)         call           call                    call
+pending        call           call                    call
+done/resolved  return result  return result           return result
+not_applied    raise NotAppl. call (attempt + 1)      call (attempt + 1)
+in_doubt/fail  probe, else    probe, else call        probe, else call if
+               raise InDoubt                          idempotent, else InDoubt
+=============  =============  ======================  ===========================
+
+and after a probe (``after_probe``): a result → record ``done`` and return
+it; ``NOT_APPLIED`` → at_most_once records ``not_applied`` and raises, the
+others call; ``UNKNOWN`` → at_least_once calls, exactly_once calls only if
+idempotent, at_most_once raises ``EffectInDoubtError``.
+
+Keys are derived from (store id, run, position checkpoint, name, ordinal of
+that name) and never from the attempt, the clock or the process, so a step
+re-run from the same checkpoint meets the same keys and records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cbor2
+
+from .codec import CodecError, encode_value, loads
+
+__all__ = [
+    "NOT_APPLIED",
+    "STATUSES",
+    "UNKNOWN",
+    "EffectContext",
+    "EffectMode",
+    "EffectRecord",
+    "args_digest",
+    "decide",
+    "derive_key",
+    "effect_id_for",
+    "outstanding",
+    "encode_outbox",
+    "decode_outbox",
+    "outbox_entries",
+]
+
+#: Every status an entry can have.
+STATUSES = ("pending", "in_doubt", "done", "failed", "not_applied", "resolved")
+#: Statuses after which an entry is never called again at its key.
+SETTLED = frozenset({"done", "resolved"})
+
+
+class EffectMode(str, enum.Enum):
+    """The contract an effect runs under (accepted as its string value too)."""
+
+    AT_MOST_ONCE = "at_most_once"
+    AT_LEAST_ONCE = "at_least_once"
+    EXACTLY_ONCE = "exactly_once"
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"agentwal.{self._name}"
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+#: A probe's answer: the call never reached the downstream.
+NOT_APPLIED: Any = _Sentinel("NOT_APPLIED")
+#: A probe's answer: the probe cannot tell.
+UNKNOWN: Any = _Sentinel("UNKNOWN")
+
+
+@dataclass(frozen=True, slots=True)
+class EffectContext:
+    """What an effect function (or a dispatch handler, or a probe) is called with.
+
+    Attributes:
+        key: the idempotency key to forward downstream (a header, a client
+            token, a unique constraint); the same across attempts and crashes.
+        effect_id: the ledger entry's id (``store.effects()``, ``resolve_effect``).
+        run: the run the effect belongs to.
+        attempt: 1-based, counted durably across crashes and processes.
+        args: the recorded arguments (a copy decoded from what was recorded).
+        name: the effect's name.
+        mode: its mode.
+    """
+
+    key: str
+    effect_id: str
+    run: str
+    attempt: int
+    args: Any
+    name: str = ""
+    mode: EffectMode = EffectMode.AT_LEAST_ONCE
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """One entry of the effects ledger, as ``store.effects()`` lists it.
+
+    Attributes:
+        effect_id: stable id of the entry (derived from ``key``).
+        key: the idempotency key.
+        name: the effect's name.
+        mode: ``at_most_once``, ``at_least_once`` or ``exactly_once``.
+        run: the run that first recorded it.
+        checkpoint: the checkpoint it is positioned at: the transaction's
+            base checkpoint for ``txn.effect`` (0 for a run's first step),
+            the commit's checkpoint for ``txn.defer``.
+        ordinal: position among the transaction's effects (None when deferred).
+        deferred: True for outbox entries (``txn.defer``).
+        status: one of ``pending``, ``in_doubt``, ``done``, ``failed``,
+            ``not_applied``, ``resolved``.
+        attempts: calls made so far (durably counted).
+        args: the recorded arguments.
+        args_digest: hex SHA-256 of the encoded arguments.
+        result: the recorded result (``done``/``resolved``), else None.
+        error: the last error (``"TypeName: message"``), else None.
+        idempotent: the downstream dedups by ``key``.
+        created_at / updated_at: seconds since the epoch.
+        resolved_by: who settled it with ``resolve_effect`` (else None).
+        order: ``(lsn, index)`` of a deferred entry's commit: dispatch order.
+    """
+
+    effect_id: str
+    key: str
+    name: str
+    mode: EffectMode
+    run: str
+    checkpoint: int
+    ordinal: int | None
+    deferred: bool
+    status: str
+    attempts: int
+    args: Any
+    args_digest: str
+    result: Any = None
+    error: str | None = None
+    idempotent: bool = False
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    resolved_by: str | None = None
+    order: tuple[int, int] | None = None
+
+    @property
+    def age(self) -> float:
+        """Seconds since the entry was first recorded."""
+        return max(0.0, time.time() - self.created_at)
+
+    def replace(self, **changes: Any) -> EffectRecord:
+        """A copy with ``changes`` and a fresh ``updated_at``."""
+        changes.setdefault("updated_at", time.time())
+        return dataclasses.replace(self, **changes)
+
+
+def outstanding(e: EffectRecord) -> bool:
+    """True if a later attempt (or dispatch) may still call this entry's effect."""
+    if e.status in SETTLED:
+        return False
+    return e.status != "not_applied" or e.mode is not EffectMode.AT_MOST_ONCE
+
+
+# -- keys ---------------------------------------------------------------------------
+
+
+def derive_key(store_id: object, run: str, checkpoint: int, name: str, ordinal: int, *,
+               deferred: bool = False) -> str:
+    """The default idempotency key of an effect: ASCII, 60 characters.
+
+    Deterministic in (store id, run, checkpoint, name, ordinal of that name);
+    never the attempt, the clock or the process.
+    """
+    body = cbor2.dumps([str(store_id), run, checkpoint, name, ordinal, deferred])
+    return ("awd-" if deferred else "awe-") + hashlib.sha256(body).hexdigest()[:56]
+
+
+def effect_id_for(key: str) -> str:
+    """The ledger id of the entry with idempotency key ``key``."""
+    return "ef-" + hashlib.sha256(b"effect-id\0" + key.encode()).hexdigest()[:20]
+
+
+def args_digest(args_raw: bytes) -> str:
+    """Hex SHA-256 of encoded arguments: divergence is judged on it."""
+    return hashlib.sha256(args_raw).hexdigest()
+
+
+# -- decisions ----------------------------------------------------------------------
+
+#: What the executor does next.
+CALL, RETURN, PROBE, IN_DOUBT, NOT_APPLIED_ERR, DIVERGED = (
+    "call", "return", "probe", "in_doubt", "not_applied", "diverged")
+
+
+def decide(entry: EffectRecord | None, *, name: str, digest: str, mode: EffectMode,
+           has_probe: bool, idempotent: bool) -> str:
+    """The next step for a request at a key that has ``entry`` (see the table above)."""
+    if entry is None:
+        return CALL
+    if entry.name != name or entry.args_digest != digest or entry.mode != mode:
+        return DIVERGED
+    if entry.status in SETTLED:
+        return RETURN
+    if entry.status == "pending":
+        return CALL
+    if entry.status == "not_applied":
+        return NOT_APPLIED_ERR if mode is EffectMode.AT_MOST_ONCE else CALL
+    # in_doubt or failed
+    if has_probe:
+        return PROBE
+    if mode is EffectMode.AT_LEAST_ONCE or (mode is EffectMode.EXACTLY_ONCE and idempotent):
+        return CALL
+    return IN_DOUBT
+
+
+def after_probe(answer: Any, mode: EffectMode, idempotent: bool) -> str:
+    """The next step once a probe answered ``answer`` for an entry in doubt."""
+    if answer is UNKNOWN:
+        if mode is EffectMode.AT_LEAST_ONCE or (mode is EffectMode.EXACTLY_ONCE and idempotent):
+            return CALL
+        return IN_DOUBT
+    if answer is NOT_APPLIED:
+        return NOT_APPLIED_ERR if mode is EffectMode.AT_MOST_ONCE else CALL
+    return RETURN
+
+
+# -- encoding -----------------------------------------------------------------------
+
+#: An outbox entry as logged with its commit: (name, mode, args bytes,
+#: business key or None, idempotent).
+Deferred = tuple[str, str, bytes, "str | None", bool]
+
+
+def encode_outbox(entries: list[Deferred]) -> bytes:
+    """The commit payload's outbox field: a CBOR list of 5-element arrays."""
+    return bytes(cbor2.dumps([list(d) for d in entries]))
+
+
+def decode_outbox(data: bytes) -> list[Deferred]:
+    """Decode a commit's outbox field; :class:`CodecError` if malformed."""
+    obj = loads(data)
+    if not isinstance(obj, list):
+        raise CodecError("outbox is not a list")
+    out: list[Deferred] = []
+    for d in obj:
+        if not (isinstance(d, list) and len(d) == 5 and isinstance(d[0], str)
+                and d[1] in {m.value for m in EffectMode} and isinstance(d[2], bytes)
+                and (d[3] is None or isinstance(d[3], str)) and isinstance(d[4], bool)):
+            raise CodecError("outbox entry is malformed")
+        out.append((d[0], d[1], d[2], d[3], d[4]))
+    return out
+
+
+def outbox_entries(store_id: object, ckpt_run: str, ckpt_id: int, created_at: float, lsn: int,
+                   deferred: list[Deferred]) -> list[EffectRecord]:
+    """The pending ledger entries a committed outbox makes (deterministic: replay agrees)."""
+    seen: dict[str, int] = {}
+    out = []
+    for i, (name, mode, args_raw, key, idempotent) in enumerate(deferred):
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        k = key if key is not None else derive_key(store_id, ckpt_run, ckpt_id, name, n,
+                                                   deferred=True)
+        out.append(EffectRecord(
+            effect_id_for(k), k, name, EffectMode(mode), ckpt_run, ckpt_id, None, True,
+            "pending", 0, loads(args_raw), args_digest(args_raw), idempotent=idempotent,
+            created_at=created_at, updated_at=created_at, order=(lsn, i)))
+    return out
+
+
+_FIELDS = ("effect_id", "key", "name", "mode", "run", "checkpoint", "ordinal", "deferred",
+           "status", "attempts", "args", "args_digest", "result", "error", "idempotent",
+           "created_at", "updated_at", "resolved_by", "order")
+
+
+def encode_entry(e: EffectRecord) -> bytes:
+    """The CBOR map stored in the WAL (``REC_EFFECT``) and in LMDB.
+
+    ``args`` and ``result`` are stored as their own encoded bytes, exactly as
+    checked by :func:`~agentwal.codec.encode_value`.
+
+    Raises:
+        UnencodableValueError: the result (or args) cannot be stored.
+    """
+    out: dict[str, Any] = {"v": 1}
+    for f in _FIELDS:
+        out[f] = getattr(e, f)
+    out["mode"] = e.mode.value
+    out["order"] = list(e.order) if e.order is not None else None
+    out["args"] = encode_value(f"args of effect {e.name!r}", e.args)
+    out["result"] = encode_value(f"result of effect {e.name!r}", e.result)
+    return bytes(cbor2.dumps(out))
+
+
+_TYPES: Mapping[str, tuple[type, ...]] = {
+    "effect_id": (str,), "key": (str,), "name": (str,), "mode": (str,), "run": (str,),
+    "checkpoint": (int,), "ordinal": (int, type(None)), "deferred": (bool,),
+    "status": (str,), "attempts": (int,), "args_digest": (str,),
+    "error": (str, type(None)), "idempotent": (bool,), "created_at": (int, float),
+    "updated_at": (int, float), "resolved_by": (str, type(None)),
+    "order": (list, type(None)), "args": (bytes,), "result": (bytes,),
+}
+
+
+def decode_entry(data: bytes) -> EffectRecord:
+    """Decode a ledger entry, checking every field; :class:`CodecError` if malformed."""
+    obj = loads(data)
+    if not isinstance(obj, dict) or obj.get("v") != 1:
+        raise CodecError("effect entry is not a version-1 map")
+    for f, types in _TYPES.items():
+        if f not in obj or not isinstance(obj[f], types):
+            raise CodecError(f"effect entry field {f!r} is missing or of the wrong type")
+    if obj["status"] not in STATUSES:
+        raise CodecError(f"effect entry has unknown status {obj['status']!r}")
+    try:
+        mode = EffectMode(obj["mode"])
+    except ValueError:
+        raise CodecError(f"effect entry has unknown mode {obj['mode']!r}") from None
+    order = obj["order"]
+    if order is not None and not (len(order) == 2 and all(isinstance(x, int) for x in order)):
+        raise CodecError("effect entry order is malformed")
+    fields: dict[str, Any] = {f: obj.get(f) for f in _FIELDS}
+    fields["mode"] = mode
+    fields["args"] = loads(obj["args"])
+    fields["result"] = loads(obj["result"])
+    fields["order"] = tuple(order) if order is not None else None
+    fields["created_at"] = float(obj["created_at"])
+    fields["updated_at"] = float(obj["updated_at"])
+    return EffectRecord(**fields)

@@ -1,0 +1,380 @@
+"""The effects executor: runs an effect or an outbox entry under its mode's contract.
+
+Theory of operation: ``effects.py`` decides, this module acts. For one
+request it takes a per-key lock (one executor per key in this process; the
+writer lock makes this process the only one), reads the ledger entry, and
+follows :func:`~agentwal.effects.decide` step by step::
+
+    look up ─▶ divergence? raise ─▶ recorded? return ─▶ in doubt? mode rule
+    ─▶ intent (durable) ─▶ fn(ctx) ─▶ outcome (durable) ─▶ return result
+
+Crash windows ("if we die here, the next attempt sees ..."):
+
+- before the intent is durable: no entry, or the entry as it was; the call
+  did not happen: the next attempt calls (``attempt`` unchanged).
+- intent durable, before or during ``fn``: ``in_doubt`` with ``attempts``
+  counting this call; the mode's rule decides (``decide``).
+- ``fn`` returned, before the outcome is durable: the same ``in_doubt``; the
+  downstream may have applied it, which is why at_most_once never calls again
+  and exactly_once needs a probe or an idempotent downstream.
+- outcome durable: ``done``; every later attempt returns the recorded result.
+
+Every record goes through the commit pipeline as a ``REC_EFFECT`` WAL record,
+fsynced whatever the store's durability mode, and is visible once durable.
+The module does no I/O of its own; it talks to the store through
+:class:`_Engine`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import failpoints
+from .codec import encode_value, loads
+from .effects import (
+    CALL,
+    DIVERGED,
+    IN_DOUBT,
+    NOT_APPLIED_ERR,
+    PROBE,
+    RETURN,
+    EffectContext,
+    EffectMode,
+    EffectRecord,
+    after_probe,
+    args_digest,
+    decide,
+    effect_id_for,
+)
+from .errors import (
+    DiskFullError,
+    DurabilityError,
+    EffectDivergenceError,
+    EffectInDoubtError,
+    EffectNotAppliedError,
+    EffectNotFoundError,
+    EffectSettledError,
+    StoreClosedError,
+    UnencodableValueError,
+)
+
+__all__ = ["DispatchReport", "Ledger", "Request"]
+
+
+class _Engine(Protocol):
+    store_id: Any
+
+    def _effect_get(self, key: str) -> EffectRecord | None: ...
+    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None: ...
+    def _effect_write(self, entry: EffectRecord) -> None: ...
+    def _effect_all(self) -> list[EffectRecord]: ...
+    def _effect_outbox(self) -> list[EffectRecord]: ...
+
+
+@dataclass
+class Request:
+    """One call of ``txn.effect`` (or one outbox entry being dispatched)."""
+
+    name: str
+    fn: Callable[[EffectContext], Any]
+    mode: EffectMode
+    args_raw: bytes
+    key: str
+    run: str
+    checkpoint: int
+    ordinal: int | None
+    probe: Callable[[EffectContext], Any] | None = None
+    idempotent: bool = False
+    retries: int = 0
+    retry_on: tuple[type[BaseException], ...] = ()
+    backoff: float = 0.1
+    digest: str = ""  # of args_raw unless given (an outbox entry keeps its own)
+
+    def __post_init__(self) -> None:
+        if not self.digest:
+            self.digest = args_digest(self.args_raw)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchReport:
+    """What one ``store.dispatch`` pass did, by effect id.
+
+    Attributes:
+        done: entries whose handler ran (or whose result was already recorded).
+        failed: ``(effect_id, error)`` for handlers that raised; the entry is
+            ``failed`` and later entries of the same run wait for the next pass.
+        in_doubt: ``(effect_id, reason)`` for entries the mode forbids retrying.
+        skipped: ``(effect_id, reason)`` for entries left pending (no handler,
+            no probe for an exactly_once entry, or an earlier entry of the run
+            did not finish).
+    """
+
+    done: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    in_doubt: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True if every entry looked at is now done."""
+        return not (self.failed or self.in_doubt or self.skipped)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name on this system: still say which process
+        user = "?"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+class Ledger:
+    """Runs effects for one store; shared by its threads."""
+
+    def __init__(self, engine: _Engine) -> None:
+        self._engine = engine
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """Hold the per-key lock: one executor per idempotency key in this process."""
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+    # -- running ------------------------------------------------------------------
+
+    def run(self, req: Request) -> Any:
+        """Run ``req`` under its mode; returns the (recorded) result.
+
+        Raises:
+            EffectDivergenceError, EffectInDoubtError, EffectNotAppliedError,
+            whatever ``fn`` raised (recorded as ``failed``), and the store's
+            DiskFullError / DurabilityError if a record cannot be made durable.
+        """
+        with self._locked(req.key):
+            entry = self._engine._effect_get(req.key)
+            if req.ordinal is not None:
+                self._check_position(req, entry)
+            return self._drive(req, entry)
+
+    def _check_position(self, req: Request, entry: EffectRecord | None) -> None:
+        assert req.ordinal is not None
+        there = self._engine._effect_key_at(req.run, req.checkpoint, req.ordinal)
+        if there is not None and there != req.key:
+            other = self._engine._effect_get(there)
+            what = f"{other.name!r}" if other is not None else f"key {there!r}"
+            raise EffectDivergenceError(
+                None, req.key,
+                f"effect #{req.ordinal} of run {req.run!r} from checkpoint {req.checkpoint} "
+                f"was recorded as {what}, and now {req.name!r} (key {req.key!r}) is asked "
+                "for there. The step is not deterministic; make it call the same effects in "
+                "the same order, or settle the recorded one with store.resolve_effect.")
+
+    def _drive(self, req: Request, entry: EffectRecord | None) -> Any:
+        digest = req.digest
+        retries_left = req.retries
+        step = decide(entry, name=req.name, digest=digest, mode=req.mode,
+                      has_probe=req.probe is not None, idempotent=req.idempotent)
+        while True:
+            if step == DIVERGED:
+                assert entry is not None
+                raise EffectDivergenceError(entry.effect_id, entry.key,
+                                            _diverged(entry, req, digest))
+            if step == RETURN:
+                assert entry is not None
+                return entry.result
+            if step == IN_DOUBT:
+                assert entry is not None
+                raise EffectInDoubtError(entry.effect_id, entry.key, _in_doubt(entry))
+            if step == NOT_APPLIED_ERR:
+                assert entry is not None
+                if entry.status != "not_applied":
+                    self._engine._effect_write(entry.replace(status="not_applied"))
+                raise EffectNotAppliedError(
+                    entry.effect_id, entry.key,
+                    f"effect {entry.name!r} ({entry.effect_id}, key {entry.key!r}) was not "
+                    "applied and is at_most_once, so it is not called again. Take another "
+                    "path, or record what happened with store.resolve_effect.")
+            if step == PROBE:
+                assert entry is not None and req.probe is not None
+                answer = req.probe(self._context(req, entry, entry.attempts))
+                step = after_probe(answer, req.mode, req.idempotent)
+                if step == RETURN:
+                    encode_value(f"probe result of effect {req.name!r}", answer)
+                    entry = entry.replace(status="done", result=answer, error=None)
+                    self._engine._effect_write(entry)
+                continue
+            assert step == CALL
+            try:
+                return self._call(req, entry, digest)
+            except req.retry_on as exc:
+                if retries_left <= 0:
+                    raise
+                retries_left -= 1
+                time.sleep(min(req.backoff * 2 ** (req.retries - retries_left - 1), 30.0))
+                failpoints.hit("effect_before_retry")
+                entry = self._engine._effect_get(req.key)
+                assert entry is not None, exc
+                step = decide(entry, name=req.name, digest=digest, mode=req.mode,
+                              has_probe=req.probe is not None, idempotent=req.idempotent)
+
+    def _call(self, req: Request, entry: EffectRecord | None, digest: str) -> Any:
+        """One attempt: durable intent, the call, durable outcome."""
+        now = time.time()
+        if entry is None:
+            entry = EffectRecord(
+                effect_id_for(req.key), req.key, req.name, req.mode, req.run, req.checkpoint,
+                req.ordinal, False, "in_doubt", 1, loads(req.args_raw), digest,
+                idempotent=req.idempotent, created_at=now, updated_at=now)
+        else:
+            entry = entry.replace(status="in_doubt", attempts=entry.attempts + 1)
+        failpoints.hit("effect_before_intent")
+        self._engine._effect_write(entry)
+        failpoints.hit("effect_after_intent")
+        try:
+            result = req.fn(self._context(req, entry, entry.attempts))
+        except Exception as exc:
+            failpoints.hit("after_effect_call")
+            self._engine._effect_write(entry.replace(status="failed", error=_describe(exc)))
+            raise
+        failpoints.hit("after_effect_call")
+        try:
+            encode_value(f"result of effect {req.name!r}", result)
+        except UnencodableValueError as exc:
+            # The call happened; its result cannot be kept. Record that, loudly.
+            self._engine._effect_write(entry.replace(status="failed", error=_describe(exc)))
+            raise
+        self._engine._effect_write(entry.replace(status="done", result=result, error=None))
+        failpoints.hit("effect_after_outcome")
+        return result
+
+    def _context(self, req: Request, entry: EffectRecord, attempt: int) -> EffectContext:
+        return EffectContext(entry.key, entry.effect_id, entry.run, attempt,
+                             loads(req.args_raw), entry.name, entry.mode)
+
+    # -- the outbox ---------------------------------------------------------------
+
+    def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
+                 probes: dict[str, Callable[[EffectContext], Any]] | None = None,
+                 run: str | None = None, limit: int | None = None) -> DispatchReport:
+        """Run committed outbox entries in commit order (see ``Store.dispatch``)."""
+        probes = probes or {}
+        report = DispatchReport()
+        held: dict[str, str] = {}  # run -> why its later entries wait
+        count = 0
+        for entry in self._engine._effect_outbox():
+            if run is not None and entry.run != run:
+                continue
+            if limit is not None and count >= limit:
+                break
+            count += 1
+            eid = entry.effect_id
+            if entry.run in held:
+                report.skipped.append((eid, held[entry.run]))
+                continue
+            handler = handlers.get(entry.name)
+            probe = probes.get(entry.name)
+            why = None
+            if handler is None:
+                why = f"no handler for {entry.name!r}"
+            elif (entry.mode is EffectMode.EXACTLY_ONCE and probe is None
+                  and not entry.idempotent):
+                why = (f"{entry.name!r} is exactly_once: give a probe (probes=) or defer it "
+                       "with idempotent=True")
+            if why is not None:
+                report.skipped.append((eid, why))
+                held[entry.run] = f"waits for {eid} ({why})"
+                continue
+            assert handler is not None
+            req = Request(entry.name, handler, entry.mode, encode_value("args", entry.args),
+                          entry.key, entry.run, entry.checkpoint, None, probe,
+                          entry.idempotent, digest=entry.args_digest)
+            try:
+                with self._locked(entry.key):
+                    self._drive(req, self._engine._effect_get(entry.key))
+                report.done.append(eid)
+            except (EffectInDoubtError, EffectNotAppliedError) as exc:
+                report.in_doubt.append((eid, str(exc)))
+                held[entry.run] = f"waits for {eid} (in doubt)"
+            except (DiskFullError, DurabilityError, StoreClosedError):
+                raise  # the store failed, not the handler
+            except Exception as exc:
+                report.failed.append((eid, _describe(exc)))
+                held[entry.run] = f"waits for {eid} (failed)"
+        return report
+
+    # -- settling -----------------------------------------------------------------
+
+    def resolve(self, effect_id: str, *, result: Any, not_applied: bool,
+                by: str | None) -> EffectRecord:
+        """Settle an unsettled entry by hand (see ``Store.resolve_effect``)."""
+        entry = self.find(effect_id)
+        with self._locked(entry.key):
+            entry = self._engine._effect_get(entry.key) or entry
+            if entry.status in ("done", "resolved") or (
+                    entry.status == "not_applied" and not_applied):
+                raise EffectSettledError(effect_id, entry.status)
+            if not_applied:
+                settled = entry.replace(status="not_applied", resolved_by=by or _who(),
+                                        error=entry.error)
+            else:
+                encode_value(f"result of effect {entry.name!r}", result)
+                settled = entry.replace(status="resolved", result=result,
+                                        resolved_by=by or _who())
+            self._engine._effect_write(settled)
+            return settled
+
+    def find(self, effect_id: str) -> EffectRecord:
+        """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""
+        if not isinstance(effect_id, str):
+            raise TypeError("effect_id must be str")
+        for e in self._engine._effect_all():
+            if e.effect_id == effect_id:
+                return e
+        raise EffectNotFoundError(effect_id)
+
+
+def _diverged(entry: EffectRecord, req: Request, digest: str) -> str:
+    what = []
+    if entry.name != req.name:
+        what.append(f"name {entry.name!r} -> {req.name!r}")
+    if entry.args_digest != digest:
+        what.append("different args")
+    if entry.mode != req.mode:
+        what.append(f"mode {entry.mode.value} -> {req.mode.value}")
+    return (f"effect {entry.effect_id} (key {entry.key!r}) was recorded with other inputs "
+            f"({', '.join(what)}); nothing was called. Re-run the step with the same inputs, "
+            "use a different key, or settle the record with store.resolve_effect.")
+
+
+def _in_doubt(entry: EffectRecord) -> str:
+    last = f"; last error: {entry.error}" if entry.error else ""
+    return (f"effect {entry.name!r} ({entry.effect_id}, key {entry.key!r}, {entry.mode.value}) "
+            f"is in doubt after {entry.attempts} attempt(s){last}: it may or may not have "
+            "reached the downstream, and its mode forbids calling it again blindly. Check the "
+            "downstream, then store.resolve_effect(effect_id, result=...) or "
+            "(effect_id, not_applied=True).")
