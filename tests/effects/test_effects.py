@@ -1,0 +1,451 @@
+"""txn.effect against a real store: recording, replay, divergence, modes in doubt, retries."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentwal
+from agentwal import (
+    EffectDivergenceError,
+    EffectInDoubtError,
+    EffectNotAppliedError,
+    EffectNotFoundError,
+    EffectSettledError,
+    failpoints,
+)
+from agentwal.errors import InvalidKeyError, TransactionClosedError, UnencodableValueError
+
+from .downstream import Downstream
+
+
+def step(store: agentwal.Store, down: Downstream, mode: str, *, run: str = "r",
+         args: Any = None, commit: bool = True, **kw: Any) -> Any:
+    """One agent step: an effect, its result stored; commit or roll back."""
+    with store.begin(run) as txn:
+        r = txn.effect("op", down.call, mode=mode, args=args if args is not None else {"n": 1},
+                       **kw)
+        txn["last"] = r
+        if not commit:
+            txn.rollback()
+    return r
+
+
+def lose_outcome(store: agentwal.Store, down: Downstream, mode: str, **kw: Any) -> None:
+    """The downstream applies, then the process 'dies' before the outcome is recorded."""
+    failpoints.arm("after_effect_call", "raise")
+    with pytest.raises(failpoints.FailpointFired):
+        step(store, down, mode, **kw)
+    failpoints.disarm()
+
+
+# -- arguments -------------------------------------------------------------------------
+
+def test_mode_is_required_and_checked(store: agentwal.Store, down: Downstream) -> None:
+    with store.begin("r") as txn:
+        with pytest.raises(TypeError):
+            txn.effect("op", down.call)  # type: ignore[call-arg]
+        with pytest.raises(ValueError, match="mode must be one of"):
+            txn.effect("op", down.call, mode="twice")
+        assert txn.effect("op", down.call, mode=agentwal.EffectMode.AT_LEAST_ONCE)["key"]
+
+
+def test_exactly_once_without_probe_or_idempotent_is_refused_before_anything_runs(
+        store: agentwal.Store, down: Downstream) -> None:
+    with store.begin("r") as txn:
+        with pytest.raises(ValueError, match="exactly_once needs"):
+            txn.effect("op", down.call, mode="exactly_once")
+    assert down.calls() == 0 and store.effects() == []
+
+
+@pytest.mark.parametrize("kw, exc", [
+    ({"mode": "at_most_once", "retries": 1}, ValueError),
+    ({"mode": "at_least_once", "retries": -1}, ValueError),
+    ({"mode": "at_least_once", "backoff": -1.0}, ValueError),
+    ({"mode": "at_least_once", "args": object()}, UnencodableValueError),
+    ({"mode": "at_least_once", "key": ""}, InvalidKeyError),
+    ({"mode": "at_least_once", "probe": 3}, TypeError),
+])
+def test_bad_arguments_change_nothing(store: agentwal.Store, down: Downstream,
+                                      kw: dict[str, Any], exc: type[Exception]) -> None:
+    with store.begin("r") as txn:
+        with pytest.raises(exc):
+            txn.effect("op", down.call, **kw)
+    assert down.calls() == 0 and store.effects() == []
+
+
+def test_bad_name_and_fn(store: agentwal.Store, down: Downstream) -> None:
+    with store.begin("r") as txn:
+        with pytest.raises(InvalidKeyError):
+            txn.effect("", down.call, mode="at_least_once")
+        with pytest.raises(TypeError):
+            txn.effect("op", "not callable", mode="at_least_once")  # type: ignore[arg-type]
+
+
+def test_closed_transaction(store: agentwal.Store, down: Downstream) -> None:
+    txn = store.begin("r")
+    txn.rollback()
+    with pytest.raises(TransactionClosedError):
+        txn.effect("op", down.call, mode="at_least_once")
+    with pytest.raises(TransactionClosedError):
+        txn.defer("op", mode="at_least_once")
+
+
+# -- recording and replay ---------------------------------------------------------------
+
+def test_context_and_record(store: agentwal.Store, down: Downstream) -> None:
+    seen: list[agentwal.EffectContext] = []
+
+    def fn(ctx: agentwal.EffectContext) -> str:
+        seen.append(ctx)
+        return "ok"
+
+    with store.begin("r") as txn:
+        assert txn.effect("op", fn, mode="at_least_once", args={"a": [1, 2]}) == "ok"
+    (ctx,) = seen
+    assert ctx.attempt == 1 and ctx.run == "r" and ctx.args == {"a": [1, 2]}
+    assert ctx.key.isascii() and len(ctx.key) <= 64 and ctx.name == "op"
+    (e,) = store.effects()
+    assert (e.effect_id, e.key, e.status, e.attempts, e.result, e.checkpoint, e.ordinal) == (
+        ctx.effect_id, ctx.key, "done", 1, "ok", 0, 0)
+    assert e.age >= 0 and e.updated_at >= e.created_at
+
+
+def test_rolled_back_step_rerun_returns_the_record_without_a_call(
+        store: agentwal.Store, down: Downstream) -> None:
+    first = step(store, down, "at_most_once", commit=False)
+    assert store.effects()[0].status == "done"  # autonomous: the rollback kept it
+    again = step(store, down, "at_most_once")
+    assert again == first and down.calls() == 1
+
+
+def test_keys_are_the_same_after_reopen_and_new_after_a_commit(tmp_path: Path,
+                                                               down: Downstream) -> None:
+    with agentwal.open(tmp_path / "s") as s:
+        k1 = step(s, down, "at_least_once", commit=False)["key"]
+    with agentwal.open(tmp_path / "s") as s:
+        assert step(s, down, "at_least_once")["key"] == k1  # from checkpoint 0 again
+        assert down.calls() == 1
+        k2 = step(s, down, "at_least_once")["key"]  # from checkpoint 1: a new position
+    assert k2 != k1 and down.calls() == 2
+
+
+def test_ordinals_per_name(store: agentwal.Store, down: Downstream) -> None:
+    with store.begin("r") as txn:
+        a = txn.effect("op", down.call, mode="at_least_once", args=1)
+        b = txn.effect("op", down.call, mode="at_least_once", args=2)
+        c = txn.effect("other", down.call, mode="at_least_once", args=3)
+    assert len({a["key"], b["key"], c["key"]}) == 3
+    assert [e.ordinal for e in sorted(store.effects(), key=lambda e: e.ordinal or 0)] == [0, 1, 2]
+
+
+def test_business_key_dedups_across_steps_and_runs(store: agentwal.Store,
+                                                  down: Downstream) -> None:
+    a = step(store, down, "exactly_once", idempotent=True, key="order-42")
+    b = step(store, down, "exactly_once", idempotent=True, key="order-42", run="other")
+    assert a == b and a["key"] == "order-42" and down.calls() == 1
+
+
+def test_divergent_args_at_a_position(store: agentwal.Store, down: Downstream) -> None:
+    step(store, down, "at_least_once", args={"n": 1}, commit=False)
+    with pytest.raises(EffectDivergenceError, match="different args") as info:
+        step(store, down, "at_least_once", args={"n": 2})
+    assert info.value.effect_id == store.effects()[0].effect_id
+    assert down.calls() == 1
+
+
+def test_divergent_name_at_a_position(store: agentwal.Store, down: Downstream) -> None:
+    step(store, down, "at_least_once", commit=False)
+    with store.begin("r") as txn, pytest.raises(EffectDivergenceError, match="'op'"):
+        txn.effect("something-else", down.call, mode="at_least_once")
+    assert down.calls() == 1
+
+
+def test_divergent_mode_with_a_business_key(store: agentwal.Store, down: Downstream) -> None:
+    step(store, down, "at_least_once", key="k1")
+    with pytest.raises(EffectDivergenceError, match="mode"):
+        step(store, down, "at_most_once", key="k1")
+
+
+def test_concurrent_callers_of_one_key_call_once(store: agentwal.Store,
+                                                down: Downstream) -> None:
+    gate = threading.Barrier(4)
+    results: list[Any] = []
+
+    def worker() -> None:
+        gate.wait()
+        with store.begin("r") as txn:
+            results.append(txn.effect("op", down.call, mode="at_most_once", key="shared"))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert down.calls() == 1 and len(results) == 4 and len({str(r) for r in results}) == 1
+
+
+# -- failures and retries ----------------------------------------------------------------
+
+def test_fn_raising_is_recorded_failed_and_propagates(store: agentwal.Store,
+                                                     down: Downstream) -> None:
+    down.fail_before_apply = True
+    with pytest.raises(ConnectionError):
+        step(store, down, "at_least_once")
+    (e,) = store.effects(status="failed")
+    assert e.attempts == 1 and e.error == "ConnectionError: downstream unreachable"
+    assert store.head("r") is None  # the step rolled back
+
+
+def test_failed_then_next_attempt_per_mode(store: agentwal.Store, down: Downstream) -> None:
+    down.lose_response = True
+    for mode, kw in (("at_most_once", {}), ("at_least_once", {}),
+                     ("exactly_once", {"idempotent": True})):
+        with pytest.raises(TimeoutError):
+            step(store, down, mode, run=mode, **kw)
+    down.lose_response = False
+    with pytest.raises(EffectInDoubtError, match="TimeoutError"):
+        step(store, down, "at_most_once", run="at_most_once")
+    assert step(store, down, "at_least_once", run="at_least_once")
+    down.dedup = True
+    assert step(store, down, "exactly_once", run="exactly_once", idempotent=True)
+    calls = {e.run: e.attempts for e in store.effects()}
+    assert calls == {"at_most_once": 1, "at_least_once": 2, "exactly_once": 2}
+    assert down.calls() == 5
+
+
+def test_retries_on_listed_exceptions_each_recorded(store: agentwal.Store,
+                                                   down: Downstream) -> None:
+    fails = iter([ConnectionError("1"), TimeoutError("2")])
+    attempts: list[int] = []
+
+    def flaky(ctx: agentwal.EffectContext) -> str:
+        attempts.append(ctx.attempt)
+        err = next(fails, None)
+        if err is not None:
+            raise err
+        return "third time"
+
+    with store.begin("r") as txn:
+        assert txn.effect("op", flaky, mode="at_least_once", retries=2, backoff=0) == "third time"
+    assert attempts == [1, 2, 3]
+    (e,) = store.effects()
+    assert e.status == "done" and e.attempts == 3
+
+
+def test_retries_stop_at_the_limit_and_at_unlisted_errors(store: agentwal.Store) -> None:
+    def always(ctx: agentwal.EffectContext) -> None:
+        raise ConnectionError("down")
+
+    with store.begin("r") as txn:
+        with pytest.raises(ConnectionError):
+            txn.effect("a", always, mode="at_least_once", retries=2, backoff=0)
+
+        def bad(ctx: agentwal.EffectContext) -> None:
+            raise ValueError("not retryable")
+
+        with pytest.raises(ValueError):
+            txn.effect("b", bad, mode="at_least_once", retries=5, backoff=0)
+    attempts = {e.name: e.attempts for e in store.effects()}
+    assert attempts == {"a": 3, "b": 1}
+
+
+def test_exactly_once_retry_probes_first(store: agentwal.Store, down: Downstream) -> None:
+    down.lose_response = True  # applied, answer lost: the probe must find it
+    tries = iter([True, False])
+
+    def fn(ctx: agentwal.EffectContext) -> Any:
+        down.lose_response = next(tries)
+        return down.call(ctx)
+
+    with store.begin("r") as txn:
+        r = txn.effect("op", fn, mode="exactly_once", probe=down.probe, retries=3, backoff=0)
+    assert r["key"] and down.calls() == 1 and down.applications() == 1
+
+
+def test_unstorable_result_is_recorded_failed(store: agentwal.Store) -> None:
+    with store.begin("r") as txn, pytest.raises(UnencodableValueError):
+        txn.effect("op", lambda ctx: object(), mode="at_least_once")
+    (e,) = store.effects()
+    assert e.status == "failed" and "UnencodableValueError" in (e.error or "")
+
+
+# -- in doubt ------------------------------------------------------------------------------
+
+def test_in_doubt_at_most_once(store: agentwal.Store, down: Downstream) -> None:
+    lose_outcome(store, down, "at_most_once")
+    (e,) = store.effects(status="in_doubt")
+    assert e.attempts == 1
+    with pytest.raises(EffectInDoubtError) as info:
+        step(store, down, "at_most_once")
+    assert info.value.effect_id == e.effect_id and info.value.key == e.key
+    assert down.calls() == 1
+
+
+def test_in_doubt_at_most_once_probe_applied(store: agentwal.Store, down: Downstream) -> None:
+    lose_outcome(store, down, "at_most_once")
+    r = step(store, down, "at_most_once", probe=down.probe)
+    assert r == {"key": r["key"], "args": {"n": 1}} and down.calls() == 1
+    assert store.effects()[0].status == "done"
+
+
+def test_in_doubt_at_most_once_probe_not_applied(store: agentwal.Store,
+                                                down: Downstream) -> None:
+    failpoints.arm("effect_after_intent", "raise")  # dies before the call
+    with pytest.raises(failpoints.FailpointFired):
+        step(store, down, "at_most_once")
+    with pytest.raises(EffectNotAppliedError):
+        step(store, down, "at_most_once", probe=down.probe)
+    assert store.effects()[0].status == "not_applied"
+    with pytest.raises(EffectNotAppliedError):  # and stays so, without probing again
+        step(store, down, "at_most_once", probe=down.probe)
+    assert down.calls() == 0 and down.per_key("probe").total() == 1
+
+
+def test_in_doubt_at_most_once_probe_unknown(store: agentwal.Store, down: Downstream) -> None:
+    lose_outcome(store, down, "at_most_once")
+    down.probe_says = "unknown"
+    with pytest.raises(EffectInDoubtError):
+        step(store, down, "at_most_once", probe=down.probe)
+    assert down.calls() == 1
+
+
+def test_in_doubt_at_least_once_calls_again_with_the_same_key(store: agentwal.Store,
+                                                             down: Downstream) -> None:
+    lose_outcome(store, down, "at_least_once")
+    r = step(store, down, "at_least_once")
+    assert down.calls(r["key"]) == 2 and down.applications(r["key"]) == 2
+    assert [e["attempt"] for e in down.events() if e["kind"] == "call"] == [1, 2]
+
+
+def test_in_doubt_exactly_once_idempotent(store: agentwal.Store, down: Downstream) -> None:
+    down.dedup = True
+    lose_outcome(store, down, "exactly_once", idempotent=True)
+    r = step(store, down, "exactly_once", idempotent=True)
+    assert down.calls() == 2 and down.applications(r["key"]) == 1
+
+
+@pytest.mark.parametrize("window", ["effect_after_intent", "after_effect_call"])
+def test_in_doubt_exactly_once_probe(store: agentwal.Store, down: Downstream,
+                                     window: str) -> None:
+    failpoints.arm(window, "raise")
+    with pytest.raises(failpoints.FailpointFired):
+        step(store, down, "exactly_once", probe=down.probe)
+    r = step(store, down, "exactly_once", probe=down.probe)
+    assert down.applications(r["key"]) == 1 and down.calls() == 1
+
+
+def test_in_doubt_exactly_once_probe_unknown(store: agentwal.Store, down: Downstream) -> None:
+    lose_outcome(store, down, "exactly_once", probe=down.probe)
+    down.probe_says = "unknown"
+    with pytest.raises(EffectInDoubtError):
+        step(store, down, "exactly_once", probe=down.probe)
+    down.dedup = True
+    r = step(store, down, "exactly_once", probe=down.probe, idempotent=True)
+    assert down.applications(r["key"]) == 1
+
+
+def test_probe_exception_leaves_the_entry_in_doubt(store: agentwal.Store,
+                                                  down: Downstream) -> None:
+    lose_outcome(store, down, "at_most_once")
+
+    def broken(ctx: agentwal.EffectContext) -> Any:
+        raise ConnectionError("probe down")
+
+    with pytest.raises(ConnectionError):
+        step(store, down, "at_most_once", probe=broken)
+    assert store.effects()[0].status == "in_doubt"
+
+
+# -- resolving -----------------------------------------------------------------------------
+
+def test_resolve_with_a_result(store: agentwal.Store, down: Downstream) -> None:
+    lose_outcome(store, down, "at_most_once")
+    (e,) = store.effects(status="in_doubt")
+    done = store.resolve_effect(e.effect_id, result={"found": "in the bank's dashboard"},
+                                by="ops")
+    assert done.status == "resolved" and done.resolved_by == "ops"
+    assert step(store, down, "at_most_once") == {"found": "in the bank's dashboard"}
+    assert down.calls() == 1
+    with pytest.raises(EffectSettledError):
+        store.resolve_effect(e.effect_id, not_applied=True)
+
+
+def test_resolve_not_applied(store: agentwal.Store, down: Downstream) -> None:
+    lose_outcome(store, down, "at_most_once", run="r")
+    lose_outcome(store, down, "at_least_once", run="r2")
+    for e in store.effects(status="in_doubt"):
+        got = store.resolve_effect(e.effect_id, not_applied=True)
+        assert got.status == "not_applied" and got.resolved_by and "pid" in got.resolved_by
+    with pytest.raises(EffectNotAppliedError):
+        step(store, down, "at_most_once", run="r")
+    step(store, down, "at_least_once", run="r2")  # told it never happened: calls again
+    assert down.calls() == 3
+
+
+def test_resolve_errors(store: agentwal.Store, down: Downstream) -> None:
+    step(store, down, "at_least_once")
+    (e,) = store.effects()
+    with pytest.raises(EffectNotFoundError):
+        store.resolve_effect("ef-nope", result=1)
+    with pytest.raises(EffectSettledError):
+        store.resolve_effect(e.effect_id, result=1)
+    with pytest.raises(ValueError):
+        store.resolve_effect(e.effect_id)
+    with pytest.raises(ValueError):
+        store.resolve_effect(e.effect_id, result=1, not_applied=True)
+
+
+def test_effects_filters(store: agentwal.Store, down: Downstream) -> None:
+    step(store, down, "at_least_once", run="a")
+    lose_outcome(store, down, "at_least_once", run="b")
+    assert [e.run for e in store.effects(run="a")] == ["a"]
+    assert [e.run for e in store.effects(status="in_doubt")] == ["b"]
+    assert store.effects(run="a", status="in_doubt") == []
+    with pytest.raises(ValueError):
+        store.effects(status="lost")
+
+
+# -- persistence ------------------------------------------------------------------------------
+
+def test_ledger_survives_folds_wal_truncation_and_reopen(tmp_path: Path,
+                                                         down: Downstream) -> None:
+    path = tmp_path / "s"
+    with agentwal.open(path, durability="none", wal_max_bytes=4096 * 16,
+                       segment_bytes=16384) as s:
+        results = [step(s, down, "at_most_once", run=f"r{i}", commit=False) for i in range(40)]
+        lose_outcome(s, down, "at_most_once", run="doubt")
+        s.snapshot()
+        for i in range(40):  # many more records: the effect records' segments go away
+            with s.begin("pad") as txn:
+                txn["x"] = "y" * 3000
+        assert s.stats()["segments_removed"] > 0
+    with agentwal.open(path, readonly=True) as ro:
+        assert len(ro.effects(status="done")) == 40
+        assert len(ro.effects(status="in_doubt")) == 1
+    with agentwal.open(path) as s:
+        again = [step(s, down, "at_most_once", run=f"r{i}") for i in range(40)]
+        assert again == results
+        with pytest.raises(EffectInDoubtError):
+            step(s, down, "at_most_once", run="doubt")
+    assert down.calls() == 41
+
+
+def test_retention_expires_settled_entries_only(tmp_path: Path, down: Downstream) -> None:
+    import datetime as dt
+
+    path = tmp_path / "s"
+    with agentwal.open(path, effect_retention=dt.timedelta(0)) as s:
+        step(s, down, "at_least_once", run="done")
+        lose_outcome(s, down, "at_most_once", run="doubt")
+        s.snapshot()
+        assert [e.run for e in s.effects()] == ["doubt"]
+    with agentwal.open(path, effect_retention=None) as s:
+        step(s, down, "at_least_once", run="kept")
+        s.snapshot()
+        assert sorted(e.run for e in s.effects()) == ["doubt", "kept"]
+    with pytest.raises(ValueError):
+        agentwal.open(path, effect_retention=dt.timedelta(seconds=-1))
