@@ -11,6 +11,7 @@ ledger knows it after the cut, under every crash model.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +104,8 @@ def test_sweep_power_cut_before_every_operation_of_an_effect(tmp_path: Path) -> 
         store = _setup(path, disk)
         disk.crash_at(disk.op_count + k)
         called: list[str] = []
-        try:
+        with contextlib.suppress(SimulatedCrash):
             _one_effect(store, called)
-        except SimulatedCrash:
-            pass
         store._release_all()
         for model in MODELS:
             for seed in SEEDS:

@@ -55,9 +55,8 @@ def test_mode_is_required_and_checked(store: agentwal.Store, down: Downstream) -
 
 def test_exactly_once_without_probe_or_idempotent_is_refused_before_anything_runs(
         store: agentwal.Store, down: Downstream) -> None:
-    with store.begin("r") as txn:
-        with pytest.raises(ValueError, match="exactly_once needs"):
-            txn.effect("op", down.call, mode="exactly_once")
+    with store.begin("r") as txn, pytest.raises(ValueError, match="exactly_once needs"):
+        txn.effect("op", down.call, mode="exactly_once")
     assert down.calls() == 0 and store.effects() == []
 
 
@@ -71,9 +70,8 @@ def test_exactly_once_without_probe_or_idempotent_is_refused_before_anything_run
 ])
 def test_bad_arguments_change_nothing(store: agentwal.Store, down: Downstream,
                                       kw: dict[str, Any], exc: type[Exception]) -> None:
-    with store.begin("r") as txn:
-        with pytest.raises(exc):
-            txn.effect("op", down.call, **kw)
+    with store.begin("r") as txn, pytest.raises(exc):
+        txn.effect("op", down.call, **kw)
     assert down.calls() == 0 and store.effects() == []
 
 
@@ -419,7 +417,7 @@ def test_ledger_survives_folds_wal_truncation_and_reopen(tmp_path: Path,
         results = [step(s, down, "at_most_once", run=f"r{i}", commit=False) for i in range(40)]
         lose_outcome(s, down, "at_most_once", run="doubt")
         s.snapshot()
-        for i in range(40):  # many more records: the effect records' segments go away
+        for _ in range(40):  # many more records: the effect records' segments go away
             with s.begin("pad") as txn:
                 txn["x"] = "y" * 3000
         assert s.stats()["segments_removed"] > 0
