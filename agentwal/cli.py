@@ -1,16 +1,20 @@
-"""The ``agentwal`` command: inspect a store, dump its log, torture a disk, run the demo.
+"""The ``agentwal`` command: inspect a store and its log, settle effects, torture a disk.
 
 Theory of operation: every command is a thin shell over the public API (or,
 for ``wal``, over the pure WAL reader), opening stores read-only unless it
-must write. Output is a human table by default and JSON with ``--json``.
-Exit codes: 0 ok, 1 a problem was found (an ``agentwal.Error``, a failed
-torture case), 2 a usage error (click's own). No traceback reaches the user:
-library errors print their message, which ends with what to do.
+must write. ``resolve`` alone writes: it opens only an existing store and
+expires nothing (the ledger's retention is the application's choice).
+Output is a human table by default and JSON with ``--json``. Exit codes:
+0 ok, 1 a problem was found (an ``agentwal.Error``, a failed torture case,
+an effect in doubt under ``effects --check``), 2 a usage error (click's
+own). No traceback reaches the user: library errors print their message,
+which ends with what to do.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import decimal
 import functools
@@ -25,6 +29,7 @@ from typing import Any, TypeVar
 import click
 
 from . import __version__
+from .effects import STATUSES
 from .errors import Error
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,6 +101,18 @@ def _open_ro(path: str) -> Any:
     return open_store(path, readonly=True)
 
 
+def _open_rw(path: str) -> Any:
+    """Open an existing store for writing; never creates one, never expires ledger entries."""
+    from . import open as open_store
+    from .errors import CorruptionError
+    from .format import CONTROL_FILE
+
+    if not os.path.exists(os.path.join(path, CONTROL_FILE)):
+        raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
+                              "Check the path; this command never creates a store.")
+    return open_store(path, effect_retention=None)
+
+
 def _table(rows: list[tuple[Any, ...]], headers: tuple[str, ...]) -> None:
     cells = [tuple(str(c) for c in headers)] + [tuple(str(c) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -122,22 +139,36 @@ def main() -> None:
 @json_option
 @reports_errors
 def inspect(path: str, as_json: bool) -> None:
-    """Show a store's sizes, LSNs, counters and what its last recovery did.
+    """Show a store's sizes, LSNs, counters, effects and last recovery.
 
     Opens the store read-only, so it works while a writer has it open.
     """
     with _open_ro(path) as store:
         st = store.stats()
         st["runs"] = len(store.runs())
+        st["effects"] = _effect_counts(store.effects())
 
     def human() -> None:
         rec = st.pop("recovery", {})
+        eff = st.pop("effects")
         _table(sorted((k, v) for k, v in st.items()), ("field", "value"))
         click.echo(f"\nrecovery: replayed {rec.get('replayed')} records after LSN "
                    f"{rec.get('applied_lsn')}, {rec.get('torn_bytes')} torn bytes, "
                    f"{rec.get('seconds')} s")
+        by_status = ", ".join(f"{n} {s}" for s, n in eff.items() if s != "total" and n)
+        click.echo(f"effects: {eff['total']} ledger entries" + (f" ({by_status})"
+                                                                 if by_status else ""))
 
     _emit(as_json, st, human)
+
+
+def _effect_counts(entries: list[Any]) -> dict[str, int]:
+    """Ledger entries by status (every status, zeros included) and in total."""
+    counts = dict.fromkeys(STATUSES, 0)
+    for e in entries:
+        counts[e.status] = counts.get(e.status, 0) + 1
+    counts["total"] = len(entries)
+    return counts
 
 
 @main.command()
@@ -200,6 +231,135 @@ def show(path: str, run: str, keys: tuple[str, ...], as_json: bool) -> None:
     _emit(as_json, state, human)
 
 
+# -- the effects ledger -----------------------------------------------------------------
+
+#: Statuses ``effects --check`` treats as a problem.
+PROBLEM_STATUSES = ("in_doubt", "failed")
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with "..." when longer."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _age(seconds: float) -> str:
+    """A short human age: 42s, 3m, 2h, 5d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _effect_row(e: Any) -> dict[str, Any]:
+    """Every field of an ``EffectRecord`` (mode as its string, order as a list), and its age."""
+    row = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)}
+    row["mode"] = e.mode.value
+    row["order"] = list(e.order) if e.order is not None else None
+    row["age"] = round(e.age, 3)
+    return row
+
+
+def _effects_table(rows: list[dict[str, Any]]) -> None:
+    _table([(r["effect_id"], r["run"], r["name"], r["mode"], r["status"], r["attempts"],
+             _age(r["age"]), _clip(r["key"], 20), _clip(r["error"] or "-", 40)) for r in rows],
+           ("id", "run", "name", "mode", "status", "attempts", "age", "key", "last error"))
+
+
+@main.command()
+@store_argument
+@click.option("--run", default=None, help="Only entries recorded by this run.")
+@click.option("--status", type=click.Choice(STATUSES), default=None,
+              help="Only entries with this status.")
+@click.option("--check", is_flag=True,
+              help="Exit 1 if any entry listed is in_doubt or failed (for scripts and "
+                   "monitoring).")
+@json_option
+@reports_errors
+def effects(path: str, run: str | None, status: str | None, check: bool,
+            as_json: bool) -> None:
+    """List the effects ledger: calls to the outside world and their status.
+
+    Oldest first: id, run, name, mode, status, attempts, age, key, last error.
+    Opens the store read-only, so it works while a writer has it open. The
+    table shortens keys and last errors; --json prints every field. With
+    --check the command exits 1 when an entry it lists is in_doubt or failed
+    (settle those with `agentwal resolve`, or let the next attempt retry them).
+    """
+    with _open_ro(path) as store:
+        rows = [_effect_row(e) for e in store.effects(run=run, status=status)]
+    _emit(as_json, rows, lambda: _effects_table(rows))
+    if check:
+        problems = [r for r in rows if r["status"] in PROBLEM_STATUSES]
+        if problems:
+            click.echo(f"{len(problems)} effect(s) in doubt or failed; check the downstream, "
+                       "then settle them with `agentwal resolve` or let the next attempt "
+                       "retry them.", err=True)
+            sys.exit(1)
+
+
+def _from_json(value: Any) -> Any:
+    """A JSON value as it should be stored: ``{"$bytes": "<base64>"}`` becomes bytes."""
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get("$bytes"), str):
+            return base64.b64decode(value["$bytes"], validate=True)
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _parse_result(text: str) -> Any:
+    try:
+        return _from_json(json.loads(text))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad base64 too
+        raise click.BadParameter(f"not a JSON value ({exc})", param_hint="--result") from None
+
+
+@main.command()
+@store_argument
+@click.argument("effect_id")
+@click.option("--result", "result_json", metavar="JSON", default=None,
+              help='What the downstream did, as a JSON value (e.g. \'{"charge": "ch_1"}\'): '
+                   "the entry becomes resolved and its next attempt returns this.")
+@click.option("--not-applied", is_flag=True,
+              help="The call never reached the downstream: the entry becomes not_applied.")
+@click.option("--by", default=None, metavar="NAME",
+              help="Who decided (default: user@host and pid).")
+@json_option
+@reports_errors
+def resolve(path: str, effect_id: str, result_json: str | None, not_applied: bool,
+            by: str | None, as_json: bool) -> None:
+    """Settle an effect by hand (in_doubt, failed or pending) and print it.
+
+    Give exactly one of --result JSON or --not-applied. Opens the store for
+    writing: if an agent has it open, this fails with store_locked (exit 1);
+    stop it, or call store.resolve_effect from that process. Expires no
+    ledger entries, whatever retention the store's own writer uses.
+    """
+    if (result_json is None) == (not not_applied):
+        raise click.UsageError("give exactly one of --result JSON or --not-applied")
+    kwargs: dict[str, Any] = {"not_applied": True}
+    if result_json is not None:
+        kwargs = {"result": _parse_result(result_json)}
+    with _open_rw(path) as store:
+        settled = store.resolve_effect(effect_id, by=by, **kwargs)
+    row = _effect_row(settled)
+    _emit(as_json, row, lambda: _table([(k, _field_text(k, v)) for k, v in row.items()],
+                                       ("field", "value")))
+
+
+def _field_text(name: str, value: Any) -> str:
+    """One field of an effect entry for a table: times in ISO 8601, values as JSON."""
+    if name in ("created_at", "updated_at"):
+        return _when(value)
+    if name == "age":
+        return _age(value)
+    if name in ("args", "result", "order"):
+        return json.dumps(_jsonable(value), sort_keys=True)
+    return "-" if value is None else str(value)
+
+
 @main.command()
 @store_argument
 @click.option("--limit", type=click.IntRange(min=0), default=None,
@@ -215,18 +375,28 @@ def wal(path: str, limit: int | None, as_json: bool) -> None:
     rows, notes = _wal_records(path, limit)
 
     def human() -> None:
-        _table([(r["lsn"], r["segment"], r["offset"], r["run"], r["id"], r["size"],
-                 ",".join(r["keys"])[:60]) for r in rows],
-               ("lsn", "segment", "offset", "run", "ckpt", "bytes", "keys"))
+        _table([(r["lsn"], r["type"], r["segment"], r["offset"], r["run"],
+                 "-" if r["id"] is None else r["id"], r["size"], _wal_what(r)) for r in rows],
+               ("lsn", "type", "segment", "offset", "run", "ckpt", "bytes", "what"))
         for n in notes:
             click.echo(n)
 
     _emit(as_json, {"records": rows, "notes": notes}, human)
 
 
+def _wal_what(r: dict[str, Any]) -> str:
+    """The table's summary of a record: keys written (and outbox), or the effect entry."""
+    if r["type"] == "effect":
+        return _clip(f"{r['name']} {r['effect_id']} -> {r['status']} "
+                     f"(attempt {r['attempts']})", 60)
+    what = ",".join(r["keys"])
+    if r["deferred"]:
+        what += f" +outbox {','.join(r['deferred'])}"
+    return _clip(what, 60)
+
+
 def _wal_records(path: str, limit: int | None) -> tuple[list[dict[str, Any]], list[str]]:
     """Decoded records of every segment, and notes about torn tails."""
-    from .codec import CodecError, decode_commit, decode_delta
     from .errors import CorruptionError
     from .format import WAL_DIR
     from .io import OsFileSystem
@@ -241,19 +411,41 @@ def _wal_records(path: str, limit: int | None) -> tuple[list[dict[str, Any]], li
         for f in scan.frames:
             if limit is not None and len(rows) >= limit:
                 break
-            try:
-                rec = decode_commit(f.payload)
-                delta = decode_delta(rec.delta, f.flags)
-            except CodecError as exc:
-                raise CorruptionError(seg.path, f.offset, str(exc)) from None
-            rows.append({"lsn": f.lsn, "segment": seg.name, "offset": f.offset, "run": rec.run,
-                         "id": rec.id, "size": len(f.payload), "synced_lsn": f.synced_lsn,
-                         "keys": [k if v is not None else f"-{k}" for k, v in delta.items()]})
+            row = {"lsn": f.lsn, "segment": seg.name, "offset": f.offset,
+                   "size": len(f.payload), "synced_lsn": f.synced_lsn}
+            row.update(_wal_record(seg.path, f))
+            rows.append(row)
         if scan.state == "corrupt":
             raise CorruptionError(seg.path, scan.end, scan.reason)
         if scan.state == "torn":
             notes.append(f"{seg.name}: torn tail at offset {scan.end} ({scan.reason})")
     return rows, notes
+
+
+def _wal_record(seg_path: str, f: Any) -> dict[str, Any]:
+    """The type-specific columns of one frame: a commit or an effects-ledger entry."""
+    from .codec import CodecError, decode_commit, decode_delta, unpack_payload
+    from .effects import decode_entry, decode_outbox
+    from .errors import CorruptionError
+    from .format import REC_COMMIT, REC_EFFECT
+
+    try:
+        if f.type == REC_EFFECT:
+            e = decode_entry(unpack_payload(f.payload, f.flags))
+            return {"type": "effect", "run": e.run, "id": None, "keys": [],
+                    "effect_id": e.effect_id, "name": e.name, "status": e.status,
+                    "attempts": e.attempts}
+        if f.type != REC_COMMIT:
+            raise CorruptionError(seg_path, f.offset,
+                                  f"record LSN {f.lsn} has unknown type {f.type}")
+        rec = decode_commit(f.payload)
+        delta = decode_delta(rec.delta, f.flags)
+        deferred = decode_outbox(rec.deferred) if rec.deferred is not None else []
+    except CodecError as exc:
+        raise CorruptionError(seg_path, f.offset, f"record LSN {f.lsn}: {exc}") from None
+    return {"type": "commit", "run": rec.run, "id": rec.id,
+            "keys": [k if v is not None else f"-{k}" for k, v in delta.items()],
+            "deferred": [d[0] for d in deferred]}
 
 
 # -- torture ----------------------------------------------------------------------------

@@ -109,7 +109,8 @@ class CommitPipeline:
         self.closed = False  # set by the store, under the lock, when it closes
         self._since_prune = 0  # commits published since last_write was last pruned
         self.settled_lsn = next_lsn - 1  # every LSN up to here is published or failed
-        self.counters = {"commits": 0, "conflicts": 0, "batches": 0, "syncs": 0}
+        self.counters = {"commits": 0, "effect_records": 0, "conflicts": 0, "batches": 0,
+                         "syncs": 0}
         self._head_of = head_of
         self._publish = publish
         self._oldest = oldest_snapshot
@@ -284,7 +285,9 @@ class CommitPipeline:
                 p.state = "done"
             self._publish(batch, self.writer.position)
             self.settled_lsn = max(self.settled_lsn, batch[-1].lsn)
-            self.counters["commits"] += len(batch)
+            effects = sum(1 for p in batch if p.ckpt is None)
+            self.counters["commits"] += len(batch) - effects
+            self.counters["effect_records"] += effects
             self.counters["batches"] += 1
             self._since_prune += len(batch)
             if self._since_prune >= 512:  # batches step over multiples: count instead

@@ -275,7 +275,8 @@ class EffectSettledError(Error):
         self.effect_id = effect_id
         self.status = status
         super().__init__(f"effect {effect_id} is already {status}; nothing was changed. Only "
-                         "pending, in_doubt and failed entries can be resolved.")
+                         "pending, in_doubt and failed entries can be resolved, and "
+                         "not_applied ones with result=.")
 
 
 class TooManyReadersError(Error):

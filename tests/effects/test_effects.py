@@ -447,3 +447,10 @@ def test_retention_expires_settled_entries_only(tmp_path: Path, down: Downstream
         assert sorted(e.run for e in s.effects()) == ["doubt", "kept"]
     with pytest.raises(ValueError):
         agentwal.open(path, effect_retention=dt.timedelta(seconds=-1))
+
+
+def test_stats_count_effect_records_apart_from_commits(store: agentwal.Store,
+                                                      down: Downstream) -> None:
+    step(store, down, "at_least_once")
+    st = store.stats()
+    assert (st["commits"], st["effect_records"]) == (1, 2)  # intent + outcome, one commit

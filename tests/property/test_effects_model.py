@@ -1,0 +1,146 @@
+"""Effect guarantees under any schedule a Hypothesis state machine finds.
+
+Steps run effects of every mode on a few runs, commit or roll back, get cut
+off by a simulated process crash in any effect window (a failpoint raising a
+``BaseException``, then ``_release_all()`` and a reopen: what reached the OS
+survives, like after ``kill -9``), reopen cleanly, fold, and resolve entries
+in doubt. After every step:
+
+- at_most_once: every key was called at most once, ever;
+- exactly_once: every key was applied at most once, and exactly once when
+  the ledger says it is done;
+- every mode: a key is never called more often than the ledger counts attempts.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from collections import Counter
+from typing import Any
+
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+import agentwal
+from agentwal import failpoints
+
+WINDOWS = ("effect_before_intent", "effect_after_intent", "after_effect_call",
+           "effect_after_outcome")
+# effect name -> (mode, probe?, idempotent?)
+EFFECTS = {
+    "amo": ("at_most_once", False, False),
+    "amo_probe": ("at_most_once", True, False),
+    "alo": ("at_least_once", False, False),
+    "eo_idem": ("exactly_once", False, True),
+    "eo_probe": ("exactly_once", True, False),
+}
+
+
+class _Crash(BaseException):
+    pass
+
+
+class EffectsMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="awal-effects-")
+        self.store = agentwal.open(self.dir + "/s", durability="none",
+                                   wal_max_bytes=16 << 10, segment_bytes=8192)
+        self.calls: Counter[str] = Counter()
+        self.applied: Counter[str] = Counter()
+        self.modes: dict[str, str] = {}
+
+    # -- the downstream ----------------------------------------------------------
+
+    def call(self, ctx: agentwal.EffectContext) -> str:
+        self.calls[ctx.key] += 1
+        self.modes[ctx.key] = ctx.mode.value
+        if not (ctx.name == "eo_idem" and self.applied[ctx.key]):  # it dedups by key
+            self.applied[ctx.key] += 1
+        return f"{ctx.name}:{ctx.key}"
+
+    def probe(self, ctx: agentwal.EffectContext) -> Any:
+        return f"{ctx.name}:{ctx.key}" if self.applied[ctx.key] else agentwal.NOT_APPLIED
+
+    # -- rules -------------------------------------------------------------------
+
+    @rule(run=st.sampled_from(["r1", "r2"]), commit=st.booleans(),
+          crash=st.none() | st.tuples(st.sampled_from(WINDOWS), st.integers(1, 3)))
+    def step(self, run: str, commit: bool, crash: tuple[str, int] | None) -> None:
+        # A deterministic agent: the effects of a step depend on where it starts, so
+        # a step re-run from the same checkpoint asks for the same effects.
+        head = self.store.head(run)
+        pick = random.Random(f"{run}/{head.id if head else 0}")
+        names = pick.sample(sorted(EFFECTS), pick.randint(1, 3))
+        if crash is not None:
+            failpoints.arm(crash[0], "raise", exc=_Crash, nth=crash[1])
+        try:
+            with self.store.begin(run) as txn:
+                for name in names:
+                    mode, probe, idem = EFFECTS[name]
+                    txn.effect(name, self.call, mode=mode, probe=self.probe if probe else None,
+                               idempotent=idem)
+                txn["n"] = txn.get("n", 0) + 1
+                if not commit:
+                    txn.rollback()
+        except _Crash:
+            event("crashed in an effect window")
+            self.store._release_all()
+            self.store = agentwal.open(self.dir + "/s", durability="none",
+                                       wal_max_bytes=16 << 10, segment_bytes=8192)
+        except (agentwal.EffectInDoubtError, agentwal.EffectNotAppliedError,
+                agentwal.EffectDivergenceError) as exc:
+            event(type(exc).__name__)
+        finally:
+            failpoints.disarm()
+
+    @rule()
+    def reopen(self) -> None:
+        self.store.close()
+        self.store = agentwal.open(self.dir + "/s", durability="none",
+                                   wal_max_bytes=16 << 10, segment_bytes=8192)
+
+    @rule()
+    def fold(self) -> None:
+        self.store.snapshot()
+
+    @rule(data=st.data())
+    def resolve(self, data: st.DataObject) -> None:
+        doubt = self.store.effects(status="in_doubt")
+        if not doubt:
+            return
+        e = data.draw(st.sampled_from(doubt))
+        if self.applied[e.key]:  # the operator checked the downstream
+            self.store.resolve_effect(e.effect_id, result=f"{e.name}:{e.key}")
+        else:
+            self.store.resolve_effect(e.effect_id, not_applied=True)
+        event("resolved")
+
+    # -- invariants --------------------------------------------------------------
+
+    @invariant()
+    def guarantees_hold(self) -> None:
+        ledger = {e.key: e for e in self.store.effects()}
+        for key, n in self.calls.items():
+            mode = self.modes[key]
+            if mode == "at_most_once":
+                assert n <= 1, (key, n)
+            if mode == "exactly_once":
+                assert self.applied[key] <= 1, (key, self.applied[key])
+            e = ledger[key]  # a call is never unknown to the ledger
+            assert n <= e.attempts, (key, n, e)
+            if e.status in ("done", "resolved") and mode == "exactly_once":
+                assert self.applied[key] == 1
+
+    def teardown(self) -> None:
+        failpoints.disarm()
+        self.store._release_all()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+EffectsMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
+                                            deadline=None)
+test_effects_model = EffectsMachine.TestCase
