@@ -158,6 +158,7 @@ class EffectRecord:
         idempotent: the downstream dedups by ``key``.
         created_at / updated_at: seconds since the epoch.
         resolved_by: who settled it with ``resolve_effect`` (else None).
+        resolved_at: when ``resolve_effect`` settled it (seconds since the epoch).
         order: ``(lsn, index)`` of a deferred entry's commit: dispatch order.
     """
 
@@ -180,6 +181,7 @@ class EffectRecord:
     updated_at: float = 0.0
     resolved_by: str | None = None
     order: tuple[int, int] | None = None
+    resolved_at: float | None = None
 
     @property
     def age(self) -> float:
@@ -308,7 +310,7 @@ def outbox_entries(store_id: object, ckpt_run: str, ckpt_id: int, created_at: fl
 
 _FIELDS = ("effect_id", "key", "name", "mode", "run", "checkpoint", "ordinal", "deferred",
            "status", "attempts", "args", "args_digest", "result", "error", "idempotent",
-           "created_at", "updated_at", "resolved_by", "order")
+           "created_at", "updated_at", "resolved_by", "order", "resolved_at")
 
 
 def encode_entry(e: EffectRecord) -> bytes:
@@ -337,6 +339,7 @@ _TYPES: Mapping[str, tuple[type, ...]] = {
     "error": (str, type(None)), "idempotent": (bool,), "created_at": (int, float),
     "updated_at": (int, float), "resolved_by": (str, type(None)),
     "order": (list, type(None)), "args": (bytes,), "result": (bytes,),
+    "resolved_at": (int, float, type(None)),
 }
 
 
@@ -364,4 +367,6 @@ def decode_entry(data: bytes) -> EffectRecord:
     fields["order"] = tuple(order) if order is not None else None
     fields["created_at"] = float(obj["created_at"])
     fields["updated_at"] = float(obj["updated_at"])
+    if obj["resolved_at"] is not None:
+        fields["resolved_at"] = float(obj["resolved_at"])
     return EffectRecord(**fields)

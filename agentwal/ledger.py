@@ -340,11 +340,11 @@ class Ledger:
                 raise EffectSettledError(effect_id, entry.status)
             if not_applied:
                 settled = entry.replace(status="not_applied", resolved_by=by or _who(),
-                                        error=entry.error)
+                                        resolved_at=time.time())
             else:
                 encode_value(f"result of effect {entry.name!r}", result)
                 settled = entry.replace(status="resolved", result=result,
-                                        resolved_by=by or _who())
+                                        resolved_by=by or _who(), resolved_at=time.time())
             self._engine._effect_write(settled)
             return settled
 

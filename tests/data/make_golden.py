@@ -24,6 +24,19 @@ The segment (``segment-v1.bin``, 4096 bytes like a preallocated segment):
 
 The control file (``control-v1.bin``): what ``create_control`` writes for
 ``STORE_ID`` at ``CREATED_AT``.
+
+The effects segment (``effects-v1.bin``, 4096 bytes; record type 2 and the
+commit's outbox field came after the first segment was pinned):
+
+- header: segment 0 of store ``STORE_ID``, first LSN 1, salt ``SALT``;
+- LSN 1 (``REC_EFFECT``): the intent of effect ``charge-card``
+  (exactly_once, idempotent) of run ``run-1`` at checkpoint 0, ``in_doubt``,
+  attempt 1;
+- LSN 2 (``REC_EFFECT``): its outcome, ``done`` with a result;
+- LSN 3 (``REC_COMMIT``): run ``run-1`` checkpoint 1 with a small delta and
+  an outbox of one ``send-email`` entry (the optional 9th field), which the
+  checkpoint hash covers;
+- zeros up to 4096 bytes.
 """
 
 from __future__ import annotations
@@ -47,12 +60,22 @@ from agentwal.codec import (
     encode_value,
 )
 from agentwal.control import create_control
+from agentwal.effects import (
+    EffectMode,
+    EffectRecord,
+    args_digest,
+    derive_key,
+    effect_id_for,
+    encode_entry,
+    encode_outbox,
+)
 from agentwal.format import (
     COMPRESS_THRESHOLD,
     CONTROL_FILE,
     FLAG_ZSTD,
     FORMAT_VERSION,
     REC_COMMIT,
+    REC_EFFECT,
 )
 from agentwal.io import OsFileSystem
 from agentwal.wal.frame import SegmentHeader, encode_frame, encode_header
@@ -60,6 +83,7 @@ from agentwal.wal.frame import SegmentHeader, encode_frame, encode_header
 HERE = Path(__file__).resolve().parent
 SEGMENT_FILE = HERE / f"segment-v{FORMAT_VERSION}.bin"
 CONTROL_FILE_GOLDEN = HERE / f"control-v{FORMAT_VERSION}.bin"
+EFFECTS_FILE = HERE / f"effects-v{FORMAT_VERSION}.bin"
 
 STORE_ID = uuid.UUID("a9e1c0de-0000-4000-8000-00000000a11e")
 SALT = 0x5EED5A17
@@ -132,6 +156,46 @@ def segment_image(payloads: dict[int, bytes] | None = None) -> bytes:
     return bytes(out) + bytes(SEGMENT_SIZE - len(out))
 
 
+def effect_entries() -> list[EffectRecord]:
+    """The intent and the outcome of the golden effect (LSN 1 and 2)."""
+    args = {"amount": 4900, "currency": "EUR"}
+    key = derive_key(STORE_ID, "run-1", 0, "charge-card", 0)
+    intent = EffectRecord(effect_id_for(key), key, "charge-card", EffectMode.EXACTLY_ONCE,
+                          "run-1", 0, 0, False, "in_doubt", 1, args,
+                          args_digest(encode_value("args", args)), idempotent=True,
+                          created_at=CREATED_AT + 1, updated_at=CREATED_AT + 1)
+    outcome = EffectRecord(intent.effect_id, key, "charge-card", EffectMode.EXACTLY_ONCE,
+                           "run-1", 0, 0, False, "done", 1, args, intent.args_digest,
+                           result={"charge": "ch_1"}, idempotent=True,
+                           created_at=CREATED_AT + 1, updated_at=CREATED_AT + 2)
+    return [intent, outcome]
+
+
+def outbox_commit() -> tuple[bytes, bytes, bytes]:
+    """LSN 3: ``(payload, outbox bytes, checkpoint hash)``."""
+    delta = {"receipt": encode_value("receipt", {"charge": "ch_1"})}
+    packed, flags, digest = encode_delta(delta)
+    assert flags == 0
+    outbox = encode_outbox([("send-email", "at_least_once",
+                             encode_value("args", {"to": "ada@example.com"}), None, False)])
+    created = CREATED_AT + 3
+    meta_raw = encode_meta({"node": "pay"})
+    h = checkpoint_hash(bytes(32), "run-1", 1, None, created, meta_raw, None, digest, outbox)
+    payload = encode_commit(CommitRecord("run-1", 1, None, created, meta_raw, h, None, packed,
+                                         outbox))
+    return payload, outbox, h
+
+
+def effects_image() -> bytes:
+    """The golden effects segment."""
+    out = bytearray(encode_header(HEADER))
+    for lsn, e in enumerate(effect_entries(), start=1):
+        out += encode_frame(SALT, lsn, lsn - 1, REC_EFFECT, 0, encode_entry(e))
+    out += encode_frame(SALT, 3, 2, REC_COMMIT, 0, outbox_commit()[0])
+    assert len(out) <= SEGMENT_SIZE
+    return bytes(out) + bytes(SEGMENT_SIZE - len(out))
+
+
 def control_image() -> bytes:
     """What ``create_control`` writes for ``STORE_ID`` at ``CREATED_AT``."""
     with tempfile.TemporaryDirectory() as tmp, \
@@ -146,7 +210,8 @@ def main() -> int:
     assert raw_delta_size(r2) >= COMPRESS_THRESHOLD
     SEGMENT_FILE.write_bytes(segment_image())
     CONTROL_FILE_GOLDEN.write_bytes(control_image())
-    print(f"wrote {SEGMENT_FILE} and {CONTROL_FILE_GOLDEN}")
+    EFFECTS_FILE.write_bytes(effects_image())
+    print(f"wrote {SEGMENT_FILE}, {CONTROL_FILE_GOLDEN} and {EFFECTS_FILE}")
     return 0
 
 

@@ -366,6 +366,7 @@ def test_resolve_with_a_result(store: agentwal.Store, down: Downstream) -> None:
     done = store.resolve_effect(e.effect_id, result={"found": "in the bank's dashboard"},
                                 by="ops")
     assert done.status == "resolved" and done.resolved_by == "ops"
+    assert done.resolved_at is not None and done.resolved_at >= e.updated_at
     assert step(store, down, "at_most_once") == {"found": "in the bank's dashboard"}
     assert down.calls() == 1
     with pytest.raises(EffectSettledError):

@@ -146,7 +146,7 @@ def test_derived_keys_are_short_ascii_and_deterministic(run: str, name: str, ckp
 def test_entry_round_trip() -> None:
     e = entry("done", EO, result={"receipt": b"\x00\x01", "tags": {1, 2}}, error=None,
               idempotent=True, created_at=1.5, updated_at=2.5, resolved_by="ops@host pid 1",
-              order=(7, 2), ordinal=None, deferred=True)
+              order=(7, 2), ordinal=None, deferred=True, resolved_at=3.0)
     assert decode_entry(encode_entry(e)) == e
 
 
