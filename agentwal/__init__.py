@@ -28,6 +28,7 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     ReadOnlyError,
+    RunExistsError,
     RunNotFoundError,
     StoreClosedError,
     StoreLockedError,
@@ -38,7 +39,7 @@ from .errors import (
 from .io import FileSystem, OsFileSystem
 from .store import Store, open
 from .txn import Savepoint, Transaction
-from .types import Checkpoint, Durability
+from .types import Checkpoint, Diff, Durability
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,7 @@ __all__ = [
     "Checkpoint",
     "ConflictError",
     "CorruptionError",
+    "Diff",
     "DiskFullError",
     "Durability",
     "DurabilityError",
@@ -56,6 +58,7 @@ __all__ = [
     "MissingKeyError",
     "OsFileSystem",
     "ReadOnlyError",
+    "RunExistsError",
     "RunNotFoundError",
     "Savepoint",
     "Store",

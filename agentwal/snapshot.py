@@ -21,6 +21,21 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin]``
+- ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
+  checkpoint's change (``history.py`` defines refs)
+- ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
+  state at every id that is a multiple of ``history.MANIFEST_EVERY``
+- ``objects``: object id (32 bytes) -> CRC + object record (kind byte + body):
+  large values, list segments and list nodes, each stored once
+- ``refs``: object id -> CRC + u64 reference count
+
+The ``state`` database is the fast path for each run's folded head; the
+history databases rebuild any folded checkpoint from one manifest and at
+most ``MANIFEST_EVERY - 1`` deltas. The fold writes a checkpoint's delta, its
+manifest when one is due, and the objects and counts they need in the same
+LMDB transaction as the checkpoint record, so history and state never
+disagree after a crash. Reading history is ``history.py`` logic over
+:class:`_TxnObjects`, the one adapter from LMDB to its ``Objects`` protocol.
 
 Every stored value carries a CRC-32 of its key and bytes (LMDB has no
 checksums of its own), checked on each read, so a flipped byte in a key or a
@@ -43,6 +58,7 @@ from typing import Any
 import cbor2
 import lmdb
 
+from . import history
 from .codec import CodecError, decode_meta, loads
 from .errors import (
     CorruptionError,
@@ -152,7 +168,8 @@ class Snapshot:
             raise self._translate(exc, "cannot open the snapshot") from None
         self._shared: _Shared | None = shared
         self.env = shared.env
-        self._meta, self._runs, self._state, self._ckpt = shared.dbs
+        self._meta, self._runs, self._state, self._ckpt = shared.dbs[:4]
+        self._delta, self._manifest, self._objects, self._refs = shared.dbs[4:8]
 
     # -- errors -------------------------------------------------------------------
 
@@ -321,11 +338,13 @@ class Snapshot:
             obj = self._load(k, txn.get(k, db=self._ckpt), f"checkpoint {run!r}/{cid}")
         return None if obj is None else self._ckpt_from(run, obj)
 
-    def checkpoints(self, txn: Any, run: str, run_no: int) -> Iterator[Checkpoint]:
-        """Folded checkpoints of a run, newest first."""
+    def checkpoints(self, txn: Any, run: str, run_no: int,
+                    before: int | None = None) -> Iterator[Checkpoint]:
+        """Folded checkpoints of a run, newest first (only ids below ``before`` if given)."""
         base = _U64.pack(run_no)
+        upper = _U64.pack(run_no + 1) if before is None else base + _U64.pack(max(before, 1))
         with self._reading(f"checkpoints of {run!r}"), txn.cursor(db=self._ckpt) as cur:
-            if not cur.set_range(_U64.pack(run_no + 1)):
+            if not cur.set_range(upper):
                 if not cur.last():
                     return
             elif not cur.prev():
@@ -362,6 +381,96 @@ class Snapshot:
             raise self._corrupt(f"checkpoint {run!r}/{cid} metadata: {exc}") from None
         org = (origin[0], origin[1]) if origin else None
         return Checkpoint(run, cid, parent, lsn, float(created), meta, hsh.hex(), org)
+
+    # -- history ------------------------------------------------------------------
+
+    def _history_record(self, txn: Any, db: Any, run: str, number: int, cid: int,
+                        manifest: bool) -> dict[str, history.Ref | None] | None:
+        k = _U64.pack(number) + _U64.pack(cid)
+        what = f"{'manifest' if manifest else 'delta'} of checkpoint {run!r}/{cid}"
+        data = self._open(k, txn.get(k, db=db), what)
+        if data is None:
+            return None
+        try:
+            return history.decode_refs(data, manifest=manifest)
+        except CodecError as exc:
+            raise self._corrupt(f"{what}: {exc}") from None
+
+    def _refs_at(self, txn: Any, run: str, number: int, cid: int) -> dict[str, history.Ref]:
+        """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty)."""
+        base = history.manifest_base(cid)
+        refs: dict[str, history.Ref] = {}
+        if base:
+            found = self._history_record(txn, self._manifest, run, number, base, True)
+            if found is None:
+                raise self._corrupt(f"manifest of checkpoint {run!r}/{base} is missing")
+            refs = {k: v for k, v in found.items() if v is not None}
+        for i in range(base + 1, cid + 1):
+            delta = self._history_record(txn, self._delta, run, number, i, False)
+            if delta is None:
+                raise self._corrupt(f"delta of checkpoint {run!r}/{i} is missing")
+            history.apply_delta(refs, delta)
+        return refs
+
+    def state_at(self, txn: Any, run: str, info: RunInfo, cid: int,
+                 key: str | None = None) -> dict[str, bytes]:
+        """``{key: value bytes}`` of a run at folded checkpoint ``cid`` (only ``key`` if given).
+
+        Rebuilt from the manifest at or before ``cid`` and the deltas after
+        it (at most ``history.MANIFEST_EVERY - 1``).
+
+        Raises:
+            CorruptionError: a record or object is missing or damaged.
+        """
+        with self._reading(f"the state of {run!r} at {cid}"):
+            refs = self._refs_at(txn, run, info.number, cid)
+            if key is not None:
+                refs = {key: refs[key]} if key in refs else {}
+            objs = _TxnObjects(self, txn)
+            try:
+                return {k: history.resolve(objs, r) for k, r in refs.items()}
+            except CodecError as exc:
+                raise self._corrupt(f"state of {run!r} at {cid}: {exc}") from None
+
+    def _fold_history(self, txn: Any, number: int, fr: FoldRun, head: int) -> None:
+        """Write each new checkpoint's delta (and manifest when due) with its objects."""
+        objs = _TxnObjects(self, txn)
+        deltas = fr.deltas
+        if deltas is None:
+            deltas = [{} for _ in fr.checkpoints[:-1]] + [fr.writes]
+        base = _U64.pack(number)
+        # The ref map at the previous checkpoint: needed to chain list values
+        # and to write manifests; rebuilt (bounded) only when either happens.
+        need = any(history.is_manifest(c.id) for c, _h, _m in fr.checkpoints) or any(
+            _maybe_list(v) for d in deltas for v in d.values())
+        refs = self._refs_at(txn, fr.run, number, head) if need else None
+        try:
+            for (c, _h, _m), delta in zip(fr.checkpoints, deltas, strict=True):
+                dref: dict[str, history.Ref | None] = {}
+                for key, value in delta.items():
+                    prev = refs.get(key) if refs is not None and value is not None else None
+                    dref[key] = None if value is None else history.store_value(objs, value, prev)
+                dk = base + _U64.pack(c.id)
+                self._drop_history(txn, objs, self._delta, fr.run, number, c.id, False)
+                txn.put(dk, _seal(dk, history.encode_refs(dref)), db=self._delta)
+                if refs is not None:
+                    history.apply_delta(refs, dref)
+                if history.is_manifest(c.id):
+                    assert refs is not None
+                    self._drop_history(txn, objs, self._manifest, fr.run, number, c.id, True)
+                    for ref in refs.values():
+                        history.retain(objs, ref)
+                    txn.put(dk, _seal(dk, history.encode_refs(refs)), db=self._manifest)
+        except CodecError as exc:
+            raise self._corrupt(f"history of {fr.run!r}: {exc}") from None
+
+    def _drop_history(self, txn: Any, objs: _TxnObjects, db: Any, run: str, number: int,
+                      cid: int, manifest: bool) -> None:
+        """Release the refs of a delta or manifest about to be replaced or removed."""
+        old = self._history_record(txn, db, run, number, cid, manifest)
+        if old is not None:
+            for ref in old.values():
+                history.release(objs, ref)
 
     # -- folding ------------------------------------------------------------------
 
@@ -437,6 +546,7 @@ class Snapshot:
                     txn.put(k, sealed, db=self._state)
                     nkeys += 1
                     digest ^= _CRC.unpack_from(sealed)[0]
+            self._fold_history(txn, number, fr, info.head if info is not None else 0)
             for c, hsh, meta_raw in fr.checkpoints:
                 rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
                        list(c.origin) if c.origin else None]
@@ -464,7 +574,9 @@ class Snapshot:
             st = self.env.stat()
             counts = {name: txn.stat(db)["entries"]
                       for name, db in (("folded_runs", self._runs), ("state_keys", self._state),
-                                       ("checkpoints", self._ckpt))}
+                                       ("checkpoints", self._ckpt), ("deltas", self._delta),
+                                       ("manifests", self._manifest),
+                                       ("objects", self._objects))}
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot read stats", reading=True) from None
         finally:
@@ -478,6 +590,42 @@ class Snapshot:
         shared, self._shared = self._shared, None
         if shared is not None:
             _release(shared)
+
+
+def _maybe_list(value: bytes | None) -> bool:
+    """True if ``value`` may become a list node (large, and a CBOR array)."""
+    return value is not None and len(value) >= history.LARGE and value[0] >> 5 == 4
+
+
+class _TxnObjects:
+    """``history.Objects`` over an LMDB transaction (writes need a write transaction)."""
+
+    def __init__(self, snap: Snapshot, txn: Any) -> None:
+        self._snap = snap
+        self._txn = txn
+
+    def get(self, oid: bytes) -> bytes | None:
+        return self._snap._open(oid, self._txn.get(oid, db=self._snap._objects),
+                                f"object {oid.hex()}")
+
+    def put(self, oid: bytes, record: bytes) -> None:
+        self._txn.put(oid, _seal(oid, record), db=self._snap._objects)
+
+    def delete(self, oid: bytes) -> None:
+        self._txn.delete(oid, db=self._snap._objects)
+        self._txn.delete(oid, db=self._snap._refs)
+
+    def count(self, oid: bytes) -> int:
+        raw = self._snap._open(oid, self._txn.get(oid, db=self._snap._refs),
+                               f"reference count of {oid.hex()}")
+        if raw is None:
+            return 0
+        if len(raw) != 8:
+            raise self._snap._corrupt(f"reference count of object {oid.hex()} is damaged")
+        return int(_U64.unpack(raw)[0])
+
+    def set_count(self, oid: bytes, n: int) -> None:
+        self._txn.put(oid, _seal(oid, _U64.pack(n)), db=self._snap._refs)
 
 
 class MapFull(Exception):
@@ -498,10 +646,13 @@ class _Shared:
 
     key: str
     env: Any
-    dbs: tuple[Any, Any, Any, Any]
+    dbs: tuple[Any, ...]
     users: int = 1
     readers: int = 0  # read transactions open, across users
 
+
+#: The named databases, in the order ``Snapshot`` unpacks them (new ones go last).
+_DB_NAMES = (b"meta", b"runs", b"state", b"ckpt", b"delta", b"manifest", b"objects", b"refs")
 
 # LMDB forbids opening one environment twice in a process (its locks are per
 # process), so a writer and read-only stores in the same process share it.
@@ -519,17 +670,16 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
         # A read-only store still opens the environment for writing when it
         # can, so a writer opened later in this process can share it.
         writable = not readonly or os.access(directory, os.W_OK)
-        env = lmdb.open(directory, map_size=map_size, max_dbs=8, max_readers=1024, sync=True,
+        env = lmdb.open(directory, map_size=map_size, max_dbs=16, max_readers=1024, sync=True,
                         metasync=True, writemap=False, readahead=False, meminit=False,
                         readonly=not writable, lock=True, mode=0o600, create=not readonly)
         try:
             if writable:
                 env.reader_check()
             # Handles opened in their own (committed) transaction stay valid.
-            dbs = tuple(env.open_db(name, create=not readonly)
-                        for name in (b"meta", b"runs", b"state", b"ckpt"))
+            dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
             with env.begin() as txn:
-                for name, db in zip((b"meta", b"runs", b"state", b"ckpt"), dbs, strict=True):
+                for name, db in zip(_DB_NAMES, dbs, strict=True):
                     flags = db.flags(txn)  # type: ignore[call-arg]
                     if any(flags.values()):  # created plain: a set flag is a damaged record
                         raise CorruptionError(os.path.join(directory, _DATA), None,
@@ -542,7 +692,7 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             # files durable before a fold can let WAL segments go.
             OsFileSystem().fsync_dir(directory)
             OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
-        entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3]))
+        entry = _shared[key] = _Shared(key, env, dbs)
         return entry
 
 
@@ -558,8 +708,14 @@ def _release(entry: _Shared) -> None:
 
 @dataclass
 class FoldRun:
-    """One run's share of a fold: final key writes and new checkpoints in order."""
+    """One run's share of a fold: final key writes and new checkpoints in order.
+
+    ``deltas[i]`` is the change checkpoint ``checkpoints[i]`` made; None
+    (callers that do not track it) records ``writes`` as the last
+    checkpoint's change and the others as empty.
+    """
 
     run: str
     writes: dict[str, bytes | None]
     checkpoints: list[tuple[Checkpoint, bytes, bytes]]
+    deltas: list[dict[str, bytes | None]] | None = None
