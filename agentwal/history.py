@@ -10,25 +10,35 @@ transaction) and stores the records it gets back; tests supply a dict.
 
 - ``bytes``: the value's CBOR, inline, when it is shorter than
   :data:`LARGE` bytes;
-- ``(VALUE, oid)``: a large value stored once as a content-addressed leaf
-  object (``oid = sha256(kind byte + body)``), shared by every checkpoint,
-  key and run holding the same bytes;
-- ``(LIST, oid)``: a large CBOR array stored as a *list node*.
+- ``(VALUE, addr)``: a large value stored once as a leaf object, shared by
+  every checkpoint, key and run holding the same bytes;
+- ``(LIST, addr)``: a large CBOR array stored as a *list node*.
+
+*Content addressing.* An object's record is a kind byte (leaf or node) and
+its body; its id is ``sha256(record)``. Storage finds an object by id before
+adding it, so identical content is stored once. Objects are *addressed* by
+a small integer allocated in increasing order (so LMDB appends them and packs
+its pages), and refs, nodes and manifests name that address.
 
 *List nodes* share the elements of a list that grows by appending (the usual
 ``messages`` list). A node is ``[count, nbytes, body_sha256, depth, prev,
 segs]``: the array has ``count`` items whose encodings, concatenated, are
 ``nbytes`` long with that SHA-256; its items are those of node ``prev`` (or
-none) followed by the segments ``segs`` (each inline bytes, or ``[oid]`` of
-a leaf holding them). A new version of a key whose previous version is a
+none) followed by the segments ``segs`` (each inline bytes, or the address
+of a leaf holding them). A new version of a key whose previous version is a
 node with the same first ``nbytes`` body bytes is stored as a node pointing
 at the previous one plus the appended tail, so an append costs the tail and a
 few dozen bytes. ``depth`` counts the nodes behind it; at :data:`MAX_CHAIN`
 the new node is re-based instead: ``prev`` becomes None and ``segs`` lists
-every segment of the chain (leaves by id, no element copied; consecutive
-small inline segments are merged, into a new leaf once they reach
-:data:`LARGE`). Rebuilding any list therefore reads at most
+every segment of the chain (leaves by address, no element copied;
+consecutive short inline segments are merged, into a new leaf once they
+reach :data:`SEGMENT_LEAF`). Rebuilding any list therefore reads at most
 :data:`MAX_CHAIN` nodes plus its leaves.
+
+*Head entries.* The snapshot's ``state`` database (the head's fast path)
+stores a list node's ref instead of the list (:func:`head_entry`), so a fold
+does not copy a growing list whole; reading it rebuilds the list
+(:func:`head_value`).
 
 *Deltas and manifests.* Checkpoint ``c`` of a run has a delta ``{key: ref |
 None}`` (None: deleted). Every checkpoint whose id is a multiple of
@@ -37,7 +47,8 @@ state at ``c`` is the manifest at ``c - c % MANIFEST_EVERY`` (or the empty
 state) plus at most ``MANIFEST_EVERY - 1`` deltas (:func:`manifest_base`).
 
 *Reference counts.* Each object's count is the number of delta entries,
-manifest entries and nodes naming it. :func:`store_value` and
+manifest entries and nodes naming it (head entries hold none: the delta
+that wrote the head value does). :func:`store_value` and
 :func:`retain` add one (creating the object, and counting its children,
 the first time); :func:`release` takes one away and deletes the object at
 zero, releasing its children. A crash cannot leave counts half-updated:
@@ -58,16 +69,20 @@ import cbor2
 from .codec import CodecError, loads
 
 __all__ = [
+    "HEAD_REF",
     "LARGE",
     "LIST",
     "MANIFEST_EVERY",
     "MAX_CHAIN",
+    "SEGMENT_LEAF",
     "VALUE",
     "Objects",
     "Ref",
     "apply_delta",
     "decode_refs",
     "encode_refs",
+    "head_entry",
+    "head_value",
     "is_manifest",
     "manifest_base",
     "object_id",
@@ -92,29 +107,45 @@ LIST = 2
 _LEAF = 0
 _NODE = 1
 
-#: A stored value: inline CBOR bytes, or ``(VALUE | LIST, object id)``.
-Ref: TypeAlias = "bytes | tuple[int, bytes]"
+#: List tails (and runs of small tails merged by a re-base) at least this long
+#: become leaf objects; shorter ones stay inline in their node.
+SEGMENT_LEAF = 256
+
+#: First byte of a ``state`` entry that holds a ref instead of the value
+#: (CBOR never starts an item with 0xff, the "break" code).
+HEAD_REF = 0xFF
+
+#: A stored value: inline CBOR bytes, or ``(VALUE | LIST, object address)``.
+Ref: TypeAlias = "bytes | tuple[int, int]"
 
 _SHA = 32
 
 
 class Objects(Protocol):
-    """Content-addressed object storage with reference counts (an LMDB txn, or a dict)."""
+    """Objects with reference counts, found by content (an LMDB txn, or a dict).
 
-    def get(self, oid: bytes) -> bytes | None:
+    An object has an *address* (an int, allocated in increasing order so
+    new objects are appended) and is found again by its *id*, the SHA-256
+    of its record, so identical content is stored once.
+    """
+
+    def find(self, oid: bytes) -> int | None:
+        """The address of the object with id ``oid``, or None."""
+
+    def get(self, addr: int) -> bytes | None:
         """The object's record (kind byte + body), or None."""
 
-    def put(self, oid: bytes, record: bytes) -> None:
-        """Store a new object's record."""
+    def add(self, oid: bytes, record: bytes) -> int:
+        """Store a new object with reference count 0; returns its address."""
 
-    def delete(self, oid: bytes) -> None:
-        """Remove an object's record and count."""
+    def delete(self, addr: int, oid: bytes) -> None:
+        """Remove an object, its count and its id."""
 
-    def count(self, oid: bytes) -> int:
-        """The object's reference count (0: absent)."""
+    def count(self, addr: int) -> int:
+        """The object's reference count."""
 
-    def set_count(self, oid: bytes, n: int) -> None:
-        """Set a present object's reference count (n >= 1)."""
+    def set_count(self, addr: int, n: int) -> None:
+        """Set an object's reference count."""
 
 
 def object_id(record: bytes) -> bytes:
@@ -149,31 +180,30 @@ def _header(count: int) -> bytes:
     raise ValueError("list too long")
 
 
-# -- storing -------------------------------------------------------------------------
+# -- objects -------------------------------------------------------------------------
 
-def _incref(objs: Objects, oid: bytes, record: bytes | None,
-            pending: Mapping[bytes, bytes]) -> None:
-    """Count one more reference to ``oid``, creating it from ``record`` if absent."""
-    n = objs.count(oid)
-    if n:
-        objs.set_count(oid, n + 1)
-        return
-    if record is None:
-        record = pending.get(oid)
-    if record is None:
-        raise CodecError(f"object {oid.hex()} is referenced but missing")
-    objs.put(oid, record)
-    objs.set_count(oid, 1)
-    for child in _children(record):
-        _incref(objs, child, None, pending)
+def _incref(objs: Objects, addr: int) -> None:
+    n = objs.count(addr)
+    if n < 0 or objs.get(addr) is None:
+        raise CodecError(f"object @{addr} is referenced but missing")
+    objs.set_count(addr, n + 1)
 
 
-def _children(record: bytes) -> list[bytes]:
+def _intern(objs: Objects, record: bytes) -> tuple[int, bool]:
+    """``(address, created)`` of the object with ``record``; a new one has count 0."""
+    oid = object_id(record)
+    addr = objs.find(oid)
+    if addr is not None:
+        return addr, False
+    return objs.add(oid, record), True
+
+
+def _children(record: bytes) -> list[int]:
     if record[:1] != bytes([_NODE]):
         return []
     node = _node(record)
     out = [] if node[4] is None else [node[4]]
-    out.extend(s[0] for s in node[5] if isinstance(s, list))
+    out.extend(s for s in node[5] if isinstance(s, int))
     return out
 
 
@@ -184,34 +214,28 @@ def _node(record: bytes) -> list[Any]:
     obj = loads(record[1:])
     if not (isinstance(obj, list) and len(obj) == 6 and isinstance(obj[0], int)
             and isinstance(obj[1], int) and isinstance(obj[2], bytes) and len(obj[2]) == _SHA
-            and isinstance(obj[3], int) and (obj[4] is None or (isinstance(obj[4], bytes)
-                                                               and len(obj[4]) == _SHA))
+            and isinstance(obj[3], int) and (obj[4] is None or isinstance(obj[4], int))
             and isinstance(obj[5], list)
-            and all(isinstance(s, bytes) or (isinstance(s, list) and len(s) == 1
-                                             and isinstance(s[0], bytes) and len(s[0]) == _SHA)
-                    for s in obj[5])):
+            and all(isinstance(s, (bytes, int)) and not isinstance(s, bool) for s in obj[5])):
         raise CodecError("malformed list node")
     return obj
 
 
-def _load(objs: Objects, oid: bytes) -> bytes:
-    record = objs.get(oid)
+def _load(objs: Objects, addr: int) -> bytes:
+    record = objs.get(addr)
     if record is None:
-        raise CodecError(f"object {oid.hex()} is missing")
+        raise CodecError(f"object @{addr} is missing")
     return record
 
 
-def _seg(data: bytes, new: dict[bytes, bytes]) -> bytes | list[bytes]:
-    """A segment for ``data``: inline if small, else a (new) leaf's id."""
-    if len(data) < LARGE:
+def _seg(objs: Objects, data: bytes) -> bytes | int:
+    """A segment for ``data``: inline if short, else a leaf's address (no count taken)."""
+    if len(data) < SEGMENT_LEAF:
         return data
-    record = bytes([_LEAF]) + data
-    oid = object_id(record)
-    new[oid] = record
-    return [oid]
+    return _intern(objs, bytes([_LEAF]) + data)[0]
 
 
-def _flatten(objs: Objects, node: list[Any]) -> list[bytes | list[bytes]]:
+def _flatten(objs: Objects, node: list[Any]) -> list[bytes | int]:
     """Every segment of a chain, oldest first."""
     chain = [node[5]]
     while node[4] is not None:
@@ -220,16 +244,15 @@ def _flatten(objs: Objects, node: list[Any]) -> list[bytes | list[bytes]]:
     return [s for segs in reversed(chain) for s in segs]
 
 
-def _coalesce(segs: Iterable[bytes | list[bytes]],
-              new: dict[bytes, bytes]) -> list[bytes | list[bytes]]:
-    """Merge runs of inline segments (into a leaf once they reach :data:`LARGE`)."""
-    out: list[bytes | list[bytes]] = []
+def _coalesce(objs: Objects, segs: Iterable[bytes | int]) -> list[bytes | int]:
+    """Merge runs of inline segments (into a leaf once they reach :data:`SEGMENT_LEAF`)."""
+    out: list[bytes | int] = []
     run = b""
     for s in segs:
         if isinstance(s, bytes):
             run += s
-            if len(run) >= LARGE:
-                out.append(_seg(run, new))
+            if len(run) >= SEGMENT_LEAF:
+                out.append(_seg(objs, run))
                 run = b""
         else:
             if run:
@@ -239,6 +262,17 @@ def _coalesce(segs: Iterable[bytes | list[bytes]],
     if run:
         out.append(run)
     return out
+
+
+def _make_node(objs: Objects, node: list[Any]) -> int:
+    """Intern a list node and count one reference to it (and, if new, to its children)."""
+    record = bytes([_NODE]) + cbor2.dumps(node)
+    addr, created = _intern(objs, record)
+    if created:
+        for child in _children(record):
+            _incref(objs, child)
+    objs.set_count(addr, objs.count(addr) + 1)
+    return addr
 
 
 def store_value(objs: Objects, value: bytes, prev: Ref | None) -> Ref:
@@ -251,7 +285,7 @@ def store_value(objs: Objects, value: bytes, prev: Ref | None) -> Ref:
             list value that extends it shares its elements.
 
     Returns:
-        Inline bytes, ``(VALUE, oid)`` or ``(LIST, oid)``.
+        Inline bytes, ``(VALUE, address)`` or ``(LIST, address)``.
 
     Raises:
         CodecError: an object ``prev`` names is missing or malformed.
@@ -260,13 +294,12 @@ def store_value(objs: Objects, value: bytes, prev: Ref | None) -> Ref:
         return value
     head = _array_header(value)
     if head is None:
-        record = bytes([_LEAF]) + value
-        oid = object_id(record)
-        _incref(objs, oid, record, {})
-        return (VALUE, oid)
+        addr, _created = _intern(objs, bytes([_LEAF]) + value)
+        objs.set_count(addr, objs.count(addr) + 1)
+        return (VALUE, addr)
     count, hlen = head
     body = value[hlen:]
-    new: dict[bytes, bytes] = {}
+    sha = hashlib.sha256(body).digest()
     node: list[Any] | None = None
     if isinstance(prev, tuple) and prev[0] == LIST:
         old = _node(_load(objs, prev[1]))
@@ -274,48 +307,44 @@ def store_value(objs: Objects, value: bytes, prev: Ref | None) -> Ref:
         if (count >= ocount and len(body) >= obytes
                 and hashlib.sha256(body[:obytes]).digest() == osha):
             if len(body) == obytes:  # the same list again
-                _incref(objs, prev[1], None, {})
+                _incref(objs, prev[1])
                 return prev
-            tail = _seg(body[obytes:], new)
+            tail = _seg(objs, body[obytes:])
             if old[3] + 1 < MAX_CHAIN:
-                node = [count, len(body), b"", old[3] + 1, prev[1], [tail]]
-            else:
-                node = [count, len(body), b"", 0, None, _coalesce([*_flatten(objs, old), tail],
-                                                                 new)]
+                node = [count, len(body), sha, old[3] + 1, prev[1], [tail]]
+            else:  # re-base: list every segment, copy no element
+                node = [count, len(body), sha, 0, None,
+                        _coalesce(objs, [*_flatten(objs, old), tail])]
     if node is None:
-        node = [count, len(body), b"", 0, None, [_seg(body, new)]]
-    node[2] = hashlib.sha256(body).digest()
-    record = bytes([_NODE]) + cbor2.dumps(node)
-    oid = object_id(record)
-    _incref(objs, oid, record, new)
-    return (LIST, oid)
+        node = [count, len(body), sha, 0, None, [_seg(objs, body)]]
+    return (LIST, _make_node(objs, node))
 
 
 def retain(objs: Objects, ref: Ref) -> None:
     """Count one more reference to an existing ref (a manifest entry)."""
     if isinstance(ref, tuple):
-        _incref(objs, ref[1], None, {})
+        _incref(objs, ref[1])
 
 
 def release(objs: Objects, ref: Ref | None) -> None:
     """Drop one reference; an object left with none is deleted, and its children released.
 
     Raises:
-        CodecError: the object is missing (its count is already zero).
+        CodecError: the object is missing or has no references left.
     """
     if not isinstance(ref, tuple):
         return
     stack = [ref[1]]
     while stack:
-        oid = stack.pop()
-        n = objs.count(oid)
+        addr = stack.pop()
+        n = objs.count(addr)
         if n <= 0:
-            raise CodecError(f"object {oid.hex()} is released but has no references")
+            raise CodecError(f"object @{addr} is released but has no references")
         if n > 1:
-            objs.set_count(oid, n - 1)
+            objs.set_count(addr, n - 1)
             continue
-        record = _load(objs, oid)
-        objs.delete(oid)
+        record = _load(objs, addr)
+        objs.delete(addr, object_id(record))
         stack.extend(_children(record))
 
 
@@ -329,11 +358,11 @@ def resolve(objs: Objects, ref: Ref) -> bytes:
     """
     if isinstance(ref, bytes):
         return ref
-    kind, oid = ref
-    record = _load(objs, oid)
+    kind, addr = ref
+    record = _load(objs, addr)
     if kind == VALUE:
         if record[:1] != bytes([_LEAF]):
-            raise CodecError(f"object {oid.hex()} is not a value")
+            raise CodecError(f"object @{addr} is not a value")
         return record[1:]
     node = _node(record)
     parts: list[bytes] = []
@@ -341,14 +370,34 @@ def resolve(objs: Objects, ref: Ref) -> bytes:
         if isinstance(s, bytes):
             parts.append(s)
         else:
-            leaf = _load(objs, s[0])
+            leaf = _load(objs, s)
             if leaf[:1] != bytes([_LEAF]):
-                raise CodecError(f"object {s[0].hex()} is not a leaf")
+                raise CodecError(f"object @{s} is not a leaf")
             parts.append(leaf[1:])
     body = b"".join(parts)
     if len(body) != node[1]:
-        raise CodecError(f"list {oid.hex()} rebuilds to {len(body)} bytes, not {node[1]}")
+        raise CodecError(f"list @{addr} rebuilds to {len(body)} bytes, not {node[1]}")
     return _header(node[0]) + body
+
+
+def head_entry(value: bytes, ref: Ref | None) -> bytes:
+    """What the ``state`` database stores for a head value: the value, or a list's ref.
+
+    A list node is rebuilt on read instead of rewritten whole by every fold
+    (it would otherwise be copied into LMDB each time it grows).
+    """
+    if isinstance(ref, tuple) and ref[0] == LIST:
+        return bytes([HEAD_REF]) + cbor2.dumps(list(ref))
+    return value
+
+
+def head_value(objs: Objects, stored: bytes) -> bytes:
+    """The value bytes of a ``state`` entry written by :func:`head_entry`."""
+    if not stored or stored[0] != HEAD_REF:
+        return stored
+    ref = _ref_from_cbor(loads(stored[1:]), allow_none=False)
+    assert ref is not None
+    return resolve(objs, ref)
 
 
 # -- deltas and manifests ------------------------------------------------------------
@@ -363,7 +412,7 @@ def _ref_from_cbor(obj: Any, *, allow_none: bool) -> Ref | None:
     if isinstance(obj, bytes):
         return obj
     if (isinstance(obj, list) and len(obj) == 2 and obj[0] in (VALUE, LIST)
-            and isinstance(obj[1], bytes) and len(obj[1]) == _SHA):
+            and isinstance(obj[1], int) and not isinstance(obj[1], bool) and obj[1] >= 0):
         return (obj[0], obj[1])
     raise CodecError("malformed ref")
 

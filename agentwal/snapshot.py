@@ -18,16 +18,21 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
   ``next_run`` -> CRC + u64
 - ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count]``
-- ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR
+- ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR, or 0xff + CBOR
+  ref of a list node (``history.head_entry``: a growing list is not copied
+  whole by every fold)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin]``
 - ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
   checkpoint's change (``history.py`` defines refs)
 - ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
   state at every id that is a multiple of ``history.MANIFEST_EVERY``
-- ``objects``: object id (32 bytes) -> CRC + object record (kind byte + body):
-  large values, list segments and list nodes, each stored once
-- ``refs``: object id -> CRC + u64 reference count
+- ``objects``: address (u64) -> CRC + object record (kind byte + body):
+  large values, list segments and list nodes, each stored once; addresses
+  are allocated in increasing order, so new objects are appended
+- ``refs``: address (u64) -> CRC + u64 reference count
+- ``oids``: object id (SHA-256 of the record) -> CRC + u64 address: finds
+  an object by content, so identical content is stored once
 
 The ``state`` database is the fast path for each run's folded head; the
 history databases rebuild any folded checkpoint from one manifest and at
@@ -169,7 +174,7 @@ class Snapshot:
         self._shared: _Shared | None = shared
         self.env = shared.env
         self._meta, self._runs, self._state, self._ckpt = shared.dbs[:4]
-        self._delta, self._manifest, self._objects, self._refs = shared.dbs[4:8]
+        self._delta, self._manifest, self._objects, self._refs, self._oids = shared.dbs[4:9]
 
     # -- errors -------------------------------------------------------------------
 
@@ -301,7 +306,8 @@ class Snapshot:
         """The stored value bytes of ``key`` in run ``run_no``, or None."""
         with self._reading(f"key {key!r}"):
             k = _U64.pack(run_no) + key.encode()
-            return self._open(k, txn.get(k, db=self._state), f"value of key {key!r}")
+            data = self._open(k, txn.get(k, db=self._state), f"value of key {key!r}")
+            return None if data is None else self._head_value(txn, data, key)
 
     def items(self, txn: Any, info: RunInfo, prefix: str = "") -> dict[str, bytes]:
         """``{key: value bytes}`` of a run, optionally only keys under ``prefix``.
@@ -323,7 +329,7 @@ class Snapshot:
                 key = k[8:].decode("utf-8", "replace")
                 data = self._open(k, v, f"value of key {key!r}")
                 assert data is not None
-                out[key] = data
+                out[key] = self._head_value(txn, data, key)
                 digest ^= _CRC.unpack_from(v)[0]
                 found = cur.next()
         if not prefix and (len(out) != info.keys or digest != info.digest):
@@ -384,6 +390,13 @@ class Snapshot:
 
     # -- history ------------------------------------------------------------------
 
+    def _head_value(self, txn: Any, data: bytes, key: str) -> bytes:
+        """A ``state`` entry's value bytes (a list stored by ref is rebuilt)."""
+        try:
+            return history.head_value(_TxnObjects(self, txn), data)
+        except CodecError as exc:
+            raise self._corrupt(f"value of key {key!r}: {exc}") from None
+
     def _history_record(self, txn: Any, db: Any, run: str, number: int, cid: int,
                         manifest: bool) -> dict[str, history.Ref | None] | None:
         k = _U64.pack(number) + _U64.pack(cid)
@@ -432,8 +445,12 @@ class Snapshot:
             except CodecError as exc:
                 raise self._corrupt(f"state of {run!r} at {cid}: {exc}") from None
 
-    def _fold_history(self, txn: Any, number: int, fr: FoldRun, head: int) -> None:
-        """Write each new checkpoint's delta (and manifest when due) with its objects."""
+    def _fold_history(self, txn: Any, number: int, fr: FoldRun,
+                      head: int) -> dict[str, history.Ref | None]:
+        """Write each new checkpoint's delta (and manifest when due) with its objects.
+
+        Returns each written key's ref at the last checkpoint (for ``state``).
+        """
         objs = _TxnObjects(self, txn)
         deltas = fr.deltas
         if deltas is None:
@@ -444,6 +461,7 @@ class Snapshot:
         need = any(history.is_manifest(c.id) for c, _h, _m in fr.checkpoints) or any(
             _maybe_list(v) for d in deltas for v in d.values())
         refs = self._refs_at(txn, fr.run, number, head) if need else None
+        last: dict[str, history.Ref | None] = {}
         try:
             for (c, _h, _m), delta in zip(fr.checkpoints, deltas, strict=True):
                 dref: dict[str, history.Ref | None] = {}
@@ -453,6 +471,7 @@ class Snapshot:
                 dk = base + _U64.pack(c.id)
                 self._drop_history(txn, objs, self._delta, fr.run, number, c.id, False)
                 txn.put(dk, _seal(dk, history.encode_refs(dref)), db=self._delta)
+                last.update(dref)
                 if refs is not None:
                     history.apply_delta(refs, dref)
                 if history.is_manifest(c.id):
@@ -463,6 +482,7 @@ class Snapshot:
                     txn.put(dk, _seal(dk, history.encode_refs(refs)), db=self._manifest)
         except CodecError as exc:
             raise self._corrupt(f"history of {fr.run!r}: {exc}") from None
+        return last
 
     def _drop_history(self, txn: Any, objs: _TxnObjects, db: Any, run: str, number: int,
                       cid: int, manifest: bool) -> None:
@@ -532,6 +552,7 @@ class Snapshot:
             else:
                 number, count, nkeys, digest = info.number, info.count, info.keys, info.digest
             base = _U64.pack(number)
+            heads = self._fold_history(txn, number, fr, info.head if info is not None else 0)
             for key, value in fr.writes.items():
                 k = base + key.encode()
                 old = txn.get(k, db=self._state)
@@ -542,11 +563,10 @@ class Snapshot:
                 if value is None:
                     txn.delete(k, db=self._state)
                 else:
-                    sealed = _seal(k, value)
+                    sealed = _seal(k, history.head_entry(value, heads.get(key)))
                     txn.put(k, sealed, db=self._state)
                     nkeys += 1
                     digest ^= _CRC.unpack_from(sealed)[0]
-            self._fold_history(txn, number, fr, info.head if info is not None else 0)
             for c, hsh, meta_raw in fr.checkpoints:
                 rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
                        list(c.origin) if c.origin else None]
@@ -603,29 +623,49 @@ class _TxnObjects:
     def __init__(self, snap: Snapshot, txn: Any) -> None:
         self._snap = snap
         self._txn = txn
+        self._next: int | None = None
 
-    def get(self, oid: bytes) -> bytes | None:
-        return self._snap._open(oid, self._txn.get(oid, db=self._snap._objects),
-                                f"object {oid.hex()}")
+    def _u64(self, key: bytes, raw: bytes | None, what: str) -> int | None:
+        data = self._snap._open(key, raw, what)
+        if data is None:
+            return None
+        if len(data) != 8:
+            raise self._snap._corrupt(f"{what} is damaged")
+        return int(_U64.unpack(data)[0])
 
-    def put(self, oid: bytes, record: bytes) -> None:
-        self._txn.put(oid, _seal(oid, record), db=self._snap._objects)
+    def find(self, oid: bytes) -> int | None:
+        return self._u64(oid, self._txn.get(oid, db=self._snap._oids),
+                         f"address of object {oid.hex()}")
 
-    def delete(self, oid: bytes) -> None:
-        self._txn.delete(oid, db=self._snap._objects)
-        self._txn.delete(oid, db=self._snap._refs)
+    def get(self, addr: int) -> bytes | None:
+        k = _U64.pack(addr)
+        return self._snap._open(k, self._txn.get(k, db=self._snap._objects), f"object @{addr}")
 
-    def count(self, oid: bytes) -> int:
-        raw = self._snap._open(oid, self._txn.get(oid, db=self._snap._refs),
-                               f"reference count of {oid.hex()}")
-        if raw is None:
-            return 0
-        if len(raw) != 8:
-            raise self._snap._corrupt(f"reference count of object {oid.hex()} is damaged")
-        return int(_U64.unpack(raw)[0])
+    def add(self, oid: bytes, record: bytes) -> int:
+        if self._next is None:
+            with self._txn.cursor(db=self._snap._objects) as cur:
+                self._next = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+        addr, self._next = self._next, self._next + 1
+        k, a = _U64.pack(addr), _U64.pack(addr)
+        self._txn.put(k, _seal(k, record), db=self._snap._objects, append=True)
+        self._txn.put(k, _seal(k, _U64.pack(0)), db=self._snap._refs, append=True)
+        self._txn.put(oid, _seal(oid, a), db=self._snap._oids)
+        return addr
 
-    def set_count(self, oid: bytes, n: int) -> None:
-        self._txn.put(oid, _seal(oid, _U64.pack(n)), db=self._snap._refs)
+    def delete(self, addr: int, oid: bytes) -> None:
+        k = _U64.pack(addr)
+        self._txn.delete(k, db=self._snap._objects)
+        self._txn.delete(k, db=self._snap._refs)
+        self._txn.delete(oid, db=self._snap._oids)
+
+    def count(self, addr: int) -> int:
+        k = _U64.pack(addr)
+        n = self._u64(k, self._txn.get(k, db=self._snap._refs), f"reference count @{addr}")
+        return 0 if n is None else n
+
+    def set_count(self, addr: int, n: int) -> None:
+        k = _U64.pack(addr)
+        self._txn.put(k, _seal(k, _U64.pack(n)), db=self._snap._refs)
 
 
 class MapFull(Exception):
@@ -652,7 +692,8 @@ class _Shared:
 
 
 #: The named databases, in the order ``Snapshot`` unpacks them (new ones go last).
-_DB_NAMES = (b"meta", b"runs", b"state", b"ckpt", b"delta", b"manifest", b"objects", b"refs")
+_DB_NAMES = (b"meta", b"runs", b"state", b"ckpt", b"delta", b"manifest", b"objects", b"refs",
+             b"oids")
 
 # LMDB forbids opening one environment twice in a process (its locks are per
 # process), so a writer and read-only stores in the same process share it.
