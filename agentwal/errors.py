@@ -282,5 +282,5 @@ class RunExistsError(Error, ValueError):
 
     def __init__(self, run: str) -> None:
         self.run = run
-        super().__init__(f"run {run!r} already exists; nothing was changed. Fork into a new "
-                         "run id (or delete_run the old one first).")
+        super().__init__(f"run {run!r} already exists; nothing was changed. Fork into a run "
+                         "id that has no checkpoint.")

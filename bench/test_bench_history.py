@@ -38,8 +38,9 @@ STEPS = 200
 MESSAGE_BYTES = 1024
 MARKS = (50, 100, 200)
 WAL_MAX = 4 << 20
-_WORDS = ("agent tool call result plan step search answer user assistant memory state "
-          "retry error value commit checkpoint model token budget context window").split()
+_WORDS = ["agent", "tool", "call", "result", "plan", "step", "search", "answer", "user",
+          "assistant", "memory", "state", "retry", "error", "value", "commit", "checkpoint",
+          "model", "token", "budget", "context", "window"]
 
 
 def message(rng: random.Random, step: int) -> dict[str, Any]:
