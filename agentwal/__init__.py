@@ -35,6 +35,7 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     ReadOnlyError,
+    RunExistsError,
     RunNotFoundError,
     StoreClosedError,
     StoreLockedError,
@@ -46,7 +47,7 @@ from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
 from .store import Store, open
 from .txn import Savepoint, Transaction
-from .types import Checkpoint, Durability
+from .types import Checkpoint, Diff, Durability
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "Checkpoint",
     "ConflictError",
     "CorruptionError",
+    "Diff",
     "DiskFullError",
     "Durability",
     "DispatchReport",
@@ -76,6 +78,7 @@ __all__ = [
     "MissingKeyError",
     "OsFileSystem",
     "ReadOnlyError",
+    "RunExistsError",
     "RunNotFoundError",
     "Savepoint",
     "Store",

@@ -52,6 +52,7 @@ from .errors import (
     ConflictError,
     DurabilityError,
     Error,
+    RunExistsError,
     StoreClosedError,
     UnencodableValueError,
 )
@@ -119,14 +120,17 @@ class CommitPipeline:
 
     def commit(self, run: str, snap: int, reads: set[str], prefixes: set[str],
                delta: dict[str, bytes | None], meta: dict[str, Any],
-               deferred: list[Deferred] | None = None,
-               ) -> Checkpoint:
+               deferred: list[Deferred] | None = None, *,
+               origin: tuple[str, int] | None = None) -> Checkpoint:
         """Validate, assign, queue and drive one commit; returns its checkpoint.
 
         ``deferred`` outbox entries are logged (and hashed) with the commit.
+        ``origin`` (a fork's ``(run, id)``) makes the commit the first
+        checkpoint of ``run``: it is refused if ``run`` has one already.
 
         Raises:
-            ConflictError, UnencodableValueError, DiskFullError, DurabilityError.
+            ConflictError, UnencodableValueError, DiskFullError, DurabilityError,
+            RunExistsError (with ``origin``).
         """
         try_zstd = self._zstd_skip <= 0
         blob, flags, digest = encode_delta(delta, compress=try_zstd)
@@ -148,14 +152,16 @@ class CommitPipeline:
                 raise self.writer.stopped()
             self._validate(run, snap, delta.keys() | reads, prefixes)
             head = self.heads.get(run) or self._head_of(run)
+            if origin is not None and head is not None:
+                raise RunExistsError(run)
             parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
             cid = (parent or 0) + 1
-            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta_raw, None, digest,
-                                  outbox)
+            hsh = checkpoint_hash(parent_hash, run, cid, parent, created, meta_raw, origin,
+                                  digest, outbox)
             lsn = self.next_lsn
-            payload = encode_commit(CommitRecord(run, cid, parent, created, meta_raw, hsh, None,
+            payload = encode_commit(CommitRecord(run, cid, parent, created, meta_raw, hsh, origin,
                                                  blob, outbox))
-            ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), None)
+            ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), origin)
             writes = self.last_write.setdefault(run, {})
             pc = Pending(lsn, ckpt, hsh, meta_raw, delta,
                          PendingRecord(lsn, REC_COMMIT, flags, payload),

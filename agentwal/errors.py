@@ -30,6 +30,7 @@ __all__ = [
     "InvalidKeyError",
     "MissingKeyError",
     "ReadOnlyError",
+    "RunExistsError",
     "RunNotFoundError",
     "StoreClosedError",
     "StoreLockedError",
@@ -314,3 +315,14 @@ class RunNotFoundError(Error, LookupError):
     def __init__(self, run: str) -> None:
         self.run = run
         super().__init__(f"no run {run!r} in this store. List the runs with store.runs().")
+
+
+class RunExistsError(Error, ValueError):
+    """A fork names a new run that already exists."""
+
+    code = "run_exists"
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        super().__init__(f"run {run!r} already exists; nothing was changed. Fork into a run "
+                         "id that has no checkpoint.")

@@ -5,7 +5,12 @@ commit pipeline has made them as durable as the store's mode asks. For each
 key a run keeps a short version chain ``[(lsn, value-bytes | None)]`` so that
 a transaction reading at snapshot LSN *s* sees the newest version <= *s*
 (None is a deletion). Versions that no open transaction can still need are
-pruned as new ones arrive.
+pruned as new ones arrive. Each checkpoint's own delta is kept too, unpruned
+(``RunMem.deltas``, parallel to ``RunMem.checkpoints``): the version chains
+answer "what is the value now", the deltas "what was the state at
+checkpoint *c*" for checkpoints not yet folded, and the fold writes them as
+history. They share the value bytes with the chains, so they cost a dict
+per commit, and they go when the table is folded.
 
 A fold freezes the active memtable (no more writes to it) and starts a new
 one; transactions that began before keep their reference to the frozen one
@@ -40,6 +45,8 @@ class RunMem:
 
     versions: dict[str, list[Version]] = field(default_factory=dict)
     checkpoints: list[Entry] = field(default_factory=list)
+    #: the change each checkpoint made, parallel to ``checkpoints``
+    deltas: list[dict[str, bytes | None]] = field(default_factory=list)
 
     def head(self, snap: int) -> Checkpoint | None:
         """The newest checkpoint with LSN <= ``snap``."""
@@ -100,6 +107,7 @@ class Memtable:
                 _prune(chain, oldest_snap)
             self.nbytes += len(key) + (len(value) if value is not None else 0) + 16
         rm.checkpoints.append((ckpt, hsh, meta_raw))
+        rm.deltas.append(delta)
         self.last_lsn = lsn
 
     def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:

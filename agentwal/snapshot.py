@@ -18,7 +18,9 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
   ``next_run`` -> CRC + u64
 - ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count]``
-- ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR
+- ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR, or 0xff + CBOR
+  ref of a list node (``history.head_entry``: a growing list is not copied
+  whole by every fold)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin]``
 - ``effects``: the effects ledger (``effects.py``), three kinds of key:
@@ -26,6 +28,24 @@ Databases (keys are bytes; integers big-endian so they sort):
   ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
   (where a ``txn.effect`` entry sits); ``b"q"`` + lsn (u64) + index (u32) ->
   CRC + idempotency key, for each outbox entry not yet settled (dispatch order)
+- ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
+  checkpoint's change (``history.py`` defines refs)
+- ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
+  state at every id that is a multiple of ``history.MANIFEST_EVERY``
+- ``objects``: address (u64) -> CRC + object record (kind byte + body):
+  large values, list segments and list nodes, each stored once; addresses
+  are allocated in increasing order, so new objects are appended
+- ``refs``: address (u64) -> CRC + u64 reference count
+- ``oids``: object id (SHA-256 of the record) -> CRC + u64 address: finds
+  an object by content, so identical content is stored once
+
+The ``state`` database is the fast path for each run's folded head; the
+history databases rebuild any folded checkpoint from one manifest and at
+most ``MANIFEST_EVERY - 1`` deltas. The fold writes a checkpoint's delta, its
+manifest when one is due, and the objects and counts they need in the same
+LMDB transaction as the checkpoint record, so history and state never
+disagree after a crash. Reading history is ``history.py`` logic over
+:class:`_TxnObjects`, the one adapter from LMDB to its ``Objects`` protocol.
 
 Every stored value carries a CRC-32 of its key and bytes (LMDB has no
 checksums of its own), checked on each read, so a flipped byte in a key or a
@@ -48,6 +68,7 @@ from typing import Any
 import cbor2
 import lmdb
 
+from . import history
 from .codec import CodecError, decode_meta, loads
 from .effects import EffectRecord, decode_entry, outstanding
 from .errors import (
@@ -159,7 +180,8 @@ class Snapshot:
             raise self._translate(exc, "cannot open the snapshot") from None
         self._shared: _Shared | None = shared
         self.env = shared.env
-        self._meta, self._runs, self._state, self._ckpt, self._effects = shared.dbs
+        self._meta, self._runs, self._state, self._ckpt, self._effects = shared.dbs[:5]
+        self._delta, self._manifest, self._objects, self._refs, self._oids = shared.dbs[5:10]
 
     # -- errors -------------------------------------------------------------------
 
@@ -291,7 +313,8 @@ class Snapshot:
         """The stored value bytes of ``key`` in run ``run_no``, or None."""
         with self._reading(f"key {key!r}"):
             k = _U64.pack(run_no) + key.encode()
-            return self._open(k, txn.get(k, db=self._state), f"value of key {key!r}")
+            data = self._open(k, txn.get(k, db=self._state), f"value of key {key!r}")
+            return None if data is None else self._head_value(txn, data, key)
 
     def items(self, txn: Any, info: RunInfo, prefix: str = "") -> dict[str, bytes]:
         """``{key: value bytes}`` of a run, optionally only keys under ``prefix``.
@@ -313,7 +336,7 @@ class Snapshot:
                 key = k[8:].decode("utf-8", "replace")
                 data = self._open(k, v, f"value of key {key!r}")
                 assert data is not None
-                out[key] = data
+                out[key] = self._head_value(txn, data, key)
                 digest ^= _CRC.unpack_from(v)[0]
                 found = cur.next()
         if not prefix and (len(out) != info.keys or digest != info.digest):
@@ -328,11 +351,13 @@ class Snapshot:
             obj = self._load(k, txn.get(k, db=self._ckpt), f"checkpoint {run!r}/{cid}")
         return None if obj is None else self._ckpt_from(run, obj)
 
-    def checkpoints(self, txn: Any, run: str, run_no: int) -> Iterator[Checkpoint]:
-        """Folded checkpoints of a run, newest first."""
+    def checkpoints(self, txn: Any, run: str, run_no: int,
+                    before: int | None = None) -> Iterator[Checkpoint]:
+        """Folded checkpoints of a run, newest first (only ids below ``before`` if given)."""
         base = _U64.pack(run_no)
+        upper = _U64.pack(run_no + 1) if before is None else base + _U64.pack(max(before, 1))
         with self._reading(f"checkpoints of {run!r}"), txn.cursor(db=self._ckpt) as cur:
-            if not cur.set_range(_U64.pack(run_no + 1)):
+            if not cur.set_range(upper):
                 if not cur.last():
                     return
             elif not cur.prev():
@@ -441,6 +466,109 @@ class Snapshot:
             txn.delete(b"k" + e.key.encode(), db=self._effects)
             if e.ordinal is not None:
                 txn.delete(_pos_key(e.run, e.checkpoint, e.ordinal), db=self._effects)
+    # -- history ------------------------------------------------------------------
+
+    def _head_value(self, txn: Any, data: bytes, key: str) -> bytes:
+        """A ``state`` entry's value bytes (a list stored by ref is rebuilt)."""
+        try:
+            return history.head_value(_TxnObjects(self, txn), data)
+        except CodecError as exc:
+            raise self._corrupt(f"value of key {key!r}: {exc}") from None
+
+    def _history_record(self, txn: Any, db: Any, run: str, number: int, cid: int,
+                        manifest: bool) -> dict[str, history.Ref | None] | None:
+        k = _U64.pack(number) + _U64.pack(cid)
+        what = f"{'manifest' if manifest else 'delta'} of checkpoint {run!r}/{cid}"
+        data = self._open(k, txn.get(k, db=db), what)
+        if data is None:
+            return None
+        try:
+            return history.decode_refs(data, manifest=manifest)
+        except CodecError as exc:
+            raise self._corrupt(f"{what}: {exc}") from None
+
+    def _refs_at(self, txn: Any, run: str, number: int, cid: int) -> dict[str, history.Ref]:
+        """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty)."""
+        base = history.manifest_base(cid)
+        refs: dict[str, history.Ref] = {}
+        if base:
+            found = self._history_record(txn, self._manifest, run, number, base, True)
+            if found is None:
+                raise self._corrupt(f"manifest of checkpoint {run!r}/{base} is missing")
+            refs = {k: v for k, v in found.items() if v is not None}
+        for i in range(base + 1, cid + 1):
+            delta = self._history_record(txn, self._delta, run, number, i, False)
+            if delta is None:
+                raise self._corrupt(f"delta of checkpoint {run!r}/{i} is missing")
+            history.apply_delta(refs, delta)
+        return refs
+
+    def state_at(self, txn: Any, run: str, info: RunInfo, cid: int,
+                 key: str | None = None) -> dict[str, bytes]:
+        """``{key: value bytes}`` of a run at folded checkpoint ``cid`` (only ``key`` if given).
+
+        Rebuilt from the manifest at or before ``cid`` and the deltas after
+        it (at most ``history.MANIFEST_EVERY - 1``).
+
+        Raises:
+            CorruptionError: a record or object is missing or damaged.
+        """
+        with self._reading(f"the state of {run!r} at {cid}"):
+            refs = self._refs_at(txn, run, info.number, cid)
+            if key is not None:
+                refs = {key: refs[key]} if key in refs else {}
+            objs = _TxnObjects(self, txn)
+            try:
+                return {k: history.resolve(objs, r) for k, r in refs.items()}
+            except CodecError as exc:
+                raise self._corrupt(f"state of {run!r} at {cid}: {exc}") from None
+
+    def _fold_history(self, txn: Any, number: int, fr: FoldRun,
+                      head: int) -> dict[str, history.Ref | None]:
+        """Write each new checkpoint's delta (and manifest when due) with its objects.
+
+        Returns each written key's ref at the last checkpoint (for ``state``).
+        """
+        objs = _TxnObjects(self, txn)
+        deltas = fr.deltas
+        if deltas is None:
+            deltas = [{} for _ in fr.checkpoints[:-1]] + [fr.writes]
+        base = _U64.pack(number)
+        # The ref map at the previous checkpoint: needed to chain list values
+        # and to write manifests; rebuilt (bounded) only when either happens.
+        need = any(history.is_manifest(c.id) for c, _h, _m in fr.checkpoints) or any(
+            _maybe_list(v) for d in deltas for v in d.values())
+        refs = self._refs_at(txn, fr.run, number, head) if need else None
+        last: dict[str, history.Ref | None] = {}
+        try:
+            for (c, _h, _m), delta in zip(fr.checkpoints, deltas, strict=True):
+                dref: dict[str, history.Ref | None] = {}
+                for key, value in delta.items():
+                    prev = refs.get(key) if refs is not None and value is not None else None
+                    dref[key] = None if value is None else history.store_value(objs, value, prev)
+                dk = base + _U64.pack(c.id)
+                self._drop_history(txn, objs, self._delta, fr.run, number, c.id, False)
+                txn.put(dk, _seal(dk, history.encode_refs(dref)), db=self._delta)
+                last.update(dref)
+                if refs is not None:
+                    history.apply_delta(refs, dref)
+                if history.is_manifest(c.id):
+                    assert refs is not None
+                    self._drop_history(txn, objs, self._manifest, fr.run, number, c.id, True)
+                    for ref in refs.values():
+                        history.retain(objs, ref)
+                    txn.put(dk, _seal(dk, history.encode_refs(refs)), db=self._manifest)
+        except CodecError as exc:
+            raise self._corrupt(f"history of {fr.run!r}: {exc}") from None
+        return last
+
+    def _drop_history(self, txn: Any, objs: _TxnObjects, db: Any, run: str, number: int,
+                      cid: int, manifest: bool) -> None:
+        """Release the refs of a delta or manifest about to be replaced or removed."""
+        old = self._history_record(txn, db, run, number, cid, manifest)
+        if old is not None:
+            for ref in old.values():
+                history.release(objs, ref)
 
     # -- folding ------------------------------------------------------------------
 
@@ -511,6 +639,7 @@ class Snapshot:
             else:
                 number, count, nkeys, digest = info.number, info.count, info.keys, info.digest
             base = _U64.pack(number)
+            heads = self._fold_history(txn, number, fr, info.head if info is not None else 0)
             for key, value in fr.writes.items():
                 k = base + key.encode()
                 old = txn.get(k, db=self._state)
@@ -521,7 +650,7 @@ class Snapshot:
                 if value is None:
                     txn.delete(k, db=self._state)
                 else:
-                    sealed = _seal(k, value)
+                    sealed = _seal(k, history.head_entry(value, heads.get(key)))
                     txn.put(k, sealed, db=self._state)
                     nkeys += 1
                     digest ^= _CRC.unpack_from(sealed)[0]
@@ -552,7 +681,9 @@ class Snapshot:
             st = self.env.stat()
             counts = {name: txn.stat(db)["entries"]
                       for name, db in (("folded_runs", self._runs), ("state_keys", self._state),
-                                       ("checkpoints", self._ckpt),
+                                       ("checkpoints", self._ckpt), ("deltas", self._delta),
+                                       ("manifests", self._manifest),
+                                       ("objects", self._objects),
                                        ("effect_index_entries", self._effects))}
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot read stats", reading=True) from None
@@ -567,6 +698,62 @@ class Snapshot:
         shared, self._shared = self._shared, None
         if shared is not None:
             _release(shared)
+
+
+def _maybe_list(value: bytes | None) -> bool:
+    """True if ``value`` may become a list node (large, and a CBOR array)."""
+    return value is not None and len(value) >= history.LARGE and value[0] >> 5 == 4
+
+
+class _TxnObjects:
+    """``history.Objects`` over an LMDB transaction (writes need a write transaction)."""
+
+    def __init__(self, snap: Snapshot, txn: Any) -> None:
+        self._snap = snap
+        self._txn = txn
+        self._next: int | None = None
+
+    def _u64(self, key: bytes, raw: bytes | None, what: str) -> int | None:
+        data = self._snap._open(key, raw, what)
+        if data is None:
+            return None
+        if len(data) != 8:
+            raise self._snap._corrupt(f"{what} is damaged")
+        return int(_U64.unpack(data)[0])
+
+    def find(self, oid: bytes) -> int | None:
+        return self._u64(oid, self._txn.get(oid, db=self._snap._oids),
+                         f"address of object {oid.hex()}")
+
+    def get(self, addr: int) -> bytes | None:
+        k = _U64.pack(addr)
+        return self._snap._open(k, self._txn.get(k, db=self._snap._objects), f"object @{addr}")
+
+    def add(self, oid: bytes, record: bytes) -> int:
+        if self._next is None:
+            with self._txn.cursor(db=self._snap._objects) as cur:
+                self._next = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+        addr, self._next = self._next, self._next + 1
+        k, a = _U64.pack(addr), _U64.pack(addr)
+        self._txn.put(k, _seal(k, record), db=self._snap._objects, append=True)
+        self._txn.put(k, _seal(k, _U64.pack(0)), db=self._snap._refs, append=True)
+        self._txn.put(oid, _seal(oid, a), db=self._snap._oids)
+        return addr
+
+    def delete(self, addr: int, oid: bytes) -> None:
+        k = _U64.pack(addr)
+        self._txn.delete(k, db=self._snap._objects)
+        self._txn.delete(k, db=self._snap._refs)
+        self._txn.delete(oid, db=self._snap._oids)
+
+    def count(self, addr: int) -> int:
+        k = _U64.pack(addr)
+        n = self._u64(k, self._txn.get(k, db=self._snap._refs), f"reference count @{addr}")
+        return 0 if n is None else n
+
+    def set_count(self, addr: int, n: int) -> None:
+        k = _U64.pack(addr)
+        self._txn.put(k, _seal(k, _U64.pack(n)), db=self._snap._refs)
 
 
 class MapFull(Exception):
@@ -591,16 +778,19 @@ class _Shared:
 
     key: str
     env: Any
-    dbs: tuple[Any, Any, Any, Any, Any]
+    dbs: tuple[Any, ...]
     users: int = 1
     readers: int = 0  # read transactions open, across users
 
+
+#: The named databases, in the order ``Snapshot`` unpacks them (new ones go last).
+_DB_NAMES = (b"meta", b"runs", b"state", b"ckpt", b"effects", b"delta", b"manifest", b"objects",
+             b"refs", b"oids")
 
 # LMDB forbids opening one environment twice in a process (its locks are per
 # process), so a writer and read-only stores in the same process share it.
 _shared_lock = threading.Lock()
 _shared: dict[str, _Shared] = {}
-_DB_NAMES = (b"meta", b"runs", b"state", b"ckpt", b"effects")
 
 
 def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
@@ -635,7 +825,7 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             # files durable before a fold can let WAL segments go.
             OsFileSystem().fsync_dir(directory)
             OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
-        entry = _shared[key] = _Shared(key, env, (dbs[0], dbs[1], dbs[2], dbs[3], dbs[4]))
+        entry = _shared[key] = _Shared(key, env, dbs)
         return entry
 
 
@@ -651,8 +841,14 @@ def _release(entry: _Shared) -> None:
 
 @dataclass
 class FoldRun:
-    """One run's share of a fold: final key writes and new checkpoints in order."""
+    """One run's share of a fold: final key writes and new checkpoints in order.
+
+    ``deltas[i]`` is the change checkpoint ``checkpoints[i]`` made; None
+    (callers that do not track it) records ``writes`` as the last
+    checkpoint's change and the others as empty.
+    """
 
     run: str
     writes: dict[str, bytes | None]
     checkpoints: list[tuple[Checkpoint, bytes, bytes]]
+    deltas: list[dict[str, bytes | None]] | None = None

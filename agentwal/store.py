@@ -54,11 +54,13 @@ from .effects import (
     outstanding,
 )
 from .errors import (
+    CheckpointNotFoundError,
     CorruptionError,
     DiskFullError,
     DurabilityError,
     Error,
     ReadOnlyError,
+    RunExistsError,
     RunNotFoundError,
     StoreClosedError,
 )
@@ -74,7 +76,7 @@ from .memtable import Memtable
 from .recovery import Plan, ReplayedEffect, recover
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
 from .txn import Transaction
-from .types import Checkpoint, Durability, check_key
+from .types import Checkpoint, Diff, Durability, check_key
 from .wal import Writer
 
 __all__ = ["Store", "open"]
@@ -226,6 +228,13 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         snap.close()
     if lock is not None:
         lock.release()
+
+
+def _checkpoint_id(cid: object) -> int:
+    """``cid`` if it can be a checkpoint id (an int, not a bool), else TypeError."""
+    if isinstance(cid, bool) or not isinstance(cid, int):
+        raise TypeError(f"a checkpoint id is an int, not {type(cid).__name__}")
+    return cid
 
 
 def _replay(plan: Plan, store_id: Any, folded: Callable[[str], bool]
@@ -533,6 +542,55 @@ class Store:
                                   "missing")
         return head
 
+    def _check_at(self, view: _View, run: str, cid: int) -> Checkpoint:
+        """The run's head in ``view``, once ``cid`` is known to be one of its checkpoints."""
+        head = self._head(view, run)
+        if head is None:
+            raise RunNotFoundError(run)
+        if not 1 <= cid <= head.id:
+            raise CheckpointNotFoundError(run, cid)
+        return head
+
+    def _raw_at(self, view: _View, run: str, cid: int,
+                key: str | None = None) -> dict[str, bytes]:
+        """``{key: value bytes}`` of ``run`` at checkpoint ``cid`` (checked), or of ``key`` only.
+
+        A folded checkpoint older than LMDB's head is rebuilt from history;
+        a newer one is LMDB's head state plus the memtables' deltas up to it.
+        """
+        assert self._snap is not None
+        snap = self._snap
+        info = self._info(view, run)
+        folded = info.head if info is not None else 0
+        if info is not None and cid < folded:
+            return self._lmdb(view, lambda t: snap.state_at(t, run, info, cid, key))
+        out: dict[str, bytes] = {}
+        if info is not None and key is None:
+            got = self._lmdb(view, lambda t: snap.items(t, info, ""))
+            out.update(got)
+        elif info is not None and key is not None:
+            one = self._lmdb(view, lambda t: snap.get(t, info.number, key))
+            if one is not None:
+                out[key] = one
+        for layer in reversed(view.layers):  # oldest first
+            rm = layer.runs.get(run)
+            if rm is None:
+                continue
+            # While a fold commits, LMDB may already hold the frozen table's
+            # checkpoints: only those after LMDB's head apply. The active table
+            # may gain a checkpoint (then its delta) meanwhile: not strict.
+            for (c, _h, _m), delta in zip(rm.checkpoints, rm.deltas, strict=False):
+                if c.id <= folded or c.id > cid:
+                    continue
+                for k, value in delta.items():
+                    if key is not None and k != key:
+                        continue
+                    if value is None:
+                        out.pop(k, None)
+                    else:
+                        out[k] = value
+        return out
+
     def _with_view(self, fn: Callable[[_View], T]) -> T:
         view = self._view()
         try:
@@ -714,7 +772,7 @@ class Store:
             # LMDB must never be durable past the log: after a power cut the WAL
             # has to reach applied_lsn (async and none modes sync here).
             pipe.sync_through(frozen.last_lsn)
-            runs = [FoldRun(run, writes, ckpts)
+            runs = [FoldRun(run, writes, ckpts, frozen.runs[run].deltas)
                     for run, (writes, ckpts) in frozen.fold_view().items()]
             effects = list(frozen.effects.values())
             expire = None
@@ -770,27 +828,62 @@ class Store:
 
     # -- reads --------------------------------------------------------------------------
 
-    def get(self, run: str, key: str, default: Any = None) -> Any:
-        """The latest committed value of ``key`` in ``run``, or ``default``.
+    def get(self, run: str, key: str, default: Any = None, *, at: int | None = None) -> Any:
+        """The value of ``key`` in ``run`` (latest, or at checkpoint ``at``), or ``default``.
+
+        Args:
+            run: the run id.
+            key: the key.
+            default: returned when the key is absent (at that checkpoint).
+            at: a checkpoint id of the run; None reads the latest commit.
 
         Raises:
             InvalidKeyError: bad run id or key. CorruptionError: damaged value.
+            RunNotFoundError: ``at`` is given and the run has no checkpoint.
+            CheckpointNotFoundError: the run has no checkpoint ``at``.
+
+        Example::
+
+            plan_then = store.get("run-42", "plan", at=3)
         """
         check_key(run, "run id")
         check_key(key)
-        raw = self._with_view(lambda v: self._read(v, run, key))
+        if at is None:
+            raw = self._with_view(lambda v: self._read(v, run, key))
+        else:
+            cid = _checkpoint_id(at)
+
+            def read_at(v: _View) -> bytes | None:
+                self._check_at(v, run, cid)
+                return self._raw_at(v, run, cid, key).get(key)
+
+            raw = self._with_view(read_at)
         return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
 
-    def state(self, run: str) -> dict[str, Any]:
-        """The run's latest committed state as a new dict.
+    def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
+        """The run's state as a new dict: the latest, or as of checkpoint ``at``.
+
+        Any checkpoint can be read, folded or not; a folded one is rebuilt
+        from one manifest and at most ``history.MANIFEST_EVERY - 1`` deltas.
 
         Raises:
             RunNotFoundError: the run has no checkpoint.
+            CheckpointNotFoundError: the run has no checkpoint ``at``.
+            CorruptionError: a record needed is damaged.
+
+        Example::
+
+            before = store.state("run-42", at=7)
         """
         check_key(run, "run id")
+        cid = None if at is None else _checkpoint_id(at)
 
         def read(v: _View) -> dict[str, bytes | None]:
-            if self._head(v, run) is None:
+            if cid is not None:
+                head = self._check_at(v, run, cid)
+                if cid != head.id:
+                    return dict(self._raw_at(v, run, cid))
+            elif self._head(v, run) is None:
                 raise RunNotFoundError(run)
             return self._items(v, run, "")
 
@@ -803,18 +896,40 @@ class Store:
         check_key(run, "run id")
         return self._with_view(lambda v: self._head(v, run))
 
-    def history(self, run: str, *, limit: int | None = None) -> list[Checkpoint]:
-        """The run's checkpoints, newest first (at most ``limit``)."""
+    def history(self, run: str, *, limit: int | None = None,
+                before: int | None = None) -> list[Checkpoint]:
+        """The run's checkpoints, newest first (at most ``limit``; ids below ``before``).
+
+        Args:
+            run: the run id (an unknown run has no history: ``[]``).
+            limit: at most this many.
+            before: a checkpoint id of the run: only older checkpoints (to page
+                back: ``before=page[-1].id``).
+
+        Raises:
+            RunNotFoundError / CheckpointNotFoundError: ``before`` names no
+                checkpoint of the run.
+            ValueError: a negative ``limit``.
+
+        Example::
+
+            page = store.history("run-42", limit=20)
+            older = store.history("run-42", limit=20, before=page[-1].id)
+        """
         check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
+        upto = None if before is None else _checkpoint_id(before)
 
         def read(v: _View) -> list[Checkpoint]:
+            if upto is not None:
+                self._check_at(v, run, upto)
             out: list[Checkpoint] = []
             for layer in v.layers:
                 rm = layer.runs.get(run)
                 if rm is not None:
-                    out.extend(c for c, _h, _m in reversed(rm.checkpoints) if c.lsn <= v.snap)
+                    out.extend(c for c, _h, _m in reversed(rm.checkpoints)
+                               if c.lsn <= v.snap and (upto is None or c.id < upto))
             info = self._info(v, run)
             if info is not None:
                 assert self._snap is not None
@@ -827,7 +942,7 @@ class Store:
 
                 def folded(t: Any) -> list[Checkpoint]:
                     got: list[Checkpoint] = []
-                    for c in snap.checkpoints(t, run, info.number):
+                    for c in snap.checkpoints(t, run, info.number, upto):
                         if below is not None and c.id >= below:
                             continue
                         if want is not None and len(got) >= want:
@@ -839,6 +954,118 @@ class Store:
             return out if limit is None else out[:limit]
 
         return self._with_view(read)
+
+    def diff(self, run: str, a: int, b: int) -> Diff:
+        """What changed in ``run`` from checkpoint ``a`` to checkpoint ``b``.
+
+        Returns:
+            A :class:`Diff`: keys added, removed and changed (values decoded;
+            ``changed[key] == (value at a, value at b)``). ``a`` may be newer
+            than ``b``; the diff then reads backwards.
+
+        Raises:
+            RunNotFoundError: no such run.
+            CheckpointNotFoundError: ``a`` or ``b`` is not a checkpoint of the run.
+
+        Example::
+
+            d = store.diff("run-42", 5, 9)
+            print(sorted(d.changed))
+        """
+        check_key(run, "run id")
+        ca, cb = _checkpoint_id(a), _checkpoint_id(b)
+
+        def read(v: _View) -> tuple[dict[str, bytes], dict[str, bytes]]:
+            self._check_at(v, run, ca)
+            self._check_at(v, run, cb)
+            return self._raw_at(v, run, ca), self._raw_at(v, run, cb)
+
+        ra, rb = self._with_view(read)
+
+        def dec(raw: bytes, k: str, cid: int) -> Any:
+            return decode_stored(raw, self.path, f"{run!r}/{k!r} at {cid}")
+
+        added = {k: dec(rb[k], k, cb) for k in sorted(rb.keys() - ra.keys())}
+        removed = {k: dec(ra[k], k, ca) for k in sorted(ra.keys() - rb.keys())}
+        changed: dict[str, tuple[Any, Any]] = {}
+        for k in sorted(ra.keys() & rb.keys()):
+            if ra[k] != rb[k]:
+                old, new = dec(ra[k], k, ca), dec(rb[k], k, cb)
+                if old != new:  # equal values may encode differently (dict order)
+                    changed[k] = (old, new)
+        return Diff(added, removed, changed)
+
+    def rollback_to(self, run: str, checkpoint: int) -> Checkpoint:
+        """Make a new checkpoint whose state equals the state at ``checkpoint``.
+
+        The new checkpoint's parent is the run's head (history is kept) and
+        its metadata is ``{"rollback_to": checkpoint}``. It is an ordinary
+        commit: durable as the store's mode says, and visible once it returns.
+
+        Raises:
+            RunNotFoundError / CheckpointNotFoundError: no such run or checkpoint.
+            ConflictError: a commit on the run raced this one; nothing was
+                applied, call it again.
+            ReadOnlyError, DiskFullError, DurabilityError: as for a commit.
+
+        Example::
+
+            store.rollback_to("run-42", 7)
+            assert store.state("run-42") == store.state("run-42", at=7)
+        """
+        check_key(run, "run id")
+        cid = _checkpoint_id(checkpoint)
+        pipe, view = self._writable(), self._view()
+        try:
+            self._check_at(view, run, cid)
+            target = self._raw_at(view, run, cid)
+            current = {k: v for k, v in self._items(view, run, "").items() if v is not None}
+            delta: dict[str, bytes | None] = {k: v for k, v in target.items()
+                                              if current.get(k) != v}
+            delta.update((k, None) for k in current.keys() - target.keys())
+            # The whole run was read: any commit on it since the view conflicts.
+            return pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
+        finally:
+            self._release(view)
+
+    def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
+        """Start ``new_run`` from the state of ``run`` at ``checkpoint``.
+
+        The new run's first checkpoint (id 1, no parent) has
+        ``origin == (run, checkpoint)`` and that state; from then on the two
+        runs are independent.
+
+        Returns:
+            The new run's first checkpoint.
+
+        Raises:
+            RunNotFoundError / CheckpointNotFoundError: no such run or checkpoint.
+            RunExistsError: ``new_run`` already has a checkpoint.
+            InvalidKeyError: a bad run id.
+            ReadOnlyError, DiskFullError, DurabilityError: as for a commit.
+
+        Example::
+
+            store.fork("run-42", 7, "run-42-b")
+        """
+        check_key(run, "run id")
+        check_key(new_run, "run id")
+        cid = _checkpoint_id(checkpoint)
+        pipe, view = self._writable(), self._view()
+        try:
+            self._check_at(view, run, cid)
+            if self._head(view, new_run) is not None:
+                raise RunExistsError(new_run)
+            target: dict[str, bytes | None] = dict(self._raw_at(view, run, cid))
+            return pipe.commit(new_run, view.snap, set(), {""}, target, {}, origin=(run, cid))
+        finally:
+            self._release(view)
+
+    def _writable(self) -> CommitPipeline:
+        self._check_open()
+        if self._pipe is None:
+            raise ReadOnlyError(self.path)
+        return self._pipe
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import InvalidKeyError
 
-__all__ = ["MAX_KEY_BYTES", "Checkpoint", "Durability", "check_key"]
+__all__ = ["MAX_KEY_BYTES", "Checkpoint", "Diff", "Durability", "check_key"]
 
 #: Longest key or run id, in UTF-8 bytes.
 MAX_KEY_BYTES = 400
@@ -58,6 +58,24 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
     hash: str = ""
     origin: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """What changed in a run between two checkpoints (``store.diff(run, a, b)``).
+
+    Attributes:
+        added: keys present at ``b`` but not at ``a``, with their value at ``b``.
+        removed: keys present at ``a`` but not at ``b``, with their value at ``a``.
+        changed: keys present at both with different values: ``(value at a, value at b)``.
+    """
+
+    added: dict[str, Any]
+    removed: dict[str, Any]
+    changed: dict[str, tuple[Any, Any]]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
 
 
 def check_key(key: object, what: str = "key") -> str:

@@ -151,6 +151,7 @@ class _Base(RuleBasedStateMachine):
         self.store = agentwal.open(self.path, **OPTIONS)
         self.committed: dict[str, dict[str, Any]] = {}
         self.ckpts: dict[str, list[tuple[dict[str, Any], str]]] = {}  # run -> [(meta, hash)]
+        self.states: dict[str, list[dict[str, Any]]] = {}  # run -> state at each checkpoint
         self.seq = 0  # changing commits so far (all runs)
         self.log: list[tuple[int, str, frozenset[str]]] = []  # (seq, run, keys written)
         self.counts = {"changing commits": 0, "empty commits": 0, "conflicts": 0,
@@ -209,6 +210,7 @@ class _Base(RuleBasedStateMachine):
         assert ckpt.parent == (ckpt.id - 1 or None)
         assert ckpt.origin is None
         _apply(self.committed.setdefault(tm.run, {}), tm.writes)
+        self.states.setdefault(tm.run, []).append(dict(self.committed[tm.run]))
         self.seq += 1
         self.log.append((self.seq, tm.run, frozenset(tm.writes)))
         self.counts["changing commits"] += 1
@@ -250,6 +252,10 @@ class _Base(RuleBasedStateMachine):
             n = len(history)
             assert head is not None and head.id == n
             assert self.store.state(run) == self.committed[run]
+            # Every checkpoint's state, folded or not, read without the fold lock:
+            # history reads must be right inside a fold's window too.
+            for i, want in enumerate(self.states[run], 1):
+                assert self.store.state(run, at=i) == want, (run, i)
             # Holding the fold lock keeps this read out of the window in which a
             # background fold has committed to LMDB but not yet dropped its frozen
             # memtable: a read there sees those checkpoints twice (engine bug, see
@@ -376,8 +382,49 @@ class StoreMachine(_Base):
         history.append(({}, ckpt.hash))
         assert (ckpt.id, ckpt.parent, ckpt.meta) == (len(history), len(history) - 1 or None, {})
         self.committed.setdefault(run, {})[key] = value
+        self.states.setdefault(run, []).append(dict(self.committed[run]))
         self.seq += 1
         self.log.append((self.seq, run, frozenset({key})))
+        self.counts["changing commits"] += 1
+
+    @precondition(lambda self: any(self.ckpts.get(r) and r not in self.txns for r in RUNS))
+    @rule(data=st.data())
+    def rollback_to_checkpoint(self, data: st.DataObject) -> None:
+        """``store.rollback_to``: a new checkpoint with an old state (no transaction open
+        on the run, so nothing can conflict)."""
+        run = data.draw(st.sampled_from([r for r in RUNS if self.ckpts.get(r)
+                                         and r not in self.txns]))
+        target = data.draw(st.integers(1, len(self.ckpts[run])))
+        ckpt = self.store.rollback_to(run, target)
+        history = self.ckpts[run]
+        history.append(({"rollback_to": target}, ckpt.hash))
+        assert (ckpt.id, ckpt.parent, ckpt.meta) == (len(history), len(history) - 1,
+                                                     {"rollback_to": target})
+        before = self.committed[run]
+        self.committed[run] = dict(self.states[run][target - 1])
+        self.states[run].append(dict(self.committed[run]))
+        changed = {k for k in before.keys() | self.committed[run].keys()
+                   if before.get(k, _MISSING) != self.committed[run].get(k, _MISSING)}
+        self.seq += 1
+        self.log.append((self.seq, run, frozenset(changed)))
+        self.counts["changing commits"] += 1
+
+    @precondition(lambda self: any(self.ckpts.get(r) for r in RUNS)
+                  and any(not self.ckpts.get(r) and r not in self.txns for r in RUNS))
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        """``store.fork`` into a run that has no checkpoint (and no open transaction)."""
+        src = data.draw(st.sampled_from([r for r in RUNS if self.ckpts.get(r)]))
+        dst = data.draw(st.sampled_from([r for r in RUNS if not self.ckpts.get(r)
+                                         and r not in self.txns]))
+        target = data.draw(st.integers(1, len(self.ckpts[src])))
+        ckpt = self.store.fork(src, target, dst)
+        assert (ckpt.run, ckpt.id, ckpt.parent, ckpt.origin) == (dst, 1, None, (src, target))
+        self.ckpts[dst] = [({}, ckpt.hash)]
+        self.committed[dst] = dict(self.states[src][target - 1])
+        self.states[dst] = [dict(self.committed[dst])]
+        self.seq += 1
+        self.log.append((self.seq, dst, frozenset(self.committed[dst])))
         self.counts["changing commits"] += 1
 
     @rule()
