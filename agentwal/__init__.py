@@ -37,6 +37,7 @@ from .errors import (
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
+    StoreBusyError,
     StoreClosedError,
     StoreLockedError,
     TooManyReadersError,
@@ -45,6 +46,7 @@ from .errors import (
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
+from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
 from .txn import Savepoint, Transaction
 from .types import Checkpoint, Diff, Durability
@@ -90,4 +92,8 @@ __all__ = [
     "UnencodableValueError",
     "errors",
     "open",
+    "CompactReport",
+    "KeepFor",
+    "KeepLast",
+    "StoreBusyError",
 ]

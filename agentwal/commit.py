@@ -17,6 +17,14 @@ of the last commit (queued or published) that wrote it. A commit whose
 reads, writes or read prefixes were written after its snapshot LSN raises
 :class:`ConflictError`. Entries older than every open snapshot are pruned.
 
+*Run deletion* (:meth:`CommitPipeline.delete_run`): a ``REC_DELETE_RUN``
+record, fsynced in every mode like an effect record, so it is durable when
+``delete_run`` returns. Under the lock it forgets the run's head (the next
+commit starts at checkpoint 1) and notes the record's LSN in ``deleted``: a
+commit on the run whose snapshot is older than that LSN raises
+:class:`ConflictError`, so a transaction begun before the deletion never
+commits into the deleted run nor into its successor.
+
 *Failure*: if a write or sync fails, every queued commit fails, and the LSN
 counter, run heads and ``last_write`` are put back as they were, so the next
 commit continues the log exactly where the durable part ends. No room
@@ -53,10 +61,19 @@ from .errors import (
     DurabilityError,
     Error,
     RunExistsError,
+    RunNotFoundError,
     StoreClosedError,
     UnencodableValueError,
 )
-from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_RECORD_PAYLOAD, REC_COMMIT, REC_EFFECT
+from .format import (
+    COMPRESS_THRESHOLD,
+    FLAG_ZSTD,
+    MAX_RECORD_PAYLOAD,
+    REC_COMMIT,
+    REC_DELETE_RUN,
+    REC_EFFECT,
+)
+from .retention import encode_delete_run
 from .types import Checkpoint, Durability
 from .wal import PendingRecord, Writer
 
@@ -84,6 +101,10 @@ class Pending:
     deferred: list[Deferred] | None = None
     #: the ledger entry an effect record carries and its (uncompressed) encoding
     effect: tuple[Any, bytes] | None = None
+    #: the run a delete record deletes (``ckpt`` and ``effect`` are None)
+    drop: str | None = None
+    #: for a delete record: ``deleted[drop]`` before it (to put back on failure)
+    prev_deleted: Any = None
 
 
 class CommitPipeline:
@@ -106,6 +127,8 @@ class CommitPipeline:
         self.next_lsn = next_lsn
         self.heads = heads  # run -> (id, hash) of its latest assigned checkpoint
         self.last_write: dict[str, dict[str, int]] = {}
+        #: run -> LSN of its latest delete record (pruned like ``last_write``)
+        self.deleted: dict[str, int] = {}
         self.pending: list[Pending] = []
         self.closed = False  # set by the store, under the lock, when it closes
         self._since_prune = 0  # commits published since last_write was last pruned
@@ -198,6 +221,33 @@ class CommitPipeline:
         self._drive(pc)
         return lsn
 
+    def delete_run(self, run: str) -> int:
+        """Log the deletion of ``run``; returns its LSN once durable and published.
+
+        Raises:
+            RunNotFoundError: the run has no checkpoint.
+            DiskFullError, DurabilityError, StoreClosedError.
+        """
+        with self.lock:
+            if self.closed:
+                raise StoreClosedError(self.path)
+            if self.writer.broken is not None:
+                raise self.writer.stopped()
+            head = self.heads.get(run) or self._head_of(run)
+            if head is None:
+                raise RunNotFoundError(run)
+            lsn = self.next_lsn
+            pc = Pending(lsn, None, b"", b"", {},
+                         PendingRecord(lsn, REC_DELETE_RUN, 0, encode_delete_run(run, head[0])),
+                         self.heads.get(run, _ABSENT), {}, drop=run,
+                         prev_deleted=self.deleted.get(run, _ABSENT))
+            self.heads.pop(run, None)
+            self.deleted[run] = lsn
+            self.next_lsn = lsn + 1
+            self.pending.append(pc)
+        self._drive(pc)
+        return lsn
+
     def _learn_compression(self, tried: bool, flags: int) -> None:
         """Stop trying zstd for a while when it keeps not helping (random or packed data).
 
@@ -221,10 +271,12 @@ class CommitPipeline:
         visible would conflict again, in a spin.
         """
         writes = self.last_write.get(run)
-        if not writes:
+        gone = self.deleted.get(run, 0)
+        if not writes and gone <= snap:
             return
-        conflict: tuple[str | None, int] | None = None
-        for k in keys:
+        conflict: tuple[str | None, int] | None = (None, gone) if gone > snap else None
+        writes = writes or {}
+        for k in keys if conflict is None else ():
             lsn = writes.get(k, 0)
             if lsn > snap:
                 conflict = (k, lsn)
@@ -237,7 +289,7 @@ class CommitPipeline:
         if conflict is not None:
             self.counters["conflicts"] += 1
             self._done.wait_for(lambda: self.settled_lsn >= conflict[1], timeout=5.0)
-            raise ConflictError(run, conflict[0])
+            raise ConflictError(run, conflict[0], deleted=gone > snap)
 
     # -- group commit ---------------------------------------------------------------
 
@@ -274,7 +326,7 @@ class CommitPipeline:
             return
         try:
             self.writer.append([p.record for p in batch])
-            # Effect records (ckpt None) are synced in every mode.
+            # Effect and delete records (ckpt None) are synced in every mode.
             if self.durability is Durability.SYNC or any(p.ckpt is None for p in batch):
                 self.writer.sync()
                 self.counters["syncs"] += 1
@@ -291,8 +343,9 @@ class CommitPipeline:
                 p.state = "done"
             self._publish(batch, self.writer.position)
             self.settled_lsn = max(self.settled_lsn, batch[-1].lsn)
-            effects = sum(1 for p in batch if p.ckpt is None)
-            self.counters["commits"] += len(batch) - effects
+            effects = sum(1 for p in batch if p.ckpt is None and p.drop is None)
+            drops = sum(1 for p in batch if p.drop is not None)
+            self.counters["commits"] += len(batch) - effects - drops
             self.counters["effect_records"] += effects
             self.counters["batches"] += 1
             self._since_prune += len(batch)
@@ -309,6 +362,14 @@ class CommitPipeline:
             self.pending = []
             for p in reversed(doomed):
                 p.state, p.error = "failed", exc
+                if p.drop is not None:  # a deletion: its run's head comes back
+                    if p.prev_head is not _ABSENT:
+                        self.heads[p.drop] = p.prev_head
+                    if p.prev_deleted is _ABSENT:
+                        self.deleted.pop(p.drop, None)
+                    else:
+                        self.deleted[p.drop] = p.prev_deleted
+                    continue
                 if p.ckpt is None:  # an effect entry: no head or write to put back
                     continue
                 run = p.ckpt.run
@@ -328,6 +389,8 @@ class CommitPipeline:
 
     def _prune_last_write(self) -> None:
         oldest = self._oldest()
+        for run in [r for r, lsn in self.deleted.items() if lsn <= oldest]:
+            del self.deleted[run]
         for run in list(self.last_write):
             w = self.last_write[run]
             for k in [k for k, lsn in w.items() if lsn <= oldest]:

@@ -37,6 +37,7 @@ __all__ = [
     "TooManyReadersError",
     "TransactionClosedError",
     "UnencodableValueError",
+    "StoreBusyError",
 ]
 
 
@@ -58,9 +59,16 @@ class ConflictError(Error):
 
     code = "conflict"
 
-    def __init__(self, run: str, key: str | None = None) -> None:
+    def __init__(self, run: str, key: str | None = None, *, deleted: bool = False) -> None:
         self.run = run
         self.key = key
+        self.deleted = deleted
+        if deleted:
+            super().__init__(
+                f"run {run!r} was deleted (store.delete_run) after this transaction began; "
+                "nothing was applied. Begin a new transaction if the run should start afresh."
+            )
+            return
         what = f"key {key!r}" if key is not None else "a key range"
         super().__init__(
             f"run {run!r}: {what} was changed by a concurrent commit after this "
@@ -326,3 +334,17 @@ class RunExistsError(Error, ValueError):
         self.run = run
         super().__init__(f"run {run!r} already exists; nothing was changed. Fork into a run "
                          "id that has no checkpoint.")
+
+
+class StoreBusyError(Error):
+    """An operation needed the store to itself for a moment and could not get it.
+
+    ``compact(vacuum=True)`` swaps the LMDB file, which needs every read of
+    it in this process finished. Nothing was lost; the store is usable.
+    """
+
+    code = "store_busy"
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {why}")

@@ -52,6 +52,17 @@ POINTS: dict[str, str] = {
     "after_effect_call": "the effect returned or raised, its outcome not yet recorded",
     "effect_after_outcome": "the outcome is durable, the transaction not yet committed",
     "effect_before_retry": "an attempt failed and was recorded; the retry not yet begun",
+    # delete_run (the record goes through the group-commit points above too)
+    "delete_run_after_record": "a delete record is durable and visible, LMDB still has the run",
+    "delete_run_fold_before_commit": "a fold that removes a deleted run is about to be written",
+    "delete_run_fold_after_commit": "LMDB no longer has the deleted run, its WAL record remains",
+    # compact and vacuum
+    "compact_after_fold": "compact() folded the WAL, its LMDB transaction not begun",
+    "compact_before_commit": "compaction's LMDB transaction is built, not committed",
+    "compact_after_commit": "compaction is durable in LMDB, no vacuum begun",
+    "vacuum_after_copy": "the compacted copy is written and fsynced beside data.mdb, not renamed",
+    "vacuum_after_rename": "the copy replaced data.mdb, the directory not yet fsynced",
+    "vacuum_after_swap": "the environment is reopened on the compacted file",
 }
 
 

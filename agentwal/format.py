@@ -25,7 +25,7 @@ Record frame (``RECORD_HEADER_SIZE`` bytes, then the payload)::
     4    4     payload length (>= 1)
     8    8     LSN (previous + 1)
     16   8     synced LSN: the highest LSN the writer knew durable when it wrote this
-    24   1     record type
+    24   1     record type (1 commit, 2 effect entry, 3 run deletion)
     25   1     flags (bit 0: the commit's delta / the effect entry is zstd-compressed)
     26   2     reserved (zero)
 """
@@ -50,7 +50,9 @@ RECORD_HEADER_SIZE = RECORD_HEADER.size  # 28
 REC_COMMIT = 1
 #: An effects-ledger entry (the whole entry; the last record of a key wins).
 REC_EFFECT = 2
-RECORD_TYPES = frozenset({REC_COMMIT, REC_EFFECT})
+#: ``store.delete_run``: CBOR ``[run, head id]``; hides the run, the next fold removes it.
+REC_DELETE_RUN = 3
+RECORD_TYPES = frozenset({REC_COMMIT, REC_EFFECT, REC_DELETE_RUN})
 
 #: Record flags.
 FLAG_ZSTD = 0x01

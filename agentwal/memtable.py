@@ -18,6 +18,15 @@ and an LMDB read transaction from before the fold, so their view never
 changes under them. The memtable does no I/O and takes no locks: the store
 serialises writers and publishes new tables under its commit lock.
 
+*Run deletions* (``store.delete_run``) are tombstones: ``RunMem.deleted``
+holds the LSN of each delete record applied to this table. A reader at
+snapshot LSN *s* with a tombstone *t* <= *s* sees only this table's entries
+of the run with LSN > *t*, and nothing of the run in older tables or LMDB
+(:meth:`Memtable.masks`): the run is empty from *t* on, and a commit after
+it starts the run afresh. Entries before *t* stay for readers whose
+snapshot is older. A fold writes only what follows the last tombstone,
+after removing the run from LMDB (:meth:`Memtable.fold_runs`).
+
 Effects-ledger entries (``effects.py``) live here too until folded: the
 latest entry per idempotency key (last record wins, no versions: the ledger
 is read at its newest, not at a snapshot) and an index from an effect's
@@ -37,6 +46,8 @@ Version = tuple[int, "bytes | None"]
 #: A checkpoint with its hash and its metadata exactly as encoded and hashed.
 Entry = tuple[Checkpoint, bytes, bytes]
 FoldItem = tuple[dict[str, "bytes | None"], list[Entry]]
+FoldRunItem = tuple[str, bool, dict[str, "bytes | None"], list[Entry],
+                    list[dict[str, "bytes | None"]]]
 
 
 @dataclass
@@ -47,13 +58,31 @@ class RunMem:
     checkpoints: list[Entry] = field(default_factory=list)
     #: the change each checkpoint made, parallel to ``checkpoints``
     deltas: list[dict[str, bytes | None]] = field(default_factory=list)
+    #: LSNs of the run's delete records applied to this table, ascending
+    deleted: list[int] = field(default_factory=list)
+
+    def floor(self, snap: int) -> int:
+        """LSN of the newest deletion visible at ``snap`` (0: none): older entries are dead."""
+        for t in reversed(self.deleted):
+            if t <= snap:
+                return t
+        return 0
+
+    def latest(self, snap: int) -> Entry | None:
+        """The newest live checkpoint entry with LSN <= ``snap``."""
+        floor = self.floor(snap)
+        for entry in reversed(self.checkpoints):
+            lsn = entry[0].lsn
+            if lsn <= floor:
+                return None
+            if lsn <= snap:
+                return entry
+        return None
 
     def head(self, snap: int) -> Checkpoint | None:
-        """The newest checkpoint with LSN <= ``snap``."""
-        for c, _h, _m in reversed(self.checkpoints):
-            if c.lsn <= snap:
-                return c
-        return None
+        """The newest live checkpoint with LSN <= ``snap``."""
+        entry = self.latest(snap)
+        return None if entry is None else entry[0]
 
 
 class Memtable:
@@ -79,6 +108,21 @@ class Memtable:
     def empty(self) -> bool:
         """True if nothing was published into this table (nothing to fold)."""
         return not self.runs and not self.effects
+
+    def apply_delete(self, lsn: int, run: str) -> None:
+        """Make a run deletion visible: from ``lsn`` on the run has nothing, here or below."""
+        assert not self.frozen, "a frozen memtable is read-only"
+        rm = self.runs.get(run)
+        if rm is None:
+            rm = self.runs[run] = RunMem()
+        rm.deleted.append(lsn)
+        self.nbytes += len(run) + 16
+        self.last_lsn = lsn
+
+    def masks(self, run: str, snap: int) -> bool:
+        """True if a deletion of ``run`` visible at ``snap`` hides older tables and LMDB."""
+        rm = self.runs.get(run)
+        return rm is not None and rm.floor(snap) > 0
 
     def apply_effect(self, lsn: int, entry: EffectRecord, raw: bytes) -> None:
         """Make one ledger entry the latest for its key."""
@@ -111,35 +155,61 @@ class Memtable:
         self.last_lsn = lsn
 
     def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:
-        """``(found, value)`` of ``key`` as of ``snap``; found with None means deleted."""
+        """``(found, value)`` of ``key`` as of ``snap``; found with None means deleted.
+
+        Under a deletion visible at ``snap`` every key is decided here: a
+        version from before it reads as deleted, and so does a missing key.
+        """
         rm = self.runs.get(run)
         if rm is None:
             return False, None
+        floor = rm.floor(snap) if rm.deleted else 0
         chain = rm.versions.get(key)
-        if chain is None:
-            return False, None
-        for lsn, value in reversed(chain):
-            if lsn <= snap:
-                return True, value
-        return False, None
+        if chain is not None:
+            for lsn, value in reversed(chain):
+                if lsn <= snap:
+                    return True, (value if lsn > floor else None)
+        return (True, None) if floor else (False, None)
 
     def visible(self, run: str, snap: int) -> dict[str, bytes | None]:
-        """Every key of ``run`` this table decides as of ``snap`` (None: deleted)."""
+        """Every key of ``run`` this table decides as of ``snap`` (None: deleted).
+
+        Keys last written before a deletion visible at ``snap`` are left out:
+        the caller reads nothing below a table that :meth:`masks` the run.
+        """
         rm = self.runs.get(run)
         out: dict[str, bytes | None] = {}
         if rm is None:
             return out
+        floor = rm.floor(snap) if rm.deleted else 0
         for key, chain in rm.versions.items():
             for lsn, value in reversed(chain):
                 if lsn <= snap:
-                    out[key] = value
+                    if lsn > floor:
+                        out[key] = value
                     break
         return out
 
+    def fold_runs(self) -> list[FoldRunItem]:
+        """For a fold: per run, whether LMDB's copy goes first (deleted), then what follows.
+
+        Returns ``(run, reset, final writes, checkpoints, deltas)``: with
+        ``reset`` the run was deleted in this table and only what was
+        committed after its last deletion is folded.
+        """
+        out: list[FoldRunItem] = []
+        for run, rm in self.runs.items():
+            floor = rm.deleted[-1] if rm.deleted else 0
+            writes = {k: chain[-1][1] for k, chain in rm.versions.items()
+                      if chain[-1][0] > floor}
+            keep = [i for i, (c, _h, _m) in enumerate(rm.checkpoints) if c.lsn > floor]
+            out.append((run, bool(rm.deleted), writes, [rm.checkpoints[i] for i in keep],
+                        [rm.deltas[i] for i in keep]))
+        return out
+
     def fold_view(self) -> dict[str, FoldItem]:
-        """For a fold: each run's final writes and its checkpoints in order."""
-        return {run: ({k: chain[-1][1] for k, chain in rm.versions.items()}, rm.checkpoints)
-                for run, rm in self.runs.items()}
+        """For a fold: each run's final writes and its checkpoints in order (after deletions)."""
+        return {run: (writes, ckpts) for run, _reset, writes, ckpts, _d in self.fold_runs()}
 
 
 def _prune(chain: list[Version], oldest_snap: int) -> None:

@@ -25,6 +25,13 @@ Rules, in order:
    record on disk), the writer starts a new segment at ``applied_lsn + 1``
    instead of writing after the gap.
 
+Record types: a commit (``REC_COMMIT``) becomes a :class:`Replayed`, an
+effects-ledger entry a :class:`ReplayedEffect`, a run deletion
+(``REC_DELETE_RUN``) a :class:`ReplayedDelete`; the store replays a deletion
+as a memtable tombstone, so a run deleted after ``applied_lsn`` is hidden
+again and the next fold removes it from LMDB. A deletion at or before
+``applied_lsn`` was folded: LMDB no longer has the run.
+
 Crash windows during recovery itself are safe: repairs only zero bytes that
 are not part of the log and remove files the log does not need, each made
 durable before the store is used, so recovering again reaches the same plan.
@@ -47,12 +54,20 @@ from .codec import (
 )
 from .effects import Deferred, EffectRecord, decode_entry, decode_outbox
 from .errors import CorruptionError
-from .format import REC_COMMIT, REC_EFFECT, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, TMP_SUFFIX
+from .format import (
+    REC_COMMIT,
+    REC_DELETE_RUN,
+    REC_EFFECT,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_SUFFIX,
+    TMP_SUFFIX,
+)
 from .io import FileSystem, write_all
+from .retention import decode_delete_run
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
 
-__all__ = ["Plan", "Replayed", "ReplayedEffect", "plan", "recover", "repair"]
+__all__ = ["Plan", "Replayed", "ReplayedDelete", "ReplayedEffect", "plan", "recover", "repair"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +90,20 @@ class ReplayedEffect:
     raw: bytes  # the entry's CBOR map, uncompressed
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayedDelete:
+    """One run deletion (``store.delete_run``) read back from the log."""
+
+    lsn: int
+    run: str
+    head: int  # the run's head id when it was deleted
+
+
 @dataclass
 class Plan:
     """What recovery found and what it will do."""
 
-    records: list[Replayed | ReplayedEffect] = field(default_factory=list)
+    records: list[Replayed | ReplayedEffect | ReplayedDelete] = field(default_factory=list)
     next_lsn: int = 1
     resume: tuple[Segment, SegmentHeader, int] | None = None  # segment, header, end offset
     earlier: list[Segment] = field(default_factory=list)
@@ -92,7 +116,13 @@ class Plan:
 
 
 def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
-            payload: bytes) -> Replayed | ReplayedEffect:
+            payload: bytes) -> Replayed | ReplayedEffect | ReplayedDelete:
+    if rtype == REC_DELETE_RUN:
+        try:
+            run, head = decode_delete_run(payload)
+        except CodecError as exc:
+            raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
+        return ReplayedDelete(lsn, run, head)
     if rtype == REC_EFFECT:
         try:
             raw = unpack_payload(payload, flags)

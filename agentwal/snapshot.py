@@ -17,12 +17,18 @@ Databases (keys are bytes; integers big-endian so they sort):
 
 - ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
   ``next_run`` -> CRC + u64
-- ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count]``
+- ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count,
+  keys, digest]``, plus ``origin`` (``[run, id]``) once compaction dropped
+  the first checkpoint of a fork (it still protects the origin); ``count``
+  is the number of checkpoints LMDB holds (less than ``head_id`` once
+  compaction dropped some)
 - ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR, or 0xff + CBOR
   ref of a list node (``history.head_entry``: a growing list is not copied
   whole by every fold)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
-  ``[id, parent, lsn, created_at, meta, hash, origin]``
+  ``[id, parent, lsn, created_at, meta, hash, origin]``, plus the parent's
+  hash when compaction dropped the parent (the chain stays checkable, and a
+  gap in the ids is told apart from damage)
 - ``effects``: the effects ledger (``effects.py``), three kinds of key:
   ``b"k"`` + idempotency key -> CRC + entry CBOR map;
   ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
@@ -31,7 +37,8 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
   checkpoint's change (``history.py`` defines refs)
 - ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
-  state at every id that is a multiple of ``history.MANIFEST_EVERY``
+  state at every id that is a multiple of ``history.MANIFEST_EVERY``, and at
+  the first checkpoint kept after ones compaction dropped
 - ``objects``: address (u64) -> CRC + object record (kind byte + body):
   large values, list segments and list nodes, each stored once; addresses
   are allocated in increasing order, so new objects are appended
@@ -40,12 +47,32 @@ Databases (keys are bytes; integers big-endian so they sort):
   an object by content, so identical content is stored once
 
 The ``state`` database is the fast path for each run's folded head; the
-history databases rebuild any folded checkpoint from one manifest and at
-most ``MANIFEST_EVERY - 1`` deltas. The fold writes a checkpoint's delta, its
+history databases rebuild any folded checkpoint from the nearest manifest at
+or before it and at most ``MANIFEST_EVERY - 1`` deltas. The fold writes a checkpoint's delta, its
 manifest when one is due, and the objects and counts they need in the same
 LMDB transaction as the checkpoint record, so history and state never
 disagree after a crash. Reading history is ``history.py`` logic over
 :class:`_TxnObjects`, the one adapter from LMDB to its ``Objects`` protocol.
+
+*Run deletion* happens in a fold (``FoldRun.reset``): the run's state,
+checkpoints, deltas and manifests are removed and their references released
+in the fold's transaction, before anything committed after the deletion is
+written under a new run number. *Compaction* (:meth:`Snapshot.compact`,
+planned by ``retention.py``) is one write transaction too: new manifests
+first, then each dropped checkpoint's record, delta and manifest, releasing
+their references (an object left with none is deleted). A crash before
+either commits leaves LMDB as it was; the WAL still holds a deletion.
+
+*Vacuum* (:meth:`vacuum_copy`, :meth:`swap_in`): LMDB's compacting copy
+(``copyfd(compact=True)``) is written to ``data.mdb.vacuum`` and fsynced;
+with no read open and no other user of the environment in the process,
+the environment is closed, the copy renamed over ``data.mdb`` (then the
+directory fsynced), ``lock.mdb`` removed and the environment reopened. A
+crash before the rename leaves the old file (a writer's open removes the
+leftover copy); after it, the new one: both hold the same folded state.
+Removing ``lock.mdb`` makes LMDB rebuild its lock table from the new file
+(an old table describes the old file's transactions). Processes that still
+have the old file open keep reading it, unchanged, until they reopen.
 
 Every stored value carries a CRC-32 of its key and bytes (LMDB has no
 checksums of its own), checked on each read, so a flipped byte in a key or a
@@ -68,7 +95,7 @@ from typing import Any
 import cbor2
 import lmdb
 
-from . import history
+from . import failpoints, history, retention
 from .codec import CodecError, decode_meta, loads
 from .effects import EffectRecord, decode_entry, outstanding
 from .errors import (
@@ -91,6 +118,9 @@ _LMDB_MAGIC = 0xBEEFC0DE
 _LMDB_DATA_VERSION = 1
 _DEFAULT_MAP = (1 << 40) if sys.maxsize > 2**32 else (1 << 30)
 _DATA = "data.mdb"
+_LOCK = "lock.mdb"
+#: The compacted copy a vacuum writes before renaming it over ``data.mdb``.
+_VACUUM = "data.mdb.vacuum"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +133,8 @@ class RunInfo:
     count: int  # checkpoints folded
     keys: int = 0  # keys in the run's folded state
     digest: int = 0  # XOR of those entries' CRCs: a missing or stale entry changes it
+    #: a fork's origin, kept here once compaction dropped its first checkpoint
+    origin: tuple[str, int] | None = None
 
 
 def _crc(key: bytes, data: bytes) -> int:
@@ -173,12 +205,17 @@ class Snapshot:
             raise CorruptionError(data, None, "the snapshot is missing")
         if not readonly:
             os.makedirs(directory, mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # a vacuum interrupted before its rename
+                os.unlink(os.path.join(directory, _VACUUM))
         check_lmdb_file(data)
         try:
             shared = _acquire(directory, readonly, map_size)
         except lmdb.Error as exc:
             raise self._translate(exc, "cannot open the snapshot") from None
         self._shared: _Shared | None = shared
+        self._bind(shared)
+
+    def _bind(self, shared: _Shared) -> None:
         self.env = shared.env
         self._meta, self._runs, self._state, self._ckpt, self._effects = shared.dbs[:5]
         self._delta, self._manifest, self._objects, self._refs, self._oids = shared.dbs[5:10]
@@ -234,12 +271,12 @@ class Snapshot:
 
     def begin_read(self) -> Any:
         """A read transaction: a consistent view of the last fold. End it with :meth:`end_read`."""
-        shared = self._live()
-        try:
-            txn = self.env.begin(buffers=False)
-        except lmdb.Error as exc:
-            raise self._translate(exc, "cannot begin a read") from None
-        with _shared_lock:
+        with _shared_lock:  # not while a vacuum swaps the environment
+            shared = self._live()
+            try:
+                txn = shared.env.begin(buffers=False)
+            except lmdb.Error as exc:
+                raise self._translate(exc, "cannot begin a read") from None
             shared.readers += 1
         return txn
 
@@ -293,11 +330,15 @@ class Snapshot:
             obj = self._load(run.encode(), txn.get(run.encode(), db=self._runs), f"run {run!r}")
         if obj is None:
             return None
-        if not (isinstance(obj, list) and len(obj) == 6
+        if not (isinstance(obj, list) and len(obj) in (6, 7)
                 and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
-                and isinstance(obj[2], bytes)):
+                and isinstance(obj[2], bytes)
+                and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
+                                       and isinstance(obj[6][0], str)
+                                       and isinstance(obj[6][1], int)))):
             raise self._corrupt(f"run record of {run!r} is malformed")
-        return RunInfo(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5])
+        origin = (obj[6][0], obj[6][1]) if len(obj) == 7 else None
+        return RunInfo(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5], origin)
 
     def runs(self, txn: Any) -> list[str]:
         """Every folded run id (each record's checksum verified)."""
@@ -362,31 +403,56 @@ class Snapshot:
                     return
             elif not cur.prev():
                 return
+            # Ids are consecutive, except below a checkpoint whose parent
+            # compaction dropped (its record carries the parent's hash).
             expect: int | None = None
+            gap = False
             for k, v in cur.iterprev():
                 if not bytes(k).startswith(base):
                     self._open(bytes(k), v, "the entry before a run's checkpoints")
-                    if expect is not None and expect != 0:
+                    if expect is not None and expect != 0 and not gap:
                         raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, "
                                             "not at 1")
                     return
-                c = self._ckpt_from(run, self._load(bytes(k), v, f"checkpoint of {run!r}"))
-                if expect is not None and c.id != expect:
+                obj = self._load(bytes(k), v, f"checkpoint of {run!r}")
+                c = self._ckpt_from(run, obj)
+                if expect is not None and c.id != expect and not (gap and c.id < expect):
                     raise self._corrupt(f"checkpoint {expect} of {run!r} is missing "
                                         f"(found {c.id})")
-                expect = c.id - 1
+                expect, gap = c.id - 1, len(obj) == 8
                 yield c
-            if expect is not None and expect != 0:
+            if expect is not None and expect != 0 and not gap:
                 raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, not at 1")
 
+    def retained(self, txn: Any, run: str, run_no: int, cid: int) -> bool:
+        """True if folded checkpoint ``cid`` (below the run's head) is kept, False if dropped.
+
+        Raises:
+            CorruptionError: it is missing and no compaction dropped it.
+        """
+        base = _U64.pack(run_no)
+        k = base + _U64.pack(cid)
+        with self._reading(f"checkpoint {run!r}/{cid}"), txn.cursor(db=self._ckpt) as cur:
+            if cur.set_range(k):
+                found = bytes(cur.key())
+                if found == k:
+                    return True
+                if found.startswith(base):
+                    obj = self._load(found, cur.value(), f"checkpoint of {run!r}")
+                    self._ckpt_from(run, obj)
+                    if len(obj) == 8:  # its parent, and the ids between, were dropped
+                        return False
+        raise self._corrupt(f"checkpoint {cid} of {run!r} is missing")
+
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
-        if not (isinstance(obj, list) and len(obj) == 7):
+        if not (isinstance(obj, list) and len(obj) in (7, 8)):
             raise self._corrupt(f"checkpoint record of {run!r} is malformed")
-        cid, parent, lsn, created, meta_raw, hsh, origin = obj
+        cid, parent, lsn, created, meta_raw, hsh, origin = obj[:7]
         if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
                 and isinstance(lsn, int) and isinstance(created, (int, float))
                 and isinstance(meta_raw, bytes) and isinstance(hsh, bytes)
-                and (origin is None or (isinstance(origin, list) and len(origin) == 2))):
+                and (origin is None or (isinstance(origin, list) and len(origin) == 2))
+                and (len(obj) == 7 or (isinstance(obj[7], bytes) and len(obj[7]) == 32))):
             raise self._corrupt(f"checkpoint record of {run!r} has a field of the wrong type")
         try:
             meta = decode_meta(meta_raw)
@@ -487,9 +553,25 @@ class Snapshot:
         except CodecError as exc:
             raise self._corrupt(f"{what}: {exc}") from None
 
+    def _manifest_before(self, txn: Any, number: int, cid: int) -> int:
+        """Id of the run's nearest manifest at or before ``cid`` (0: none)."""
+        prefix = _U64.pack(number)
+        with txn.cursor(db=self._manifest) as cur:
+            found = cur.prev() if cur.set_range(prefix + _U64.pack(cid + 1)) else cur.last()
+            if not found:
+                return 0
+            k = bytes(cur.key())
+        if len(k) != 16 or not k.startswith(prefix):
+            return 0
+        return int(_U64.unpack_from(k, 8)[0])
+
     def _refs_at(self, txn: Any, run: str, number: int, cid: int) -> dict[str, history.Ref]:
         """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty)."""
-        base = history.manifest_base(cid)
+        base = self._manifest_before(txn, number, cid) if cid else 0
+        # The regular manifest is kept with its checkpoint, so a nearer one than
+        # it can only be a compaction's; a farther one means it is missing.
+        if history.manifest_base(cid) > base:
+            base = history.manifest_base(cid)
         refs: dict[str, history.Ref] = {}
         if base:
             found = self._history_record(txn, self._manifest, run, number, base, True)
@@ -633,6 +715,11 @@ class Snapshot:
         next_run = _U64.unpack(raw_next)[0] if raw_next is not None else 1
         for fr in runs:
             info = self.run_info(txn, fr.run)
+            if fr.reset and info is not None:  # deleted: what follows starts afresh
+                self._drop_run(txn, fr.run, info)
+                info = None
+            if not fr.checkpoints:
+                continue
             if info is None:
                 number, count, nkeys, digest = next_run, 0, 0, 0
                 next_run += 1
@@ -662,8 +749,10 @@ class Snapshot:
             head, head_hash, _meta = fr.checkpoints[-1]
             count += len(fr.checkpoints)
             rk = fr.run.encode()
-            txn.put(rk, _seal(rk, cbor2.dumps([number, head.id, head_hash, count, nkeys, digest])),
-                    db=self._runs)
+            run_rec: list[Any] = [number, head.id, head_hash, count, nkeys, digest]
+            if info is not None and info.origin is not None:
+                run_rec.append(list(info.origin))
+            txn.put(rk, _seal(rk, cbor2.dumps(run_rec)), db=self._runs)
         for name, value in ((b"next_run", _U64.pack(next_run)), (b"store_id", store_id.bytes),
                             (b"applied_lsn", _U64.pack(applied_lsn))):
             txn.put(name, _seal(name, value), db=self._meta)
@@ -672,6 +761,237 @@ class Snapshot:
                     db=self._meta)
         else:
             txn.delete(b"log_pos", db=self._meta)
+
+    # -- deleting and compacting ----------------------------------------------------
+
+    def _prefixed(self, txn: Any, db: Any, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every ``(key, raw value)`` of ``db`` whose key starts with ``prefix``."""
+        out = []
+        with txn.cursor(db=db) as cur:
+            found = cur.set_range(prefix)
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(prefix):
+                    break
+                out.append((k, bytes(cur.value())))
+                found = cur.next()
+        return out
+
+    def _drop_run(self, txn: Any, run: str, info: RunInfo) -> None:
+        """Remove a run from LMDB: state, checkpoints, deltas, manifests (releasing refs)."""
+        objs = _TxnObjects(self, txn)
+        prefix = _U64.pack(info.number)
+        try:
+            for db, manifest in ((self._delta, False), (self._manifest, True)):
+                for k, _raw in self._prefixed(txn, db, prefix):
+                    self._drop_history(txn, objs, db, run, info.number,
+                                       _U64.unpack_from(k, 8)[0], manifest)
+                    txn.delete(k, db=db)
+        except CodecError as exc:
+            raise self._corrupt(f"history of {run!r}: {exc}") from None
+        for db in (self._state, self._ckpt):
+            for k, _raw in self._prefixed(txn, db, prefix):
+                txn.delete(k, db=db)
+        txn.delete(run.encode(), db=self._runs)
+
+    def compact(self, runs: list[str] | None, *, keep_last: int | None, cutoff: float | None,
+                keep_origins: bool, origins: set[tuple[str, int]] | None = None
+                ) -> retention.Tally:
+        """Drop old checkpoints in one synced write transaction (``retention.py`` plans it).
+
+        Args:
+            runs: the runs to compact (None: every folded run).
+            keep_last: keep each run's last ``keep_last`` ids.
+            cutoff: keep checkpoints created at or after this time (seconds).
+            keep_origins: keep every checkpoint a fork's origin names.
+            origins: more ``(run, id)`` origins to keep (forks not yet folded).
+
+        Returns:
+            What was dropped, freed and written.
+
+        Raises:
+            MapFull: a new manifest did not fit; grow the map and call again.
+            DiskFullError / DurabilityError / CorruptionError: LMDB failed or
+                a record is damaged; nothing was changed.
+        """
+        if self.readonly:
+            raise ReadOnlyError(self.directory)
+        with self._write_lock:
+            try:
+                with self.env.begin(write=True) as txn:
+                    tally = retention.Tally()
+                    protected: dict[str, set[int]] = {}
+                    if keep_origins:
+                        for run, cid in self._fork_origins(txn) | (origins or set()):
+                            protected.setdefault(run, set()).add(cid)
+                    for run in self.runs(txn) if runs is None else runs:
+                        info = self.run_info(txn, run)
+                        if info is None or (keep_last is not None and info.count <= keep_last):
+                            continue  # nothing to drop (the head and its predecessors stay)
+                        self._compact_run(txn, run, info, tally, keep_last=keep_last,
+                                          cutoff=cutoff, protected=protected.get(run, set()))
+                    failpoints.hit("compact_before_commit")
+            except lmdb.MapFullError:
+                raise MapFull(self.env.info()["map_size"]) from None
+            except lmdb.Error as exc:
+                raise self._translate(exc, "compaction failed") from None
+        return tally
+
+    def _fork_origins(self, txn: Any) -> set[tuple[str, int]]:
+        """Every ``(run, id)`` a folded fork started from."""
+        out: set[tuple[str, int]] = set()
+        for run in self.runs(txn):
+            info = self.run_info(txn, run)
+            if info is None:
+                continue
+            if info.origin is not None:
+                out.add(info.origin)
+                continue
+            first = self.checkpoint(txn, run, info.number, 1)
+            if first is not None and first.origin is not None:
+                out.add(first.origin)
+        return out
+
+    def _compact_run(self, txn: Any, run: str, info: RunInfo, tally: retention.Tally, *,
+                     keep_last: int | None, cutoff: float | None, protected: set[int]) -> None:
+        """Carry out the plan for one run (new manifests, parent hashes, then the drops)."""
+        prefix = _U64.pack(info.number)
+        recs: dict[int, list[Any]] = {}
+        with self._reading(f"checkpoints of {run!r}"):
+            for k, raw in self._prefixed(txn, self._ckpt, prefix):
+                obj = self._load(k, raw, f"checkpoint of {run!r}")
+                recs[self._ckpt_from(run, obj).id] = obj
+        ids = sorted(recs)
+        keep = retention.choose([(c, float(recs[c][3])) for c in ids], keep_last=keep_last,
+                                cutoff=cutoff, protected=protected)
+        if len(keep) == len(ids):
+            return
+        manifests = {_U64.unpack_from(k, 8)[0]
+                     for k, _raw in self._prefixed(txn, self._manifest, prefix)}
+        plan = retention.plan_run(ids, keep, manifests)
+        objs = _CountingObjects(self, txn, tally)
+        try:
+            for c in plan.manifests:  # first: they retain what the drops release
+                refs = self._refs_at(txn, run, info.number, c)
+                for ref in refs.values():
+                    history.retain(objs, ref)
+                k = prefix + _U64.pack(c)
+                sealed = _seal(k, history.encode_refs(refs))
+                txn.put(k, sealed, db=self._manifest)
+                tally.manifests_written += 1
+                tally.bytes_written += len(sealed)
+            for c in plan.orphans:
+                k = prefix + _U64.pack(c)
+                sealed = _seal(k, cbor2.dumps([*recs[c][:7], recs[c - 1][5]]))
+                txn.put(k, sealed, db=self._ckpt)
+                tally.bytes_written += len(sealed)
+            for c in plan.drop:
+                k = prefix + _U64.pack(c)
+                for db, manifest in ((self._delta, False), (self._manifest, True)):
+                    raw = txn.get(k, db=db)
+                    if raw is not None:
+                        self._drop_history(txn, objs, db, run, info.number, c, manifest)
+                        tally.bytes_freed += len(raw)
+                        txn.delete(k, db=db)
+                raw = txn.get(k, db=self._ckpt)
+                tally.bytes_freed += len(raw)
+                txn.delete(k, db=self._ckpt)
+        except CodecError as exc:
+            raise self._corrupt(f"history of {run!r}: {exc}") from None
+        origin = info.origin
+        if origin is None and 1 in plan.drop and recs[1][6] is not None:
+            origin = (recs[1][6][0], recs[1][6][1])  # the run stays a fork of it
+        rec: list[Any] = [info.number, info.head, info.head_hash, info.count - len(plan.drop),
+                          info.keys, info.digest]
+        if origin is not None:
+            rec.append(list(origin))
+        rk = run.encode()
+        txn.put(rk, _seal(rk, cbor2.dumps(rec)), db=self._runs)
+        tally.runs[run] = len(plan.drop)
+
+    # -- vacuum ---------------------------------------------------------------------
+
+    def users(self) -> int:
+        """Stores of this process sharing the environment (this one included)."""
+        return self._live().users
+
+    def vacuum_copy(self) -> str:
+        """Write LMDB's compacting copy beside ``data.mdb`` and fsync it; returns its path.
+
+        Raises:
+            DiskFullError: no room for the copy (removed; nothing changed).
+            DurabilityError: writing or syncing it failed (removed; nothing changed).
+        """
+        if self.readonly:
+            raise ReadOnlyError(self.directory)
+        tmp = os.path.join(self.directory, _VACUUM)
+        self.discard(tmp)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                self.env.copyfd(fd, compact=True)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except lmdb.Error as exc:
+            self.discard(tmp)
+            raise self._translate(exc, "cannot write the compacted copy") from None
+        except OSError as exc:
+            self.discard(tmp)
+            if exc.errno in DISK_FULL_ERRNOS:
+                raise DiskFullError(tmp, f"no room for the compacted copy {tmp!r}; the store "
+                                    "is unchanged. Free some space and vacuum again.") from None
+            raise DurabilityError(tmp, f"cannot write the compacted copy: "
+                                  f"{exc.strerror or exc}") from None
+        return tmp
+
+    def discard(self, tmp: str) -> None:
+        """Remove a compacted copy that will not be used."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+    def swap_in(self, tmp: str) -> None:
+        """Make the compacted copy ``tmp`` the snapshot and reopen the environment on it.
+
+        The caller holds every write out and has checked that no read
+        transaction is open and no other store of this process shares the
+        environment (:meth:`readers`, :meth:`users`).
+
+        Raises:
+            DurabilityError: the rename, the directory sync or the reopen failed;
+                this snapshot is closed (reopen the store).
+        """
+        with _shared_lock:
+            shared = self._live()
+            if shared.users != 1 or shared.readers:
+                raise RuntimeError("the environment is in use: cannot swap its file")
+            map_size = int(shared.env.info()["map_size"])
+            data = os.path.join(self.directory, _DATA)
+            try:
+                shared.env.close()
+                os.replace(tmp, data)
+                failpoints.hit("vacuum_after_rename")
+                OsFileSystem().fsync_dir(self.directory)
+                # A lock table describes the old file's transactions: start a new one.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, _LOCK))
+                check_lmdb_file(data)
+                shared.env, shared.dbs = _open_env(self.directory, False, map_size)
+                shared.ino = _inode(data)
+            except (OSError, lmdb.Error, CorruptionError) as exc:
+                _shared.pop(shared.key, None)
+                self._shared = None
+                raise DurabilityError(data, f"cannot swap in the compacted snapshot: {exc}; "
+                                      "reopen the store") from None
+        self._bind(shared)
+
+    def replaced(self) -> bool:
+        """True if ``data.mdb`` is no longer the file this environment has open (a vacuum)."""
+        shared = self._live()
+        try:
+            return _inode(os.path.join(self.directory, _DATA)) != shared.ino
+        except OSError:
+            return True
 
     def stats(self) -> dict[str, int]:
         """LMDB file size and entry counts."""
@@ -756,6 +1076,22 @@ class _TxnObjects:
         self._txn.put(k, _seal(k, _U64.pack(n)), db=self._snap._refs)
 
 
+class _CountingObjects(_TxnObjects):
+    """``_TxnObjects`` that adds what each deleted object freed to a compaction's tally."""
+
+    def __init__(self, snap: Snapshot, txn: Any, tally: retention.Tally) -> None:
+        super().__init__(snap, txn)
+        self._tally = tally
+
+    def delete(self, addr: int, oid: bytes) -> None:
+        k = _U64.pack(addr)
+        for key, db in ((k, self._snap._objects), (k, self._snap._refs), (oid, self._snap._oids)):
+            raw = self._txn.get(key, db=db)
+            self._tally.bytes_freed += 0 if raw is None else len(raw)
+        self._tally.objects_freed += 1
+        super().delete(addr, oid)
+
+
 class MapFull(Exception):
     """The LMDB map is full; the store grows it when no read is open, then retries."""
 
@@ -781,6 +1117,7 @@ class _Shared:
     dbs: tuple[Any, ...]
     users: int = 1
     readers: int = 0  # read transactions open, across users
+    ino: tuple[int, int] = (0, 0)  # (device, inode) of the data.mdb the environment has open
 
 
 #: The named databases, in the order ``Snapshot`` unpacks them (new ones go last).
@@ -800,33 +1137,46 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
         if found is not None:
             found.users += 1
             return found
-        # A read-only store still opens the environment for writing when it
-        # can, so a writer opened later in this process can share it.
-        writable = not readonly or os.access(directory, os.W_OK)
-        env = lmdb.open(directory, map_size=map_size, max_dbs=16, max_readers=1024, sync=True,
-                        metasync=True, writemap=False, readahead=False, meminit=False,
-                        readonly=not writable, lock=True, mode=0o600, create=not readonly)
-        try:
-            if writable:
-                env.reader_check()
-            # Handles opened in their own (committed) transaction stay valid.
-            dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
-            with env.begin() as txn:
-                for name, db in zip(_DB_NAMES, dbs, strict=True):
-                    flags = db.flags(txn)  # type: ignore[call-arg]
-                    if any(flags.values()):  # created plain: a set flag is a damaged record
-                        raise CorruptionError(os.path.join(directory, _DATA), None,
-                                              f"database {name.decode()} has flags {flags}")
-        except BaseException:
-            env.close()
-            raise
-        if not readonly:
-            # LMDB syncs its files but not their names: make snapshot/ and its
-            # files durable before a fold can let WAL segments go.
-            OsFileSystem().fsync_dir(directory)
-            OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
+        env, dbs = _open_env(directory, readonly, map_size)
         entry = _shared[key] = _Shared(key, env, dbs)
+        with contextlib.suppress(OSError):
+            entry.ino = _inode(os.path.join(directory, _DATA))
         return entry
+
+
+def _inode(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _open_env(directory: str, readonly: bool, map_size: int) -> tuple[Any, tuple[Any, ...]]:
+    """Open the LMDB environment and its databases (checking their flags)."""
+    # A read-only store still opens the environment for writing when it
+    # can, so a writer opened later in this process can share it.
+    writable = not readonly or os.access(directory, os.W_OK)
+    env = lmdb.open(directory, map_size=map_size, max_dbs=16, max_readers=1024, sync=True,
+                    metasync=True, writemap=False, readahead=False, meminit=False,
+                    readonly=not writable, lock=True, mode=0o600, create=not readonly)
+    try:
+        if writable:
+            env.reader_check()
+        # Handles opened in their own (committed) transaction stay valid.
+        dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
+        with env.begin() as txn:
+            for name, db in zip(_DB_NAMES, dbs, strict=True):
+                flags = db.flags(txn)  # type: ignore[call-arg]
+                if any(flags.values()):  # created plain: a set flag is a damaged record
+                    raise CorruptionError(os.path.join(directory, _DATA), None,
+                                          f"database {name.decode()} has flags {flags}")
+    except BaseException:
+        env.close()
+        raise
+    if not readonly:
+        # LMDB syncs its files but not their names: make snapshot/ and its
+        # files durable before a fold can let WAL segments go.
+        OsFileSystem().fsync_dir(directory)
+        OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
+    return env, dbs
 
 
 def _release(entry: _Shared) -> None:
@@ -852,3 +1202,5 @@ class FoldRun:
     writes: dict[str, bytes | None]
     checkpoints: list[tuple[Checkpoint, bytes, bytes]]
     deltas: list[dict[str, bytes | None]] | None = None
+    #: the run was deleted: remove it from LMDB first (``checkpoints`` follow the deletion)
+    reset: bool = False

@@ -16,13 +16,29 @@ active memtable, writes it to LMDB in one synced transaction with
 ``applied_lsn``, then drops the frozen table and removes WAL segments the
 fold covers. Commits continue into the new memtable meanwhile.
 
+*Deletion* (``delete_run``): a durable ``REC_DELETE_RUN`` record, published
+as a memtable tombstone, hides the run from every view taken after it (a
+view reads nothing of the run below the table holding the tombstone, and
+``_info`` gives no LMDB record); the next fold removes the run from LMDB.
+Crash windows: before the record is durable the run is intact after
+recovery; after it, recovery replays the tombstone; a fold that removes the
+run is one LMDB transaction, after which ``applied_lsn`` covers the record.
+
+*Compaction* (``compact``, and ``retain=`` from the fold thread, at most
+once per ``_retain_every`` seconds): fold the WAL, then under the fold lock
+(commits continue) one LMDB write transaction planned by ``retention.py``:
+before it commits nothing changed, after it the dropped checkpoints are
+gone. A *vacuum* then writes LMDB's compacting copy, waits for the reads of
+this process to end while new views wait (``_vacuuming``), and swaps the
+file in under ``_lock`` (``snapshot.py`` has its crash windows).
+
 Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments) and
 ``snapshot.py`` (LMDB); the store itself keeps no state on disk of its own
 beyond what those write.
 
 Lock order: ``_fold_lock`` → the pipeline's ``flush_lock`` → ``_lock`` (shared
 with the pipeline). ``_lock`` is never held across I/O except to begin an LMDB
-read transaction.
+read transaction, and for the file swap of a vacuum (a few milliseconds).
 """
 
 from __future__ import annotations
@@ -62,6 +78,7 @@ from .errors import (
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
+    StoreBusyError,
     StoreClosedError,
 )
 from .format import (
@@ -73,7 +90,8 @@ from .format import (
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .ledger import DispatchReport, Ledger, Request
 from .memtable import Memtable
-from .recovery import Plan, ReplayedEffect, recover
+from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
+from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
 from .txn import Transaction
 from .types import Checkpoint, Diff, Durability, check_key
@@ -82,6 +100,11 @@ from .wal import Writer
 __all__ = ["Store", "open"]
 
 _MAX_MAP = 1 << 46 if sys.maxsize > 2**32 else 1 << 31
+_NEWEST = 1 << 63  # a snapshot LSN past every record
+#: Seconds a vacuum waits for this process's reads to end before giving up.
+_VACUUM_WAIT = 10.0
+#: Seconds between two passes of the automatic retention policy (``retain=``).
+_RETAIN_EVERY = 60.0
 _UNSET: Any = object()
 T = TypeVar("T")
 
@@ -122,6 +145,7 @@ def open(
     segment_bytes: int | None = None,
     map_size: int | None = None,
     effect_retention: datetime.timedelta | None = datetime.timedelta(days=30),
+    retain: Policy | tuple[Policy, ...] | None = None,
 ) -> Store:
     """Open (or create) the store in directory ``path`` and recover it.
 
@@ -141,6 +165,12 @@ def open(
             resolved, not applied) are kept after their last update, so their
             keys still dedup (default 30 days; None keeps them forever).
             Entries in doubt, failed or pending are never dropped.
+        retain: an automatic retention policy, ``agentwal.KeepLast(n)``,
+            ``agentwal.KeepFor(timedelta)`` or a tuple of both (a checkpoint
+            either keeps is kept): the background fold thread runs
+            ``compact(keep_last=..., older_than=...)`` after a fold, at most
+            once a minute (never ``vacuum``). None (default): history is kept
+            until ``compact()`` is called.
 
     Returns:
         An open :class:`Store` (also a context manager).
@@ -170,10 +200,15 @@ def open(
         raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
     if effect_retention is not None and effect_retention.total_seconds() < 0:
         raise ValueError("effect_retention must not be negative")
+    keep_last, older_than = policy_args(retain)
+    if readonly and retain is not None:
+        raise ValueError("retain= needs a writable store (readonly=False)")
     store = Store(os.fspath(path), mode, readonly, wal_max_bytes, fs or OsFileSystem(),
                   sync_interval, segment_bytes, map_size)
     if effect_retention is not None:
         store._effect_retention = effect_retention.total_seconds()
+    if retain is not None:
+        store._retain = (keep_last, older_than)
     try:
         store._open()
     except OSError as exc:
@@ -250,6 +285,10 @@ def _replay(plan: Plan, store_id: Any, folded: Callable[[str], bool]
         if isinstance(r, ReplayedEffect):
             mem.apply_effect(r.lsn, r.entry, r.raw)
             continue
+        if isinstance(r, ReplayedDelete):
+            mem.apply_delete(r.lsn, r.run)
+            heads.pop(r.run, None)
+            continue
         rec = r.record
         ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
                           rec.hash.hex(), rec.origin)
@@ -309,12 +348,19 @@ class Store:
         self._fold_retry_at = 0.0  # after a failed fold, the next try waits until then
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._fold_mark = 0
-        self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0}
+        self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0,
+                          "retention_passes": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
         self._ledger = Ledger(self)
         self._effect_retention: float | None = None  # seconds; set by open()
         self._next_expiry = 0.0
+        #: ``(keep_last, older_than)`` of ``retain=``; applied by the fold thread
+        self._retain: tuple[int | None, datetime.timedelta | None] | None = None
+        self._retain_every = _RETAIN_EVERY
+        self._retain_next = 0.0  # monotonic time of the next retention pass
+        self._retain_error: BaseException | None = None
+        self._vacuuming = False  # a vacuum is swapping the LMDB file: new views wait
 
     # -- opening --------------------------------------------------------------------
 
@@ -452,6 +498,8 @@ class Store:
         while self._dead:  # views of transactions the garbage collector dropped
             self._release(self._dead.popleft())
         with self._lock:
+            while self._vacuuming:
+                self._wake.wait()
             snap = self._visible
             layers = (self._active,) if self._frozen is None else (self._active, self._frozen)
             if self.readonly:
@@ -492,11 +540,22 @@ class Store:
             return fn(view.ltxn)
 
     def _info(self, view: _View, run: str) -> RunInfo | None:
+        """LMDB's record of ``run`` in ``view``; None if none, or if a deletion hides it."""
         if run not in view.infos:
             assert self._snap is not None
             snap = self._snap
-            view.infos[run] = self._lmdb(view, lambda t: snap.run_info(t, run))
+            if any(layer.masks(run, view.snap) for layer in view.layers):
+                view.infos[run] = None
+            else:
+                view.infos[run] = self._lmdb(view, lambda t: snap.run_info(t, run))
         return view.infos[run]
+
+    def _layers(self, view: _View, run: str) -> tuple[Memtable, ...]:
+        """The memtables ``view`` reads ``run`` from, newest first: none below a deletion."""
+        for i, layer in enumerate(view.layers):
+            if layer.masks(run, view.snap):
+                return view.layers[: i + 1]
+        return view.layers
 
     def _read(self, view: _View, run: str, key: str) -> bytes | None:
         for layer in view.layers:
@@ -517,7 +576,7 @@ class Store:
             assert self._snap is not None
             snap = self._snap
             out.update(self._lmdb(view, lambda t: snap.items(t, info, prefix)))
-        for layer in reversed(view.layers):
+        for layer in reversed(self._layers(view, run)):
             for key, value in layer.visible(run, view.snap).items():
                 if key.startswith(prefix):
                     out[key] = value
@@ -530,6 +589,8 @@ class Store:
                 found = rm.head(view.snap)
                 if found is not None:
                     return found
+                if rm.floor(view.snap):  # deleted, and nothing committed since
+                    return None
         info = self._info(view, run)
         if info is None:
             return None
@@ -549,6 +610,13 @@ class Store:
             raise RunNotFoundError(run)
         if not 1 <= cid <= head.id:
             raise CheckpointNotFoundError(run, cid)
+        info = self._info(view, run)
+        # Compaction leaves LMDB with fewer checkpoints than the head's id.
+        if info is not None and cid < info.head and info.count < info.head:
+            assert self._snap is not None
+            snap = self._snap
+            if not self._lmdb(view, lambda t: snap.retained(t, run, info.number, cid)):
+                raise CheckpointNotFoundError(run, cid)
         return head
 
     def _raw_at(self, view: _View, run: str, cid: int,
@@ -572,15 +640,18 @@ class Store:
             one = self._lmdb(view, lambda t: snap.get(t, info.number, key))
             if one is not None:
                 out[key] = one
-        for layer in reversed(view.layers):  # oldest first
+        for layer in reversed(self._layers(view, run)):  # oldest first
             rm = layer.runs.get(run)
             if rm is None:
                 continue
             # While a fold commits, LMDB may already hold the frozen table's
             # checkpoints: only those after LMDB's head apply. The active table
             # may gain a checkpoint (then its delta) meanwhile: not strict.
+            # Checkpoints of a deleted incarnation (before the floor) or of a
+            # later one (after the view) share ids with this one: skip them.
+            floor = rm.floor(view.snap) if rm.deleted else 0
             for (c, _h, _m), delta in zip(rm.checkpoints, rm.deltas, strict=False):
-                if c.id <= folded or c.id > cid:
+                if c.id <= folded or c.id > cid or not floor < c.lsn <= view.snap:
                     continue
                 for k, value in delta.items():
                     if key is not None and k != key:
@@ -657,9 +728,14 @@ class Store:
     def _folded_head(self, run: str) -> tuple[int, bytes] | None:
         """Latest published head of ``run`` (memtables, then LMDB); under ``_lock``."""
         for layer in (self._active, self._frozen):
-            if layer is not None and run in layer.runs and layer.runs[run].checkpoints:
-                c, h, _m = layer.runs[run].checkpoints[-1]
-                return c.id, h
+            rm = layer.runs.get(run) if layer is not None else None
+            if rm is None:
+                continue
+            entry = rm.latest(_NEWEST)
+            if entry is not None:
+                return entry[0].id, entry[1]
+            if rm.deleted:  # deleted, and nothing committed since
+                return None
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
@@ -676,7 +752,9 @@ class Store:
         """Make a durable batch visible, in LSN order; under ``_lock``."""
         oldest = self._oldest_snapshot()
         for p in batch:
-            if p.ckpt is None:
+            if p.drop is not None:
+                self._active.apply_delete(p.lsn, p.drop)
+            elif p.ckpt is None:
                 assert p.effect is not None
                 self._active.apply_effect(p.lsn, *p.effect)
             else:
@@ -729,9 +807,11 @@ class Store:
         except Error as exc:
             self._fold_error = exc
             self._fold_retry_at = time.monotonic() + 1.0  # not on every batch
+            return True
         except BaseException as exc:
             self._fold_error = exc
             return False
+        self._retain_step()
         return True
 
     def snapshot(self) -> None:
@@ -772,13 +852,16 @@ class Store:
             # LMDB must never be durable past the log: after a power cut the WAL
             # has to reach applied_lsn (async and none modes sync here).
             pipe.sync_through(frozen.last_lsn)
-            runs = [FoldRun(run, writes, ckpts, frozen.runs[run].deltas)
-                    for run, (writes, ckpts) in frozen.fold_view().items()]
+            runs = [FoldRun(run, writes, ckpts, deltas, reset)
+                    for run, reset, writes, ckpts, deltas in frozen.fold_runs()]
+            resets = any(fr.reset for fr in runs)
             effects = list(frozen.effects.values())
             expire = None
             if self._effect_retention is not None and time.time() >= self._next_expiry:
                 expire = time.time() - self._effect_retention
             failpoints.hit("fold_before_commit")
+            if resets:
+                failpoints.hit("delete_run_fold_before_commit")
             while True:
                 try:
                     self._snap.fold(frozen.last_lsn, self.store_id, runs, frozen.log_pos,
@@ -792,6 +875,8 @@ class Store:
                     pipe.writer.broken = exc
                     raise
             failpoints.hit("fold_after_commit")
+            if resets:
+                failpoints.hit("delete_run_fold_after_commit")
             if expire is not None:
                 self._next_expiry = time.time() + 3600.0  # expiry scans the ledger: hourly
             with self._lock:
@@ -922,14 +1007,19 @@ class Store:
         upto = None if before is None else _checkpoint_id(before)
 
         def read(v: _View) -> list[Checkpoint]:
-            if upto is not None:
-                self._check_at(v, run, upto)
+            if upto is not None:  # a bound: one compaction dropped may still page on
+                head = self._head(v, run)
+                if head is None:
+                    raise RunNotFoundError(run)
+                if not 1 <= upto <= head.id:
+                    raise CheckpointNotFoundError(run, upto)
             out: list[Checkpoint] = []
-            for layer in v.layers:
+            for layer in self._layers(v, run):
                 rm = layer.runs.get(run)
                 if rm is not None:
+                    floor = rm.floor(v.snap) if rm.deleted else 0
                     out.extend(c for c, _h, _m in reversed(rm.checkpoints)
-                               if c.lsn <= v.snap and (upto is None or c.id < upto))
+                               if floor < c.lsn <= v.snap and (upto is None or c.id < upto))
             info = self._info(v, run)
             if info is not None:
                 assert self._snap is not None
@@ -1061,6 +1151,208 @@ class Store:
         finally:
             self._release(view)
 
+    # -- deletion and retention -----------------------------------------------------
+
+    def delete_run(self, run: str) -> None:
+        """Delete ``run``: its state, checkpoints and history, durably.
+
+        When it returns the deletion is on disk (its WAL record is fsynced in
+        every durability mode) and the run is gone for every read: ``head``
+        is None, ``state``/``get(at=)``/``diff`` raise ``RunNotFoundError``,
+        ``history`` is empty and ``runs()`` does not list it. A transaction
+        on the run begun before the deletion cannot commit
+        (``ConflictError``). The next fold removes the run from LMDB and frees
+        the history objects only it used (the fold thread is woken for it).
+        A commit to the same id afterwards starts a new run at checkpoint 1.
+
+        Not deleted: the run's effects-ledger entries (the outside world saw
+        those effects; committed outbox entries are still dispatched, settle
+        them with ``resolve_effect`` to cancel them), and runs forked from it
+        (their state is their own; their ``origin`` keeps naming this run).
+
+        Raises:
+            RunNotFoundError: the run has no checkpoint.
+            InvalidKeyError: a bad run id.
+            ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError: as
+                for a commit (nothing deleted).
+
+        Example::
+
+            store.delete_run("run-42")
+            assert store.head("run-42") is None
+        """
+        check_key(run, "run id")
+        pipe = self._writable()
+        pipe.delete_run(run)
+        failpoints.hit("delete_run_after_record")
+        with self._lock:
+            self._fold_wanted = True
+            self._wake.notify_all()
+
+    def compact(self, *, keep_last: int | None = None,
+                older_than: datetime.timedelta | None = None,
+                runs: list[str] | tuple[str, ...] | set[str] | None = None,
+                vacuum: bool = False, keep_fork_origins: bool = True) -> CompactReport:
+        """Drop old checkpoints and free the history only they used.
+
+        Per run (every run, or those in ``runs``) the checkpoints kept are:
+        the head; the last ``keep_last`` ids; those younger than
+        ``older_than``; and, with ``keep_fork_origins``, every checkpoint a
+        fork's ``origin`` names. With both ``keep_last`` and ``older_than`` a
+        checkpoint either keeps is kept; with neither, nothing is dropped.
+        Dropped checkpoints then raise ``CheckpointNotFoundError`` from
+        ``state(at=)``, ``get(at=)``, ``diff``, ``rollback_to`` and ``fork``,
+        and ``history()`` lists only the kept ones. Kept ones read as before:
+        where a kept checkpoint follows a dropped one a new manifest is
+        written for it first, and its record keeps the dropped parent's hash.
+
+        The WAL is folded first; then one LMDB write transaction drops
+        everything (a crash leaves all of it or none). Commits continue
+        meanwhile (they are newer than what is dropped). ``vacuum=True`` then
+        rewrites the LMDB file compactly so it shrinks on disk: reads and
+        commits of this process wait for the file swap (milliseconds), after
+        the reads already open have finished (at most 10 s; otherwise
+        ``StoreBusyError`` and no vacuum). Read-only stores in other
+        processes keep the old file until they reopen.
+
+        Args:
+            keep_last: keep each run's last ``keep_last`` checkpoints (>= 1).
+            older_than: drop only checkpoints older than this ``timedelta``.
+            runs: compact only these runs (default: all).
+            vacuum: also shrink the LMDB file.
+            keep_fork_origins: never drop a checkpoint a fork started from.
+
+        Returns:
+            A :class:`CompactReport` (checkpoints dropped, bytes of LMDB
+            values freed, per-run counts, file size before and after).
+
+        Raises:
+            RunNotFoundError: a run in ``runs`` does not exist.
+            TypeError / ValueError: a bad argument.
+            StoreBusyError: ``vacuum`` could not get the file to itself (the
+                compaction is done; call again with ``vacuum=True``).
+            ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError,
+            CorruptionError: as for ``snapshot()``; nothing was dropped.
+
+        Example::
+
+            report = store.compact(keep_last=100, vacuum=True)
+            print(report.checkpoints_dropped, report.bytes_freed)
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        check_args(keep_last, older_than)
+        selected: list[str] | None = None
+        if runs is not None:
+            if isinstance(runs, str):
+                raise TypeError("runs is a list of run ids, not one str")
+            selected = sorted({check_key(r, "run id") for r in runs})
+            missing = self._with_view(lambda v: [r for r in selected or ()
+                                                 if self._head(v, r) is None])
+            if missing:
+                raise RunNotFoundError(missing[0])
+        self._fold()
+        failpoints.hit("compact_after_fold")
+        cutoff = None if older_than is None else time.time() - older_than.total_seconds()
+        with self._fold_lock:
+            before = self._file_bytes()
+            tally = self._compact_locked(selected, keep_last, cutoff, keep_fork_origins)
+            failpoints.hit("compact_after_commit")
+            # Blob storage sweeps what no kept checkpoint names here (blobs branch):
+            sweep = getattr(self, "_sweep_blobs", None)
+            if sweep is not None:
+                sweep()
+            if vacuum:
+                self._vacuum()
+            after = self._file_bytes()
+        return CompactReport(tally.dropped, tally.bytes_freed, dict(tally.runs),
+                             tally.objects_freed, tally.manifests_written, tally.bytes_written,
+                             before, after, vacuum)
+
+    def _file_bytes(self) -> int:
+        assert self._snap is not None
+        path = os.path.join(self._snap.directory, "data.mdb")
+        return os.path.getsize(path) if os.path.exists(path) else 0
+
+    def _compact_locked(self, runs: list[str] | None, keep_last: int | None,
+                        cutoff: float | None, keep_origins: bool) -> Tally:
+        """The LMDB part of a compaction; under ``_fold_lock``."""
+        assert self._snap is not None and self._pipe is not None
+        origins: set[tuple[str, int]] = set()
+        if keep_origins:  # forks not folded yet (committed since the fold) count too
+            with self._lock:
+                for layer in (self._active, self._frozen):
+                    for rm in layer.runs.values() if layer is not None else ():
+                        origins.update(c.origin for c, _h, _m in rm.checkpoints
+                                       if c.origin is not None)
+        while True:
+            try:
+                return self._snap.compact(runs, keep_last=keep_last, cutoff=cutoff,
+                                          keep_origins=keep_origins, origins=origins)
+            except MapFull as full:
+                self._grow_map(full)
+            except DurabilityError as exc:  # LMDB's state is unknown until a reopen
+                self._pipe.writer.broken = exc
+                raise
+
+    def _vacuum(self) -> None:
+        """Rewrite the LMDB file compactly and swap it in; under ``_fold_lock``."""
+        assert self._snap is not None and self._pipe is not None
+        snap = self._snap
+        busy = ("other stores of this process have this directory open (read-only ones "
+                "share its LMDB environment); close them and call compact(vacuum=True) "
+                "again. The compaction itself is done.")
+        if snap.users() > 1:
+            raise StoreBusyError(self.path, busy)
+        try:
+            tmp = snap.vacuum_copy()
+        except DurabilityError as exc:
+            self._pipe.writer.broken = exc
+            raise
+        failpoints.hit("vacuum_after_copy")
+        with self._lock:
+            self._vacuuming = True
+            try:
+                deadline = time.monotonic() + _VACUUM_WAIT
+                while snap.readers() and time.monotonic() < deadline:
+                    self._wake.wait(0.005)
+                if snap.readers() or snap.users() > 1:
+                    snap.discard(tmp)
+                    raise StoreBusyError(self.path, busy if snap.users() > 1 else
+                                         f"reads stayed open for {_VACUUM_WAIT:.0f} s "
+                                         "(transactions not finished, or a thread that "
+                                         "holds one called compact). Finish them and call "
+                                         "compact(vacuum=True) again. The compaction "
+                                         "itself is done.")
+                try:
+                    snap.swap_in(tmp)
+                except DurabilityError as exc:
+                    self._pipe.writer.broken = exc
+                    raise
+            finally:
+                self._vacuuming = False
+                self._wake.notify_all()
+        failpoints.hit("vacuum_after_swap")
+
+    def _retain_step(self) -> None:
+        """Apply ``retain=`` after a background fold, at most once per ``_retain_every`` s."""
+        if self._retain is None or time.monotonic() < self._retain_next:
+            return
+        self._retain_next = time.monotonic() + self._retain_every
+        keep_last, older_than = self._retain
+        cutoff = None if older_than is None else time.time() - older_than.total_seconds()
+        try:
+            with self._fold_lock:
+                self._compact_locked(None, keep_last, cutoff, True)
+                sweep = getattr(self, "_sweep_blobs", None)
+                if sweep is not None:
+                    sweep()
+            self._counters["retention_passes"] += 1
+            self._retain_error = None
+        except Error as exc:
+            self._retain_error = exc
+
     def _writable(self) -> CommitPipeline:
         self._check_open()
         if self._pipe is None:
@@ -1077,6 +1369,8 @@ class Store:
             for layer in v.layers:
                 names.update(r for r, rm in layer.runs.items()
                              if any(c.lsn <= v.snap for c, _h, _m in rm.checkpoints))
+            deleted = {r for layer in v.layers for r, rm in layer.runs.items() if rm.deleted}
+            names.difference_update(r for r in deleted if self._head(v, r) is None)
             return sorted(names)
 
         return self._with_view(read)
@@ -1264,6 +1558,8 @@ class Store:
                            writer_broken=str(w.broken) if w.broken else None)
             if self._fold_error is not None:
                 out["fold_error"] = str(self._fold_error)
+            if self._retain_error is not None:
+                out["retention_error"] = str(self._retain_error)
         out.update(self._snap.stats())
         return out
 

@@ -83,8 +83,10 @@ __all__ = [
 
 KILL_KINDS = ("ack", "commit", "random", "recovery")
 
-#: Failpoints a ``commit`` kill arms: the commit, group-commit, rotation and fold paths.
-KILL_POINTS = tuple(sorted(p for p in failpoints.POINTS if not p.startswith("recovery")))
+#: Failpoints a ``commit`` kill arms: the commit, group-commit, rotation and fold paths
+#: (not those of delete_run and compact, which the workload never calls).
+KILL_POINTS = tuple(sorted(p for p in failpoints.POINTS
+                           if not p.startswith(("recovery", "delete_run", "compact", "vacuum"))))
 #: Failpoints a ``recovery`` kill arms in a child that only opens the store.
 RECOVERY_POINTS = tuple(sorted(p for p in failpoints.POINTS if p.startswith("recovery")))
 

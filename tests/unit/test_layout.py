@@ -11,10 +11,10 @@ PKG = Path(agentwal.__file__).parent
 
 # Lower ranks never import higher ones (STYLE.md: errors/types → io → wal →
 # snapshot/effects → txn → recovery → store → cli). history.py is pure
-# encoding logic beside the codec.
+# encoding logic beside the codec; retention.py pure planning beside it.
 RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
-    "types": 1, "codec": 1, "history": 1,
+    "types": 1, "codec": 1, "history": 1, "retention": 1,
     "io": 2,
     "control": 3, "wal": 3,
     "snapshot": 4, "memtable": 4, "effects": 4,

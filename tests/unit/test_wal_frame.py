@@ -214,7 +214,7 @@ def test_frame_length_field_over_real_max() -> None:
     assert try_frame(data, 0, SALT) is None
 
 
-@pytest.mark.parametrize("rtype", [0, 3, 0x7F, 0xFF])
+@pytest.mark.parametrize("rtype", [0, 4, 0x7F, 0xFF])  # 1-3 are the record types
 def test_frame_unknown_type(rtype: int) -> None:
     assert try_frame(_raw_frame(rtype=rtype), 0, SALT) is None
 
