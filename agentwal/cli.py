@@ -386,6 +386,8 @@ def wal(path: str, limit: int | None, as_json: bool) -> None:
 
 def _wal_what(r: dict[str, Any]) -> str:
     """The table's summary of a record: keys written (and outbox), or the effect entry."""
+    if r["type"] == "delete_run":
+        return f"run deleted (its head was checkpoint {r['id']})"
     if r["type"] == "effect":
         return _clip(f"{r['name']} {r['effect_id']} -> {r['status']} "
                      f"(attempt {r['attempts']})", 60)
@@ -427,9 +429,13 @@ def _wal_record(seg_path: str, f: Any) -> dict[str, Any]:
     from .codec import CodecError, decode_commit, decode_delta, unpack_payload
     from .effects import decode_entry, decode_outbox
     from .errors import CorruptionError
-    from .format import REC_COMMIT, REC_EFFECT
+    from .format import REC_COMMIT, REC_DELETE_RUN, REC_EFFECT
+    from .retention import decode_delete_run
 
     try:
+        if f.type == REC_DELETE_RUN:
+            run, head = decode_delete_run(f.payload)
+            return {"type": "delete_run", "run": run, "id": head, "keys": [], "deferred": []}
         if f.type == REC_EFFECT:
             e = decode_entry(unpack_payload(f.payload, f.flags))
             return {"type": "effect", "run": e.run, "id": None, "keys": [],

@@ -35,3 +35,63 @@ def increment_in_threads(store: agentwal.Store, run: str, threads: int, each: in
         t.start()
     for t in pool:
         t.join()
+
+
+def check_history_counts(store: agentwal.Store) -> dict[str, int]:
+    """Recount every history reference in ``store``'s LMDB and compare with what it stores.
+
+    Each object's count must equal the delta entries, manifest entries and
+    list nodes naming it (and be > 0: nothing unreferenced is left behind),
+    nothing may name a missing object, and the content index must map each
+    object's SHA-256 to its address. Returns entry counts per database.
+    """
+    import collections
+    import struct
+
+    from agentwal import history
+
+    u64 = struct.Struct(">Q")
+    snap = store._snap
+    assert snap is not None
+    txn = snap.begin_read()
+    try:
+        want: collections.Counter[int] = collections.Counter()
+        sizes: dict[str, int] = {}
+        for name, db in (("deltas", snap._delta), ("manifests", snap._manifest)):
+            n = 0
+            for _k, v in txn.cursor(db=db):
+                n += 1
+                for ref in history.decode_refs(bytes(v)[4:], manifest=False).values():
+                    if isinstance(ref, tuple):
+                        want[ref[1]] += 1
+            sizes[name] = n
+        objects = {u64.unpack(bytes(k))[0]: bytes(v)[4:] for k, v in txn.cursor(db=snap._objects)}
+        for rec in objects.values():
+            want.update(history._children(rec))
+        counts = {u64.unpack(bytes(k))[0]: u64.unpack(bytes(v)[4:])[0]
+                  for k, v in txn.cursor(db=snap._refs)}
+        oids = {bytes(k): u64.unpack(bytes(v)[4:])[0] for k, v in txn.cursor(db=snap._oids)}
+        assert set(want) <= set(objects), f"missing objects: {set(want) - set(objects)}"
+        assert counts == {a: want[a] for a in objects}
+        assert all(n > 0 for n in counts.values()), "an unreferenced object was left"
+        assert oids == {history.object_id(rec): a for a, rec in objects.items()}
+        sizes["objects"] = len(objects)
+        return sizes
+    finally:
+        snap.end_read(txn)
+
+
+def lmdb_values(store: agentwal.Store) -> dict[tuple[str, bytes], int]:
+    """``{(database, key): stored value length}`` of every LMDB entry of ``store``."""
+    snap = store._snap
+    assert snap is not None
+    txn = snap.begin_read()
+    try:
+        out: dict[tuple[str, bytes], int] = {}
+        for name in ("meta", "runs", "state", "ckpt", "effects", "delta", "manifest",
+                     "objects", "refs", "oids"):
+            db = getattr(snap, "_" + name)
+            out.update(((name, bytes(k)), len(v)) for k, v in txn.cursor(db=db))
+        return out
+    finally:
+        snap.end_read(txn)

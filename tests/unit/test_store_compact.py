@@ -1,0 +1,517 @@
+"""store.compact (keep_last, older_than, runs, fork origins, vacuum) and open(retain=)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import struct
+import threading
+import time
+from typing import Any
+
+import cbor2
+import pytest
+
+import agentwal
+from agentwal import (
+    CheckpointNotFoundError,
+    KeepFor,
+    KeepLast,
+    RunNotFoundError,
+    StoreBusyError,
+    failpoints,
+    history,
+)
+from tests.helpers import check_history_counts, commit, lmdb_values
+
+U64 = struct.Struct(">Q")
+
+
+def _step(i: int, run: str = "r") -> dict[str, Any]:
+    """The writes of checkpoint ``i``: a growing list (list nodes), a big value, small keys."""
+    out: dict[str, Any] = {"step": i, "log": [f"{run}{j}-{'m' * 200}" for j in range(i)]}
+    if i % 5 == 0:
+        out["big"] = f"{i}" * 2000
+    if i % 7 == 0:
+        out["gone"] = None
+    else:
+        out["gone"] = i
+    return out
+
+
+def build(store: agentwal.Store, run: str, n: int, model: dict[int, dict[str, Any]],
+          start: int = 1) -> None:
+    """Commit checkpoints ``start..n`` of ``run``; ``model[i]`` is the state at ``i``."""
+    state = dict(model.get(start - 1, {}))
+    for i in range(start, n + 1):
+        writes = _step(i, run)
+        with store.begin(run) as txn:
+            for k, v in writes.items():
+                if v is None:
+                    txn.delete(k)
+                    state.pop(k, None)
+                else:
+                    txn[k] = v
+                    state[k] = v
+        model[i] = dict(state)
+
+
+def check(store: agentwal.Store, run: str, model: dict[int, dict[str, Any]],
+          kept: set[int]) -> None:
+    """Kept checkpoints read as the model says; the others raise CheckpointNotFoundError."""
+    head = max(model)
+    assert [c.id for c in store.history(run)] == sorted(kept, reverse=True)
+    for i in model:
+        if i in kept:
+            assert store.state(run, at=i) == model[i], i
+            assert store.get(run, "step", at=i) == i
+        else:
+            with pytest.raises(CheckpointNotFoundError):
+                store.state(run, at=i)
+            with pytest.raises(CheckpointNotFoundError):
+                store.get(run, "step", at=i)
+            with pytest.raises(CheckpointNotFoundError):
+                store.diff(run, i, head)
+    assert store.state(run) == model[head]
+
+
+def test_keep_last_drops_the_rest_and_kept_ones_read_as_before(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 100, model)
+    other: dict[int, dict[str, Any]] = {}
+    build(store, "o", 10, other)
+    store.snapshot()
+    build(store, "r", 103, model, start=101)  # unfolded ones too: compact folds first
+    report = store.compact(keep_last=10)
+    kept = set(range(94, 104))
+    assert report.checkpoints_dropped == 93 + 0 and report.runs == {"r": 93}
+    assert report.bytes_freed > 0 and report.objects_freed > 0
+    assert report.manifests_written == 1  # 94 starts the kept block, 96 has one
+    check(store, "r", model, kept)
+    check(store, "o", other, set(range(1, 11)))  # keep_last=10: nothing to drop
+    d = store.diff("r", 94, 103)
+    assert d.changed["step"] == (94, 103)
+    check_history_counts(store)
+    assert store.stats()["checkpoints"] == 10 + 10
+
+
+def test_the_head_is_always_kept(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 40, model)
+    report = store.compact(keep_last=1)
+    assert report.checkpoints_dropped == 39
+    check(store, "r", model, {40})
+    report = store.compact(older_than=dt.timedelta(0))  # everything is older than now
+    assert report.checkpoints_dropped == 0
+    check(store, "r", model, {40})
+
+
+def test_older_than(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 20, model)
+    time.sleep(0.3)
+    t_mid = time.time()
+    build(store, "r", 30, model, start=21)
+    assert store.compact(older_than=dt.timedelta(days=1)).checkpoints_dropped == 0
+    age = dt.timedelta(seconds=time.time() - t_mid + 0.15)  # the cut falls in the pause
+    report = store.compact(older_than=age)
+    assert report.checkpoints_dropped == 20
+    check(store, "r", model, set(range(21, 31)))
+
+
+def test_keep_last_or_older_than_keeps_what_either_keeps(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 20, model)
+    time.sleep(0.3)
+    t_mid = time.time()
+    build(store, "r", 25, model, start=21)
+    age = dt.timedelta(seconds=time.time() - t_mid + 0.15)
+    store.compact(keep_last=10, older_than=age)  # the last 10 win over the age
+    check(store, "r", model, set(range(16, 26)))
+    store.compact(keep_last=2, older_than=age)  # the age wins over the last 2
+    check(store, "r", model, set(range(21, 26)))
+
+
+def test_no_criterion_drops_nothing(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 10, model)
+    report = store.compact()
+    assert (report.checkpoints_dropped, report.bytes_freed, report.runs) == (0, 0, {})
+    assert not report.vacuumed
+    check(store, "r", model, set(range(1, 11)))
+
+
+def test_only_the_runs_named(store: agentwal.Store) -> None:
+    a: dict[int, dict[str, Any]] = {}
+    b: dict[int, dict[str, Any]] = {}
+    build(store, "a", 10, a)
+    build(store, "b", 10, b)
+    assert store.compact(keep_last=3, runs=["a"]).runs == {"a": 7}
+    check(store, "a", a, {8, 9, 10})
+    check(store, "b", b, set(range(1, 11)))
+    with pytest.raises(RunNotFoundError):
+        store.compact(keep_last=3, runs=["a", "nope"])
+    with pytest.raises(TypeError):
+        store.compact(keep_last=3, runs="a")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kwargs", "exc"), [
+    ({"keep_last": 0}, ValueError), ({"keep_last": -1}, ValueError),
+    ({"keep_last": True}, TypeError), ({"keep_last": 1.5}, TypeError),
+    ({"older_than": 5}, TypeError), ({"older_than": dt.timedelta(seconds=-1)}, ValueError),
+])
+def test_bad_arguments(store: agentwal.Store, kwargs: dict[str, Any],
+                       exc: type[Exception]) -> None:
+    commit(store, "r", a=1)
+    with pytest.raises(exc):
+        store.compact(**kwargs)
+
+
+def test_compact_on_read_only_and_closed_stores(path: str) -> None:
+    with agentwal.open(path) as s:
+        commit(s, "r", a=1)
+    with agentwal.open(path, readonly=True) as ro, pytest.raises(agentwal.ReadOnlyError):
+        ro.compact(keep_last=1)
+    s = agentwal.open(path)
+    s.close()
+    with pytest.raises(agentwal.StoreClosedError):
+        s.compact(keep_last=1)
+
+
+def test_fork_origins_are_kept(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 50, model)
+    store.fork("r", 7, "f")
+    store.snapshot()
+    store.fork("r", 12, "g")  # not folded yet: protected all the same
+    report = store.compact(keep_last=5)
+    check(store, "r", model, {7, 12, 46, 47, 48, 49, 50})
+    assert report.manifests_written == 3  # 7, 12 and 46 each start a block
+    assert store.state("f") == model[7] and store.state("g") == model[12]
+    # The fork's first checkpoint goes; its origin still protects r/7.
+    for i in range(2, 6):
+        commit(store, "f", n=i)
+    store.compact(keep_last=2)
+    assert [c.id for c in store.history("f")] == [5, 4]
+    check(store, "r", model, {7, 12, 49, 50})
+    store.compact(keep_last=2, keep_fork_origins=False)
+    check(store, "r", model, {49, 50})
+    check_history_counts(store)
+
+
+def test_a_gap_in_history_and_paging_across_it(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 40, model)
+    store.fork("r", 3, "f")
+    store.compact(keep_last=4)
+    assert [c.id for c in store.history("r")] == [40, 39, 38, 37, 3]
+    assert [c.id for c in store.history("r", before=37)] == [3]
+    assert [c.id for c in store.history("r", before=20)] == [3]  # a dropped bound pages on
+    assert [c.id for c in store.history("r", limit=2, before=39)] == [38, 37]
+    with pytest.raises(CheckpointNotFoundError):
+        store.history("r", before=41)
+    assert store.rollback_to("r", 3).id == 41
+    assert store.state("r") == model[3]
+    with pytest.raises(CheckpointNotFoundError):
+        store.rollback_to("r", 5)
+    with pytest.raises(CheckpointNotFoundError):
+        store.fork("r", 5, "h")
+
+
+def test_kept_checkpoints_record_their_dropped_parents_hash(store: agentwal.Store) -> None:
+    commit(store, "r", a=0)
+    for i in range(1, 40):
+        commit(store, "r", a=i)
+    store.fork("r", 10, "f")
+    hashes = {c.id: c.hash for c in store.history("r")}
+    store.compact(keep_last=3)
+    snap = store._snap
+    assert snap is not None
+    txn = snap.begin_read()
+    try:
+        info = snap.run_info(txn, "r")
+        assert info is not None and info.count == 4
+        for cid, parent_hash in ((10, hashes[9]), (38, hashes[37]), (39, None), (40, None)):
+            k = U64.pack(info.number) + U64.pack(cid)
+            rec = cbor2.loads(bytes(txn.get(k, db=snap._ckpt))[4:])
+            assert rec[5].hex() == hashes[cid]
+            assert (rec[7].hex() if len(rec) == 8 else None) == parent_hash, cid
+    finally:
+        snap.end_read(txn)
+
+
+def test_bytes_freed_is_the_bytes_of_the_values_deleted(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 70, model)
+    store.snapshot()
+    before = lmdb_values(store)
+    report = store.compact(keep_last=20)
+    after = lmdb_values(store)
+    gone = {k: n for k, n in before.items() if k not in after}
+    assert report.bytes_freed == sum(gone.values())
+    assert report.objects_freed == sum(1 for db, _k in gone if db == "objects")
+    assert report.checkpoints_dropped == sum(1 for db, _k in gone if db == "ckpt") == 50
+    new = {k: n for k, n in after.items() if k not in before}
+    assert all(db == "manifest" for db, _k in new)
+    rewritten = [k for k in after if k in before and after[k] != before[k]
+                 and k[0] in ("ckpt", "manifest")]
+    assert report.bytes_written == sum(new.values()) + sum(after[k] for k in rewritten)
+
+
+def test_compaction_survives_reopen_and_history_keeps_growing(path: str) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    with agentwal.open(path, durability="none") as store:
+        build(store, "r", 80, model)
+        store.compact(keep_last=15)
+        build(store, "r", 120, model, start=81)  # lists keep chaining off the kept head
+    with agentwal.open(path) as store:
+        check(store, "r", model, set(range(66, 121)))
+        store.compact(keep_last=15)
+        check(store, "r", model, set(range(106, 121)))
+        assert store.compact(keep_last=15).checkpoints_dropped == 0  # stable
+        check_history_counts(store)
+
+
+def test_a_failed_compaction_changes_nothing(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 40, model)
+    failpoints.arm("compact_before_commit")
+    with pytest.raises(failpoints.FailpointFired):
+        store.compact(keep_last=2)
+    check(store, "r", model, set(range(1, 41)))
+    check_history_counts(store)
+    assert store.compact(keep_last=2).checkpoints_dropped == 38
+
+
+def test_commits_continue_while_compaction_holds_the_fold_lock(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 40, model)
+    done: list[Any] = []
+
+    def during(_name: str) -> None:  # LMDB write transaction open, fold lock held
+        t = threading.Thread(target=lambda: done.append(commit(store, "r", late=1)))
+        t.start()
+        t.join(10)
+        done.append(store.state("r", at=5) == model[5])  # reads see the old state
+
+    failpoints.arm("compact_before_commit", "call", fn=during)
+    store.compact(keep_last=3)
+    assert len(done) == 2 and done[0].id == 41 and done[1] is True
+    assert [c.id for c in store.history("r")] == [41, 40, 39, 38]
+    assert store.state("r") == {**model[40], "late": 1}
+
+
+def test_compaction_races_threads_committing(store: agentwal.Store) -> None:
+    stop = threading.Event()
+    seen: list[BaseException] = []
+
+    def work(run: str) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                commit(store, run, n=n, log=list(range(n % 100)))
+                if n % 10 == 0:
+                    store.state(run, at=max(1, n - 1))
+            except CheckpointNotFoundError:
+                pass  # compaction got there first
+            except BaseException as exc:
+                seen.append(exc)
+                return
+            n += 1
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in ("a", "b")]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(6):
+            store.compact(keep_last=5)
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not seen, seen
+    store.compact(keep_last=5)
+    for run in ("a", "b"):
+        head = store.head(run)
+        assert head is not None
+        assert [c.id for c in store.history(run)] == list(range(head.id, head.id - 5, -1))
+        assert store.state(run)["n"] == head.id - 1
+    check_history_counts(store)
+
+
+def test_a_manifest_per_block_keeps_reads_bounded(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 100, model)
+    store.compact(keep_last=70)  # keeps 31..100: 31 gets a manifest, 32/64/96 have theirs
+    snap = store._snap
+    assert snap is not None
+    txn = snap.begin_read()
+    try:
+        info = snap.run_info(txn, "r")
+        assert info is not None
+        got = [snap._manifest_before(txn, info.number, c) for c in (31, 33, 63, 100)]
+    finally:
+        snap.end_read(txn)
+    assert got == [31, 32, 32, 96]
+    assert all(c - m < history.MANIFEST_EVERY for c, m in zip((31, 33, 63, 100), got,
+                                                               strict=True))
+    check(store, "r", model, set(range(31, 101)))
+
+
+# -- vacuum --------------------------------------------------------------------------
+
+
+def test_vacuum_shrinks_the_file(path: str) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    with agentwal.open(path, durability="none") as store:
+        build(store, "r", 300, model)
+        store.snapshot()
+        data = os.path.join(path, "snapshot", "data.mdb")
+        size = os.path.getsize(data)
+        report = store.compact(keep_last=10, vacuum=True)
+        assert report.vacuumed and report.file_bytes_before == size
+        assert report.file_bytes_after == os.path.getsize(data)
+        assert report.file_bytes_after < size / 2, (size, report)
+        check(store, "r", model, set(range(291, 301)))
+        build(store, "r", 320, model, start=301)  # the reopened environment takes folds
+        store.snapshot()
+        assert not os.path.exists(data + ".vacuum")
+    with agentwal.open(path) as store:
+        check(store, "r", model, set(range(291, 321)))
+        check_history_counts(store)
+
+
+def test_vacuum_waits_for_open_reads(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 30, model)
+    txn = store.begin("r")  # holds an LMDB read
+    assert txn.get("step") == 30
+    threading.Timer(0.3, txn.rollback).start()
+    started = time.monotonic()
+    report = store.compact(keep_last=3, vacuum=True)
+    assert report.vacuumed and time.monotonic() - started >= 0.25
+    check(store, "r", model, {28, 29, 30})
+
+
+def test_vacuum_gives_up_on_a_read_that_stays_open(store: agentwal.Store,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentwal import store as store_mod
+
+    monkeypatch.setattr(store_mod, "_VACUUM_WAIT", 0.2)
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 30, model)
+    txn = store.begin("r")
+    txn.get("step")
+    with pytest.raises(StoreBusyError) as ei:
+        store.compact(keep_last=3, vacuum=True)
+    assert ei.value.code == "store_busy" and "compaction itself is done" in str(ei.value)
+    assert txn.get("step") == 30  # the open transaction still reads
+    txn.rollback()
+    check(store, "r", model, {28, 29, 30})  # compacted, not vacuumed
+    assert not os.path.exists(os.path.join(store.path, "snapshot", "data.mdb.vacuum"))
+    assert store.compact(vacuum=True).vacuumed
+
+
+def test_vacuum_refuses_while_another_store_of_this_process_shares_the_file(
+        store: agentwal.Store) -> None:
+    commit(store, "r", a=1)
+    commit(store, "r", a=2)
+    store.snapshot()
+    ro = agentwal.open(store.path, readonly=True)
+    try:
+        with pytest.raises(StoreBusyError):
+            store.compact(keep_last=1, vacuum=True)
+        assert [c.id for c in store.history("r")] == [2]
+    finally:
+        ro.close()
+    assert store.compact(vacuum=True).vacuumed
+
+
+def test_a_leftover_copy_is_removed_on_open(path: str) -> None:
+    with agentwal.open(path) as s:
+        commit(s, "r", a=1)
+    leftover = os.path.join(path, "snapshot", "data.mdb.vacuum")
+    with open(leftover, "wb") as f:
+        f.write(b"half a copy")
+    with agentwal.open(path, readonly=True) as ro:  # a reader leaves it alone
+        assert os.path.exists(leftover) and ro.state("r") == {"a": 1}
+    with agentwal.open(path) as s:
+        assert not os.path.exists(leftover) and s.state("r") == {"a": 1}
+
+
+# -- retain= -------------------------------------------------------------------------
+
+
+def _wait_for(cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_retain_keep_last_is_applied_by_the_fold_thread(path: str) -> None:
+    store = agentwal.open(path, durability="none", wal_max_bytes=16 << 10,
+                          segment_bytes=4096, retain=KeepLast(5))
+    try:
+        store._retain_every = 0.0
+        model: dict[int, dict[str, Any]] = {}
+        build(store, "r", 60, model)
+        for _ in range(20):  # incompressible: the WAL passes wal_max_bytes, a fold runs
+            commit(store, "noise", pad=os.urandom(1500))
+        _wait_for(lambda: store.stats()["retention_passes"] > 0)
+        store.snapshot()
+        store._retain_next = 0.0
+        store._fold_wanted = True  # one more background fold, then a pass
+        passes = store.stats()["retention_passes"]
+        with store._lock:
+            store._wake.notify_all()
+        _wait_for(lambda: store.stats()["retention_passes"] > passes)
+        assert [c.id for c in store.history("r")] == [60, 59, 58, 57, 56]
+        assert store.state("r", at=56) == model[56]
+        assert "retention_error" not in store.stats()
+    finally:
+        store.close()
+
+
+def test_retain_is_rate_limited(path: str) -> None:
+    store = agentwal.open(path, durability="none", wal_max_bytes=16 << 10,
+                          segment_bytes=4096, retain=(KeepLast(5), KeepFor(dt.timedelta(0))))
+    try:
+        for _ in range(60):
+            commit(store, "r", pad=os.urandom(1500))
+        _wait_for(lambda: store.stats()["folds"] >= 3)
+        time.sleep(0.2)
+        assert store.stats()["retention_passes"] == 1  # the first fold only: once a minute
+    finally:
+        store.close()
+
+
+def test_retain_arguments() -> None:
+    with pytest.raises(ValueError):
+        KeepLast(0)
+    with pytest.raises(ValueError):
+        KeepLast(True)
+    with pytest.raises(ValueError):
+        KeepFor(dt.timedelta(seconds=-1))
+    with pytest.raises(ValueError):
+        KeepFor(5)  # type: ignore[arg-type]
+    assert KeepLast(3) == KeepLast(3) and hash(KeepFor(dt.timedelta(1)))
+    with pytest.raises(AttributeError):
+        KeepLast(3).n = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("retain", "exc"), [
+    ("x", TypeError), (5, TypeError), ((KeepLast(1), KeepLast(2)), ValueError),
+    ((KeepFor(dt.timedelta(0)), KeepFor(dt.timedelta(1))), ValueError),
+])
+def test_open_refuses_a_bad_retain(path: str, retain: Any, exc: type[Exception]) -> None:
+    with pytest.raises(exc):
+        agentwal.open(path, retain=retain)
+
+
+def test_a_read_only_store_takes_no_retain(path: str) -> None:
+    with agentwal.open(path) as s:
+        commit(s, "r", a=1)
+    with pytest.raises(ValueError):
+        agentwal.open(path, readonly=True, retain=KeepLast(3))
