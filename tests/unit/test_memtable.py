@@ -286,3 +286,85 @@ def test_nbytes_keeps_growing_when_versions_are_pruned() -> None:
     for _ in range(10):
         log.commit("r", {"k": b"v"})
     assert log.mem.nbytes == 10 * (1 + 1 + 16)
+
+
+# -- run deletions (tombstones) ---------------------------------------------------------------
+
+
+def _delete(log: Log, run: str) -> int:
+    log.lsn += 1
+    log.mem.apply_delete(log.lsn, run)
+    log.ids[run] = 0
+    return log.lsn
+
+
+def test_a_deletion_hides_the_run_from_later_snapshots_only() -> None:
+    log = Log()
+    c1 = log.commit("r", {"k": b"1", "j": b"1"}, oldest=0)  # lsn 1
+    log.commit("s", {"k": b"s"}, oldest=0)  # lsn 2
+    t = _delete(log, "r")  # lsn 3
+    m = log.mem
+    assert (m.last_lsn, m.masks("r", 2), m.masks("r", t), m.masks("s", t)) == (3, False,
+                                                                                True, False)
+    assert m.lookup("r", "k", 2) == (True, b"1")  # an older snapshot still reads it
+    assert m.lookup("r", "k", t) == (True, None)  # deleted
+    assert m.lookup("r", "never", t) == (True, None)  # decided here: nothing below
+    assert m.lookup("r", "never", 2) == (False, None)
+    assert m.visible("r", 2) == {"k": b"1", "j": b"1"} and m.visible("r", t) == {}
+    rm = m.runs["r"]
+    assert rm.head(2) == c1 and rm.head(t) is None and rm.latest(1 << 62) is None
+    assert (rm.floor(2), rm.floor(t), rm.floor(1 << 62)) == (0, t, t)
+
+
+def test_a_run_recreated_after_its_deletion() -> None:
+    log = Log()
+    log.commit("r", {"k": b"old", "gone": b"x"}, oldest=0)  # lsn 1
+    log.commit("r", {"k": b"old2"}, oldest=0)  # lsn 2
+    t = _delete(log, "r")  # lsn 3
+    n1 = log.commit("r", {"k": b"new"}, oldest=0)  # lsn 4, id 1 again
+    m = log.mem
+    assert n1.id == 1
+    assert m.lookup("r", "k", 2) == (True, b"old2")
+    assert m.lookup("r", "k", t) == (True, None)
+    assert m.lookup("r", "k", 4) == (True, b"new")
+    assert m.lookup("r", "gone", 4) == (True, None)
+    assert m.visible("r", 4) == {"k": b"new"}
+    assert m.runs["r"].head(4) == n1 and m.runs["r"].head(2).id == 2  # type: ignore[union-attr]
+    (run, reset, writes, ckpts, deltas), = m.fold_runs()
+    assert (run, reset, writes) == ("r", True, {"k": b"new"})
+    assert [c for c, _h, _m in ckpts] == [n1] and deltas == [{"k": b"new"}]
+    assert m.fold_view() == {"r": ({"k": b"new"}, ckpts)}
+
+
+def test_fold_runs_of_a_deleted_run_with_nothing_after() -> None:
+    log = Log()
+    log.commit("r", {"k": b"1"})
+    _delete(log, "r")
+    log.commit("s", {"k": b"2"})
+    got = {r[0]: r for r in log.mem.fold_runs()}
+    assert got["r"][1:] == (True, {}, [], [])
+    assert got["s"][1] is False and got["s"][2] == {"k": b"2"}
+    assert not log.mem.empty
+
+
+def test_two_deletions_in_one_table() -> None:
+    log = Log()
+    log.commit("r", {"a": b"1"}, oldest=0)  # lsn 1
+    t1 = _delete(log, "r")  # lsn 2
+    log.commit("r", {"b": b"2"}, oldest=0)  # lsn 3
+    t2 = _delete(log, "r")  # lsn 4
+    c = log.commit("r", {"c": b"3"}, oldest=0)  # lsn 5
+    m = log.mem
+    assert [m.visible("r", s) for s in (1, t1, 3, t2, 5)] == [
+        {"a": b"1"}, {}, {"b": b"2"}, {}, {"c": b"3"}]
+    assert m.runs["r"].deleted == [t1, t2]
+    (_run, reset, writes, ckpts, _d), = m.fold_runs()
+    assert reset and writes == {"c": b"3"} and [e[0] for e in ckpts] == [c]
+
+
+def test_a_frozen_table_takes_no_deletion() -> None:
+    m = Memtable()
+    m.frozen = True
+    with pytest.raises(AssertionError, match="frozen"):
+        m.apply_delete(1, "r")
+    assert RunMem().floor(5) == 0

@@ -515,3 +515,39 @@ def test_a_read_only_store_takes_no_retain(path: str) -> None:
         commit(s, "r", a=1)
     with pytest.raises(ValueError):
         agentwal.open(path, readonly=True, retain=KeepLast(3))
+
+
+# -- damage is still told apart from compaction ----------------------------------------------
+
+
+def _remove(store: agentwal.Store, db: str, run: str, cid: int) -> None:
+    """Delete one LMDB record of ``run`` behind the store's back (damage, not compaction)."""
+    snap = store._snap
+    assert snap is not None
+    with snap.env.begin(write=True) as txn:
+        info = snap.run_info(txn, run)
+        assert info is not None
+        assert txn.delete(U64.pack(info.number) + U64.pack(cid), db=getattr(snap, "_" + db))
+
+
+def test_a_missing_checkpoint_record_is_damage_not_a_gap(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 40, model)
+    store.compact(keep_last=10)  # keeps 31..40
+    _remove(store, "ckpt", "r", 35)  # no kept neighbour says it was dropped
+    with pytest.raises(agentwal.CorruptionError):
+        store.history("r")
+    with pytest.raises(agentwal.CorruptionError):
+        store.state("r", at=35)
+    with pytest.raises(CheckpointNotFoundError):  # a real gap still reads as one
+        store.state("r", at=20)
+
+
+def test_a_missing_manifest_of_a_kept_checkpoint_is_damage(store: agentwal.Store) -> None:
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 70, model)
+    store.compact(keep_last=40)  # keeps 31..70; 31 gets a manifest, 32 and 64 keep theirs
+    _remove(store, "manifest", "r", 64)
+    assert store.state("r", at=63) == model[63]
+    with pytest.raises(agentwal.CorruptionError, match="manifest"):
+        store.state("r", at=65)
