@@ -177,7 +177,7 @@ def check_lmdb_file(path: str) -> None:
         raise CorruptionError(path, 40, f"LMDB page size {psize} is not plausible")
     if size < 2 * psize or len(head) < 2 * psize:
         raise CorruptionError(path, size, "LMDB file is shorter than its two meta pages")
-    best: tuple[int, int] | None = None
+    best: tuple[int, int, int] | None = None
     for page in (0, 1):
         base = page * psize + 16
         m, v = struct.unpack_from("<II", head, base)
@@ -185,12 +185,78 @@ def check_lmdb_file(path: str) -> None:
             raise CorruptionError(path, base, f"LMDB meta page {page} is damaged")
         last_pg, txnid = struct.unpack_from("<QQ", head, base + 120)
         if best is None or txnid > best[1]:
-            best = (last_pg, txnid)
+            best = (last_pg, txnid, struct.unpack_from("<Q", head, base + 64)[0])
     assert best is not None
     need = (best[0] + 1) * psize
-    if size < need:
+    if size < need and not (size % psize == 0 and _tail_is_free(path, psize, size, best)):
         raise CorruptionError(path, size,
                               f"LMDB file is truncated: {size} bytes, its meta needs {need}")
+
+
+_P_BRANCH, _P_LEAF, _F_BIGDATA = 0x01, 0x02, 0x01
+_P_INVALID = (1 << 64) - 1
+
+
+def _tail_is_free(path: str, psize: int, size: int, meta: tuple[int, int, int]) -> bool:
+    """True if every page between the end of the file and the meta's last page is free.
+
+    LMDB does not write a page that a transaction allocated and freed again
+    (a "loose" page); when such pages are the highest ones, the file ends
+    before the meta's last page. They are listed in the free database, are
+    never read, and the file is sound. A truncated file instead lacks pages
+    the trees still use. The free database is walked by hand from the meta's
+    root (bounded; any page outside the file or not parsing means no).
+    """
+    tail = set(range(size // psize, meta[0] + 1))
+    free: set[int] = set()
+    stack = [meta[2]]
+    seen = 0
+    with open(path, "rb") as f:
+        def page(pgno: int) -> bytes | None:
+            if (pgno + 1) * psize > size:
+                return None
+            f.seek(pgno * psize)
+            return f.read(psize)
+
+        while stack:
+            pgno = stack.pop()
+            seen += 1
+            if pgno == _P_INVALID or seen > 100_000:
+                return pgno == _P_INVALID and tail <= free
+            data = page(pgno)
+            if data is None:
+                return False
+            flags, lower = struct.unpack_from("<HH", data, 10)
+            for i in range(max(0, min((lower - 16) >> 1, (psize - 16) // 2))):
+                node = struct.unpack_from("<H", data, 16 + 2 * i)[0]
+                if node + 8 > psize:
+                    return False
+                lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, node)
+                if flags & _P_BRANCH:
+                    stack.append(lo | hi << 16 | nflags << 32)
+                    continue
+                if not flags & _P_LEAF:
+                    return False
+                dpos, dsize = node + 8 + ksize, lo | hi << 16
+                if nflags & _F_BIGDATA:
+                    first = page(struct.unpack_from("<Q", data, dpos)[0]) if dpos + 8 <= psize \
+                        else None
+                    if first is None:
+                        return False
+                    start = struct.unpack_from("<Q", data, dpos)[0] * psize + 16
+                    f.seek(start)
+                    ids = f.read(dsize)
+                elif dpos + dsize <= psize:
+                    ids = data[dpos:dpos + dsize]
+                else:
+                    return False
+                if len(ids) < 8 or len(ids) % 8:
+                    return False
+                count = struct.unpack_from("<Q", ids)[0]
+                if 8 * (count + 1) > len(ids):
+                    return False
+                free.update(struct.unpack_from(f"<{count}Q", ids, 8))
+    return tail <= free
 
 
 class Snapshot:
@@ -826,8 +892,8 @@ class Snapshot:
                             protected.setdefault(run, set()).add(cid)
                     for run in self.runs(txn) if runs is None else runs:
                         info = self.run_info(txn, run)
-                        if info is None or (keep_last is not None and info.count <= keep_last):
-                            continue  # nothing to drop (the head and its predecessors stay)
+                        if info is None or (keep_last is not None and info.head <= keep_last):
+                            continue  # every id is among the last keep_last: nothing to drop
                         self._compact_run(txn, run, info, tally, keep_last=keep_last,
                                           cutoff=cutoff, protected=protected.get(run, set()))
                     failpoints.hit("compact_before_commit")
