@@ -66,13 +66,18 @@ either commits leaves LMDB as it was; the WAL still holds a deletion.
 *Vacuum* (:meth:`vacuum_copy`, :meth:`swap_in`): LMDB's compacting copy
 (``copyfd(compact=True)``) is written to ``data.mdb.vacuum`` and fsynced;
 with no read open and no other user of the environment in the process,
-the environment is closed, the copy renamed over ``data.mdb`` (then the
-directory fsynced), ``lock.mdb`` removed and the environment reopened. A
-crash before the rename leaves the old file (a writer's open removes the
+the environment is closed and the copy renamed over ``data.mdb`` (then the
+directory fsynced) while this process holds LMDB's exclusive lock on
+``lock.mdb`` (byte 0: what every process holds shared while it has the
+environment open). If another process has it open (a read-only store) the
+lock is refused and the old file stays (``StoreBusyError``): its lock table
+and mappings describe the old file. Held through the reopen, the lock makes
+this process LMDB's exclusive opener, which rebuilds the lock table from the
+new file's meta; a process opening meanwhile waits for it. The lock's file
+descriptor stays open as long as the environment (closing any descriptor of
+``lock.mdb`` drops every lock this process holds on it, LMDB's included).
+A crash before the rename leaves the old file (a writer's open removes the
 leftover copy); after it, the new one: both hold the same folded state.
-Removing ``lock.mdb`` makes LMDB rebuild its lock table from the new file
-(an old table describes the old file's transactions). Processes that still
-have the old file open keep reading it, unchanged, until they reopen.
 
 Every stored value carries a CRC-32 of its key and bytes (LMDB has no
 checksums of its own), checked on each read, so a flipped byte in a key or a
@@ -82,6 +87,7 @@ value is reported instead of read.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import struct
 import sys
@@ -1016,12 +1022,16 @@ class Snapshot:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
 
-    def swap_in(self, tmp: str) -> None:
+    def swap_in(self, tmp: str) -> bool:
         """Make the compacted copy ``tmp`` the snapshot and reopen the environment on it.
 
         The caller holds every write out and has checked that no read
         transaction is open and no other store of this process shares the
         environment (:meth:`readers`, :meth:`users`).
+
+        Returns:
+            False (``tmp`` removed, nothing changed) if another process has
+            the environment open.
 
         Raises:
             DurabilityError: the rename, the directory sync or the reopen failed;
@@ -1034,30 +1044,32 @@ class Snapshot:
             map_size = int(shared.env.info()["map_size"])
             data = os.path.join(self.directory, _DATA)
             try:
-                shared.env.close()
+                shared.env.close()  # drops this process's locks on lock.mdb
+                if shared.probe is not None:
+                    os.close(shared.probe)
+                    shared.probe = None
+                probe = os.open(os.path.join(self.directory, _LOCK), os.O_RDWR)
+                try:
+                    fcntl.lockf(probe, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+                except OSError:
+                    os.close(probe)  # another process has it open: keep the old file
+                    self.discard(tmp)
+                    shared.env, shared.dbs = _open_env(self.directory, False, map_size)
+                    self._bind(shared)
+                    return False
+                shared.probe = probe
                 os.replace(tmp, data)
                 failpoints.hit("vacuum_after_rename")
                 OsFileSystem().fsync_dir(self.directory)
-                # A lock table describes the old file's transactions: start a new one.
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.directory, _LOCK))
                 check_lmdb_file(data)
                 shared.env, shared.dbs = _open_env(self.directory, False, map_size)
-                shared.ino = _inode(data)
             except (OSError, lmdb.Error, CorruptionError) as exc:
                 _shared.pop(shared.key, None)
                 self._shared = None
                 raise DurabilityError(data, f"cannot swap in the compacted snapshot: {exc}; "
                                       "reopen the store") from None
         self._bind(shared)
-
-    def replaced(self) -> bool:
-        """True if ``data.mdb`` is no longer the file this environment has open (a vacuum)."""
-        shared = self._live()
-        try:
-            return _inode(os.path.join(self.directory, _DATA)) != shared.ino
-        except OSError:
-            return True
+        return True
 
     def stats(self) -> dict[str, int]:
         """LMDB file size and entry counts."""
@@ -1183,7 +1195,9 @@ class _Shared:
     dbs: tuple[Any, ...]
     users: int = 1
     readers: int = 0  # read transactions open, across users
-    ino: tuple[int, int] = (0, 0)  # (device, inode) of the data.mdb the environment has open
+    #: after a vacuum: the descriptor of lock.mdb whose lock made this process LMDB's
+    #: exclusive opener; closed only after the environment (it would drop LMDB's lock)
+    probe: int | None = None
 
 
 #: The named databases, in the order ``Snapshot`` unpacks them (new ones go last).
@@ -1205,14 +1219,7 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             return found
         env, dbs = _open_env(directory, readonly, map_size)
         entry = _shared[key] = _Shared(key, env, dbs)
-        with contextlib.suppress(OSError):
-            entry.ino = _inode(os.path.join(directory, _DATA))
         return entry
-
-
-def _inode(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
 
 
 def _open_env(directory: str, readonly: bool, map_size: int) -> tuple[Any, tuple[Any, ...]]:
@@ -1253,6 +1260,8 @@ def _release(entry: _Shared) -> None:
         _shared.pop(entry.key, None)
     with contextlib.suppress(lmdb.Error):
         entry.env.close()
+    if entry.probe is not None:
+        os.close(entry.probe)
 
 
 @dataclass

@@ -29,7 +29,7 @@ once per ``_retain_every`` seconds): fold the WAL, then under the fold lock
 (commits continue) one LMDB write transaction planned by ``retention.py``:
 before it commits nothing changed, after it the dropped checkpoints are
 gone. A *vacuum* then writes LMDB's compacting copy, waits for the reads of
-this process to end while new views wait (``_vacuuming``), and swaps the
+this process to end while new views wait (``_swapping``), and swaps the
 file in under ``_lock`` (``snapshot.py`` has its crash windows).
 
 Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments) and
@@ -360,7 +360,7 @@ class Store:
         self._retain_every = _RETAIN_EVERY
         self._retain_next = 0.0  # monotonic time of the next retention pass
         self._retain_error: BaseException | None = None
-        self._vacuuming = False  # a vacuum is swapping the LMDB file: new views wait
+        self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
 
     # -- opening --------------------------------------------------------------------
 
@@ -388,9 +388,7 @@ class Store:
         if not self.readonly:
             fs.mkdir(wal_dir)
             fs.fsync_dir(path)
-        snap_dir = os.path.join(path, SNAPSHOT_DIR)
-        self._snap = (Snapshot(snap_dir, readonly=self.readonly) if self._map_size is None else
-                      Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
+        self._snap = self._new_snapshot()
         self._load(wal_dir)
         self._closed = False
         self._finalizer = weakref.finalize(
@@ -498,7 +496,7 @@ class Store:
         while self._dead:  # views of transactions the garbage collector dropped
             self._release(self._dead.popleft())
         with self._lock:
-            while self._vacuuming:
+            while self._swapping:
                 self._wake.wait()
             snap = self._visible
             layers = (self._active,) if self._frozen is None else (self._active, self._frozen)
@@ -1212,8 +1210,10 @@ class Store:
         rewrites the LMDB file compactly so it shrinks on disk: reads and
         commits of this process wait for the file swap (milliseconds), after
         the reads already open have finished (at most 10 s; otherwise
-        ``StoreBusyError`` and no vacuum). Read-only stores in other
-        processes keep the old file until they reopen.
+        ``StoreBusyError`` and no vacuum). A vacuum is refused
+        (``StoreBusyError``) while another process has the store open (a
+        read-only store maps the file being replaced) or another store of
+        this process shares it.
 
         Args:
             keep_last: keep each run's last ``keep_last`` checkpoints (>= 1).
@@ -1312,7 +1312,7 @@ class Store:
             raise
         failpoints.hit("vacuum_after_copy")
         with self._lock:
-            self._vacuuming = True
+            self._swapping = True
             try:
                 deadline = time.monotonic() + _VACUUM_WAIT
                 while snap.readers() and time.monotonic() < deadline:
@@ -1326,12 +1326,18 @@ class Store:
                                          "compact(vacuum=True) again. The compaction "
                                          "itself is done.")
                 try:
-                    snap.swap_in(tmp)
+                    swapped = snap.swap_in(tmp)
                 except DurabilityError as exc:
                     self._pipe.writer.broken = exc
                     raise
+                if not swapped:
+                    raise StoreBusyError(self.path, "another process has the store open "
+                                         "(a read-only store): the snapshot file cannot be "
+                                         "replaced under it. Close it and call "
+                                         "compact(vacuum=True) again. The compaction itself "
+                                         "is done.")
             finally:
-                self._vacuuming = False
+                self._swapping = False
                 self._wake.notify_all()
         failpoints.hit("vacuum_after_swap")
 
@@ -1382,6 +1388,11 @@ class Store:
             return
         with self._refresh_lock:  # on failure the old view stays in place
             self._load(os.path.join(self.path, WAL_DIR))
+
+    def _new_snapshot(self) -> Snapshot:
+        snap_dir = os.path.join(self.path, SNAPSHOT_DIR)
+        return (Snapshot(snap_dir, readonly=self.readonly) if self._map_size is None else
+                Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
 
     # -- effects --------------------------------------------------------------------
 

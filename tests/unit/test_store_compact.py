@@ -619,3 +619,90 @@ def test_a_kept_origin_goes_once_origins_no_longer_count(store: agentwal.Store) 
     check(store, "r", model, {1, 4})
     assert store.compact(keep_last=2, keep_fork_origins=False).runs == {"r": 1}
     check(store, "r", model, {4})
+
+
+READER = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import agentwal
+with agentwal.open(sys.argv[2], readonly=True) as store:
+    print("OPEN", store.state("r")["step"], flush=True)
+    sys.stdin.readline()  # hold the store open until told
+    store.refresh()
+    print("STATE", store.state("r")["step"], flush=True)
+"""
+
+
+def test_vacuum_is_refused_while_another_process_has_the_store_open(path: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    model: dict[int, dict[str, Any]] = {}
+    with agentwal.open(path, durability="none") as store:
+        build(store, "r", 60, model)
+        store.snapshot()
+        reader = subprocess.Popen([sys.executable, "-c", READER, root, path],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert reader.stdout is not None and reader.stdin is not None
+        try:
+            assert reader.stdout.readline().split() == ["OPEN", "60"]
+            with pytest.raises(StoreBusyError, match="another process"):
+                store.compact(keep_last=3, vacuum=True)
+            check(store, "r", model, {58, 59, 60})  # compacted, not vacuumed
+            build(store, "r", 62, model, start=61)  # the reopened old file takes writes
+            store.snapshot()
+            reader.stdin.write("\n")
+            reader.stdin.flush()
+            assert reader.stdout.readline().split() == ["STATE", "62"]
+        finally:
+            reader.stdin.close()
+            assert reader.wait(30) == 0
+        size = os.path.getsize(os.path.join(path, "snapshot", "data.mdb"))
+        report = store.compact(vacuum=True)  # alone now
+        assert report.vacuumed and report.file_bytes_after < size
+        check(store, "r", model, {58, 59, 60, 61, 62})
+    # Another process opening after the vacuum reads the new file.
+    out = subprocess.run([sys.executable, "-c", READER, root, path], input="\n",
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["OPEN", "62", "STATE", "62"], out.stderr
+
+
+OPENER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import agentwal
+print("STARTING", flush=True)
+with agentwal.open(sys.argv[2], readonly=True) as store:
+    print("STATE", store.state("r")["step"], [c.id for c in store.history("r")], flush=True)
+"""
+
+
+def test_a_process_opening_during_the_swap_waits_and_reads_the_new_file(path: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    model: dict[int, dict[str, Any]] = {}
+    opener: list[subprocess.Popen[str]] = []
+
+    def during(_name: str) -> None:  # data.mdb replaced, LMDB's lock held, not reopened
+        p = subprocess.Popen([sys.executable, "-c", OPENER, root, path],
+                             stdout=subprocess.PIPE, text=True)
+        opener.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "STARTING"
+        time.sleep(0.3)  # it is now waiting on lock.mdb (or about to)
+
+    with agentwal.open(path, durability="none") as store:
+        build(store, "r", 40, model)
+        failpoints.arm("vacuum_after_rename", "call", fn=during)
+        assert store.compact(keep_last=3, vacuum=True).vacuumed
+        out, _ = opener[0].communicate(timeout=60)
+        assert opener[0].returncode == 0
+        assert out.strip().split(maxsplit=2) == ["STATE", "40", "[40, 39, 38]"]
+        build(store, "r", 42, model, start=41)
+        store.snapshot()
+    with agentwal.open(path) as store:
+        check(store, "r", model, {38, 39, 40, 41, 42})
