@@ -987,11 +987,11 @@ class Store:
             run: the run id (an unknown run has no history: ``[]``).
             limit: at most this many.
             before: a checkpoint id of the run: only older checkpoints (to page
-                back: ``before=page[-1].id``).
+                back: ``before=page[-1].id``); one compaction dropped is fine.
 
         Raises:
-            RunNotFoundError / CheckpointNotFoundError: ``before`` names no
-                checkpoint of the run.
+            RunNotFoundError / CheckpointNotFoundError: ``before`` is not an id
+                between 1 and the run's head.
             ValueError: a negative ``limit``.
 
         Example::
