@@ -1311,6 +1311,8 @@ class Store:
             self._pipe.writer.broken = exc
             raise
         failpoints.hit("vacuum_after_copy")
+        while self._dead:  # views of transactions the garbage collector dropped
+            self._release(self._dead.popleft())
         with self._lock:
             self._swapping = True
             try:
