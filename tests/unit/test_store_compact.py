@@ -706,3 +706,18 @@ def test_a_process_opening_during_the_swap_waits_and_reads_the_new_file(path: st
         store.snapshot()
     with agentwal.open(path) as store:
         check(store, "r", model, {38, 39, 40, 41, 42})
+
+
+def test_compact_calls_the_blob_sweep_hook_after_its_transaction(store: agentwal.Store) -> None:
+    """The blobs branch sweeps unreferenced blobs in ``Store._sweep_blobs``: compact (and the
+    retain= pass) call it after the LMDB transaction, under the fold lock."""
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 10, model)
+    calls: list[list[int]] = []
+    store._sweep_blobs = lambda: calls.append(  # type: ignore[attr-defined]
+        [c.id for c in store.history("r")] if store._fold_lock.locked() else [])
+    store.compact(keep_last=2)
+    assert calls == [[10, 9]]
+    store._retain, store._retain_next = (1, None), 0.0
+    store._retain_step()
+    assert calls[-1] == [10]
