@@ -150,7 +150,8 @@ class EffectRecord:
         deferred: True for outbox entries (``txn.defer``).
         status: one of ``pending``, ``in_doubt``, ``done``, ``failed``,
             ``not_applied``, ``resolved``.
-        attempts: calls made so far (durably counted).
+        attempts: attempts begun so far (durably counted; an attempt is counted
+            when its intent is recorded, so one cut off before its call counts too).
         args: the recorded arguments.
         args_digest: hex SHA-256 of the encoded arguments.
         result: the recorded result (``done``/``resolved``), else None.
@@ -339,8 +340,9 @@ _TYPES: Mapping[str, tuple[type, ...]] = {
     "error": (str, type(None)), "idempotent": (bool,), "created_at": (int, float),
     "updated_at": (int, float), "resolved_by": (str, type(None)),
     "order": (list, type(None)), "args": (bytes,), "result": (bytes,),
-    "resolved_at": (int, float, type(None)),
 }
+#: Fields added after the first entries were written: absent reads as None.
+_OPTIONAL: Mapping[str, tuple[type, ...]] = {"resolved_at": (int, float, type(None))}
 
 
 def decode_entry(data: bytes) -> EffectRecord:
@@ -351,6 +353,9 @@ def decode_entry(data: bytes) -> EffectRecord:
     for f, types in _TYPES.items():
         if f not in obj or not isinstance(obj[f], types):
             raise CodecError(f"effect entry field {f!r} is missing or of the wrong type")
+    for f, types in _OPTIONAL.items():
+        if not isinstance(obj.setdefault(f, None), types):
+            raise CodecError(f"effect entry field {f!r} is of the wrong type")
     if obj["status"] not in STATUSES:
         raise CodecError(f"effect entry has unknown status {obj['status']!r}")
     try:

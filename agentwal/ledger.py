@@ -191,8 +191,8 @@ class Ledger:
                 None, req.key,
                 f"effect #{req.ordinal} of run {req.run!r} from checkpoint {req.checkpoint} "
                 f"was recorded as {what}, and now {req.name!r} (key {req.key!r}) is asked "
-                "for there. The step is not deterministic; make it call the same effects in "
-                "the same order, or settle the recorded one with store.resolve_effect.")
+                "for there. The step is not deterministic: make it call the same effects in "
+                "the same order, or commit first so it runs from a new checkpoint.")
 
     def _drive(self, req: Request, entry: EffectRecord | None) -> Any:
         digest = req.digest
@@ -368,7 +368,8 @@ def _diverged(entry: EffectRecord, req: Request, digest: str) -> str:
         what.append(f"mode {entry.mode.value} -> {req.mode.value}")
     return (f"effect {entry.effect_id} (key {entry.key!r}) was recorded with other inputs "
             f"({', '.join(what)}); nothing was called. Re-run the step with the same inputs, "
-            "use a different key, or settle the record with store.resolve_effect.")
+            "or commit first so the step runs from a new checkpoint (new positions and keys); "
+            "a business key= must name one request.")
 
 
 def _in_doubt(entry: EffectRecord) -> str:

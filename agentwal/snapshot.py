@@ -810,7 +810,14 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             if writable:
                 env.reader_check()
             # Handles opened in their own (committed) transaction stay valid.
-            dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
+            try:
+                dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
+            except lmdb.NotFoundError:  # read-only, and a database is missing
+                raise CorruptionError(
+                    os.path.join(directory, _DATA), None,
+                    "the snapshot lacks a database this version of agentwal keeps (it was "
+                    "written by an older version)",
+                    "Open the store once for writing (not read-only) to add it.") from None
             with env.begin() as txn:
                 for name, db in zip(_DB_NAMES, dbs, strict=True):
                     flags = db.flags(txn)  # type: ignore[call-arg]

@@ -683,7 +683,7 @@ class Store:
                 self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
                 if p.deferred:
                     _add_outbox(self._active, self.store_id, p.ckpt, p.deferred,
-                                self._effect_folded)
+                                self._effect_recorded)
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
@@ -1111,7 +1111,8 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        return [e for e in sorted(self._effect_all(), key=lambda e: (e.created_at, e.key))
+        return [e for e in sorted(self._effect_all(),
+                                  key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
@@ -1177,8 +1178,10 @@ class Store:
         self._check_open()
         return self._ledger.run(req)
 
-    def _effect_folded(self, key: str) -> bool:
-        """LMDB has a ledger entry for ``key``; called under ``_lock``."""
+    def _effect_recorded(self, key: str) -> bool:
+        """A frozen memtable or LMDB has a ledger entry for ``key``; called under ``_lock``."""
+        if self._frozen is not None and key in self._frozen.effects:
+            return True
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:

@@ -193,3 +193,21 @@ def test_dispatch_killed_in_doubt_window_at_least_once(store: agentwal.Store,
     assert store.effects()[0].status == "in_doubt"
     assert store.dispatch({"mail": down.call}).ok
     assert down.calls() == 2
+
+
+def test_business_key_defer_committed_while_a_fold_is_frozen_is_not_redone(
+        store: agentwal.Store, down: Downstream) -> None:
+    # Regression: the duplicate check looked at the active memtable and LMDB but
+    # not at a frozen one, so a second defer with the same business key, committed
+    # while a fold had frozen the table holding the first, came back as pending.
+    defer(store, "r", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+    assert store.dispatch({"mail": down.call}).ok
+
+    def commit_again(_name: str) -> None:
+        defer(store, "s", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+
+    failpoints.arm("fold_after_freeze", "call", fn=commit_again)
+    store.snapshot()
+    assert [e.status for e in store.effects()] == ["done"]
+    assert store.dispatch({"mail": down.call}).done == []
+    assert down.calls() == 1

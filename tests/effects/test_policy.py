@@ -181,3 +181,11 @@ def test_outbox_round_trip_and_entries() -> None:
     assert made == outbox_entries(uuid.UUID(int=1), "r", 4, 10.0, 99, items)  # replay agrees
     with pytest.raises(CodecError):
         decode_outbox(encode_outbox([("mail", "sometimes", b"\xf6", None, False)]))
+
+
+def test_entry_without_later_optional_fields_decodes() -> None:
+    import cbor2
+
+    m = cbor2.loads(encode_entry(entry("done")))
+    del m["resolved_at"]  # entries written before the field existed
+    assert decode_entry(cbor2.dumps(m)).resolved_at is None
