@@ -459,9 +459,24 @@ class Snapshot:
             else:
                 txn.delete(qk, db=self._effects)
 
+    def _expirable(self, txn: Any, e: EffectRecord, before: float) -> bool:
+        """A settled entry last updated before ``before`` that nothing can meet again.
+
+        Business keys and outbox entries expire by age alone (that is what the
+        retention is for). An entry keyed by its position expires only once
+        its run's folded head is past that checkpoint: a step can only start
+        at the head, so a position behind it is never re-run, while one at the
+        head may still be (an agent waiting, then resuming).
+        """
+        if outstanding(e) or e.updated_at >= before:
+            return False
+        if e.keyed or e.deferred:
+            return True
+        info = self.run_info(txn, e.run)
+        return info is not None and info.head > e.checkpoint
+
     def _expire_effects(self, txn: Any, before: float) -> None:
-        doomed = [e for e in self.effects(txn)
-                  if not outstanding(e) and e.updated_at < before]
+        doomed = [e for e in self.effects(txn) if self._expirable(txn, e, before)]
         for e in doomed:
             txn.delete(b"k" + e.key.encode(), db=self._effects)
             if e.ordinal is not None:
