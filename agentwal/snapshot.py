@@ -421,29 +421,28 @@ class Snapshot:
 
     def effects(self, txn: Any) -> Iterator[EffectRecord]:
         """Every folded ledger entry, in key order."""
-        with self._reading("the effects ledger"), txn.cursor(db=self._effects) as cur:
-            found = cur.set_range(b"k")
-            while found:
-                k = bytes(cur.key())
-                if not k.startswith(b"k"):
-                    break
-                yield self._entry(k, cur.value())
-                found = cur.next()
+        for k, v in self._effect_rows(txn, b"k", "the effects ledger"):
+            yield self._entry(k, v)
 
     def outbox(self, txn: Any) -> list[str]:
         """Keys of folded outbox entries not yet settled, in commit order."""
         out = []
-        with self._reading("the outbox"), txn.cursor(db=self._effects) as cur:
-            found = cur.set_range(b"q")
+        for k, v in self._effect_rows(txn, b"q", "the outbox"):
+            data = self._open(k, v, "an outbox entry")
+            assert data is not None
+            out.append(data.decode("utf-8", "replace"))
+        return out
+
+    def _effect_rows(self, txn: Any, kind: bytes, what: str) -> Iterator[tuple[bytes, Any]]:
+        """``(key, sealed value)`` of the ``effects`` rows of one kind (b"k", b"p", b"q")."""
+        with self._reading(what), txn.cursor(db=self._effects) as cur:
+            found = cur.set_range(kind)
             while found:
                 k = bytes(cur.key())
-                if not k.startswith(b"q"):
+                if not k.startswith(kind):
                     break
-                data = self._open(k, cur.value(), "an outbox entry")
-                assert data is not None
-                out.append(data.decode("utf-8", "replace"))
+                yield k, cur.value()
                 found = cur.next()
-        return out
 
     def _put_effect(self, txn: Any, entry: EffectRecord, raw: bytes) -> None:
         k = b"k" + entry.key.encode()
