@@ -25,7 +25,8 @@ of the run with LSN > *t*, and nothing of the run in older tables or LMDB
 (:meth:`Memtable.masks`): the run is empty from *t* on, and a commit after
 it starts the run afresh. Entries before *t* stay for readers whose
 snapshot is older. A fold writes only what follows the last tombstone,
-after removing the run from LMDB (:meth:`Memtable.fold_runs`).
+after removing the run from LMDB (:meth:`Memtable.fold_runs`). A deletion
+also forgets the run's effect positions (its ledger entries stay).
 
 Effects-ledger entries (``effects.py``) live here too until folded: the
 latest entry per idempotency key (last record wins, no versions: the ledger
@@ -116,6 +117,10 @@ class Memtable:
         if rm is None:
             rm = self.runs[run] = RunMem()
         rm.deleted.append(lsn)
+        # The ledger keeps the run's entries, not their positions in its deleted
+        # history: a run created again under this id may call other effects there.
+        for pos in [p for p in self.effect_pos if p[0] == run]:
+            del self.effect_pos[pos]
         self.nbytes += len(run) + 16
         self.last_lsn = lsn
 

@@ -290,3 +290,45 @@ def test_the_wal_dump_shows_deletions(path: str) -> None:
     rows = json.loads(out.output)["records"]
     assert [r["type"] for r in rows] == ["commit", "delete_run"]
     assert (rows[1]["run"], rows[1]["id"]) == ("r", 1)
+
+
+@pytest.mark.parametrize("where", ["memtable", "lmdb", "deleted-unfolded"])
+def test_a_recreated_run_meets_the_old_runs_recorded_effects(path: str, where: str) -> None:
+    """As documented: default effect keys derive from (store, run, parent checkpoint, name,
+    ordinal), so the first step of a run created again under the same id finds the old
+    run's recorded result; but the positions of the old run's effects are forgotten, so
+    the new run may call other effects there (a business key: a fresh call), wherever the
+    old positions were (memtable, LMDB, LMDB with the deletion not folded yet), and after a
+    reopen (the deletion replayed)."""
+    calls: list[str] = []
+
+    def fn(ctx: agentwal.EffectContext) -> str:
+        calls.append(ctx.key)
+        return f"call {len(calls)}"
+
+    store = agentwal.open(path, durability="none")
+    try:
+        with store.begin("r") as txn:
+            assert txn.effect("step", fn, mode="at_least_once") == "call 1"
+            txn["done"] = True
+        if where != "memtable":
+            store.snapshot()
+        store.delete_run("r")
+        if where != "deleted-unfolded":
+            store.snapshot()
+        with store.begin("r") as txn:  # the same default key: the recorded result
+            assert txn.effect("step", fn, mode="at_least_once") == "call 1"
+            txn.rollback()
+        with store.begin("r") as txn:  # another effect at that position: no divergence
+            assert txn.effect("step", fn, mode="at_least_once", key="r-v2-step") == "call 2"
+            txn["done"] = True
+        store.delete_run("r")
+        store._release_all()  # crash: the deletion is replayed
+        store = agentwal.open(path, durability="none")
+        with store.begin("r") as txn:
+            assert txn.effect("other", fn, mode="at_least_once", key="r-v3") == "call 3"
+            txn["done"] = True
+        store.snapshot()
+        assert len(calls) == 3 and len(store.effects(run="r")) == 3
+    finally:
+        store.close()
