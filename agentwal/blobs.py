@@ -459,7 +459,9 @@ class BlobStore:
                 return h.hexdigest(), size
             h.update(chunk)
             try:
-                write_all(self.fs, fd, size, chunk)
+                n = self.fs.pwrite(fd, size, chunk)  # whole, as a rule: no copy
+                if n < len(chunk):  # a short write: finish it
+                    write_all(self.fs, fd, size + n, chunk[n:])
             except OSError as exc:
                 raise self._fs_error(exc, tmp, "cannot write a blob file") from None
             size += len(chunk)

@@ -193,6 +193,17 @@ def test_put_from_a_path_and_from_short_reads(tmp_path: Path, small_chunks: None
     assert len(blob_files(disk)) == 1
 
 
+def test_short_writes_are_finished(tmp_path: Path) -> None:
+    class Short(OsFileSystem):
+        def pwrite(self, fd: int, offset: int, data: bytes) -> int:
+            return super().pwrite(fd, offset, data[:100])
+
+    bs = BlobStore(Short(), str(tmp_path), "blobs")
+    data = os.urandom(1234)
+    ref = bs.put(io.BytesIO(data))
+    assert Path(blob_path(str(tmp_path / "blobs"), ref.sha256)).read_bytes() == data
+
+
 def test_an_empty_source_is_an_empty_blob() -> None:
     disk, bs = sim()
     ref = bs.put(io.BytesIO(b""))
