@@ -1197,10 +1197,20 @@ class Store:
     def _blob_references(self) -> set[str]:
         """The SHA-256 of every blob any retained state or checkpoint references.
 
+        A superset is harmless (a blob stays until the next sweep); missing
+        one is not, so any damage raises instead. See :meth:`_blob_refs`.
+
+        Raises:
+            CorruptionError: a record or a blob reference is damaged.
+        """
+        return {ref.sha256 for ref in self._blob_refs()}
+
+    def _blob_refs(self) -> set[BlobRef]:
+        """Every blob reference any retained state or checkpoint holds (for verify and backup).
+
         One view: the memtables' unfolded versions and deltas, and LMDB's
         ``state``, ``delta`` and ``manifest`` databases (whatever retention
-        keeps there). A superset is harmless (a blob stays until the next
-        sweep); missing one is not, so any damage raises instead.
+        keeps there). The same hash may come with several media types.
 
         Raises:
             CorruptionError: a record or a blob reference is damaged.
@@ -1219,10 +1229,10 @@ class Store:
                             found.update(b for _lsn, b in chain if is_blob_ref(b))
             return found
 
-        out: set[str] = set()
+        out: set[BlobRef] = set()
         for raw in self._with_view(read):
             try:
-                out.add(decode_blob_ref(raw).sha256)
+                out.add(decode_blob_ref(raw))
             except CodecError as exc:
                 raise CorruptionError(self.path, None, f"a blob reference: {exc}") from None
         return out
