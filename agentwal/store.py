@@ -1120,7 +1120,7 @@ class Store:
             pipe.writer.broken = exc  # as for the WAL: after a failed write, no more commits
             raise
 
-    def open_blob(self, run: str, key: str, at: int | None = None, *,
+    def open_blob(self, run: str, key: str, *, at: int | None = None,
                   verify: bool = True) -> BlobReader:
         """A read-only binary stream of the blob ``key`` holds (latest, or at checkpoint ``at``).
 

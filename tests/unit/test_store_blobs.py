@@ -32,7 +32,7 @@ def blob_files(path: str) -> list[str]:
 
 
 def read_blob(store: agentwal.Store, run: str, key: str, at: int | None = None) -> bytes:
-    with store.open_blob(run, key, at) as f:
+    with store.open_blob(run, key, at=at) as f:
         return f.read()
 
 
