@@ -113,6 +113,34 @@ def test_gate_makes_new_sharers_wait_behind_an_exclusive_request() -> None:
     assert order == ["exclusive", "late"]
 
 
+def test_gate_lets_waiting_sharers_in_between_exclusive_holders() -> None:
+    """A thread sweeping back to back must not starve a commit waiting at the gate."""
+    gate = Gate()
+    stop = threading.Event()
+    sweeps = [0]
+
+    def sweeper() -> None:
+        while not stop.is_set():
+            with gate.exclusive():
+                sweeps[0] += 1
+                time.sleep(0.001)
+
+    t = threading.Thread(target=sweeper)
+    t.start()
+    try:
+        time.sleep(0.02)
+        entered = 0
+        deadline = time.monotonic() + 5
+        while entered < 20 and time.monotonic() < deadline:
+            with gate.shared():
+                entered += 1
+        assert entered == 20
+    finally:
+        stop.set()
+        t.join()
+    assert sweeps[0] > 0
+
+
 # -- writing -------------------------------------------------------------------------------
 
 

@@ -484,3 +484,58 @@ def test_blob_refs_lists_every_reference_with_its_size(store: agentwal.Store) ->
     for ref in store._blob_refs():  # what a verify can do with them
         with store._blobs.open(ref) as f:
             f.verify()
+
+
+def test_puts_commits_forks_and_sweeps_in_threads(store: agentwal.Store) -> None:
+    """Writers put, commit, roll back and fork while another thread sweeps, over and over.
+
+    Every reference any run ends with must read back, and after a last
+    sweep exactly the referenced files remain.
+    """
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    swept = [0]
+
+    def writer(w: int) -> None:
+        try:
+            for i in range(25):
+                run = f"w{w}"
+                data = f"{w}-{i % 6}".encode() * 300  # repeats: dedup under a sweep too
+                with store.begin(run) as txn:
+                    txn.put_blob("art", io.BytesIO(data))
+                    txn.put_blob(f"k{i % 3}", io.BytesIO(data[::-1]))
+                if i % 4 == 1:
+                    t = store.begin(run)
+                    t.put_blob("art", io.BytesIO(b"rolled back %d %d" % (w, i)))
+                    t.rollback()
+                if i % 8 == 2:
+                    store.fork(run, store.head(run).id, f"{run}-f{i}")  # type: ignore[union-attr]
+        except BaseException as exc:
+            errors.append(exc)
+
+    def sweeper() -> None:
+        try:
+            while not stop.is_set():
+                swept[0] += store._sweep_blobs()[0]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    sweep_thread = threading.Thread(target=sweeper)
+    sweep_thread.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    sweep_thread.join()
+    assert not errors, errors
+    for run in store.runs():
+        for key, ref in store.state(run).items():
+            with store.open_blob(run, key) as f:
+                assert sha(f.read()) == ref.sha256
+    store._sweep_blobs()
+    assert set(store._blobs.files()) == store._blob_references()
+    assert swept[0] > 0  # the sweeps ran while the writers did
