@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,8 @@ def run_child(path: str, arm: str, kill_after: int, delay: float) -> tuple[int, 
     child = subprocess.Popen([sys.executable, "-c", CHILD, path, arm, ROOT],
                              stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
+    watchdog = threading.Timer(120, child.kill)  # a point never reached must not hang the suite
+    watchdog.start()
     start, last = -1, -1
     try:
         for line in child.stdout:
@@ -111,6 +114,7 @@ def run_child(path: str, arm: str, kill_after: int, delay: float) -> tuple[int, 
                     break
         time.sleep(delay)
     finally:
+        watchdog.cancel()
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
     for line in child.stdout.read().splitlines(keepends=True):

@@ -72,6 +72,14 @@ def temp_files(disk: SimulatedDisk) -> list[str]:
 # -- the gate ----------------------------------------------------------------------------
 
 
+def until(cond: Any, timeout: float = 10.0) -> None:
+    """Wait until ``cond()`` is true (another thread reached a point)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
 def test_gate_shares_and_excludes() -> None:
     gate = Gate()
     events: list[str] = []
@@ -97,7 +105,7 @@ def test_gate_makes_new_sharers_wait_behind_an_exclusive_request() -> None:
     first.__enter__()
     sweeper = threading.Thread(target=lambda: _exclusive(gate, order))
     sweeper.start()
-    time.sleep(0.05)
+    until(lambda: gate._writers == 1)
 
     def late() -> None:
         with gate.shared():
@@ -105,7 +113,7 @@ def test_gate_makes_new_sharers_wait_behind_an_exclusive_request() -> None:
 
     latecomer = threading.Thread(target=late)
     latecomer.start()
-    time.sleep(0.05)
+    until(lambda: gate._waiting == 1)
     assert order == []
     first.__exit__(None, None, None)
     sweeper.join()
@@ -589,7 +597,7 @@ def test_a_put_racing_a_sweep_keeps_its_file() -> None:
 
     def scan() -> set[str]:
         t.start()
-        time.sleep(0.2)  # the racer writes its temp file and reaches the gate
+        until(lambda: bs.gate._waiting == 1)  # the racer wrote its temp file, waits at the gate
         return set()
 
     assert bs.sweep(scan) == (1, 4)  # "warm" only
