@@ -52,6 +52,12 @@ POINTS: dict[str, str] = {
     "after_effect_call": "the effect returned or raised, its outcome not yet recorded",
     "effect_after_outcome": "the outcome is durable, the transaction not yet committed",
     "effect_before_retry": "an attempt failed and was recorded; the retry not yet begun",
+    # blobs (txn.put_blob: temp file -> fsync -> rename to its hash -> directory fsync)
+    "blob_after_write": "a blob's bytes are in its temp file, not yet synced",
+    "blob_after_fsync": "a blob's temp file is durable, not yet named by its hash",
+    "blob_after_rename": "a blob has its hash name, the name not yet durable",
+    "blob_after_sync": "a blob is durable under its hash name, no commit references it yet",
+    "blob_sweep_before_unlink": "a sweep is about to remove an unreferenced blob file",
 }
 
 
