@@ -18,8 +18,10 @@ Example::
 """
 
 from . import errors
+from .blobs import BlobReader
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
+    BlobSourceError,
     CheckpointNotFoundError,
     ConflictError,
     CorruptionError,
@@ -34,6 +36,7 @@ from .errors import (
     Error,
     InvalidKeyError,
     MissingKeyError,
+    NotABlobError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
@@ -49,7 +52,7 @@ from .ledger import DispatchReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
 from .txn import Savepoint, Transaction
-from .types import Checkpoint, Diff, Durability
+from .types import BlobRef, Checkpoint, Diff, Durability
 
 __version__ = "0.1.0"
 
@@ -96,4 +99,8 @@ __all__ = [
     "KeepFor",
     "KeepLast",
     "StoreBusyError",
+    "BlobRef",
+    "BlobReader",
+    "BlobSourceError",
+    "NotABlobError",
 ]

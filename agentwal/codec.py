@@ -18,6 +18,14 @@ it is stored, so the hash can be recomputed from the bytes on disk) and
 zstd-compressed when the frame's ``FLAG_ZSTD`` is set. Keeping the delta as
 its own byte string lets committers encode and compress it outside the
 commit lock.
+
+A key put with ``txn.put_blob`` stores a *blob reference* as its whole
+value: CBOR tag :data:`~agentwal.format.BLOB_TAG` around ``[sha256, size]``
+(``[sha256, size, media_type]`` with a media type), read back as a
+:class:`~agentwal.types.BlobRef`. The tag is accepted only as a whole
+stored value (:func:`decode_stored`); nested anywhere, like any tag agentwal
+does not write, it is refused, and ``check_value`` refuses a ``BlobRef``
+inside a value, so user data can never look like a reference.
 """
 
 from __future__ import annotations
@@ -28,13 +36,20 @@ import hashlib
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import cbor2
 import zstandard
 
 from .errors import CorruptionError, UnencodableValueError
-from .format import COMPRESS_THRESHOLD, FLAG_ZSTD, MAX_CBOR_DEPTH, MAX_DECOMPRESSED
+from .format import (
+    BLOB_REF_PREFIX,
+    COMPRESS_THRESHOLD,
+    FLAG_ZSTD,
+    MAX_CBOR_DEPTH,
+    MAX_DECOMPRESSED,
+)
+from .types import BlobRef
 
 __all__ = [
     "CodecError",
@@ -51,6 +66,9 @@ __all__ = [
     "encode_value",
     "pack_payload",
     "unpack_payload",
+    "decode_blob_ref",
+    "encode_blob_ref",
+    "is_blob_ref",
 ]
 
 Delta = dict[str, "bytes | None"]
@@ -128,6 +146,10 @@ def check_value(key: str, value: object) -> None:
                 raise UnencodableValueError(key, "Decimal -0 (its sign would be lost)")
         elif isinstance(obj, bytearray):
             continue
+        elif isinstance(obj, BlobRef):
+            raise UnencodableValueError(key, "a BlobRef is stored only as a whole value, by "
+                                        "txn.put_blob(key, ref), never with put or inside "
+                                        "another value")
         else:
             raise UnencodableValueError(key, f"type {type(obj).__name__} is not storable")
 
@@ -146,9 +168,13 @@ def encode_value(key: str, value: object) -> bytes:
 
 
 def decode_stored(data: bytes, path: str, what: str) -> Any:
-    """Decode a stored value; damage becomes :class:`CorruptionError` naming ``path``."""
+    """Decode a stored value; damage becomes :class:`CorruptionError` naming ``path``.
+
+    A blob reference (a value put with ``txn.put_blob``) reads as a
+    :class:`~agentwal.types.BlobRef`.
+    """
     try:
-        return loads(data)
+        return decode_value(data)
     except CodecError as exc:
         raise CorruptionError(path, None, f"{what}: {exc}") from None
 
@@ -179,7 +205,9 @@ def loads(data: bytes) -> Any:
 
 
 def decode_value(data: bytes) -> Any:
-    """Decode one stored value."""
+    """Decode one stored value (a blob reference as a :class:`~agentwal.types.BlobRef`)."""
+    if data[:5] == BLOB_REF_PREFIX:
+        return decode_blob_ref(data)
     return loads(data)
 
 
@@ -332,3 +360,42 @@ def checkpoint_hash(
     body = cbor2.dumps([run, cid, parent, created_at, org])
     tail = hashlib.sha256(deferred).digest() if deferred is not None else b""
     return hashlib.sha256(parent_hash + body + meta + delta_digest + tail).digest()
+
+
+# -- blob references -----------------------------------------------------------------
+
+
+def encode_blob_ref(ref: BlobRef) -> bytes:
+    """The stored value of a key put with ``txn.put_blob``: the tag around ``[sha, size(, mt)]``."""
+    fields: list[Any] = [bytes.fromhex(ref.sha256), ref.size]
+    if ref.media_type is not None:
+        fields.append(ref.media_type)
+    return BLOB_REF_PREFIX + bytes(cbor2.dumps(fields))
+
+
+def is_blob_ref(data: bytes | None) -> TypeGuard[bytes]:
+    """True if stored value bytes are a blob reference (they start with its tag)."""
+    return data is not None and data[:5] == BLOB_REF_PREFIX
+
+
+def decode_blob_ref(data: bytes) -> BlobRef:
+    """Decode a blob reference, exactly as :func:`encode_blob_ref` writes it.
+
+    Raises:
+        CodecError: not a blob reference, a field of the wrong type, or bytes
+            that are not the canonical encoding (trailing bytes included).
+    """
+    if data[:5] != BLOB_REF_PREFIX:
+        raise CodecError("not a blob reference")
+    obj = loads(data[5:])
+    if not (isinstance(obj, list) and len(obj) in (2, 3) and isinstance(obj[0], bytes)
+            and len(obj[0]) == 32 and isinstance(obj[1], int) and not isinstance(obj[1], bool)
+            and obj[1] >= 0 and (len(obj) == 2 or isinstance(obj[2], str))):
+        raise CodecError("malformed blob reference")
+    try:
+        ref = BlobRef(obj[0].hex(), obj[1], obj[2] if len(obj) == 3 else None)
+    except ValueError as exc:
+        raise CodecError(f"malformed blob reference: {exc}") from None
+    if encode_blob_ref(ref) != data:
+        raise CodecError("blob reference is not in its canonical encoding")
+    return ref

@@ -38,6 +38,8 @@ __all__ = [
     "TransactionClosedError",
     "UnencodableValueError",
     "StoreBusyError",
+    "BlobSourceError",
+    "NotABlobError",
 ]
 
 
@@ -348,3 +350,36 @@ class StoreBusyError(Error):
     def __init__(self, path: str, why: str) -> None:
         self.path = path
         super().__init__(f"{path}: {why}")
+
+class BlobSourceError(Error):
+    """``txn.put_blob`` could not read its source: nothing was stored or committed.
+
+    The source file is missing or unreadable, the stream raised, or it
+    returned text instead of bytes. The transaction is still active.
+
+    Attributes:
+        source: what was given (a path, or the stream's ``repr``).
+        reason: what went wrong.
+    """
+
+    code = "blob_source"
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(f"cannot read blob source {source}: {reason}; nothing was stored. "
+                         "Give a readable file path or a stream opened in binary mode "
+                         "('rb'), then call put_blob again.")
+
+
+class NotABlobError(Error, TypeError):
+    """``store.open_blob`` on a key whose value was not stored with ``txn.put_blob``."""
+
+    code = "not_a_blob"
+
+    def __init__(self, run: str, key: str, kind: str) -> None:
+        self.run = run
+        self.key = key
+        self.kind = kind
+        super().__init__(f"{run!r}/{key!r} holds a {kind}, not a blob. Read it with "
+                         "store.get(); open_blob opens only values stored with txn.put_blob.")

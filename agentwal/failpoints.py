@@ -63,6 +63,12 @@ POINTS: dict[str, str] = {
     "vacuum_after_copy": "the compacted copy is written and fsynced beside data.mdb, not renamed",
     "vacuum_after_rename": "the copy replaced data.mdb, the directory not yet fsynced",
     "vacuum_after_swap": "the environment is reopened on the compacted file",
+    # blobs (txn.put_blob: temp file -> fsync -> rename to its hash -> directory fsync)
+    "blob_after_write": "a blob's bytes are in its temp file, not yet synced",
+    "blob_after_fsync": "a blob's temp file is durable, not yet named by its hash",
+    "blob_after_rename": "a blob has its hash name, the name not yet durable",
+    "blob_after_sync": "a blob is durable under its hash name, no commit references it yet",
+    "blob_sweep_before_unlink": "a sweep is about to remove an unreferenced blob file",
 }
 
 

@@ -90,3 +90,20 @@ def parse_segment_name(name: str) -> int | None:
     if not name.endswith(SEGMENT_SUFFIX) or len(stem) != 20 or not stem.isdigit():
         return None
     return int(stem)
+
+
+# -- blobs (txn.put_blob) ---------------------------------------------------------------
+
+#: Directory of the content-addressed blob files: ``blobs/<sha[:2]>/<sha[2:]>``.
+BLOBS_DIR = "blobs"
+#: Directory under ``blobs/`` of blob files being written (``<random hex>.tmp``).
+BLOB_TMP_DIR = "tmp"
+#: CBOR tag of a blob reference, the whole stored value of a key put with
+#: ``txn.put_blob``: ``tag(BLOB_TAG, [sha256 (32-byte bstr), size (uint)
+#: (, media type (text))])``. The number spells ``awbl`` in ASCII.
+BLOB_TAG = 0x6177626C
+#: The bytes every blob reference starts with: the tag's CBOR head.
+BLOB_REF_PREFIX = b"\xda" + BLOB_TAG.to_bytes(4, "big")
+#: Longest media type a blob reference may carry, in UTF-8 bytes.
+MAX_MEDIA_TYPE_BYTES = 255
+

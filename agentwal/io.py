@@ -11,7 +11,13 @@ Contract of the seam, which the engine relies on and simulated disks honour:
 - ``fsync(fd)`` makes that file's data durable, not its directory entry;
 - ``fsync_dir(path)`` makes the names in ``path`` durable (a new file, a
   rename, an unlink), as on Linux;
-- ``listdir`` returns names, sorted; ``mkdir`` is ``exist_ok``.
+- ``listdir`` returns names, sorted; ``mkdir`` is ``exist_ok``;
+- ``open_read(path)`` opens an existing file read-only (blob readers; a
+  handle from it refuses writes).
+
+Blob files (``blobs.py``) go through the seam too; the *source* of a
+``put_blob`` is the caller's file, outside the store, and is opened with
+:func:`open_source` from the operating system whatever ``fs`` is.
 
 The writer lock is process-level (``flock``) and not part of the seam: a
 simulated disk lives inside one process, where the lock still stops a second
@@ -24,6 +30,7 @@ import contextlib
 import errno
 import os
 import sys
+from io import FileIO
 from typing import Protocol, runtime_checkable
 
 from .errors import StoreLockedError
@@ -35,6 +42,7 @@ __all__ = [
     "WriterLock",
     "read_all",
     "write_all",
+    "open_source",
 ]
 
 #: errnos that mean "no room for this write": a full disk, a quota, a file-size
@@ -64,6 +72,7 @@ class FileSystem(Protocol):
     def rename(self, src: str, dst: str) -> None: ...
     def unlink(self, path: str) -> None: ...
     def fsync_dir(self, path: str) -> None: ...
+    def open_read(self, path: str) -> int: ...
 
 
 class OsFileSystem:
@@ -157,6 +166,9 @@ class OsFileSystem:
         finally:
             os.close(fd)
 
+    def open_read(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
 
 def write_all(fs: FileSystem, fd: int, offset: int, data: bytes) -> None:
     """Write all of ``data`` at ``offset``, retrying short writes until whole."""
@@ -176,6 +188,18 @@ def read_all(fs: FileSystem, path: str) -> bytes:
         return fs.read(fd, 0, None)
     finally:
         fs.close(fd)
+
+
+def open_source(path: str | os.PathLike[str]) -> FileIO:
+    """Open the caller's file ``path`` for reading, unbuffered: a ``put_blob`` source.
+
+    This is the operating system's file, not one of the store's, so it does
+    not go through the seam (a simulated disk holds no caller's files).
+
+    Raises:
+        OSError: the file cannot be opened (missing, a directory, no permission).
+    """
+    return FileIO(os.fspath(path), "r")
 
 
 class WriterLock:

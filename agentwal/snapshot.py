@@ -1116,6 +1116,40 @@ class Snapshot:
         if shared is not None:
             _release(shared)
 
+    def inline_values(self, txn: Any, prefix: bytes) -> set[bytes]:
+        """Every value held inline whose bytes start with ``prefix``, in state and history.
+
+        Scans the ``state``, ``delta`` and ``manifest`` databases whole
+        (every record's checksum is checked, so damage stops the scan rather
+        than hiding a value): head entries, and the inline refs of every
+        delta and manifest. Values stored as objects (:data:`history.LARGE`
+        bytes or more) are not looked at. Used to find blob references.
+
+        Raises:
+            CorruptionError: a record fails its checksum or does not decode.
+        """
+        out: set[bytes] = set()
+        with self._reading("values in state and history"):
+            with txn.cursor(db=self._state) as cur:
+                for k, v in cur.iternext():
+                    data = self._open(bytes(k), v, "a state entry")
+                    if data is not None and data.startswith(prefix):
+                        out.add(data)
+            for db, manifest in ((self._delta, False), (self._manifest, True)):
+                what = "a manifest" if manifest else "a delta"
+                with txn.cursor(db=db) as cur:
+                    for k, v in cur.iternext():
+                        data = self._open(bytes(k), v, what)
+                        if data is None or prefix not in data:
+                            continue
+                        try:
+                            refs = history.decode_refs(data, manifest=manifest)
+                        except CodecError as exc:
+                            raise self._corrupt(f"{what}: {exc}") from None
+                        out.update(r for r in refs.values()
+                                   if isinstance(r, bytes) and r.startswith(prefix))
+        return out
+
 
 def _maybe_list(value: bytes | None) -> bool:
     """True if ``value`` may become a list node (large, and a CBOR array)."""

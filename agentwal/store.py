@@ -32,9 +32,15 @@ gone. A *vacuum* then writes LMDB's compacting copy, waits for the reads of
 this process to end while new views wait (``_swapping``), and swaps the
 file in under ``_lock`` (``snapshot.py`` has its crash windows).
 
-Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments) and
-``snapshot.py`` (LMDB); the store itself keeps no state on disk of its own
-beyond what those write.
+Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments),
+``snapshot.py`` (LMDB) and ``blobs.py`` (blob files); the store itself keeps
+no state on disk of its own beyond what those write.
+
+*Blobs*: ``txn.put_blob`` writes through :class:`~agentwal.blobs.BlobStore`
+(durable before the commit that names it); ``open_blob`` resolves a key's
+reference in a view and opens the file; ``_sweep_blobs`` removes the files
+no retained state or history references (:meth:`Store._blob_references`),
+sparing those pinned by unfinished transactions.
 
 Lock order: ``_fold_lock`` → the pipeline's ``flush_lock`` → ``_lock`` (shared
 with the pipeline). ``_lock`` is never held across I/O except to begin an LMDB
@@ -58,7 +64,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .codec import decode_stored
+from .blobs import BlobMissing, BlobReader, BlobStore
+from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .effects import (
@@ -77,6 +84,8 @@ from .errors import (
     DiskFullError,
     DurabilityError,
     Error,
+    MissingKeyError,
+    NotABlobError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
@@ -84,6 +93,8 @@ from .errors import (
     StoreClosedError,
 )
 from .format import (
+    BLOB_REF_PREFIX,
+    BLOBS_DIR,
     DEFAULT_SEGMENT_BYTES,
     MIN_SEGMENT_BYTES,
     SNAPSHOT_DIR,
@@ -96,7 +107,7 @@ from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
 from .txn import Transaction
-from .types import Checkpoint, Diff, Durability, check_key
+from .types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .wal import Writer
 
 __all__ = ["Store", "open"]
@@ -357,6 +368,7 @@ class Store:
         self._retain_next = 0.0  # monotonic time of the next retention pass
         self._retain_error: BaseException | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
+        self._blobs = BlobStore(fs, path, BLOBS_DIR)
 
     # -- opening --------------------------------------------------------------------
 
@@ -691,10 +703,14 @@ class Store:
 
     def _txn_release(self, txn: Transaction) -> None:
         self._release(txn._view)
+        if txn._blob_pins and not txn._blobs_in_doubt:
+            self._blobs.unpin(txn._blob_pins)
 
     def _txn_abandon(self, txn: Transaction) -> None:
         """A transaction was garbage-collected unfinished; takes no lock (GC runs anywhere)."""
         self._dead.append(txn._view)
+        if txn._blob_pins:
+            self._blobs.abandon(txn._blob_pins)
 
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
         self._check_open()
@@ -1102,18 +1118,19 @@ class Store:
         """
         check_key(run, "run id")
         cid = _checkpoint_id(checkpoint)
-        pipe, view = self._writable(), self._view()
-        try:
-            self._check_at(view, run, cid)
-            target = self._raw_at(view, run, cid)
-            current = {k: v for k, v in self._items(view, run, "").items() if v is not None}
-            delta: dict[str, bytes | None] = {k: v for k, v in target.items()
-                                              if current.get(k) != v}
-            delta.update((k, None) for k in current.keys() - target.keys())
-            # The whole run was read: any commit on it since the view conflicts.
-            return pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
-        finally:
-            self._release(view)
+        with self._blobs.gate.shared():  # no blob sweep between reading refs and committing
+            pipe, view = self._writable(), self._view()
+            try:
+                self._check_at(view, run, cid)
+                target = self._raw_at(view, run, cid)
+                current = {k: v for k, v in self._items(view, run, "").items() if v is not None}
+                delta: dict[str, bytes | None] = {k: v for k, v in target.items()
+                                                  if current.get(k) != v}
+                delta.update((k, None) for k in current.keys() - target.keys())
+                # The whole run was read: any commit on it since the view conflicts.
+                return pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
+            finally:
+                self._release(view)
 
     def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
         """Start ``new_run`` from the state of ``run`` at ``checkpoint``.
@@ -1138,15 +1155,17 @@ class Store:
         check_key(run, "run id")
         check_key(new_run, "run id")
         cid = _checkpoint_id(checkpoint)
-        pipe, view = self._writable(), self._view()
-        try:
-            self._check_at(view, run, cid)
-            if self._head(view, new_run) is not None:
-                raise RunExistsError(new_run)
-            target: dict[str, bytes | None] = dict(self._raw_at(view, run, cid))
-            return pipe.commit(new_run, view.snap, set(), {""}, target, {}, origin=(run, cid))
-        finally:
-            self._release(view)
+        with self._blobs.gate.shared():  # no blob sweep between reading refs and committing
+            pipe, view = self._writable(), self._view()
+            try:
+                self._check_at(view, run, cid)
+                if self._head(view, new_run) is not None:
+                    raise RunExistsError(new_run)
+                target: dict[str, bytes | None] = dict(self._raw_at(view, run, cid))
+                return pipe.commit(new_run, view.snap, set(), {""}, target, {},
+                                   origin=(run, cid))
+            finally:
+                self._release(view)
 
     # -- deletion and retention -----------------------------------------------------
 
@@ -1394,6 +1413,165 @@ class Store:
         snap_dir = os.path.join(self.path, SNAPSHOT_DIR)
         return (Snapshot(snap_dir, readonly=self.readonly) if self._map_size is None else
                 Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
+
+    # -- blobs ----------------------------------------------------------------------
+
+    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
+        pipe = self._writable()
+        if pipe.writer.broken is not None:  # the commit would fail: do not stream first
+            raise pipe.writer.stopped()
+        try:
+            return self._blobs.put(source, media_type)
+        except DurabilityError as exc:
+            pipe.writer.broken = exc  # as for the WAL: after a failed write, no more commits
+            raise
+
+    def open_blob(self, run: str, key: str, *, at: int | None = None,
+                  verify: bool = True) -> BlobReader:
+        """A read-only binary stream of the blob ``key`` holds (latest, or at checkpoint ``at``).
+
+        The file's size is checked now; with ``verify`` (the default), reading
+        it to the end also checks its SHA-256 against the reference, and the
+        read that reaches the end raises ``CorruptionError`` on a mismatch
+        (``reader.verify()`` checks the whole file at any time).
+
+        Args:
+            run: the run id.
+            key: a key whose value was stored with ``txn.put_blob``.
+            at: a checkpoint id of the run; None reads the latest commit.
+            verify: check the content's SHA-256 as it is read to the end.
+
+        Returns:
+            A :class:`~agentwal.blobs.BlobReader` (a ``io.RawIOBase``; ``.ref``
+            is the BlobRef); close it, or use it as a context manager.
+
+        Raises:
+            RunNotFoundError: the run has no checkpoint.
+            CheckpointNotFoundError: the run has no checkpoint ``at``.
+            MissingKeyError: the key has no value (at that checkpoint).
+            NotABlobError: the value was not stored with ``put_blob`` (also a
+                ``TypeError``); read it with ``get``.
+            CorruptionError: the blob file is missing or has the wrong size
+                (or, while reading, the wrong content), or the reference is damaged.
+            InvalidKeyError, StoreClosedError.
+
+        Example::
+
+            with store.open_blob("train", "weights", at=12) as f:
+                shutil.copyfileobj(f, out)
+        """
+        check_key(run, "run id")
+        check_key(key)
+        cid = None if at is None else _checkpoint_id(at)
+
+        def read(v: _View) -> bytes | None:
+            if cid is None:
+                if self._head(v, run) is None:
+                    raise RunNotFoundError(run)
+                return self._read(v, run, key)
+            self._check_at(v, run, cid)
+            return self._raw_at(v, run, cid, key).get(key)
+
+        where = f"{run!r}/{key!r}" + ("" if cid is None else f" at {cid}")
+        missing: BlobMissing | None = None
+        for _attempt in range(2):
+            raw = self._with_view(read)
+            if raw is None:
+                raise MissingKeyError(run, key)
+            if not is_blob_ref(raw):
+                value = decode_stored(raw, self.path, where)
+                raise NotABlobError(run, key, type(value).__name__)
+            try:
+                ref = decode_blob_ref(raw)
+            except CodecError as exc:
+                raise CorruptionError(self.path, None, f"blob reference of {where}: {exc}"
+                                      ) from None
+            try:
+                return self._blobs.open(ref, verify=verify)
+            except BlobMissing as exc:
+                # A sweep may have removed it since the view was taken (its key was
+                # overwritten, or its checkpoint dropped): look once more.
+                missing = exc
+        assert missing is not None
+        hint = ("Its file was removed: if the writer compacted the store since this read-only "
+                "store's last refresh(), refresh() and read again; otherwise restore the file "
+                "from a backup (its name is its SHA-256)." if self.readonly else
+                "Restore the file from a backup (its name is its SHA-256), or put the "
+                "artifact again.")
+        raise CorruptionError(missing.path, None, f"the blob file of {where} is missing", hint)
+
+    def _blob_references(self) -> set[str]:
+        """The SHA-256 of every blob any retained state or checkpoint references.
+
+        A superset is harmless (a blob stays until the next sweep); missing
+        one is not, so any damage raises instead. See :meth:`_blob_refs`.
+
+        Raises:
+            CorruptionError: a record or a blob reference is damaged.
+        """
+        return {ref.sha256 for ref in self._blob_refs()}
+
+    def _blob_refs(self) -> set[BlobRef]:
+        """Every blob reference any retained state or checkpoint holds (for verify and backup).
+
+        One view: the memtables' unfolded versions and deltas, and LMDB's
+        ``state``, ``delta`` and ``manifest`` databases (whatever retention
+        keeps there). The same hash may come with several media types.
+
+        Raises:
+            CorruptionError: a record or a blob reference is damaged.
+        """
+        snap = self._snap
+        assert snap is not None
+
+        def read(v: _View) -> set[bytes]:
+            found = self._lmdb(v, lambda t: snap.inline_values(t, BLOB_REF_PREFIX))
+            with self._lock:  # the active table changes under publish
+                for layer in v.layers:
+                    for rm in layer.runs.values():
+                        for delta in rm.deltas:
+                            found.update(b for b in delta.values() if is_blob_ref(b))
+                        for chain in rm.versions.values():
+                            found.update(b for _lsn, b in chain if is_blob_ref(b))
+            return found
+
+        out: set[BlobRef] = set()
+        for raw in self._with_view(read):
+            try:
+                out.add(decode_blob_ref(raw))
+            except CodecError as exc:
+                raise CorruptionError(self.path, None, f"a blob reference: {exc}") from None
+        return out
+
+    def _sweep_blobs(self, keep: set[str] | frozenset[str] = frozenset()) -> tuple[int, int]:
+        """Remove every blob file no retained state or history references.
+
+        The hook ``compact()`` calls after dropping history. Safe while
+        transactions run: under the blob gate it reads the pins of
+        unfinished transactions, then computes :meth:`_blob_references`, and
+        removes only files in neither (nor in ``keep``), plus temp files of
+        writes no longer in progress (left by a crash or a failed put).
+
+        Args:
+            keep: more hashes to keep.
+
+        Returns:
+            ``(files removed, bytes freed)``.
+
+        Raises:
+            ReadOnlyError, StoreClosedError.
+            DurabilityError: the writer is stopped, or a removal failed (it
+                stops the writer).
+            CorruptionError: state or history is damaged; nothing was removed.
+        """
+        pipe = self._writable()
+        if pipe.writer.broken is not None:
+            raise pipe.writer.stopped()
+        try:
+            return self._blobs.sweep(self._blob_references, keep)
+        except DurabilityError as exc:
+            pipe.writer.broken = exc
+            raise
 
     # -- effects --------------------------------------------------------------------
 

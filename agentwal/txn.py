@@ -10,6 +10,11 @@ prefixes) for optimistic validation at commit. States::
     active --rollback()--> rolled_back  (nothing was written anywhere)
     active --commit() raising--> rolled_back  (ConflictError, DiskFullError, ...)
 
+``put_blob`` streams an artifact to a durable, content-addressed file
+(``blobs.py``) at the call, and buffers only its small reference; the blob
+stays *pinned* (safe from a sweep) until the transaction finishes, and for
+the life of the process when a commit fails with an unknown outcome.
+
 A finished transaction is dead: every method raises
 :class:`TransactionClosedError`. As a context manager, a clean exit commits
 and an exception rolls back and propagates. A transaction is used by one
@@ -22,11 +27,19 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .codec import decode_stored, encode_value
+from .codec import decode_stored, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, derive_key
-from .errors import MissingKeyError, TransactionClosedError
+from .errors import (
+    ConflictError,
+    DiskFullError,
+    MissingKeyError,
+    RunExistsError,
+    StoreClosedError,
+    TransactionClosedError,
+    UnencodableValueError,
+)
 from .ledger import Request
-from .types import Checkpoint, check_key
+from .types import BlobRef, Checkpoint, check_key, check_media_type
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -34,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["Savepoint", "Transaction"]
 
 _MISSING: Any = object()
+#: What a failed commit raises when it certainly applied nothing (its blobs may be unpinned).
+_NOT_APPLIED = (ConflictError, DiskFullError, UnencodableValueError, RunExistsError,
+                StoreClosedError)
 
 
 class _Engine(Protocol):
@@ -47,6 +63,8 @@ class _Engine(Protocol):
     def _txn_abandon(self, txn: Transaction) -> None: ...
     def _txn_base(self, txn: Transaction) -> int: ...
     def _txn_effect(self, txn: Transaction, req: Request) -> Any: ...
+    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
+                      ) -> BlobRef: ...
 
 
 def _check_mode(mode: object) -> EffectMode:
@@ -95,6 +113,8 @@ class Transaction:
         self._effect_names: dict[str, int] = {}
         self._state = "active"
         self.checkpoint: Checkpoint | None = None
+        self._blob_pins: list[str] = []  # hashes put_blob pinned for this transaction
+        self._blobs_in_doubt = False  # a commit failed with an unknown outcome: keep them
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -123,7 +143,9 @@ class Transaction:
         self._check()
         try:
             self.checkpoint = self._engine._txn_commit(self)
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, _NOT_APPLIED):
+                self._blobs_in_doubt = True  # the log may hold the commit: keep its blobs
             self._finish("rolled_back")
             raise
         self._finish("committed")
@@ -238,6 +260,59 @@ class Transaction:
         """Remove ``key`` (no error if it is absent)."""
         self._check()
         self._writes[check_key(key)] = None
+
+    def put_blob(self, key: str, source: Any, *, media_type: str | None = None) -> BlobRef:
+        """Stream a large artifact into the store and set ``key`` to its :class:`BlobRef`.
+
+        ``source`` is read in 1 MiB pieces, written to a file under
+        ``<store>/blobs/`` and hashed (SHA-256) as it goes, never held in
+        memory whole. The file is durable under its hash before this returns;
+        the key's new value, the small reference, then commits with the
+        transaction like any other write (a rollback leaves only an
+        unreferenced file, which a sweep removes). Content already in the
+        store is kept once. ``get(key)`` returns the BlobRef;
+        ``store.open_blob(run, key)`` reads the content.
+
+        Args:
+            key: the key.
+            source: a file path (str or os.PathLike); a binary stream (anything
+                whose ``read(n)`` returns bytes: a file opened ``'rb'``,
+                ``io.BytesIO``...), read from its position to its end and not
+                closed; or a BlobRef of a blob in this store (nothing is copied).
+            media_type: recorded in the reference (``"image/png"``); for a
+                BlobRef source, None keeps its own.
+
+        Returns:
+            The reference now buffered for ``key``.
+
+        Raises:
+            InvalidKeyError: a bad key. ValueError: a bad ``media_type``.
+            TypeError: ``source`` is none of the kinds above.
+            BlobSourceError: the source cannot be read (a missing file, a
+                stream that raised or returned str, a BlobRef of no blob here).
+            DiskFullError: no room; nothing was stored.
+            DurabilityError: a write or fsync failed; the store accepts no
+                more commits.
+            ReadOnlyError, TransactionClosedError.
+            Whatever is raised, ``key`` keeps its value in this transaction
+            and the transaction stays usable (except after DurabilityError).
+
+        Example::
+
+            with store.begin("train") as txn:
+                txn.put_blob("weights", "model.safetensors")
+                txn["epoch"] = 3
+            with store.open_blob("train", "weights") as f:
+                header = f.read(8)
+        """
+        self._check()
+        check_key(key)
+        if media_type is not None:
+            check_media_type(media_type)
+        ref = self._engine._txn_put_blob(self, source, media_type)
+        self._blob_pins.append(ref.sha256)
+        self._writes[key] = encode_blob_ref(ref)
+        return ref
 
     def __delitem__(self, key: str) -> None:
         self._check()

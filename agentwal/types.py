@@ -2,7 +2,8 @@
 
 Theory of operation: nothing here does I/O or holds locks. ``Checkpoint`` is
 what the public API returns for a commit; ``Durability`` names the three
-acknowledgement policies; ``check_key`` is the one place key rules live.
+acknowledgement policies; ``check_key`` is the one place key rules live. ``BlobRef`` is what a key
+put with ``txn.put_blob`` reads back as.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidKeyError
+from .format import MAX_MEDIA_TYPE_BYTES
 
-__all__ = ["MAX_KEY_BYTES", "Checkpoint", "Diff", "Durability", "check_key"]
+__all__ = ["MAX_KEY_BYTES", "Checkpoint", "Diff", "Durability", "check_key", "BlobRef",
+           "check_media_type"]
 
 #: Longest key or run id, in UTF-8 bytes.
 MAX_KEY_BYTES = 400
@@ -91,3 +94,55 @@ def check_key(key: object, what: str = "key") -> str:
     if n > MAX_KEY_BYTES:
         raise InvalidKeyError(key, f"{what} is {n} UTF-8 bytes, over {MAX_KEY_BYTES}")
     return key
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """A large binary artifact stored with ``txn.put_blob``: what reading its key returns.
+
+    The artifact itself lives in a content-addressed file under the store's
+    ``blobs/`` directory; read it with ``store.open_blob(run, key)``. Two
+    refs are equal when their content and media type are.
+
+    Attributes:
+        sha256: the SHA-256 of the content, 64 lowercase hex digits.
+        size: the content's length in bytes.
+        media_type: what the caller said it is (``"image/png"``), or None.
+
+    Raises:
+        ValueError: (when constructed) a malformed hash, a negative size or a
+            media type that is not a str of 1..255 UTF-8 bytes.
+
+    Example::
+
+        ref = store.get("run-42", "weights")   # BlobRef(sha256='9f86...', size=...)
+    """
+
+    sha256: str
+    size: int
+    media_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.sha256, str) and len(self.sha256) == 64
+                and set(self.sha256) <= _HEX):
+            raise ValueError(f"sha256 must be 64 lowercase hex digits, not {self.sha256!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"size must be an int >= 0, not {self.size!r}")
+        if self.media_type is not None:
+            check_media_type(self.media_type)
+
+
+def check_media_type(media_type: object) -> str:
+    """Return ``media_type`` if it is a str of 1..255 UTF-8 bytes, else raise ValueError."""
+    if not isinstance(media_type, str) or not media_type:
+        raise ValueError(f"media_type must be a non-empty str, not {media_type!r}")
+    try:
+        n = len(media_type.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("media_type is not valid UTF-8 (lone surrogate)") from None
+    if n > MAX_MEDIA_TYPE_BYTES:
+        raise ValueError(f"media_type is {n} UTF-8 bytes, over {MAX_MEDIA_TYPE_BYTES}")
+    return media_type

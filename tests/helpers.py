@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import random
+import struct
 import threading
 from typing import Any
 
@@ -95,3 +99,46 @@ def lmdb_values(store: agentwal.Store) -> dict[tuple[str, bytes], int]:
         return out
     finally:
         snap.end_read(txn)
+
+class Generated(io.RawIOBase):
+    """A deterministic binary stream of ``size`` bytes made as it is read (never held whole).
+
+    Piece ``i`` of each 1 MiB is a fixed random block with ``i`` and the seed
+    in its first 16 bytes, so no two MiB are equal; ``sha256`` is the hash
+    of what was read so far (all of it once ``read`` returned b"").
+    """
+
+    _BLOCK = random.Random(0).randbytes(1 << 20)
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size, self.seed, self.pos = size, seed, 0
+        self._hash = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self.size - self.pos)
+        done = 0
+        while done < n:
+            i, off = divmod(self.pos + done, len(self._BLOCK))
+            piece = struct.pack(">QQ", i, self.seed) + self._BLOCK[16:]
+            take = min(n - done, len(piece) - off)
+            view[done:done + take] = piece[off:off + take]
+            done += take
+        self._hash.update(view[:n])
+        self.pos += n
+        return n
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    @staticmethod
+    def digest(size: int, seed: int = 0) -> str:
+        """The SHA-256 of a whole stream, computed by reading one."""
+        g = Generated(size, seed)
+        while g.read(1 << 20):
+            pass
+        return g.sha256

@@ -33,7 +33,8 @@ directory the disk made, follow the rules above.
 Every call that can change the disk (``open`` with ``create``, ``pwrite``,
 ``append``, ``truncate``, ``fsync``, ``fsync_dir``, ``mkdir``, ``rename``,
 ``unlink``) gets an operation index from 0; ``crash_at(k)`` and the
-``on_op`` hook cut the power right before operation k. After a crash every
+``on_op`` hook cut the power right before operation k. ``open_read`` (no
+operation index) gives a handle that refuses writes and truncates. After a crash every
 protocol call raises :class:`SimulatedCrash`, except ``close``, which does
 nothing so that a harness can drop a dead store's handles; inspection,
 ``flip`` and ``crash_image`` keep working. The disk never touches real
@@ -266,6 +267,7 @@ def _choose_reorder(ops: list[_Op], rng: random.Random) -> list[_Op]:
 class _Handle:
     node: _File
     path: str
+    readonly: bool = False
 
 
 class SimulatedDisk:
@@ -350,7 +352,7 @@ class SimulatedDisk:
             SimulatedCrash: the power is off.
         """
         with self._lock:
-            handle = self._handle(fd)
+            handle = self._writable(fd)
             self._begin("pwrite", handle.path)
             return self._write(handle, offset, data)
 
@@ -362,7 +364,7 @@ class SimulatedDisk:
             SimulatedCrash: the power is off.
         """
         with self._lock:
-            handle = self._handle(fd)
+            handle = self._writable(fd)
             self._begin("append", handle.path)
             return self._write(handle, len(handle.node.data), data)
 
@@ -398,7 +400,7 @@ class SimulatedDisk:
             SimulatedCrash: the power is off.
         """
         with self._lock:
-            handle = self._handle(fd)
+            handle = self._writable(fd, errno.EINVAL)
             self._begin("truncate", handle.path)
             if size < 0:
                 raise _oserror(errno.EINVAL, handle.path)
@@ -526,6 +528,25 @@ class SimulatedDisk:
             ops, node.pending = node.pending, []
             for op in ops:
                 op.apply(node.durable)
+
+    def open_read(self, path: str) -> int:
+        """Open the existing file ``path`` read-only: writes and truncates on it fail.
+
+        Raises:
+            OSError: ENOENT, EISDIR.
+            SimulatedCrash: the power is off.
+        """
+        with self._lock:
+            self._check_up()
+            node = self._lookup(path)
+            if node is None:
+                raise _oserror(errno.ENOENT, path)
+            if isinstance(node, _Dir):
+                raise _oserror(errno.EISDIR, path)
+            node.opens += 1
+            fd, self._next_fd = self._next_fd, self._next_fd + 1
+            self._fds[fd] = _Handle(node, os.path.abspath(path), readonly=True)
+            return fd
 
     # -- faults ---------------------------------------------------------------------------
 
@@ -700,6 +721,12 @@ class SimulatedDisk:
         handle = self._fds.get(fd)
         if handle is None:
             raise _oserror(errno.EBADF, str(fd))
+        return handle
+
+    def _writable(self, fd: int, code: int = errno.EBADF) -> _Handle:
+        handle = self._handle(fd)
+        if handle.readonly:  # as the OS: EBADF to write a read-only fd, EINVAL to truncate it
+            raise _oserror(code, handle.path)
         return handle
 
     def _lookup(self, path: str) -> _Node | None:

@@ -126,11 +126,12 @@ def test_kill_loop_loses_no_acknowledged_commit(tmp_path: Any, mode: str) -> Non
 
 
 # Points hit while committing, rotating, folding; recovery points are hit by the next open.
-# (Effect, deletion and compaction points are never hit by this child:
-# tests/crash/test_effects_kill.py and tests/crash/test_retention_kill.py cover them.)
+# (Effect, blob, deletion and compaction points are never hit by this child:
+# tests/crash/test_effects_kill.py, tests/crash/test_blob_crash.py and
+# tests/crash/test_retention_kill.py cover them.)
 WORK_POINTS = sorted(p for p in failpoints.POINTS
                      if not p.startswith(("recovery", "delete_run", "compact", "vacuum"))
-                     and "effect" not in p)
+                     and "effect" not in p and "blob" not in p)
 RECOVERY_POINTS = sorted(p for p in failpoints.POINTS if p.startswith("recovery"))
 
 

@@ -70,3 +70,88 @@ def test_compression_is_skipped_for_a_while_when_it_never_helps(store: agentwal.
         txn["text"] = "abc" * 1000  # compressible, but inside the pause: stored plain
     assert pipe._zstd_skip == 63
     assert store.get("r", "text") == "abc" * 1000
+
+
+# -- blob references ----------------------------------------------------------------------
+
+SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+
+@pytest.mark.parametrize("ref", [
+    agentwal.BlobRef(SHA, 0),
+    agentwal.BlobRef(SHA, 4),
+    agentwal.BlobRef(SHA, 1 << 40, "application/octet-stream"),
+    agentwal.BlobRef(SHA, 2**64 - 1, "é" * 127),
+])
+def test_blob_ref_round_trips_through_its_tag(ref: agentwal.BlobRef) -> None:
+    data = codec.encode_blob_ref(ref)
+    assert data.startswith(bytes.fromhex("da6177626c"))  # tag 0x6177626c, "awbl"
+    assert codec.is_blob_ref(data)
+    assert codec.decode_value(data) == ref
+    assert codec.decode_stored(data, "/s", "v") == ref
+    tag = cbor2.loads(data)  # plain CBOR: a tag around [sha, size(, media type)]
+    assert tag.tag == 0x6177626C and list(tag.value[:2]) == [bytes.fromhex(SHA), ref.size]
+
+
+def test_blob_ref_byte_layout() -> None:
+    data = codec.encode_blob_ref(agentwal.BlobRef(SHA, 5))
+    assert data == bytes.fromhex("da6177626c" "82" "5820" + SHA + "05")
+
+
+def test_the_longest_blob_ref_stays_inline_in_history() -> None:
+    from agentwal import history
+
+    data = codec.encode_blob_ref(agentwal.BlobRef(SHA, 2**64 - 1, "é" * 127))
+    assert len(data) < 320 < history.LARGE  # so a sweep finds every reference inline
+
+
+@pytest.mark.parametrize("value", [
+    agentwal.BlobRef(SHA, 1),
+    [agentwal.BlobRef(SHA, 1)],
+    {"w": agentwal.BlobRef(SHA, 1)},
+])
+def test_a_blob_ref_is_refused_as_a_put_value(value: Any) -> None:
+    with pytest.raises(agentwal.UnencodableValueError, match="put_blob"):
+        codec.encode_value("k", value)
+
+
+@pytest.mark.parametrize("data", [
+    # the tag nested in a list
+    bytes.fromhex("81" "da6177626c" "82" "5820" + SHA + "05"),
+    # the tag around something else
+    bytes.fromhex("da6177626c" "01"),
+    bytes.fromhex("da6177626c" "82" "4101" "05"),  # a 1-byte hash
+    bytes.fromhex("da6177626c" "82" "5820" + SHA + "20"),  # a negative size
+    bytes.fromhex("da6177626c" "83" "5820" + SHA + "05" "01"),  # media type not text
+    bytes.fromhex("da6177626c" "83" "5820" + SHA + "05" "60"),  # empty media type
+    bytes.fromhex("da6177626c" "82" "5820" + SHA + "1805"),  # not canonical (5 in 2 bytes)
+    bytes.fromhex("da6177626c" "82" "5820" + SHA + "05" "00"),  # trailing byte
+    bytes.fromhex("da6177626c"),  # nothing after the tag
+])
+def test_malformed_or_misplaced_blob_refs_are_refused(data: bytes) -> None:
+    with pytest.raises(codec.CodecError):
+        codec.decode_value(data)
+    with pytest.raises(agentwal.CorruptionError):
+        codec.decode_stored(data, "/s", "v")
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (("ab", 1), "64 lowercase hex"),
+    ((SHA.upper(), 1), "64 lowercase hex"),
+    ((SHA, -1), "size"),
+    ((SHA, True), "size"),
+    ((SHA, 1, ""), "media_type"),
+    ((SHA, 1, "x" * 256), "over 255"),
+    ((SHA, 1, b"image/png"), "media_type"),
+])
+def test_blob_ref_checks_its_fields(args: tuple[Any, ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        agentwal.BlobRef(*args)
+
+
+def test_blob_ref_is_frozen_and_hashable() -> None:
+    ref = agentwal.BlobRef(SHA, 1)
+    with pytest.raises(AttributeError):
+        ref.size = 2  # type: ignore[misc]
+    assert {ref, agentwal.BlobRef(SHA, 1)} == {ref}
+    assert ref != agentwal.BlobRef(SHA, 1, "text/plain")

@@ -572,3 +572,49 @@ def test_acquire_creates_a_missing_directory(tmp_path: Path) -> None:
         assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o700
     finally:
         lock.release()
+
+
+# -- blobs: open_read and open_source ---------------------------------------------------------
+
+
+def test_open_read_gives_a_read_only_descriptor(fs: OsFileSystem, tmp_path: Path) -> None:
+    p = tmp_path / "blob"
+    p.write_bytes(b"content")
+    fd = fs.open_read(str(p))
+    try:
+        assert fs.read(fd) == b"content" and fs.size(fd) == 7
+        with pytest.raises(OSError) as info:
+            fs.pwrite(fd, 0, b"x")
+        assert info.value.errno == errno.EBADF
+    finally:
+        fs.close(fd)
+    assert p.read_bytes() == b"content"
+
+
+def test_open_read_never_creates(fs: OsFileSystem, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        fs.open_read(str(tmp_path / "missing"))
+    assert not (tmp_path / "missing").exists()
+
+
+def test_open_read_works_on_a_file_we_may_not_write(fs: OsFileSystem, tmp_path: Path) -> None:
+    p = tmp_path / "ro"
+    p.write_bytes(b"abc")
+    p.chmod(0o400)
+    fd = fs.open_read(str(p))
+    try:
+        assert fs.read(fd) == b"abc"
+    finally:
+        fs.close(fd)
+
+
+def test_open_source_reads_the_callers_file_unbuffered(tmp_path: Path) -> None:
+    p = tmp_path / "src"
+    p.write_bytes(b"x" * 10)
+    with io.open_source(p) as f:  # PathLike accepted
+        assert f.read(4) == b"xxxx"
+        assert f.readable() and not f.writable()
+    with pytest.raises(FileNotFoundError):
+        io.open_source(str(tmp_path / "missing"))
+    with pytest.raises(IsADirectoryError):
+        io.open_source(str(tmp_path))

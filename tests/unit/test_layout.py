@@ -16,7 +16,7 @@ RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
     "types": 1, "codec": 1, "history": 1, "retention": 1,
     "io": 2,
-    "control": 3, "wal": 3,
+    "control": 3, "wal": 3, "blobs": 3,
     "snapshot": 4, "memtable": 4, "effects": 4,
     "txn": 5, "commit": 5, "ledger": 5,
     "recovery": 6,

@@ -523,3 +523,42 @@ def test_inspect_reports_both_images() -> None:
         f"{D}/new": FileState(f"{D}/new", b"n", None),
     }
     assert disk.unsynced_count == 3  # link of new, its write, unlink of kept
+
+
+# -- open_read (blob readers) -----------------------------------------------------------------
+
+
+def test_open_read_reads_and_refuses_writes() -> None:
+    disk = fresh()
+    fd = disk.open(f"{D}/f")
+    disk.pwrite(fd, 0, b"data")
+    ops = disk.op_count
+    ro = disk.open_read(f"{D}/f")
+    assert disk.op_count == ops  # opening for reading changes nothing
+    assert disk.read(ro) == b"data" and disk.size(ro) == 4
+    assert errno_of(lambda: disk.pwrite(ro, 0, b"x")) == errno.EBADF
+    assert errno_of(lambda: disk.append(ro, b"x")) == errno.EBADF
+    assert errno_of(lambda: disk.truncate(ro, 0)) == errno.EINVAL
+    assert disk.read(fd) == b"data"
+    disk.close(ro)
+    assert errno_of(lambda: disk.read(ro)) == errno.EBADF
+
+
+def test_open_read_errors_and_power_cut() -> None:
+    disk = fresh()
+    assert errno_of(lambda: disk.open_read(f"{D}/missing")) == errno.ENOENT
+    assert errno_of(lambda: disk.open_read(D)) == errno.EISDIR
+    assert not disk.exists(f"{D}/missing")
+    with pytest.raises(SimulatedCrash):
+        disk.crash()
+    with pytest.raises(SimulatedCrash):
+        disk.open_read(f"{D}/f")
+
+
+def test_a_read_handle_keeps_an_unlinked_file_readable() -> None:
+    disk = fresh()
+    fd = disk.open(f"{D}/f")
+    disk.pwrite(fd, 0, b"kept")
+    ro = disk.open_read(f"{D}/f")
+    disk.unlink(f"{D}/f")
+    assert disk.read(ro) == b"kept"

@@ -721,3 +721,33 @@ def test_compact_calls_the_blob_sweep_hook_after_its_transaction(store: agentwal
     store._retain, store._retain_next = (1, None), 0.0
     store._retain_step()
     assert calls[-1] == [10]
+
+
+def test_compaction_and_deletion_free_the_blob_files_nothing_kept_references(
+        store: agentwal.Store) -> None:
+    import io
+
+    def blob_files() -> set[str]:
+        root = os.path.join(store.path, "blobs")
+        return {name for d in os.listdir(root) if d != "tmp"
+                for name in os.listdir(os.path.join(root, d))}
+
+    refs = []
+    for i in range(1, 7):
+        with store.begin("r") as txn:
+            refs.append(txn.put_blob("weights", io.BytesIO(f"weights v{i}".encode() * 500)))
+    with store.begin("other") as txn:
+        txn.put_blob("weights", io.BytesIO(b"weights v1" * 500))  # shared with r's first
+    assert len(blob_files()) == 6
+    store.compact(keep_last=2)  # r keeps 5 and 6; v1 stays for "other"
+    names = blob_files()
+    assert len(names) == 3 and {r.sha256[2:] for r in (refs[0], refs[4], refs[5])} == names
+    with store.open_blob("r", "weights", at=5) as f:
+        assert f.read() == b"weights v5" * 500
+    store.delete_run("r")
+    store.snapshot()
+    assert len(blob_files()) == 3  # until the next compact
+    store.compact()
+    assert blob_files() == {refs[0].sha256[2:]}
+    with store.open_blob("other", "weights") as f:
+        assert f.read() == b"weights v1" * 500

@@ -1,0 +1,722 @@
+"""Large binary artifacts: content-addressed files under ``<store>/blobs/``.
+
+Theory of operation: ``txn.put_blob(key, source)`` streams the source, in
+:data:`CHUNK`-sized pieces, into a new file under ``blobs/tmp/`` while
+hashing it with SHA-256; the file is then named by its hash
+(``blobs/<sha[:2]>/<sha[2:]>``) and the key's value becomes a small
+*blob reference* (``codec.encode_blob_ref``), committed like any value. The
+artifact is never held in memory, and identical content is one file however
+many keys, runs or checkpoints name it. Every file operation goes through
+the I/O seam (``io.FileSystem``); this module never decides what is
+committed, it only guarantees that a blob is durable before a commit can
+name it.
+
+Write path and crash windows (failpoints in brackets); "garbage" means a
+file nothing references, which :meth:`BlobStore.sweep` removes:
+
+1. write the temp file ``blobs/tmp/<random>.tmp`` [``blob_after_write``]
+   -- death here leaves a partial temp file: garbage;
+2. fsync it [``blob_after_fsync``] -- a whole, durable temp file: garbage;
+3. under the sweep gate, name it: if ``<sha>`` already exists with the
+   same size the temp file is dropped (stored once), otherwise it is renamed
+   to ``<sha>``; the hash is *pinned* [``blob_after_rename``] -- the name may
+   not be durable yet, and no commit names the blob: garbage;
+4. fsync the fan-out directory [``blob_after_sync``] -- durable under its
+   hash, still unreferenced: garbage until the commit.
+
+Only then does ``put_blob`` return, so the commit that references the blob
+(made later, through the WAL, in any durability mode) can never be durable
+before the blob: after a crash a reference always finds its file, and a
+blob whose commit was lost is only garbage. A fan-out directory, and
+``blobs/`` itself, are fsynced into their parent the first time this
+process uses them, whoever created them.
+
+Sweeping (garbage collection): the caller (``Store._sweep_blobs``) gives
+the set of hashes any retained state or history references. A blob that
+is written but not yet committed is in no such set, so every blob a
+transaction put stays *pinned* (an in-process count) until that
+transaction commits (its reference is then visible to every later view),
+rolls back, or is dropped; a commit whose outcome is unknown (an I/O error,
+a crash of the pipeline) leaves its pins in place for the life of the
+process. The :class:`Gate` orders the two: naming + pinning (and a fork or
+rollback copying references) hold it shared, a sweep holds it exclusive,
+reads the pins, then computes the referenced set, then removes what is in
+neither. So a blob cannot be named and lose its file to a sweep that
+started before it was pinned, and a pin dropped during a sweep belongs to
+a commit the sweep's view already shows. Temp files of writes in progress
+are never removed (they are registered before they are created).
+
+This module does not touch LMDB or the WAL, and it never deletes a file
+that does not look like a blob or a temp file.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import hashlib
+import io
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import failpoints
+from .errors import BlobSourceError, CorruptionError, DiskFullError, DurabilityError, Error
+from .format import BLOB_TMP_DIR
+from .io import DISK_FULL_ERRNOS, FileSystem, open_source, write_all
+from .types import BlobRef
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+__all__ = ["CHUNK", "BlobMissing", "BlobReader", "BlobStore", "Gate", "blob_path"]
+
+#: Bytes read from a source, written and hashed at a time.
+CHUNK = 1 << 20
+
+_HEX = frozenset("0123456789abcdef")
+_TMP_SUFFIX = ".tmp"
+
+
+def blob_path(root: str, sha256: str) -> str:
+    """Where the blob with hex SHA-256 ``sha256`` lives under the blob directory ``root``."""
+    return os.path.join(root, sha256[:2], sha256[2:])
+
+
+def _is_hex(name: str, n: int) -> bool:
+    return len(name) == n and set(name) <= _HEX
+
+
+class BlobMissing(Exception):
+    """The blob file a reference names does not exist (the store decides what that means)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(path)
+
+
+# -- the gate between naming blobs and sweeping them ----------------------------------
+
+
+class Gate:
+    """A shared/exclusive lock: many holders share it, or one holds it alone.
+
+    Fair both ways: an exclusive request waits for the shared holders to
+    leave and makes newcomers wait behind it (a sweep is not starved by a
+    stream of commits), and when it is released, every shared request
+    waiting then goes before the next exclusive one (commits are not
+    starved by a stream of sweeps). Not reentrant.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0  # holders sharing the gate
+        self._exclusive = False  # held alone
+        self._writers = 0  # exclusive requests waiting
+        self._waiting = 0  # shared requests waiting
+        self._passes = 0  # shared requests let in ahead of the waiting exclusive ones
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the gate with others (naming a blob, copying references)."""
+        with self._cond:
+            if self._exclusive or self._writers:
+                self._waiting += 1
+                try:
+                    while self._exclusive or (self._writers and not self._passes):
+                        self._cond.wait()
+                except BaseException:  # interrupted: no pass may be left unused
+                    self._waiting -= 1
+                    self._passes = min(self._passes, self._waiting)
+                    self._cond.notify_all()
+                    raise
+                self._waiting -= 1
+                if self._passes:
+                    self._passes -= 1
+                    if not self._passes:
+                        self._cond.notify_all()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the gate alone (a sweep)."""
+        with self._cond:
+            self._writers += 1
+            try:
+                while self._exclusive or self._shared or self._passes:
+                    self._cond.wait()
+            finally:
+                self._writers -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._passes = self._waiting  # those waiting now go before the next sweep
+                self._cond.notify_all()
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+class BlobReader(io.RawIOBase):
+    """A read-only binary stream of one blob, from ``store.open_blob``.
+
+    Reading from the start to the end checks the content: when the last
+    byte is read, its SHA-256 must be the reference's, otherwise that read
+    raises :class:`~agentwal.errors.CorruptionError` (so does every later
+    one). Seeking is allowed; bytes read out of order are not hashed, and
+    :meth:`verify` checks the whole file whatever the position. The stream
+    stays readable after the store is closed. Use it as a context manager,
+    or close it.
+
+    Attributes:
+        ref: the :class:`~agentwal.BlobRef` being read.
+        name: the blob file's path.
+
+    Example::
+
+        with store.open_blob("run-42", "weights") as f:
+            shutil.copyfileobj(f, out)          # CorruptionError if damaged
+    """
+
+    def __init__(self, fs: FileSystem, fd: int, path: str, ref: BlobRef, *,
+                 verify: bool = True) -> None:
+        super().__init__()
+        self._fs = fs
+        self._fd: int | None = fd
+        self.name = path
+        self.ref = ref
+        self._pos = 0
+        self._hasher: Any = hashlib.sha256() if verify else None
+        self._hashed = 0  # bytes hashed, in order, from the start
+        self._damage: CorruptionError | None = None
+        if verify and ref.size == 0:
+            self._finish_hash()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        self._check()
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` (from the start, the position or the end); returns the position."""
+        self._check()
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.ref.size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence!r}")
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        """Up to ``size`` bytes (all the rest if ``size`` is negative or None); b"" at the end.
+
+        Raises:
+            CorruptionError: the content does not match its reference (at the
+                read that reaches the end), or the file cannot be read.
+        """
+        self._check()
+        if size is None or size < 0:
+            return self.readall()
+        if self._damage is not None:
+            raise self._damage
+        n = max(0, min(size, self.ref.size - self._pos))
+        if n == 0:
+            return b""
+        fd = self._fd
+        assert fd is not None
+        try:
+            data = self._fs.read(fd, self._pos, n)
+        except OSError as exc:
+            raise CorruptionError(self.name, self._pos,
+                                  f"cannot read the blob file: {exc.strerror or exc}") from None
+        if len(data) < n:
+            raise self._damaged(f"blob file ends at {self._pos + len(data)} bytes; its "
+                                f"reference says {self.ref.size}")
+        if self._hasher is not None and self._pos == self._hashed:
+            self._hasher.update(data)
+            self._hashed += len(data)
+            if self._hashed == self.ref.size:
+                self._finish_hash()
+        self._pos += len(data)
+        if self._damage is not None:
+            raise self._damage
+        return data
+
+    def readall(self) -> bytes:
+        """Every byte from the position to the end (the whole blob in memory: mind its size)."""
+        parts: list[bytes] = []
+        while True:
+            chunk = self.read(CHUNK)
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+
+    def readinto(self, buffer: WriteableBuffer, /) -> int:
+        """Read into ``buffer``; returns the number of bytes (0 at the end)."""
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def verify(self) -> None:
+        """Hash the whole blob file now (the position does not move).
+
+        Raises:
+            CorruptionError: its size or SHA-256 is not the reference's.
+        """
+        self._check()
+        fd = self._fd
+        assert fd is not None
+        h = hashlib.sha256()
+        offset = 0
+        while offset < self.ref.size:
+            try:
+                data = self._fs.read(fd, offset, min(CHUNK, self.ref.size - offset))
+            except OSError as exc:
+                raise CorruptionError(self.name, offset, "cannot read the blob file: "
+                                      f"{exc.strerror or exc}") from None
+            if not data:
+                raise self._damaged(f"blob file ends at {offset} bytes; its reference says "
+                                    f"{self.ref.size}")
+            h.update(data)
+            offset += len(data)
+        if h.hexdigest() != self.ref.sha256:
+            raise self._damaged(f"content SHA-256 is {h.hexdigest()}, its reference says "
+                                f"{self.ref.sha256}")
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                self._fs.close(fd)
+        super().close()
+
+    def _check(self) -> None:
+        if self._fd is None or self.closed:
+            raise ValueError("I/O operation on a closed blob stream")
+
+    def _finish_hash(self) -> None:
+        got = self._hasher.hexdigest()
+        self._hasher = None
+        if got != self.ref.sha256:
+            self._damage = self._damaged(f"content SHA-256 is {got}, its reference says "
+                                         f"{self.ref.sha256}")
+
+    def _damaged(self, reason: str) -> CorruptionError:
+        self._damage = CorruptionError(
+            self.name, None, reason,
+            "The blob file is damaged; the rest of the store is not affected. Restore "
+            "the file from a backup (its name is its SHA-256), or put the artifact again.")
+        return self._damage
+
+    def __repr__(self) -> str:
+        state = "closed" if self._fd is None else f"at {self._pos}"
+        return f"<agentwal.BlobReader {self.ref.sha256[:12]} {self.ref.size} bytes {state}>"
+
+
+# -- the blob directory ----------------------------------------------------------------
+
+
+def _source(source: object) -> tuple[Any, bool, str]:
+    """``(stream, owned, label)`` for a put_blob source: a path is opened here (owned).
+
+    Raises:
+        BlobSourceError: a path that cannot be opened, or a text stream.
+        TypeError: neither a path nor something with ``read(n)``.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        label = repr(os.fspath(source))
+        try:
+            return open_source(source), True, label
+        except OSError as exc:
+            raise BlobSourceError(label, exc.strerror or str(exc)) from exc
+        except ValueError as exc:  # an embedded NUL
+            raise BlobSourceError(label, str(exc)) from exc
+    label = f"<{type(source).__name__} object>"
+    if isinstance(source, io.TextIOBase):
+        raise BlobSourceError(label, "it is a text stream; open the file in binary mode ('rb')")
+    if not callable(getattr(source, "read", None)):
+        hint = " (wrap bytes in io.BytesIO)" if isinstance(source, (bytes, bytearray)) else ""
+        raise TypeError("put_blob's source must be a path (str or os.PathLike), a readable "
+                        "binary stream (anything with read(n)) or a BlobRef, not "
+                        f"{type(source).__name__}{hint}")
+    return source, False, label
+
+
+def _read_chunk(stream: Any, label: str) -> bytes:
+    """The next piece of a source (b"" at its end), or BlobSourceError."""
+    try:
+        chunk = stream.read(CHUNK)
+    except Exception as exc:
+        raise BlobSourceError(label, f"reading it raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(chunk, bytes):
+        return chunk
+    if isinstance(chunk, (bytearray, memoryview)):
+        return bytes(chunk)
+    if chunk is None:
+        raise BlobSourceError(label, "read() returned None (a non-blocking stream with no data "
+                              "ready)")
+    if isinstance(chunk, str):
+        raise BlobSourceError(label, "read() returned str, not bytes (a text stream); open it "
+                              "in binary mode ('rb')")
+    raise BlobSourceError(label, f"read() returned {type(chunk).__name__}, not bytes")
+
+
+class BlobStore:
+    """The blob directory of one writer (or reader) process: writes, pins, reads, sweeps.
+
+    Args:
+        fs: the store's file system.
+        store_dir: the store directory; blobs live in ``<store_dir>/<root>``.
+        root: the blob directory's name (``format.BLOBS_DIR``).
+
+    A :class:`DurabilityError` from any method means a write, fsync or
+    removal failed: the caller stops its writer, as for the WAL.
+    """
+
+    def __init__(self, fs: FileSystem, store_dir: str, root: str) -> None:
+        self.fs = fs
+        self.store_dir = store_dir
+        self.root = os.path.join(store_dir, root)
+        self.tmp_dir = os.path.join(self.root, BLOB_TMP_DIR)
+        self.gate = Gate()
+        self._lock = threading.Lock()
+        self._pins: collections.Counter[str] = collections.Counter()
+        self._writing: set[str] = set()
+        self._dead: collections.deque[list[str]] = collections.deque()
+        self._ready: set[str] = set()  # directories made durable by this process
+
+    # -- writing ---------------------------------------------------------------------
+
+    def put(self, source: object, media_type: str | None = None) -> BlobRef:
+        """Store ``source`` durably under its hash and pin it; returns its reference.
+
+        The caller must :meth:`unpin` the hash once the transaction that
+        names it has committed or rolled back.
+
+        Args:
+            source: a path, a binary stream (``read(n)``), or a
+                :class:`BlobRef` of a blob already in this store.
+            media_type: recorded in the reference (a BlobRef's own is kept
+                when None).
+
+        Raises:
+            BlobSourceError: the source cannot be read (or names no blob here).
+            TypeError: ``source`` is of no accepted kind.
+            DiskFullError: no room; the temp file is removed, nothing is pinned.
+            DurabilityError: a write or fsync failed.
+            CorruptionError: a BlobRef source whose file has another size.
+        """
+        if isinstance(source, BlobRef):
+            return self._link(source, media_type)
+        stream, owned, label = _source(source)
+        try:
+            sha, size = self._write(stream, label)
+        finally:
+            if owned:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        return BlobRef(sha, size, media_type)
+
+    def _write(self, stream: Any, label: str) -> tuple[str, int]:
+        fs = self.fs
+        self._ensure_dir(self.root, self.store_dir)
+        self._ensure_dir(self.tmp_dir, self.root)
+        tmp = os.path.join(self.tmp_dir, uuid.uuid4().hex + _TMP_SUFFIX)
+        with self._lock:
+            self._writing.add(tmp)  # before the file exists: a sweep leaves it alone
+        try:
+            try:
+                fd = fs.open(tmp, create=True)
+            except OSError as exc:
+                raise self._fs_error(exc, tmp, "cannot create a blob file") from None
+            try:
+                sha, size = self._copy(stream, label, fd, tmp)
+                failpoints.hit("blob_after_write")
+                try:
+                    fs.fsync(fd)
+                except OSError as exc:
+                    raise self._fs_error(exc, tmp, "cannot sync a blob file", sync=True) from None
+            finally:
+                with contextlib.suppress(OSError):
+                    fs.close(fd)
+            failpoints.hit("blob_after_fsync")
+            self._install(tmp, sha, size)
+            return sha, size
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fs.unlink(tmp)  # gone already if it was renamed or dropped
+            raise
+        finally:
+            with self._lock:
+                self._writing.discard(tmp)
+
+    def _copy(self, stream: Any, label: str, fd: int, tmp: str) -> tuple[str, int]:
+        """Stream the source into ``fd``; returns its hex SHA-256 and size."""
+        h = hashlib.sha256()
+        size = 0
+        while True:
+            chunk = _read_chunk(stream, label)
+            if not chunk:
+                return h.hexdigest(), size
+            h.update(chunk)
+            try:
+                n = self.fs.pwrite(fd, size, chunk)  # whole, as a rule: no copy
+                if n < len(chunk):  # a short write: finish it
+                    write_all(self.fs, fd, size + n, chunk[n:])
+            except OSError as exc:
+                raise self._fs_error(exc, tmp, "cannot write a blob file") from None
+            size += len(chunk)
+
+    def _install(self, tmp: str, sha: str, size: int) -> None:
+        """Name the synced temp file by its hash (or drop it for an equal file) and pin it."""
+        fs = self.fs
+        final = blob_path(self.root, sha)
+        fan = os.path.dirname(final)
+        self._ensure_dir(fan, self.root)
+        with self.gate.shared():
+            try:
+                if self._size_of(final) == size:
+                    with contextlib.suppress(OSError):
+                        fs.unlink(tmp)  # stored once; a left-over temp file is garbage
+                else:  # missing, or damaged to another size: ours replaces it
+                    fs.rename(tmp, final)
+            except OSError as exc:
+                raise self._fs_error(exc, final, "cannot name a blob file") from None
+            self._pin(sha)
+        try:
+            failpoints.hit("blob_after_rename")
+            try:
+                fs.fsync_dir(fan)
+            except OSError as exc:
+                raise self._fs_error(exc, fan, "cannot sync a blob directory",
+                                     sync=True) from None
+            failpoints.hit("blob_after_sync")
+        except BaseException:
+            self.unpin([sha])
+            raise
+
+    def _link(self, ref: BlobRef, media_type: str | None) -> BlobRef:
+        """Pin a blob already in the store (a BlobRef source): nothing is copied."""
+        final = blob_path(self.root, ref.sha256)
+        with self.gate.shared():
+            try:
+                size = self._size_of(final)
+            except OSError as exc:
+                raise CorruptionError(final, None, "cannot open the blob file: "
+                                      f"{exc.strerror or exc}") from None
+            if size is None:
+                raise BlobSourceError(f"BlobRef {ref.sha256}", "this store has no blob with "
+                                      "that hash (it was never stored here, or was swept)")
+            if size != ref.size:
+                raise CorruptionError(final, None, f"blob file is {size} bytes; the reference "
+                                      f"says {ref.size}")
+            self._pin(ref.sha256)
+        try:
+            try:
+                self._ensure_dir(self.root, self.store_dir)
+                self._ensure_dir(os.path.dirname(final), self.root)
+                self.fs.fsync_dir(os.path.dirname(final))  # whoever named it may have died
+            except OSError as exc:
+                raise self._fs_error(exc, final, "cannot sync a blob directory",
+                                     sync=True) from None
+        except BaseException:
+            self.unpin([ref.sha256])
+            raise
+        return BlobRef(ref.sha256, ref.size, ref.media_type if media_type is None else media_type)
+
+    def _ensure_dir(self, path: str, parent: str) -> None:
+        """Make ``path`` exist and its name durable (once per process)."""
+        if path in self._ready:
+            return
+        try:
+            self.fs.mkdir(path)
+            self.fs.fsync_dir(parent)
+        except OSError as exc:
+            raise self._fs_error(exc, path, "cannot make the blob directory", sync=True) from None
+        self._ready.add(path)
+
+    def _size_of(self, path: str) -> int | None:
+        """The size of file ``path``, or None if there is none."""
+        try:
+            fd = self.fs.open_read(path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            raise
+        try:
+            return self.fs.size(fd)
+        finally:
+            self.fs.close(fd)
+
+    def _fs_error(self, exc: OSError, path: str, what: str, *, sync: bool = False) -> Error:
+        """The typed error for a failed write (DiskFullError unless it was a sync)."""
+        if exc.errno in DISK_FULL_ERRNOS and not sync:
+            return DiskFullError(path, f"{what}: no room to write {path!r} "
+                                 f"({exc.strerror or exc}); nothing was stored or committed. "
+                                 "Free some space and put the blob again.")
+        return DurabilityError(path, f"{what}: {exc.strerror or exc}")
+
+    # -- pins ------------------------------------------------------------------------
+
+    def _pin(self, sha: str) -> None:
+        with self._lock:
+            self._pins[sha] += 1
+
+    def unpin(self, hashes: Iterable[str]) -> None:
+        """Drop one pin of each hash (its transaction committed or rolled back)."""
+        with self._lock:
+            for sha in hashes:
+                self._pins[sha] -= 1
+                if self._pins[sha] <= 0:
+                    del self._pins[sha]
+
+    def abandon(self, hashes: Iterable[str]) -> None:
+        """:meth:`unpin` later: safe from a finalizer (takes no lock)."""
+        self._dead.append(list(hashes))
+
+    def pinned(self) -> set[str]:
+        """The hashes pinned now (by transactions not finished, or in doubt)."""
+        while self._dead:
+            self.unpin(self._dead.popleft())
+        with self._lock:
+            return set(self._pins)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def open(self, ref: BlobRef, *, verify: bool = True) -> BlobReader:
+        """A :class:`BlobReader` of ``ref``'s file, its size checked.
+
+        Raises:
+            BlobMissing: there is no such file.
+            CorruptionError: the file has another size, or cannot be opened.
+        """
+        path = blob_path(self.root, ref.sha256)
+        try:
+            fd = self.fs.open_read(path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise BlobMissing(path) from None
+            raise CorruptionError(path, None, "cannot open the blob file: "
+                                  f"{exc.strerror or exc}") from None
+        try:
+            size = self.fs.size(fd)
+            if size != ref.size:
+                raise CorruptionError(path, None, f"blob file is {size} bytes; its reference "
+                                      f"says {ref.size}",
+                                      "The blob file is damaged; the rest of the store is not "
+                                      "affected. Restore it from a backup, or put the "
+                                      "artifact again.")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.fs.close(fd)
+            raise CorruptionError(path, None, "cannot read the blob file: "
+                                  f"{exc.strerror or exc}") from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.close(fd)
+            raise
+        return BlobReader(self.fs, fd, path, ref, verify=verify)
+
+    # -- sweeping --------------------------------------------------------------------
+
+    def sweep(self, referenced: Callable[[], set[str]], keep: Iterable[str] = ()
+              ) -> tuple[int, int]:
+        """Remove every blob file neither referenced, pinned nor in ``keep``.
+
+        Holds the gate exclusive: reads the pins, *then* calls
+        ``referenced()`` (so a pin dropped meanwhile belongs to a commit that
+        call sees), then removes the other blob files and the temp files of
+        no write in progress, and fsyncs each directory it changed.
+
+        Returns:
+            ``(files removed, bytes freed)``.
+
+        Raises:
+            DurabilityError: a removal or directory fsync failed.
+            Whatever ``referenced()`` raises (nothing is removed then).
+        """
+        with self.gate.exclusive():
+            protected = self.pinned()
+            protected |= referenced()
+            protected.update(keep)
+            return self._remove(protected)
+
+    def files(self) -> dict[str, str]:
+        """``{sha256: path}`` of every blob file present (temp files aside)."""
+        out: dict[str, str] = {}
+        for d, names in self._listing():
+            if d != BLOB_TMP_DIR:
+                out.update((d + n, os.path.join(self.root, d, n)) for n in names)
+        return out
+
+    def _listing(self) -> Iterator[tuple[str, list[str]]]:
+        """``(directory name, blob or temp file names)`` for each directory of ``blobs/``."""
+        fs = self.fs
+        if not fs.exists(self.root):
+            return
+        for d in fs.listdir(self.root):
+            tmp = d == BLOB_TMP_DIR
+            if not tmp and not _is_hex(d, 2):
+                continue
+            try:
+                names = fs.listdir(os.path.join(self.root, d))
+            except OSError as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ENOENT):
+                    continue
+                raise
+            yield d, [n for n in names
+                      if (n.endswith(_TMP_SUFFIX) if tmp else _is_hex(n, 62))]
+
+    def _remove(self, protected: set[str]) -> tuple[int, int]:
+        fs = self.fs
+        files = freed = 0
+        try:
+            for d, names in self._listing():
+                dpath = os.path.join(self.root, d)
+                if d == BLOB_TMP_DIR:
+                    with self._lock:
+                        writing = set(self._writing)
+                    doomed = [n for n in names if os.path.join(dpath, n) not in writing]
+                else:
+                    doomed = [n for n in names if d + n not in protected]
+                removed = False
+                for n in doomed:
+                    p = os.path.join(dpath, n)
+                    size = self._size_of(p)
+                    if size is None:
+                        continue
+                    failpoints.hit("blob_sweep_before_unlink")
+                    try:
+                        fs.unlink(p)
+                    except FileNotFoundError:
+                        continue
+                    files += 1
+                    freed += size
+                    removed = True
+                if removed:
+                    fs.fsync_dir(dpath)
+        except OSError as exc:
+            raise self._fs_error(exc, exc.filename or self.root, "cannot sweep blobs",
+                                 sync=True) from None
+        return files, freed
