@@ -554,14 +554,15 @@ def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> 
     # Regression: listing iterated the live memtable dict: "dictionary changed size".
     stop = threading.Event()
     errors: list[BaseException] = []
+    made: list[int] = []
 
     def writer() -> None:
         i = 0
         while not stop.is_set():
-            with store.begin(f"w{i % 5}") as txn:
-                txn.effect("op", lambda ctx: 1, mode="at_least_once", key=f"k{i}")
-                txn.rollback()
+            with store.begin(f"w{i % 5}") as txn:  # each commit: a new position
+                txn["i"] = txn.effect("op", lambda ctx: 1, mode="at_least_once", key=f"k{i}")
             i += 1
+            made.append(i)
 
     t = threading.Thread(target=writer)
     t.start()
@@ -576,7 +577,7 @@ def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> 
     finally:
         stop.set()
         t.join()
-    assert errors == []
+    assert errors == [] and len(made) >= 10
 
 
 def test_reentrant_effect_on_the_same_key_does_not_deadlock(store: agentwal.Store) -> None:
