@@ -37,6 +37,7 @@ __all__ = [
     "TooManyReadersError",
     "TransactionClosedError",
     "UnencodableValueError",
+    "PathExistsError",
 ]
 
 
@@ -326,3 +327,16 @@ class RunExistsError(Error, ValueError):
         self.run = run
         super().__init__(f"run {run!r} already exists; nothing was changed. Fork into a run "
                          "id that has no checkpoint.")
+
+
+class PathExistsError(Error):
+    """A path the operation must create exists already (a backup's destination)."""
+
+    code = "path_exists"
+
+    def __init__(self, path: str, reason: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path!r} " + (
+            reason or "already exists; nothing was written. Choose a path that does not exist "
+            "(or remove it first)."))
