@@ -18,6 +18,7 @@ Example::
 """
 
 from . import errors
+from .backup import BackupReport
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
     CheckpointNotFoundError,
@@ -34,6 +35,7 @@ from .errors import (
     Error,
     InvalidKeyError,
     MissingKeyError,
+    PathExistsError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
@@ -48,6 +50,7 @@ from .ledger import DispatchReport
 from .store import Store, open
 from .txn import Savepoint, Transaction
 from .types import Checkpoint, Diff, Durability
+from .verify import Problem, VerifyReport
 
 __version__ = "0.1.0"
 
@@ -90,4 +93,8 @@ __all__ = [
     "UnencodableValueError",
     "errors",
     "open",
+    "BackupReport",
+    "PathExistsError",
+    "Problem",
+    "VerifyReport",
 ]
