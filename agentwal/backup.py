@@ -187,7 +187,7 @@ class Copier:
         for i, name in enumerate(order):
             last = i == len(order) - 1
             for attempt in range(_RETRIES):
-                problem = self._check_segment(os.path.join(out, name), last)
+                problem = self._check_segment(os.path.join(out, name), last, quiet)
                 if problem is None:
                     break
                 if quiet or not last or attempt == _RETRIES - 1:
@@ -200,7 +200,7 @@ class Copier:
                 self.bytes -= copied[name]
                 copied[name] = self.copy_file(os.path.join(wal, name), os.path.join(out, name))
 
-    def _check_segment(self, path: str, last: bool) -> tuple[int, str] | None:
+    def _check_segment(self, path: str, last: bool, quiet: bool) -> tuple[int, str] | None:
         """``(offset, reason)`` if the copied segment would not recover, else None."""
         fd = self.dst.open(path, create=False)
         try:
@@ -213,8 +213,8 @@ class Copier:
         scan = scan_segment(data, header)
         if scan.frames:
             self.last_lsn = max(self.last_lsn, scan.frames[-1].lsn)
-        if scan.state == "corrupt" or (scan.state == "torn" and not last):
-            return scan.end, scan.reason
+        if scan.state == "corrupt" or (scan.state == "torn" and (quiet or not last)):
+            return scan.end, scan.reason  # a writer's own log has no torn tail: damage
         return None
 
     def copy_snapshot(self, copy: Callable[[str], None]) -> None:
