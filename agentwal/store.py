@@ -67,7 +67,6 @@ from .errors import (
     StoreClosedError,
 )
 from .format import (
-    CONTROL_FILE,
     DEFAULT_SEGMENT_BYTES,
     MIN_SEGMENT_BYTES,
     SNAPSHOT_DIR,
@@ -80,7 +79,7 @@ from .recovery import Plan, ReplayedEffect, recover
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .txn import Transaction
 from .types import Checkpoint, Diff, Durability, check_key
-from .verify import Problem, VerifyReport, read_wal
+from .verify import Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
 from .wal import Writer
 
@@ -1281,39 +1280,38 @@ class Store:
         """
         self._check_open()
         assert self._snap is not None
-        found: list[Problem] = []
-        try:
-            ctl = read_control(self._fs, self.path)
-            if ctl is not None and ctl.store_id != self.store_id:
-                found.append(Problem(CONTROL_FILE, f"names store {ctl.store_id}, this store "
-                                     f"opened as {self.store_id}", CONTROL_FILE))
-        except CorruptionError as exc:
-            found.append(Problem(CONTROL_FILE, exc.reason, CONTROL_FILE, offset=exc.offset))
-        except OSError as exc:
-            found.append(Problem(CONTROL_FILE, f"cannot be read: {exc.strerror or exc}",
-                                 CONTROL_FILE))
-        data = os.path.join(self._snap.directory, "data.mdb")
+        found = check_control(self._fs, self.path, self.store_id)
+        snap: Snapshot | None = self._snap
+        rel = os.path.join(SNAPSHOT_DIR, "data.mdb")
         folding = self._fold_lock if not self.readonly else contextlib.nullcontext()
         with folding:
             with self._lock:
                 limit = self._visible  # every record up to it is whole in the log
             try:
+                check_lmdb_file(os.path.join(self._snap.directory, "data.mdb"))
+            except CorruptionError as exc:  # mapping it could kill the process: skip LMDB
+                found.append(Problem(rel, exc.reason, rel, offset=exc.offset))
+                snap = None
+            if self.readonly and snap is not None:
+                # Another process writes: what it folded was acknowledged, so damage
+                # up to there is damage (after it, a torn tail may be a write in progress).
+                ltxn = snap.begin_read()
+                with contextlib.suppress(CorruptionError):
+                    limit = max(limit, snap.meta(ltxn)[0])
+                snap.end_read(ltxn)
+            try:
                 wal = read_wal(self._fs, os.path.join(self.path, WAL_DIR))
             except OSError as exc:
                 raise _io_error(exc, self.path, "cannot read the WAL") from None
-            try:
-                check_lmdb_file(data)
-            except CorruptionError as exc:
-                found.append(Problem(f"{os.path.join(SNAPSHOT_DIR, 'data.mdb')}", exc.reason,
-                                     os.path.join(SNAPSHOT_DIR, "data.mdb"), offset=exc.offset))
+            if snap is None:
                 return verify_store(None, wal, store_id=self.store_id, limit=limit,
                                     problems=found)
-            ltxn = self._snap.begin_read()
+            ltxn = snap.begin_read()
             try:
-                return verify_store(self._snap.raw(ltxn), wal, store_id=self.store_id,
+                return verify_store(snap.raw(ltxn), wal, store_id=self.store_id,
                                     limit=limit, problems=found)
             finally:
-                self._snap.end_read(ltxn)
+                snap.end_read(ltxn)
 
     def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.

@@ -410,13 +410,19 @@ def test_a_malformed_ledger_entry_is_found(base: Built, tmp_path: Path) -> None:
     found(damaged(base, tmp_path, edit), "effects", f"k {key[0]!r}", "missing or of the wrong")
 
 
-def test_a_dangling_ledger_index_row_is_found(base: Built, tmp_path: Path) -> None:
+def test_ledger_index_rows(base: Built, tmp_path: Path) -> None:
     def edit(raw: Raw) -> None:
-        k = b"p" + cbor2.dumps(["chat", 99, 0])
-        raw.put("effects", k, b"no-such-key")
+        # A position row may outlive its entry (expiry): not a problem. An outbox row
+        # must name an entry; a position row must be [run, checkpoint, ordinal].
+        raw.put("effects", b"p" + cbor2.dumps(["chat", 99, 0]), b"expired-key")
+        raw.put("effects", b"p" + cbor2.dumps(["chat", 99]), b"k")
+        raw.put("effects", b"q" + U64.pack(5) + struct.pack(">I", 0), b"no-such-key")
 
     report = damaged(base, tmp_path, edit)
-    assert any(p.db == "effects" and "which is missing" in p.what for p in report.problems)
+    assert sorted((p.key, p.what) for p in report.problems) == [
+        (b"p".hex() + cbor2.dumps(["chat", 99]).hex(),
+         "position row is not [run, checkpoint, ordinal]"),
+        ("q 5/0", "names ledger entry b'no-such-key', which is missing")], report.problems
 
 
 def test_damaged_control_file_is_reported(base: Built, tmp_path: Path) -> None:
