@@ -48,6 +48,7 @@ through the I/O seam, and the store hands over an LMDB read transaction.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
 import struct
@@ -251,6 +252,10 @@ class _Ckpt:
     outbox: bytes | None
 
 
+class _Damaged(CodecError):
+    """An object needed is damaged: reported once, at the object, not at each user."""
+
+
 class _Objects:
     """``history.Objects`` (reads only) over the verifier's sealed reads."""
 
@@ -260,7 +265,7 @@ class _Objects:
     def get(self, addr: int) -> bytes | None:
         present, data = self._v.fetch("objects", _U64.pack(addr))
         if present and data is None:
-            raise CodecError(f"object @{addr} is damaged")
+            raise _Damaged(f"object @{addr} is damaged")
         return data
 
     def find(self, oid: bytes) -> int | None:
@@ -295,6 +300,7 @@ class _Verifier:
         self.next_run: int | None = None
         self.runs: dict[int, _Run] = {}
         self.run_nos: dict[str, int] = {}
+        self.damaged_runs: set[int] = set()  # run numbers of damaged run records
         self.objs = _Objects(self)
         self.found_refs: collections.Counter[int] = collections.Counter()
         self.addrs: set[int] = set()
@@ -429,7 +435,15 @@ class _Verifier:
         for k, raw in self.scan("runs"):
             self.checked["runs"] += 1
             data = self.unseal("runs", k, raw)
-            obj = None if data is None else self.decode("runs", k, data)
+            if data is None:
+                # Its entries are not checked; a number still read from it keeps them
+                # from being reported as belonging to no run.
+                with contextlib.suppress(CodecError, IndexError, TypeError):
+                    n = loads(raw[4:])[0]
+                    if _int(n):
+                        self.damaged_runs.add(n)
+                continue
+            obj = self.decode("runs", k, data)
             if obj is None:
                 continue
             if not (isinstance(obj, list) and len(obj) == 6
@@ -475,7 +489,8 @@ class _Verifier:
             if len(raw) >= 4:
                 digests[n] ^= struct.unpack_from("<I", raw)[0]
             if n not in self.runs:
-                self.entry_problem("state", k, f"belongs to no run (run number #{n})")
+                if n not in self.damaged_runs:
+                    self.entry_problem("state", k, f"belongs to no run (run number #{n})")
                 continue
             data = self.unseal("state", k, raw)
             if data is None:
@@ -485,6 +500,8 @@ class _Verifier:
                 k[8:].decode("utf-8")
                 value = history.head_value(self.objs, data)
                 loads(value)
+            except _Damaged:
+                damaged.add(n)
             except (UnicodeDecodeError, CodecError) as exc:
                 self.entry_problem("state", k, f"value does not decode: {exc}")
                 damaged.add(n)
@@ -545,8 +562,9 @@ class _Verifier:
                 continue
             n = _U64.unpack_from(k)[0]
             if n not in self.runs:
-                self.unseal("ckpt", k, raw)
-                self.entry_problem("ckpt", k, f"belongs to no run (run number #{n})")
+                if n not in self.damaged_runs:
+                    self.unseal("ckpt", k, raw)
+                    self.entry_problem("ckpt", k, f"belongs to no run (run number #{n})")
                 continue
             if n != current:
                 if current is not None:
@@ -619,6 +637,9 @@ class _Verifier:
         try:
             raw = cbor2.dumps({k: None if r is None else history.resolve(self.objs, r)
                                for k, r in delta.items()})
+        except _Damaged:
+            self.checked["hashes_unchecked"] += 1
+            return
         except CodecError as exc:
             self.entry_problem("delta", key, f"cannot rebuild the committed delta: {exc}")
             return
@@ -666,6 +687,8 @@ class _Verifier:
                 continue
             try:
                 same = history.head_value(self.objs, data) == history.resolve(self.objs, ref)
+            except _Damaged:
+                continue
             except CodecError as exc:
                 self.entry_problem("state", k, f"cannot compare with history: {exc}")
                 continue
@@ -689,7 +712,8 @@ class _Verifier:
             n, cid = _U64.unpack_from(k)[0], _U64.unpack_from(k, 8)[0]
             run = self.runs.get(n)
             if run is None:
-                self.entry_problem(db, k, f"belongs to no run (run number #{n})")
+                if n not in self.damaged_runs:
+                    self.entry_problem(db, k, f"belongs to no run (run number #{n})")
             elif not 1 <= cid <= run.head or (manifest and not history.is_manifest(cid)):
                 self.entry_problem(db, k, f"belongs to no checkpoint of {run.name!r} (head "
                                    f"{run.head})")
@@ -733,6 +757,8 @@ class _Verifier:
                 continue
             try:
                 history.check_node(self.objs, addr)
+            except _Damaged:
+                continue
             except CodecError as exc:
                 self.entry_problem("objects", k, str(exc))
         for addr in sorted(set(self.found_refs) - self.addrs):

@@ -164,10 +164,13 @@ def test_a_flipped_value_byte_in_any_database_is_reported_at_its_entry(
             bad.append(f"{db}[{key}] @ {case['offset']}: not reported; problems: "
                        f"{a['problems'][:3]}")
     opened = sum(a["opened"] for a in answers)
+    counts = sorted(len(a["problems"]) for a in answers if a["opened"])
     print(f"\n{len(cases)} value flips over {len(by_db)} databases: {opened} opened and "
-          f"reported by verify, {len(cases) - opened} refused at open")
+          f"reported by verify, {len(cases) - opened} refused at open; problems per case: "
+          f"{counts[0]}..{counts[-1]} (median {counts[len(counts) // 2]})")
     assert not bad, "\n".join(bad)
     assert opened >= len(cases) * 0.8
+    assert counts[-1] <= 3, "one flipped byte should not bury its report in consequences"
 
 
 def test_a_flipped_key_byte_is_reported_in_its_database(base: Built, tmp_path: Path) -> None:
