@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all torture bench bench-compare lint format clean
+.PHONY: demo example test test-all torture bench bench-compare lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m agentwal.demo
+
+example: $(STAMP)
+	$(PY) examples/effects_agent.py
 
 test: $(STAMP)
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider

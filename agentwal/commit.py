@@ -48,10 +48,11 @@ from .codec import (
     encode_meta,
     pack_payload,
 )
-from .effects import Deferred, encode_outbox
+from .effects import Deferred, args_digest, encode_outbox
 from .errors import (
     ConflictError,
     DurabilityError,
+    EffectDivergenceError,
     Error,
     RunExistsError,
     StoreClosedError,
@@ -97,7 +98,8 @@ class CommitPipeline:
                  next_lsn: int, heads: dict[str, tuple[int, bytes]],
                  head_of: Callable[[str], tuple[int, bytes] | None],
                  publish: Callable[[list[Pending], tuple[int, int] | None], None],
-                 oldest_snapshot: Callable[[], int]) -> None:
+                 oldest_snapshot: Callable[[], int],
+                 known_effect: Callable[[str], Any] = lambda key: None) -> None:
         self.path = path
         self.writer = writer
         self.durability = durability
@@ -119,6 +121,7 @@ class CommitPipeline:
         self._head_of = head_of
         self._publish = publish
         self._oldest = oldest_snapshot
+        self._known_effect = known_effect  # key -> published ledger entry or None
 
     # -- committing -----------------------------------------------------------------
 
@@ -141,8 +144,7 @@ class CommitPipeline:
         self._learn_compression(
             try_zstd and (bool(flags & FLAG_ZSTD) or len(blob) >= COMPRESS_THRESHOLD), flags)
         meta_raw = encode_meta(meta)
-        outbox = encode_outbox(deferred) if deferred else None
-        size = len(blob) + len(meta_raw) + len(outbox or b"")
+        size = len(blob) + len(meta_raw) + sum(len(d[2]) for d in deferred or ())
         if size > MAX_RECORD_PAYLOAD - 65536:
             raise UnencodableValueError("<commit>", f"the commit is {size} bytes encoded, "
                                         f"over the {MAX_RECORD_PAYLOAD} byte record limit; "
@@ -155,6 +157,9 @@ class CommitPipeline:
             if self.writer.broken is not None:
                 raise self.writer.stopped()
             self._validate(run, snap, delta.keys() | reads, prefixes)
+            if deferred:
+                deferred = self._dedup_outbox(deferred)
+            outbox = encode_outbox(deferred) if deferred else None
             head = self.heads.get(run) or self._head_of(run)
             if origin is not None and head is not None:
                 raise RunExistsError(run)
@@ -190,6 +195,11 @@ class CommitPipeline:
             UnencodableValueError, DiskFullError, DurabilityError, StoreClosedError.
         """
         payload, flags = pack_payload(raw, f"effect {entry.name!r}")
+        if len(payload) > MAX_RECORD_PAYLOAD - 65536:
+            raise UnencodableValueError(f"effect {entry.name!r}",
+                                        f"its ledger entry is {len(payload)} bytes encoded, "
+                                        f"over the {MAX_RECORD_PAYLOAD} byte record limit; "
+                                        "keep large results out of effects (store a blob)")
         with self.lock:
             if self.closed:
                 raise StoreClosedError(self.path)
@@ -202,6 +212,45 @@ class CommitPipeline:
             self.pending.append(pc)
         self._drive(pc)
         return lsn
+
+    def _dedup_outbox(self, deferred: list[Deferred]) -> list[Deferred]:
+        """Drop outbox entries whose business key the ledger already has; under the lock.
+
+        The decision is made here, before the record is written, and the log
+        carries only the entries kept, so replay creates exactly what the live
+        store did and publishing never has to look anything up. The ledger is
+        every published entry plus what is queued ahead of this commit.
+
+        Raises:
+            EffectDivergenceError: the key is recorded with another name, mode or args.
+        """
+        queued: dict[str, tuple[str, str, str]] = {}
+        for p in self.pending:
+            if p.effect is not None:
+                e = p.effect[0]
+                queued[e.key] = (e.name, e.mode.value, e.args_digest)
+            for d in p.deferred or ():
+                if d[3] is not None:
+                    queued.setdefault(d[3], (d[0], d[1], args_digest(d[2])))
+        kept = []
+        for d in deferred:
+            name, mode, args_raw, key, _idem = d
+            if key is None:
+                kept.append(d)
+                continue
+            found = queued.get(key)
+            if found is None:
+                e = self._known_effect(key)
+                found = (e.name, e.mode.value, e.args_digest) if e is not None else None
+            if found is None:
+                queued[key] = (name, mode, args_digest(args_raw))
+                kept.append(d)
+            elif found != (name, mode, args_digest(args_raw)):
+                raise EffectDivergenceError(
+                    None, key, f"outbox entry {name!r} has business key {key!r}, which the "
+                    f"ledger holds for {found[0]!r} ({found[1]}) with other inputs; nothing "
+                    "was committed. Use a key that names one request.")
+        return kept
 
     def _learn_compression(self, tried: bool, flags: int) -> None:
         """Stop trying zstd for a while when it keeps not helping (random or packed data).

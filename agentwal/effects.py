@@ -150,7 +150,8 @@ class EffectRecord:
         deferred: True for outbox entries (``txn.defer``).
         status: one of ``pending``, ``in_doubt``, ``done``, ``failed``,
             ``not_applied``, ``resolved``.
-        attempts: calls made so far (durably counted).
+        attempts: attempts begun so far (durably counted; an attempt is counted
+            when its intent is recorded, so one cut off before its call counts too).
         args: the recorded arguments.
         args_digest: hex SHA-256 of the encoded arguments.
         result: the recorded result (``done``/``resolved``), else None.
@@ -159,6 +160,7 @@ class EffectRecord:
         created_at / updated_at: seconds since the epoch.
         resolved_by: who settled it with ``resolve_effect`` (else None).
         resolved_at: when ``resolve_effect`` settled it (seconds since the epoch).
+        keyed: the key is a business key (``key=``), not derived from the position.
         order: ``(lsn, index)`` of a deferred entry's commit: dispatch order.
     """
 
@@ -182,6 +184,7 @@ class EffectRecord:
     resolved_by: str | None = None
     order: tuple[int, int] | None = None
     resolved_at: float | None = None
+    keyed: bool = False
 
     @property
     def age(self) -> float:
@@ -221,8 +224,26 @@ def effect_id_for(key: str) -> str:
 
 
 def args_digest(args_raw: bytes) -> str:
-    """Hex SHA-256 of encoded arguments: divergence is judged on it."""
-    return hashlib.sha256(args_raw).hexdigest()
+    """Hex digest of encoded arguments that does not depend on their encoding's order.
+
+    Divergence is judged on it, so it must be the same for equal values in
+    every process: sets encode in hash-seed order and dicts in insertion
+    order, so the digest is taken over the decoded value as a tree (map
+    entries and set members sorted by their own digests), in linear time.
+    """
+    return _node_digest(loads(args_raw)).hex()
+
+
+def _node_digest(v: Any) -> bytes:
+    if isinstance(v, dict):
+        tag, parts = b"M", sorted(_node_digest(k) + _node_digest(x) for k, x in v.items())
+    elif isinstance(v, (set, frozenset)):
+        tag, parts = b"S", sorted(_node_digest(x) for x in v)
+    elif isinstance(v, (list, tuple)):
+        tag, parts = b"L", [_node_digest(x) for x in v]
+    else:
+        return hashlib.sha256(b"V" + cbor2.dumps(v)).digest()
+    return hashlib.sha256(tag + len(parts).to_bytes(8, "big") + b"".join(parts)).digest()
 
 
 # -- decisions ----------------------------------------------------------------------
@@ -304,13 +325,14 @@ def outbox_entries(store_id: object, ckpt_run: str, ckpt_id: int, created_at: fl
         out.append(EffectRecord(
             effect_id_for(k), k, name, EffectMode(mode), ckpt_run, ckpt_id, None, True,
             "pending", 0, loads(args_raw), args_digest(args_raw), idempotent=idempotent,
-            created_at=created_at, updated_at=created_at, order=(lsn, i)))
+            created_at=created_at, updated_at=created_at, order=(lsn, i),
+            keyed=key is not None))
     return out
 
 
 _FIELDS = ("effect_id", "key", "name", "mode", "run", "checkpoint", "ordinal", "deferred",
            "status", "attempts", "args", "args_digest", "result", "error", "idempotent",
-           "created_at", "updated_at", "resolved_by", "order", "resolved_at")
+           "created_at", "updated_at", "resolved_by", "order", "resolved_at", "keyed")
 
 
 def encode_entry(e: EffectRecord) -> bytes:
@@ -339,7 +361,11 @@ _TYPES: Mapping[str, tuple[type, ...]] = {
     "error": (str, type(None)), "idempotent": (bool,), "created_at": (int, float),
     "updated_at": (int, float), "resolved_by": (str, type(None)),
     "order": (list, type(None)), "args": (bytes,), "result": (bytes,),
-    "resolved_at": (int, float, type(None)),
+}
+#: Fields added after the first entries were written: (types, value when absent).
+_OPTIONAL: Mapping[str, tuple[tuple[type, ...], Any]] = {
+    "resolved_at": ((int, float, type(None)), None),
+    "keyed": ((bool,), False),
 }
 
 
@@ -351,6 +377,9 @@ def decode_entry(data: bytes) -> EffectRecord:
     for f, types in _TYPES.items():
         if f not in obj or not isinstance(obj[f], types):
             raise CodecError(f"effect entry field {f!r} is missing or of the wrong type")
+    for f, (types, absent) in _OPTIONAL.items():
+        if not isinstance(obj.setdefault(f, absent), types):
+            raise CodecError(f"effect entry field {f!r} is of the wrong type")
     if obj["status"] not in STATUSES:
         raise CodecError(f"effect entry has unknown status {obj['status']!r}")
     try:

@@ -55,6 +55,7 @@ from .effects import (
     effect_id_for,
 )
 from .errors import (
+    CorruptionError,
     DiskFullError,
     DurabilityError,
     EffectDivergenceError,
@@ -74,7 +75,7 @@ class _Engine(Protocol):
 
     def _effect_get(self, key: str) -> EffectRecord | None: ...
     def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None: ...
-    def _effect_write(self, entry: EffectRecord) -> None: ...
+    def _effect_write(self, entry: EffectRecord) -> EffectRecord: ...
     def _effect_all(self) -> list[EffectRecord]: ...
     def _effect_outbox(self) -> list[EffectRecord]: ...
 
@@ -96,6 +97,7 @@ class Request:
     retries: int = 0
     retry_on: tuple[type[BaseException], ...] = ()
     backoff: float = 0.1
+    keyed: bool = False  # a business key (key=), not derived from the position
     digest: str = ""  # of args_raw unless given (an outbox entry keeps its own)
 
     def __post_init__(self) -> None:
@@ -128,6 +130,14 @@ class DispatchReport:
         return not (self.failed or self.in_doubt or self.skipped)
 
 
+class _FnFailed(Exception):
+    """``fn`` raised ``exc`` (already recorded as ``failed``)."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(exc)
+        self.exc = exc
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
@@ -146,42 +156,47 @@ class Ledger:
     def __init__(self, engine: _Engine) -> None:
         self._engine = engine
         self._guard = threading.Lock()
-        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        self._locks: dict[tuple[str, ...], tuple[threading.RLock, int]] = {}
 
     @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        """Hold the per-key lock: one executor per idempotency key in this process."""
+    def _locked(self, name: tuple[str, ...]) -> Iterator[None]:
+        """Hold the lock named ``name`` (a key or a position); reentrant in one thread."""
         with self._guard:
-            lock, users = self._locks.get(key, (threading.Lock(), 0))
-            self._locks[key] = (lock, users + 1)
+            lock, users = self._locks.get(name, (threading.RLock(), 0))
+            self._locks[name] = (lock, users + 1)
         try:
             with lock:
                 yield
         finally:
             with self._guard:
-                lock, users = self._locks[key]
+                lock, users = self._locks[name]
                 if users == 1:
-                    del self._locks[key]
+                    del self._locks[name]
                 else:
-                    self._locks[key] = (lock, users - 1)
+                    self._locks[name] = (lock, users - 1)
 
     # -- running ------------------------------------------------------------------
 
     def run(self, req: Request) -> Any:
         """Run ``req`` under its mode; returns the (recorded) result.
 
+        The position (run, checkpoint, ordinal) and then the key are locked, so
+        checking a position and claiming it with an intent is atomic, and one
+        executor at a time works on a key in this process.
+
         Raises:
             EffectDivergenceError, EffectInDoubtError, EffectNotAppliedError,
             whatever ``fn`` raised (recorded as ``failed``), and the store's
             DiskFullError / DurabilityError if a record cannot be made durable.
         """
-        with self._locked(req.key):
+        pos = ("pos", req.run, str(req.checkpoint), str(req.ordinal))
+        with self._locked(pos), self._locked(("key", req.key)):
             entry = self._engine._effect_get(req.key)
             if req.ordinal is not None:
-                self._check_position(req, entry)
+                self._check_position(req)
             return self._drive(req, entry)
 
-    def _check_position(self, req: Request, entry: EffectRecord | None) -> None:
+    def _check_position(self, req: Request) -> None:
         assert req.ordinal is not None
         there = self._engine._effect_key_at(req.run, req.checkpoint, req.ordinal)
         if there is not None and there != req.key:
@@ -191,8 +206,8 @@ class Ledger:
                 None, req.key,
                 f"effect #{req.ordinal} of run {req.run!r} from checkpoint {req.checkpoint} "
                 f"was recorded as {what}, and now {req.name!r} (key {req.key!r}) is asked "
-                "for there. The step is not deterministic; make it call the same effects in "
-                "the same order, or settle the recorded one with store.resolve_effect.")
+                "for there. The step is not deterministic: make it call the same effects in "
+                "the same order, or commit first so it runs from a new checkpoint.")
 
     def _drive(self, req: Request, entry: EffectRecord | None) -> Any:
         digest = req.digest
@@ -218,38 +233,44 @@ class Ledger:
                     entry.effect_id, entry.key,
                     f"effect {entry.name!r} ({entry.effect_id}, key {entry.key!r}) was not "
                     "applied and is at_most_once, so it is not called again. Take another "
-                    "path, or record what happened with store.resolve_effect.")
+                    "path, or record what happened with store.resolve_effect(effect_id, "
+                    "result=...).")
             if step == PROBE:
                 assert entry is not None and req.probe is not None
                 answer = req.probe(self._context(req, entry, entry.attempts))
                 step = after_probe(answer, req.mode, req.idempotent)
                 if step == RETURN:
                     encode_value(f"probe result of effect {req.name!r}", answer)
-                    entry = entry.replace(status="done", result=answer, error=None)
-                    self._engine._effect_write(entry)
+                    entry = self._engine._effect_write(
+                        entry.replace(status="done", result=answer, error=None))
                 continue
             assert step == CALL
             try:
                 return self._call(req, entry, digest)
-            except req.retry_on as exc:
-                if retries_left <= 0:
-                    raise
+            except _FnFailed as failed:
+                exc = failed.exc
+                if retries_left <= 0 or not isinstance(exc, req.retry_on):
+                    raise exc from None
                 retries_left -= 1
                 time.sleep(min(req.backoff * 2 ** (req.retries - retries_left - 1), 30.0))
                 failpoints.hit("effect_before_retry")
                 entry = self._engine._effect_get(req.key)
-                assert entry is not None, exc
                 step = decide(entry, name=req.name, digest=digest, mode=req.mode,
                               has_probe=req.probe is not None, idempotent=req.idempotent)
 
     def _call(self, req: Request, entry: EffectRecord | None, digest: str) -> Any:
-        """One attempt: durable intent, the call, durable outcome."""
+        """One attempt: durable intent, the call, durable outcome.
+
+        An exception from ``fn`` comes out wrapped in :class:`_FnFailed` (after
+        it is recorded), so retries never catch the engine's own errors.
+        """
         now = time.time()
         if entry is None:
             entry = EffectRecord(
                 effect_id_for(req.key), req.key, req.name, req.mode, req.run, req.checkpoint,
                 req.ordinal, False, "in_doubt", 1, loads(req.args_raw), digest,
-                idempotent=req.idempotent, created_at=now, updated_at=now)
+                idempotent=req.idempotent, created_at=now, updated_at=now,
+                keyed=req.keyed)
         else:
             entry = entry.replace(status="in_doubt", attempts=entry.attempts + 1)
         failpoints.hit("effect_before_intent")
@@ -259,18 +280,28 @@ class Ledger:
             result = req.fn(self._context(req, entry, entry.attempts))
         except Exception as exc:
             failpoints.hit("after_effect_call")
-            self._engine._effect_write(entry.replace(status="failed", error=_describe(exc)))
-            raise
+            self._outcome(entry.replace(status="failed", error=_describe(exc)))
+            raise _FnFailed(exc) from exc
         failpoints.hit("after_effect_call")
         try:
-            encode_value(f"result of effect {req.name!r}", result)
+            done = self._outcome(entry.replace(status="done", result=result, error=None))
         except UnencodableValueError as exc:
             # The call happened; its result cannot be kept. Record that, loudly.
-            self._engine._effect_write(entry.replace(status="failed", error=_describe(exc)))
+            self._outcome(entry.replace(status="failed", error=_describe(exc)))
             raise
-        self._engine._effect_write(entry.replace(status="done", result=result, error=None))
         failpoints.hit("effect_after_outcome")
-        return result
+        return done.result
+
+    def _outcome(self, entry: EffectRecord) -> EffectRecord:
+        """Record the outcome of a call that happened; a store failure leaves it in doubt."""
+        try:
+            return self._engine._effect_write(entry)
+        except (DiskFullError, DurabilityError, StoreClosedError) as exc:
+            raise EffectInDoubtError(
+                entry.effect_id, entry.key,
+                f"effect {entry.name!r} ({entry.effect_id}) was called, but its outcome "
+                f"could not be recorded ({exc}); it stays in doubt. Fix the store, then "
+                "check the downstream and settle it with store.resolve_effect.") from exc
 
     def _context(self, req: Request, entry: EffectRecord, attempt: int) -> EffectContext:
         return EffectContext(entry.key, entry.effect_id, entry.run, attempt,
@@ -314,13 +345,13 @@ class Ledger:
                           entry.key, entry.run, entry.checkpoint, None, probe,
                           entry.idempotent, digest=entry.args_digest)
             try:
-                with self._locked(entry.key):
+                with self._locked(("key", entry.key)):
                     self._drive(req, self._engine._effect_get(entry.key))
                 report.done.append(eid)
             except (EffectInDoubtError, EffectNotAppliedError) as exc:
                 report.in_doubt.append((eid, str(exc)))
                 held[entry.run] = f"waits for {eid} (in doubt)"
-            except (DiskFullError, DurabilityError, StoreClosedError):
+            except (DiskFullError, DurabilityError, StoreClosedError, CorruptionError):
                 raise  # the store failed, not the handler
             except Exception as exc:
                 report.failed.append((eid, _describe(exc)))
@@ -333,7 +364,7 @@ class Ledger:
                 by: str | None) -> EffectRecord:
         """Settle an unsettled entry by hand (see ``Store.resolve_effect``)."""
         entry = self.find(effect_id)
-        with self._locked(entry.key):
+        with self._locked(("key", entry.key)):
             entry = self._engine._effect_get(entry.key) or entry
             if entry.status in ("done", "resolved") or (
                     entry.status == "not_applied" and not_applied):
@@ -368,7 +399,8 @@ def _diverged(entry: EffectRecord, req: Request, digest: str) -> str:
         what.append(f"mode {entry.mode.value} -> {req.mode.value}")
     return (f"effect {entry.effect_id} (key {entry.key!r}) was recorded with other inputs "
             f"({', '.join(what)}); nothing was called. Re-run the step with the same inputs, "
-            "use a different key, or settle the record with store.resolve_effect.")
+            "or commit first so the step runs from a new checkpoint (new positions and keys); "
+            "a business key= must name one request.")
 
 
 def _in_doubt(entry: EffectRecord) -> str:

@@ -426,29 +426,28 @@ class Snapshot:
 
     def effects(self, txn: Any) -> Iterator[EffectRecord]:
         """Every folded ledger entry, in key order."""
-        with self._reading("the effects ledger"), txn.cursor(db=self._effects) as cur:
-            found = cur.set_range(b"k")
-            while found:
-                k = bytes(cur.key())
-                if not k.startswith(b"k"):
-                    break
-                yield self._entry(k, cur.value())
-                found = cur.next()
+        for k, v in self._effect_rows(txn, b"k", "the effects ledger"):
+            yield self._entry(k, v)
 
     def outbox(self, txn: Any) -> list[str]:
         """Keys of folded outbox entries not yet settled, in commit order."""
         out = []
-        with self._reading("the outbox"), txn.cursor(db=self._effects) as cur:
-            found = cur.set_range(b"q")
+        for k, v in self._effect_rows(txn, b"q", "the outbox"):
+            data = self._open(k, v, "an outbox entry")
+            assert data is not None
+            out.append(data.decode("utf-8", "replace"))
+        return out
+
+    def _effect_rows(self, txn: Any, kind: bytes, what: str) -> Iterator[tuple[bytes, Any]]:
+        """``(key, sealed value)`` of the ``effects`` rows of one kind (b"k", b"p", b"q")."""
+        with self._reading(what), txn.cursor(db=self._effects) as cur:
+            found = cur.set_range(kind)
             while found:
                 k = bytes(cur.key())
-                if not k.startswith(b"q"):
+                if not k.startswith(kind):
                     break
-                data = self._open(k, cur.value(), "an outbox entry")
-                assert data is not None
-                out.append(data.decode("utf-8", "replace"))
+                yield k, cur.value()
                 found = cur.next()
-        return out
 
     def _put_effect(self, txn: Any, entry: EffectRecord, raw: bytes) -> None:
         k = b"k" + entry.key.encode()
@@ -464,9 +463,24 @@ class Snapshot:
             else:
                 txn.delete(qk, db=self._effects)
 
+    def _expirable(self, txn: Any, e: EffectRecord, before: float) -> bool:
+        """A settled entry last updated before ``before`` that nothing can meet again.
+
+        Business keys and outbox entries expire by age alone (that is what the
+        retention is for). An entry keyed by its position expires only once
+        its run's folded head is past that checkpoint: a step can only start
+        at the head, so a position behind it is never re-run, while one at the
+        head may still be (an agent waiting, then resuming).
+        """
+        if outstanding(e) or e.updated_at >= before:
+            return False
+        if e.keyed or e.deferred:
+            return True
+        info = self.run_info(txn, e.run)
+        return info is not None and info.head > e.checkpoint
+
     def _expire_effects(self, txn: Any, before: float) -> None:
-        doomed = [e for e in self.effects(txn)
-                  if not outstanding(e) and e.updated_at < before]
+        doomed = [e for e in self.effects(txn) if self._expirable(txn, e, before)]
         for e in doomed:
             txn.delete(b"k" + e.key.encode(), db=self._effects)
             if e.ordinal is not None:
@@ -838,7 +852,14 @@ def _acquire(directory: str, readonly: bool, map_size: int) -> _Shared:
             if writable:
                 env.reader_check()
             # Handles opened in their own (committed) transaction stay valid.
-            dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
+            try:
+                dbs = tuple(env.open_db(name, create=not readonly) for name in _DB_NAMES)
+            except lmdb.NotFoundError:  # read-only, and a database is missing
+                raise CorruptionError(
+                    os.path.join(directory, _DATA), None,
+                    "the snapshot lacks a database this version of agentwal keeps (it was "
+                    "written by an older version)",
+                    "Open the store once for writing (not read-only) to add it.") from None
             with env.begin() as txn:
                 for name, db in zip(_DB_NAMES, dbs, strict=True):
                     flags = db.flags(txn)  # type: ignore[call-arg]

@@ -51,6 +51,7 @@ from .effects import (
     Deferred,
     EffectContext,
     EffectRecord,
+    decode_entry,
     encode_entry,
     outbox_entries,
     outstanding,
@@ -241,13 +242,8 @@ def _checkpoint_id(cid: object) -> int:
     return cid
 
 
-def _replay(plan: Plan, store_id: Any, folded: Callable[[str], bool]
-            ) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
-    """A memtable holding the replayed records, and each replayed run's head.
-
-    ``folded(key)`` says whether LMDB already has a ledger entry with that
-    key (an outbox entry with a business key is not recorded twice).
-    """
+def _replay(plan: Plan, store_id: Any) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
+    """A memtable holding the replayed records, and each replayed run's head."""
     mem = Memtable()
     heads: dict[str, tuple[int, bytes]] = {}
     for r in plan.records:
@@ -260,20 +256,19 @@ def _replay(plan: Plan, store_id: Any, folded: Callable[[str], bool]
         mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn,
                   None if rec.deferred is None else hashlib.sha256(rec.deferred).digest())
         if r.deferred:
-            _add_outbox(mem, store_id, ckpt, r.deferred, folded)
+            _add_outbox(mem, store_id, ckpt, r.deferred)
         heads[rec.run] = (rec.id, rec.hash)
     if plan.records and plan.resume is not None:
         mem.log_pos = (plan.resume[0].first_lsn, plan.resume[2])
     return mem, heads
 
 
-def _add_outbox(mem: Memtable, store_id: Any, ckpt: Checkpoint, deferred: list[Deferred],
-                folded: Callable[[str], bool]) -> None:
-    """Ledger entries for a committed outbox; a key already recorded is left as it is."""
+def _add_outbox(mem: Memtable, store_id: Any, ckpt: Checkpoint,
+                deferred: list[Deferred]) -> None:
+    """Ledger entries for a committed outbox (the commit dropped known business keys)."""
     for entry in outbox_entries(store_id, ckpt.run, ckpt.id, ckpt.created_at, ckpt.lsn,
                                 deferred):
-        if entry.key not in mem.effects and not folded(entry.key):
-            mem.apply_effect(ckpt.lsn, entry, encode_entry(entry))
+        mem.apply_effect(ckpt.lsn, entry, encode_entry(entry))
 
 
 class Store:
@@ -364,9 +359,7 @@ class Store:
         started = time.perf_counter()
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
-            snap = self._snap
-            mem, heads = _replay(plan, self.store_id,
-                                 lambda key: snap.effect(ltxn, key) is not None)
+            mem, heads = _replay(plan, self.store_id)
         ended = None
         with self._lock:
             if self.readonly:
@@ -393,7 +386,7 @@ class Store:
             w.start(plan.next_lsn, plan.next_number, plan.earlier)
         self._pipe = CommitPipeline(self.path, w, self.durability, self._lock, plan.next_lsn,
                                     heads, self._folded_head, self._publish,
-                                    self._oldest_snapshot)
+                                    self._oldest_snapshot, self._effect_recorded)
         # The replayed log counts toward the next fold, so a process that keeps
         # crashing early still folds and open time stays bounded.
         self._fold_mark = w.bytes_written - plan.replayed_bytes
@@ -688,8 +681,7 @@ class Store:
                 self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest,
                                    p.outbox_digest)
                 if p.deferred:
-                    _add_outbox(self._active, self.store_id, p.ckpt, p.deferred,
-                                self._effect_folded)
+                    _add_outbox(self._active, self.store_id, p.ckpt, p.deferred)
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
@@ -1118,7 +1110,8 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        return [e for e in sorted(self._effect_all(), key=lambda e: (e.created_at, e.key))
+        return [e for e in sorted(self._effect_all(),
+                                  key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
@@ -1184,12 +1177,15 @@ class Store:
         self._check_open()
         return self._ledger.run(req)
 
-    def _effect_folded(self, key: str) -> bool:
-        """LMDB has a ledger entry for ``key``; called under ``_lock``."""
+    def _effect_recorded(self, key: str) -> EffectRecord | None:
+        """The published ledger entry for ``key`` (memtables, then LMDB); under ``_lock``."""
+        for layer in (self._active, self._frozen):
+            if layer is not None and key in layer.effects:
+                return layer.effects[key][0]
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
-            return self._snap.effect(ltxn, key) is not None
+            return self._snap.effect(ltxn, key)
         finally:
             self._snap.end_read(ltxn)
 
@@ -1208,19 +1204,30 @@ class Store:
 
         return self._with_view(read)
 
-    def _effect_write(self, entry: EffectRecord) -> None:
+    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
+        """Log ``entry`` durably; returns it as recorded (decoded from its encoding,
+        so it shares no object with the caller's)."""
         self._check_open()
         if self._pipe is None:
             raise ReadOnlyError(self.path)
-        self._pipe.record_effect(entry, encode_entry(entry))
+        raw = encode_entry(entry)
+        recorded = decode_entry(raw)
+        self._pipe.record_effect(recorded, raw)
+        return decode_entry(raw)
+
+    def _effect_layers(self, v: _View) -> list[dict[str, tuple[EffectRecord, bytes]]]:
+        """Copies of the view's memtable ledgers, newest first (other threads add to them)."""
+        with self._lock:
+            return [dict(layer.effects) for layer in v.layers]
 
     def _effect_all(self) -> list[EffectRecord]:
+        """Every ledger entry (fresh objects: callers may keep and change them)."""
         def read(v: _View) -> list[EffectRecord]:
             snap = self._snap
             assert snap is not None
             out = {e.key: e for e in self._lmdb(v, lambda t: list(snap.effects(t)))}
-            for layer in reversed(v.layers):
-                out.update((k, e) for k, (e, _raw) in layer.effects.items())
+            for layer in reversed(self._effect_layers(v)):
+                out.update((k, decode_entry(raw)) for k, (_e, raw) in layer.items())
             return list(out.values())
 
         return self._with_view(read)
@@ -1231,17 +1238,19 @@ class Store:
             snap = self._snap
             assert snap is not None
             keys = set(self._lmdb(v, snap.outbox))
-            for layer in v.layers:
-                keys.update(k for k, (e, _raw) in layer.effects.items() if e.deferred)
+            for layer in self._effect_layers(v):
+                keys.update(k for k, (e, _raw) in layer.items() if e.deferred)
             return [e for e in (self._effect_get_in(v, k) for k in keys)
                     if e is not None and e.deferred and outstanding(e)]
 
         return sorted(self._with_view(read), key=lambda e: e.order or (0, 0))
 
     def _effect_get_in(self, v: _View, key: str) -> EffectRecord | None:
-        for layer in v.layers:
-            if key in layer.effects:
-                return layer.effects[key][0]
+        with self._lock:
+            found = next((layer.effects[key] for layer in v.layers if key in layer.effects),
+                         None)
+        if found is not None:
+            return decode_entry(found[1])  # a fresh copy
         snap = self._snap
         assert snap is not None
         return self._lmdb(v, lambda t: snap.effect(t, key))

@@ -330,10 +330,11 @@ class Transaction:
         nth = self._effect_names.get(name, 0)
         self._effects_made += 1
         self._effect_names[name] = nth + 1
+        keyed = key is not None
         if key is None:
             key = derive_key(self._engine.store_id, self.run, base, name, nth)
         req = Request(name, fn, req_mode, args_raw, key, self.run, base, ordinal, probe,
-                      bool(idempotent), retries, tuple(retry_on), float(backoff))
+                      bool(idempotent), retries, tuple(retry_on), float(backoff), keyed)
         return self._engine._txn_effect(self, req)
 
     def defer(self, name: str, *, mode: EffectMode | str, args: Any = None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -438,16 +440,42 @@ def test_retention_expires_settled_entries_only(tmp_path: Path, down: Downstream
 
     path = tmp_path / "s"
     with agentwal.open(path, effect_retention=dt.timedelta(0)) as s:
-        step(s, down, "at_least_once", run="done")
+        step(s, down, "at_least_once", run="done", key="biz")  # business key, settled
         lose_outcome(s, down, "at_most_once", run="doubt")
+        with s.begin("failed") as txn, pytest.raises(ValueError):
+            txn.effect("op", lambda ctx: (_ for _ in ()).throw(ValueError("x")),
+                       mode="at_least_once", key="f")
+        defer_pending = s.begin("pending")
+        defer_pending.defer("mail", mode="at_least_once")
+        defer_pending.commit()
         s.snapshot()
-        assert [e.run for e in s.effects()] == ["doubt"]
+        assert sorted(e.run for e in s.effects()) == ["doubt", "failed", "pending"]
     with agentwal.open(path, effect_retention=None) as s:
-        step(s, down, "at_least_once", run="kept")
+        step(s, down, "at_least_once", run="kept", key="biz2")
         s.snapshot()
-        assert sorted(e.run for e in s.effects()) == ["doubt", "kept"]
+        assert sorted(e.run for e in s.effects()) == ["doubt", "failed", "kept", "pending"]
     with pytest.raises(ValueError):
         agentwal.open(path, effect_retention=dt.timedelta(seconds=-1))
+
+
+def test_retention_keeps_position_entries_a_step_can_still_meet(tmp_path: Path,
+                                                               down: Downstream) -> None:
+    # Regression: expiry dropped settled position entries by age alone, so a step
+    # re-run from the same checkpoint after the retention called at_most_once again.
+    import datetime as dt
+
+    path = tmp_path / "s"
+    with agentwal.open(path, effect_retention=dt.timedelta(0)) as s:
+        with s.begin("r") as txn:
+            txn["started"] = True
+        step(s, down, "at_most_once", commit=False)  # settled at checkpoint 1, not committed
+        s.snapshot()
+        assert len(s.effects()) == 1
+        step(s, down, "at_most_once")  # the re-run: the record, no second call
+        assert down.calls() == 1
+        s._next_expiry = 0.0  # expiry runs at most hourly: let the next fold run it
+        s.snapshot()  # the head is now 2: position 1 can never be met again
+        assert s.effects() == []
 
 
 def test_stats_count_effect_records_apart_from_commits(store: agentwal.Store,
@@ -455,3 +483,133 @@ def test_stats_count_effect_records_apart_from_commits(store: agentwal.Store,
     step(store, down, "at_least_once")
     st = store.stats()
     assert (st["commits"], st["effect_records"]) == (1, 2)  # intent + outcome, one commit
+
+
+def test_oversized_entries_are_refused_not_logged(store: agentwal.Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: effect records skipped the record-size limit, so an entry the
+    # reader refuses (and recovery would drop as a torn tail) could be fsynced.
+    import agentwal.commit
+
+    monkeypatch.setattr(agentwal.commit, "MAX_RECORD_PAYLOAD", 65536 + 4096)
+    calls: list[int] = []
+    with store.begin("r") as txn:
+        with pytest.raises(UnencodableValueError):  # the intent: nothing is called
+            txn.effect("big-args", lambda ctx: calls.append(1), mode="at_least_once",
+                       args=random.Random(1).randbytes(8000))  # incompressible
+        with pytest.raises(UnencodableValueError):  # the outcome: recorded as failed
+            txn.effect("big-result",
+                       lambda ctx: calls.append(2) or random.Random(2).randbytes(8000),
+                       mode="at_least_once")
+    assert calls == [2]
+    assert [(e.name, e.status) for e in store.effects()] == [("big-result", "failed")]
+
+
+def test_retry_on_never_catches_the_stores_own_errors(store: agentwal.Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: retry_on=(Exception,) retried a failed intent write and the
+    # retry tripped an assertion.
+    def full(*_a: Any) -> None:
+        raise agentwal.DiskFullError("wal", "simulated: no room")
+
+    monkeypatch.setattr(store._pipe, "record_effect", full)
+    with store.begin("r") as txn, pytest.raises(agentwal.DiskFullError):
+        txn.effect("op", lambda ctx: 1, mode="at_least_once", retries=3,
+                   retry_on=(Exception,), backoff=0)
+
+
+def test_outcome_that_cannot_be_recorded_is_reported_in_doubt(
+        store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = store._pipe.record_effect
+    writes: list[str] = []
+
+    def second_fails(entry: Any, raw: bytes) -> int:
+        writes.append(entry.status)
+        if len(writes) == 2:
+            raise agentwal.DiskFullError("wal", "simulated: no room")
+        return real(entry, raw)
+
+    monkeypatch.setattr(store._pipe, "record_effect", second_fails)
+    with store.begin("r") as txn, pytest.raises(EffectInDoubtError, match="was called"):
+        txn.effect("op", lambda ctx: 1, mode="at_least_once")
+    assert store.effects()[0].status == "in_doubt"
+
+
+def test_results_and_listings_are_copies(store: agentwal.Store) -> None:
+    # Regression: the caller got the ledger's own objects, so changing a result
+    # changed what a re-run in the same process returned.
+    first = step_value = None
+    with store.begin("r") as txn:
+        first = txn.effect("op", lambda ctx: {"items": (1, 2)}, mode="at_least_once")
+        txn.rollback()
+    assert first == {"items": [1, 2]}  # as a replay after a restart reads it
+    first["items"].append(3)
+    store.effects()[0].result["items"].append(4)
+    with store.begin("r") as txn:
+        step_value = txn.effect("op", lambda ctx: None, mode="at_least_once")
+    assert step_value == {"items": [1, 2]}
+
+
+def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> None:
+    # Regression: listing iterated the live memtable dict: "dictionary changed size".
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            with store.begin(f"w{i % 5}") as txn:
+                txn.effect("op", lambda ctx: 1, mode="at_least_once", key=f"k{i}")
+                txn.rollback()
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(200):
+            try:
+                store.effects()
+                store.dispatch({})
+            except BaseException as exc:  # any failure is the bug
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+
+
+def test_reentrant_effect_on_the_same_key_does_not_deadlock(store: agentwal.Store) -> None:
+    with store.begin("r") as txn:
+        def outer(ctx: agentwal.EffectContext) -> Any:
+            return store.effects(status="in_doubt")[0].key == ctx.key
+
+        assert txn.effect("op", outer, mode="at_least_once") is True
+
+
+def test_position_is_claimed_atomically(store: agentwal.Store) -> None:
+    # Two transactions from the same checkpoint asking for different effects at
+    # position 0: one records, the other diverges; the winner's record stays valid.
+    gate = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def worker(name: str) -> None:
+        txn = store.begin("r")
+        gate.wait()
+        try:
+            txn.effect(name, lambda ctx: time.sleep(0.05) or name, mode="at_least_once")
+            outcomes.append("ran")
+        except EffectDivergenceError:
+            outcomes.append("diverged")
+        finally:
+            txn.rollback()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["diverged", "ran"]
+    (e,) = store.effects()
+    with store.begin("r") as txn:  # the winner's re-run still gets its record
+        assert txn.effect(e.name, lambda ctx: "again", mode="at_least_once") == e.name

@@ -193,3 +193,50 @@ def test_dispatch_killed_in_doubt_window_at_least_once(store: agentwal.Store,
     assert store.effects()[0].status == "in_doubt"
     assert store.dispatch({"mail": down.call}).ok
     assert down.calls() == 2
+
+
+def test_business_key_defer_committed_while_a_fold_is_frozen_is_not_redone(
+        store: agentwal.Store, down: Downstream) -> None:
+    # Regression: the duplicate check looked at the active memtable and LMDB but
+    # not at a frozen one, so a second defer with the same business key, committed
+    # while a fold had frozen the table holding the first, came back as pending.
+    defer(store, "r", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+    assert store.dispatch({"mail": down.call}).ok
+
+    def commit_again(_name: str) -> None:
+        defer(store, "s", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+
+    failpoints.arm("fold_after_freeze", "call", fn=commit_again)
+    store.snapshot()
+    assert [e.status for e in store.effects()] == ["done"]
+    assert store.dispatch({"mail": down.call}).done == []
+    assert down.calls() == 1
+
+
+def test_known_business_key_is_decided_at_commit_and_logged(tmp_path: Path,
+                                                           down: Downstream) -> None:
+    # The duplicate is dropped before the commit record is written, so replay
+    # after a crash re-creates exactly what the live store had (and publishing
+    # never reads LMDB: a damaged ledger cannot break an acknowledged batch).
+    path = tmp_path / "s"
+    s = agentwal.open(path, durability="none")
+    defer(s, "r", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+    s.dispatch({"mail": down.call})
+    s.snapshot()  # the done entry is in LMDB now
+    defer(s, "s", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+    s._release_all()  # crash: the second commit is replayed from the log
+    with agentwal.open(path) as s2:
+        assert [e.status for e in s2.effects()] == ["done"]
+        assert s2.dispatch({"mail": down.call}).done == []
+    assert down.calls() == 1
+
+
+def test_business_key_with_other_inputs_refuses_the_commit(store: agentwal.Store) -> None:
+    defer(store, "r", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
+    with pytest.raises(agentwal.EffectDivergenceError, match="biz-1"):
+        defer(store, "r", ("mail", "at_least_once", {"to": "b"}), key="biz-1")
+    # twice in one transaction too
+    with pytest.raises(agentwal.EffectDivergenceError), store.begin("t") as txn:
+        txn.defer("sms", mode="at_most_once", args=1, key="biz-2")
+        txn.defer("sms", mode="at_most_once", args=2, key="biz-2")
+    assert store.head("t") is None and len(store.effects()) == 1

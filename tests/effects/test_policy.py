@@ -181,3 +181,29 @@ def test_outbox_round_trip_and_entries() -> None:
     assert made == outbox_entries(uuid.UUID(int=1), "r", 4, 10.0, 99, items)  # replay agrees
     with pytest.raises(CodecError):
         decode_outbox(encode_outbox([("mail", "sometimes", b"\xf6", None, False)]))
+
+
+def test_entry_without_later_optional_fields_decodes() -> None:
+    import cbor2
+
+    m = cbor2.loads(encode_entry(entry("done")))
+    del m["resolved_at"]  # entries written before the field existed
+    assert decode_entry(cbor2.dumps(m)).resolved_at is None
+
+
+def test_args_digest_ignores_set_and_dict_order() -> None:
+    # Regression: the digest hashed cbor2's bytes, which put sets in hash-seed
+    # order and dicts in insertion order, so a re-run in another process diverged.
+    import subprocess
+    import sys
+
+    code = ("from agentwal.codec import encode_value; from agentwal.effects import args_digest; "
+            "print(args_digest(encode_value('a', {'tags': {'x', 'y', 'z', 'w'}, 'n': 1})))")
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={"PYTHONHASHSEED": str(seed)}, check=True).stdout
+               for seed in (1, 2, 3, 4)}
+    assert len(digests) == 1
+    a = args_digest(encode_value("a", {"x": 1, "y": [1, {2, 3}]}))
+    assert a == args_digest(encode_value("a", {"y": [1, {3, 2}], "x": 1}))
+    assert a != args_digest(encode_value("a", {"x": 1, "y": [{2, 3}, 1]}))  # list order counts
+    assert args_digest(encode_value("a", [1, 2])) != args_digest(encode_value("a", {1, 2}))

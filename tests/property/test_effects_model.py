@@ -1,6 +1,7 @@
 """Effect guarantees under any schedule a Hypothesis state machine finds.
 
-Steps run effects of every mode on a few runs, commit or roll back, get cut
+Steps run effects of every mode on a few runs, defer outbox entries (some with
+business keys shared across runs) and dispatch them, commit or roll back, get cut
 off by a simulated process crash in any effect window (a failpoint raising a
 ``BaseException``, then ``_release_all()`` and a reopen: what reached the OS
 survives, like after ``kill -9``), reopen cleanly, fold, and resolve entries
@@ -94,6 +95,31 @@ class EffectsMachine(RuleBasedStateMachine):
         except (agentwal.EffectInDoubtError, agentwal.EffectNotAppliedError,
                 agentwal.EffectDivergenceError) as exc:
             event(type(exc).__name__)
+        finally:
+            failpoints.disarm()
+
+    @rule(run=st.sampled_from(["r1", "r2"]), what=st.sampled_from(["mail", "sms"]),
+          key=st.none() | st.sampled_from(["b1", "b2"]))
+    def defer(self, run: str, what: str, key: str | None) -> None:
+        # A business key always names the same request here (so it never diverges).
+        mode = "at_least_once" if what == "mail" else "at_most_once"
+        if key is not None:
+            what, mode = ("mail", "at_least_once") if key == "b1" else ("sms", "at_most_once")
+        with self.store.begin(run) as txn:
+            txn.defer(what, mode=mode, args={"key": key}, key=key)
+
+    @rule(crash=st.none() | st.tuples(st.sampled_from(WINDOWS), st.integers(1, 2)))
+    def dispatch(self, crash: tuple[str, int] | None) -> None:
+        if crash is not None:
+            failpoints.arm(crash[0], "raise", exc=_Crash, nth=crash[1])
+        try:
+            report = self.store.dispatch({"mail": self.call, "sms": self.call})
+            event(f"dispatch: {len(report.done)} done, {len(report.in_doubt)} in doubt")
+        except _Crash:
+            event("crashed while dispatching")
+            self.store._release_all()
+            self.store = agentwal.open(self.dir + "/s", durability="none",
+                                       wal_max_bytes=16 << 10, segment_bytes=8192)
         finally:
             failpoints.disarm()
 
