@@ -476,11 +476,14 @@ def children(record: bytes) -> list[int]:
     return _children(record)
 
 
-def check_node(objs: Objects, addr: int) -> None:
+def check_node(objs: Objects, addr: int) -> bytes:
     """Check a list node against its chain: it rebuilds to ``nbytes`` bytes with its SHA-256.
 
     Also checks ``depth`` (one more than ``prev``'s, 0 without one) and
     that every segment address is a leaf.
+
+    Returns:
+        The list's value bytes, as :func:`resolve` gives them.
 
     Raises:
         CodecError: naming what does not hold.
@@ -499,3 +502,4 @@ def check_node(objs: Objects, addr: int) -> None:
     assert head is not None
     if hashlib.sha256(value[head[1]:]).digest() != node[2]:
         raise CodecError(f"list node @{addr} rebuilds to a body whose SHA-256 is not its own")
+    return value

@@ -94,6 +94,8 @@ _U32 = struct.Struct(">I")
 _ZERO_HASH = bytes(32)
 LMDB_FILE = os.path.join(SNAPSHOT_DIR, "data.mdb")
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16}
+#: Object records kept in memory while verifying (read again when evicted).
+CACHE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,15 +259,31 @@ class _Damaged(CodecError):
 
 
 class _Objects:
-    """``history.Objects`` (reads only) over the verifier's sealed reads."""
+    """``history.Objects`` (reads only) over the verifier's sealed reads.
+
+    Keeps the records it read, up to :data:`CACHE_BYTES`, least recently used
+    first out: a list's leaves are read once per version of the list
+    otherwise (every delta of a growing ``messages`` list names all of them).
+    """
 
     def __init__(self, v: _Verifier) -> None:
         self._v = v
+        self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._bytes = 0
 
     def get(self, addr: int) -> bytes | None:
+        found = self._cache.get(addr)
+        if found is not None:
+            self._cache.move_to_end(addr)
+            return found
         present, data = self._v.fetch("objects", _U64.pack(addr))
         if present and data is None:
             raise _Damaged(f"object @{addr} is damaged")
+        if data is not None:
+            self._cache[addr] = data
+            self._bytes += len(data)
+            while self._bytes > CACHE_BYTES:
+                self._bytes -= len(self._cache.popitem(last=False)[1])
         return data
 
     def find(self, oid: bytes) -> int | None:
@@ -304,6 +322,7 @@ class _Verifier:
         self.objs = _Objects(self)
         self.found_refs: collections.Counter[int] = collections.Counter()
         self.addrs: set[int] = set()
+        self.nodes_ok: set[int] = set()  # list nodes already rebuilt and checked
 
     # -- reporting ----------------------------------------------------------------
 
@@ -635,7 +654,7 @@ class _Verifier:
                    delta: dict[str, history.Ref | None], prev_hash: bytes) -> None:
         """Recompute checkpoint ``c``'s hash from its parent's, its fields and its delta."""
         try:
-            raw = cbor2.dumps({k: None if r is None else history.resolve(self.objs, r)
+            raw = cbor2.dumps({k: None if r is None else self.value(r)
                                for k, r in delta.items()})
         except _Damaged:
             self.checked["hashes_unchecked"] += 1
@@ -650,6 +669,19 @@ class _Verifier:
             self.entry_problem("ckpt", key, "hash chain broken: the stored hash is not the "
                                "SHA-256 of the parent's hash, this checkpoint's fields and "
                                "its delta")
+
+    def value(self, ref: history.Ref) -> bytes:
+        """The value bytes of a ref; a list node is checked on the way (once)."""
+        if isinstance(ref, tuple) and ref[0] == history.LIST and ref[1] not in self.nodes_ok:
+            try:
+                value = history.check_node(self.objs, ref[1])
+            except _Damaged:
+                raise
+            except CodecError:  # the objects pass reports the node; the chain goes on
+                return history.resolve(self.objs, ref)
+            self.nodes_ok.add(ref[1])
+            return value
+        return history.resolve(self.objs, ref)
 
     def check_manifest(self, key: bytes, cid: int, refs: dict[str, history.Ref],
                        replayed: bool) -> tuple[dict[str, history.Ref], bool]:
@@ -754,6 +786,8 @@ class _Verifier:
             missing = [c for c in kids if c not in self.addrs]
             if missing:
                 self.entry_problem("objects", k, f"names missing objects {missing[:5]}")
+                continue
+            if addr in self.nodes_ok:  # rebuilt and checked with a delta that names it
                 continue
             try:
                 history.check_node(self.objs, addr)

@@ -568,3 +568,21 @@ def test_every_entry_of_a_clean_store_is_sealed(base: Built) -> None:
         raw.txn.abort()
         raw.txn = raw.env.begin()  # nothing to commit
     assert not bad
+
+
+def test_the_object_cache_changes_nothing(base: Built, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no room to keep objects, every read goes to LMDB: the same report."""
+    import agentwal.verify as verify_module
+
+    full = verify(base.path)
+    monkeypatch.setattr(verify_module, "CACHE_BYTES", 1)
+    assert verify(base.path) == full
+
+    def edit(raw: Raw) -> None:
+        k, _ = _leaf(raw)
+        sealed = bytes(raw.txn.get(k, db=raw.dbs["objects"]))
+        raw.put_raw("objects", k, sealed[:-1] + bytes([sealed[-1] ^ 1]))  # seal now fails
+
+    report = damaged(base, tmp_path, edit)
+    assert [p.db for p in report.problems] == ["objects"], report.problems
