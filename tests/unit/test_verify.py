@@ -573,10 +573,10 @@ def test_every_entry_of_a_clean_store_is_sealed(base: Built) -> None:
 def test_the_object_cache_changes_nothing(base: Built, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """With no room to keep objects, every read goes to LMDB: the same report."""
-    import agentwal.verify as verify_module
+    from agentwal.verify import snapshot_checks
 
     full = verify(base.path)
-    monkeypatch.setattr(verify_module, "CACHE_BYTES", 1)
+    monkeypatch.setattr(snapshot_checks, "CACHE_BYTES", 1)
     assert verify(base.path) == full
 
     def edit(raw: Raw) -> None:

@@ -1,48 +1,27 @@
-"""Verifying a store: every checksum, every hash chain, every cross-reference.
+"""Checking the LMDB snapshot: seals, shapes, hash chains, history against state, objects.
 
-Theory of operation: :func:`verify` is a pure function from what the store
-holds (the raw, sealed entries of the snapshot's databases through the small
-:class:`Source` protocol, the WAL segments as bytes, the store id) to a
-:class:`VerifyReport`. It trusts no checked accessor: it reads every entry
-of every database itself, so one damaged entry is reported with its place
-(database and key, or file and offset) and the rest is still checked. It
-raises nothing for damage; every finding is a :class:`Problem`.
+Theory of operation: :class:`SnapshotChecker` reads every entry of every
+database through a :class:`~.report.Source` (raw sealed entries of one read
+transaction), in passes: ``meta`` and ``runs`` first (run numbers name the
+keys of every other database), then ``state`` (per-run count and CRC
+digest), then each run's checkpoints in id order, where it recomputes the
+hash chain from the deltas, compares each manifest with the replay and the
+head state with the replayed head, then every delta, manifest, object,
+reference count, object id and ledger entry. References are counted as the
+deltas, manifests and list nodes are read, and compared with ``refs`` last.
 
-What is checked, database by database (``docs/history.md`` has the table):
+*The raw delta.* A checkpoint's hash covers ``sha256`` of its delta as the
+committer encoded it (``codec.encode_delta``: ``cbor2.dumps`` of
+``{key: value bytes | None}``, keys in the order first written). LMDB keeps
+``{key: ref}`` in that order, and each ref resolves to the exact value bytes
+committed; ``cbor2.dumps`` of a ``{str: bytes | None}`` map is deterministic
+(a definite-length map, shortest-form lengths), so rebuilding it gives the
+hashed bytes back. The outbox, which becomes ledger entries that change as
+they are dispatched, is covered by the digest kept in the checkpoint record.
 
-- every LMDB value's seal (CRC-32 of key and value), and that it decodes to
-  the documented shape;
-- ``meta``: sizes, the store id against ``CONTROL``;
-- ``runs`` against ``ckpt``/``state``: head exists, head hash, checkpoint
-  count, the state entries' count and CRC digest;
-- each run's **hash chain**: for every checkpoint, ``chain_hash(parent's
-  hash, its fields, sha256(raw delta), outbox digest)`` equals its stored
-  hash. The raw delta is rebuilt from the history delta (``{key: ref}``):
-  each ref resolves to the exact value bytes committed, in the order
-  committed, and ``cbor2`` re-encodes a ``{str: bytes | None}`` map to the
-  very bytes the committer hashed (``codec.encode_delta`` is that same
-  ``cbor2.dumps``), so a delta that rebuilds to other keys, values or order
-  breaks the chain. The outbox's digest is kept in the checkpoint record;
-- each manifest equals the replay of the deltas before it, and the head
-  state (the ``state`` fast path) equals the replay of the head checkpoint;
-- every object: its id in ``oids`` is the SHA-256 of its record, its
-  children exist, a list node rebuilds to its length and SHA-256; every
-  reference count equals the references found (delta entries, manifest
-  entries, node children); no entry of ``delta``, ``manifest``, ``state``,
-  ``ckpt``, ``refs`` or ``oids`` belongs to nothing;
-- the effects ledger's entries decode, and its index rows name entries;
-- the WAL: every segment's header, every frame's CRC, LSNs continuous across
-  segments from the snapshot's ``applied_lsn`` on, every record decodes, and
-  every commit record's hash is recomputed from its own bytes (folded ones
-  must equal the snapshot's checkpoint).
-
-A torn tail of the last segment after ``limit`` (the last LSN published
-when the view was taken) is not a problem: a write in progress, or the end
-of a write a crash interrupted, which a writer's open zeroes. Anything
-before it is.
-
-This module never touches a file: :func:`read_wal` reads the segments
-through the I/O seam, and the store hands over an LMDB read transaction.
+A damaged entry is reported once, at itself: the checks that would need it
+(a chain through a damaged checkpoint, a list through a damaged leaf) skip
+what they cannot see instead of reporting it again.
 """
 
 from __future__ import annotations
@@ -50,182 +29,29 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
-import os
 import struct
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import cbor2
 
-from . import history
-from .codec import (
-    CodecError,
-    chain_hash,
-    checkpoint_hash,
-    decode_commit,
-    decode_delta,
-    decode_meta,
-    loads,
-    unpack_payload,
-)
-from .control import read_control
-from .effects import EffectRecord, decode_entry, decode_outbox
-from .errors import CorruptionError
-from .format import (
-    CONTROL_FILE,
-    REC_COMMIT,
-    REC_EFFECT,
-    SNAPSHOT_DIR,
-    WAL_DIR,
-    parse_segment_name,
-)
-from .io import FileSystem, read_all
-from .snapshot import unseal
-from .wal import scan_segment
-from .wal.frame import parse_header
+from .. import history
+from ..codec import CodecError, chain_hash, decode_meta, loads
+from ..effects import EffectRecord, decode_entry
+from ..errors import CorruptionError
+from ..snapshot import unseal
+from .report import Findings, Source
 
-__all__ = ["Problem", "Source", "VerifyReport", "WalFile", "check_control", "read_wal",
-           "verify"]
+__all__ = ["CACHE_BYTES", "SnapshotChecker"]
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _ZERO_HASH = bytes(32)
-LMDB_FILE = os.path.join(SNAPSHOT_DIR, "data.mdb")
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing ``verify`` found wrong, and where.
-
-    Attributes:
-        where: the place in words: ``"snapshot/data.mdb ckpt['chat'/5]"``,
-            ``"wal/00000000000000000001.wal @ 4242"``, ``"CONTROL"``.
-        what: what is wrong.
-        file: the file, relative to the store directory.
-        db: the LMDB database (``state``, ``ckpt``, ``objects`` ...), if any.
-        key: the entry's key in words (``'chat'/5``, ``@17``), if any.
-        offset: the byte offset in ``file``, when known.
-    """
-
-    where: str
-    what: str
-    file: str
-    db: str | None = None
-    key: str | None = None
-    offset: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """What ``store.verify()`` checked and found.
-
-    Attributes:
-        ok: True when nothing is wrong (``problems`` is empty).
-        problems: each damaged or inconsistent thing with its location.
-        checked: how many of each thing were checked (``lmdb_entries``,
-            ``checkpoints``, ``hashes``, ``objects``, ``wal_records`` ...).
-        notes: things worth knowing that are not damage (a torn WAL tail
-            after the last acknowledged record, a segment removed meanwhile).
-    """
-
-    ok: bool
-    problems: list[Problem]
-    checked: dict[str, int]
-    notes: list[str] = field(default_factory=list)
-
-
-class Source(Protocol):
-    """The raw (sealed) entries of the snapshot's databases, as of one read transaction.
-
-    Both methods raise ``CorruptionError`` when the database itself cannot
-    be read (damaged LMDB structure).
-    """
-
-    def entries(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        """``(key, sealed value)`` in key order, only keys starting with ``prefix``."""
-        ...
-
-    def get(self, db: str, key: bytes) -> bytes | None:
-        """The sealed value stored under ``key``, or None."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class WalFile:
-    """A WAL segment as read for verification: its name and bytes (None: it vanished)."""
-
-    name: str
-    data: bytes | None
-    error: str = ""
-
-
-def read_wal(fs: FileSystem, wal_dir: str) -> list[WalFile]:
-    """Every segment file in ``wal_dir`` (named like one), in LSN order, read whole.
-
-    A segment removed between the listing and the read (a fold of another
-    process) has ``data`` None; a file that cannot be read has ``error``.
-    """
-    if not fs.exists(wal_dir):
-        return []
-    names = [n for n in fs.listdir(wal_dir) if parse_segment_name(n) is not None]
-    out = []
-    for name in sorted(names, key=lambda n: parse_segment_name(n) or 0):
-        try:
-            out.append(WalFile(name, read_all(fs, os.path.join(wal_dir, name))))
-        except FileNotFoundError:
-            out.append(WalFile(name, None))
-        except OSError as exc:
-            out.append(WalFile(name, None, exc.strerror or str(exc)))
-    return out
-
-
-def check_control(fs: FileSystem, store: str, store_id: uuid.UUID) -> list[Problem]:
-    """Problems of ``CONTROL``: damaged, unreadable, or naming another store."""
-    try:
-        ctl = read_control(fs, store)
-    except CorruptionError as exc:
-        return [Problem(CONTROL_FILE, exc.reason, CONTROL_FILE, offset=exc.offset)]
-    except OSError as exc:
-        return [Problem(CONTROL_FILE, f"cannot be read: {exc.strerror or exc}", CONTROL_FILE)]
-    if ctl is None:
-        return [Problem(CONTROL_FILE, "is missing", CONTROL_FILE)]
-    if ctl.store_id != store_id:
-        return [Problem(CONTROL_FILE, f"names store {ctl.store_id}; the store opened as "
-                        f"{store_id}", CONTROL_FILE)]
-    return []
-
-
-def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit: int,
-           problems: list[Problem] | None = None) -> VerifyReport:
-    """Check a store's snapshot and log; returns every problem found.
-
-    Args:
-        src: the snapshot's raw entries (None: the snapshot could not be
-            read at all; ``problems`` should say why).
-        wal: the WAL segments (:func:`read_wal`).
-        store_id: the store's id (from ``CONTROL``).
-        limit: an LSN acknowledged before ``wal`` was read (the last one,
-            for the writer): damage at or before it is a problem even at the
-            tail of the log; after it, a torn tail is a write in progress.
-        problems: problems already found by the caller (``CONTROL``).
-
-    Returns:
-        A :class:`VerifyReport`.
-    """
-    v = _Verifier(src, store_id)
-    v.problems.extend(problems or [])
-    if src is not None:
-        v.check_snapshot()
-    v.check_wal(wal, limit)
-    return VerifyReport(not v.problems, v.problems, dict(sorted(v.checked.items())), v.notes)
-
-
-# -- the verifier -----------------------------------------------------------------------
 
 
 @dataclass
@@ -266,7 +92,7 @@ class _Objects:
     otherwise (every delta of a growing ``messages`` list names all of them).
     """
 
-    def __init__(self, v: _Verifier) -> None:
+    def __init__(self, v: SnapshotChecker) -> None:
         self._v = v
         self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._bytes = 0
@@ -306,14 +132,12 @@ def _int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class _Verifier:
+class SnapshotChecker(Findings):
+    """Checks one snapshot (``src`` None: no snapshot to read; only the log is checked)."""
+
     def __init__(self, src: Source | None, store_id: uuid.UUID) -> None:
+        super().__init__(store_id)
         self.src = src
-        self.store_id = store_id
-        self.problems: list[Problem] = []
-        self.notes: list[str] = []
-        self.checked: collections.Counter[str] = collections.Counter()
-        self._flagged: set[tuple[str, bytes]] = set()  # entries with a problem reported
         self.applied = 0
         self.next_run: int | None = None
         self.runs: dict[int, _Run] = {}
@@ -323,47 +147,6 @@ class _Verifier:
         self.found_refs: collections.Counter[int] = collections.Counter()
         self.addrs: set[int] = set()
         self.nodes_ok: set[int] = set()  # list nodes already rebuilt and checked
-
-    # -- reporting ----------------------------------------------------------------
-
-    def key_text(self, db: str, key: bytes) -> str:
-        """An entry's key in words."""
-        if db in ("ckpt", "delta", "manifest") and len(key) == 16:
-            n, cid = _U64.unpack_from(key)[0], _U64.unpack_from(key, 8)[0]
-            run = self.runs.get(n)
-            return f"{run.name!r}/{cid}" if run else f"run #{n}/{cid}"
-        if db == "state" and len(key) > 8:
-            n = _U64.unpack_from(key)[0]
-            run = self.runs.get(n)
-            k = key[8:].decode("utf-8", "replace")
-            return f"{run.name!r}/{k!r}" if run else f"run #{n}/{k!r}"
-        if db in ("objects", "refs") and len(key) == 8:
-            return f"@{_U64.unpack(key)[0]}"
-        if db == "oids":
-            return key.hex()[:16]
-        if db in ("meta", "runs"):
-            return repr(key.decode("utf-8", "replace"))
-        if db == "effects" and key[:1] == b"k":
-            return f"k {key[1:].decode('utf-8', 'replace')!r}"
-        if db == "effects" and key[:1] == b"q" and len(key) == 13:
-            return f"q {_U64.unpack_from(key, 1)[0]}/{_U32.unpack_from(key, 9)[0]}"
-        return key.hex()
-
-    def entry_problem(self, db: str, key: bytes, what: str) -> None:
-        """Report a problem with one LMDB entry (only the first for each entry)."""
-        if (db, key) in self._flagged:
-            return
-        self._flagged.add((db, key))
-        text = self.key_text(db, key)
-        self.problems.append(Problem(f"{LMDB_FILE} {db}[{text}]", what, LMDB_FILE, db, text))
-
-    def db_problem(self, db: str, what: str) -> None:
-        self.problems.append(Problem(f"{LMDB_FILE} {db}", what, LMDB_FILE, db))
-
-    def wal_problem(self, name: str, offset: int | None, what: str) -> None:
-        rel = os.path.join(WAL_DIR, name)
-        where = rel if offset is None else f"{rel} @ {offset}"
-        self.problems.append(Problem(where, what, rel, offset=offset))
 
     # -- reading ------------------------------------------------------------------
 
@@ -487,6 +270,7 @@ class _Verifier:
                 self.entry_problem("runs", k, f"head checkpoint {obj[1]} is not an id")
             self.runs[n] = _Run(name, obj[1], obj[2], obj[3], obj[4], obj[5])
             self.run_nos[name] = n
+            self.run_names[n] = name
         if self.runs and self.applied == 0:
             self.db_problem("meta", "applied_lsn is missing, yet the snapshot holds runs")
 
@@ -881,9 +665,7 @@ class _Verifier:
             return None
         return None if data is None else decode_entry(data)
 
-    # -- the log ------------------------------------------------------------------------
-
-    def lmdb_hash(self, run: str, cid: int) -> bytes | None:
+    def folded_hash(self, run: str, cid: int) -> bytes | None:
         """The hash the snapshot stores for ``run``/``cid``, if it has one."""
         n = self.run_nos.get(run)
         if self.src is None or n is None:
@@ -894,93 +676,3 @@ class _Verifier:
         if isinstance(obj, list) and len(obj) >= 6 and isinstance(obj[5], bytes):
             return obj[5]
         return None
-
-    def check_wal(self, wal: list[WalFile], limit: int) -> None:
-        live = [w for w in wal if w.data is not None]
-        for w in wal:
-            if w.error:
-                self.wal_problem(w.name, None, f"cannot be read: {w.error}")
-            elif w.data is None:
-                self.notes.append(f"{WAL_DIR}/{w.name} was removed while verifying (a fold)")
-        firsts = [parse_segment_name(w.name) or 0 for w in live]
-        if self.applied and not live and not any(w.data is None for w in wal):
-            self.problems.append(Problem(WAL_DIR, f"the log is missing: the snapshot covers "
-                                         f"LSN {self.applied} but no segment remains", WAL_DIR))
-        hashes: dict[tuple[str, int], bytes] = {}
-        expected: int | None = None
-        for i, w in enumerate(live):
-            assert w.data is not None
-            self.checked["wal_segments"] += 1
-            self.checked["wal_bytes"] += len(w.data)
-            stale = any(f <= self.applied + 1 for f in firsts[i + 1:])
-            header = parse_header(w.data)
-            if isinstance(header, str):
-                self.wal_problem(w.name, 0, header)
-                expected = None
-                continue
-            if header.first_lsn != firsts[i]:
-                self.wal_problem(w.name, 40, f"header says first LSN {header.first_lsn}")
-            if header.store_id != self.store_id:
-                self.wal_problem(w.name, 16, f"segment belongs to store {header.store_id}")
-            if not stale:
-                start = self.applied + 1 if expected is None else max(expected,
-                                                                      self.applied + 1)
-                if header.first_lsn > start:
-                    self.wal_problem(w.name, 0, f"log records {start}..{header.first_lsn - 1} "
-                                     "are missing")
-            scan = scan_segment(w.data, header)
-            for f in scan.frames:
-                self.check_record(w.name, f, hashes)
-            expected = scan.next_lsn
-            if scan.state == "clean":
-                continue
-            last = i == len(live) - 1
-            if last and scan.next_lsn > limit:
-                self.notes.append(f"{WAL_DIR}/{w.name}: torn tail at offset {scan.end} after "
-                                  f"the last acknowledged record (a write in progress, or one a "
-                                  f"crash interrupted; a writer's open zeroes it)")
-            else:
-                self.wal_problem(w.name, scan.end, scan.reason + (
-                    "" if last else " (the segment was complete before the next one began)"))
-
-    def check_record(self, name: str, f: Any, hashes: dict[tuple[str, int], bytes]) -> None:
-        """Decode one frame and recompute a commit's hash."""
-        self.checked["wal_records"] += 1
-        try:
-            if f.type == REC_EFFECT:
-                decode_entry(unpack_payload(f.payload, f.flags))
-                return
-            if f.type != REC_COMMIT:
-                raise CodecError(f"unknown record type {f.type}")
-            rec = decode_commit(f.payload)
-            decode_meta(rec.meta)
-            raw = unpack_payload(rec.delta, f.flags)
-            decode_delta(raw, 0)
-            if rec.deferred is not None:
-                decode_outbox(rec.deferred)
-        except CodecError as exc:
-            self.wal_problem(name, f.offset, f"record LSN {f.lsn}: {exc}")
-            return
-        if rec.id != (rec.parent or 0) + 1:
-            self.wal_problem(name, f.offset, f"record LSN {f.lsn}: checkpoint {rec.id} has "
-                             f"parent {rec.parent}")
-        parent_hash: bytes | None = _ZERO_HASH
-        if rec.parent is not None:
-            parent_hash = hashes.get((rec.run, rec.parent)) or self.lmdb_hash(rec.run, rec.parent)
-        if parent_hash is None:
-            self.checked["wal_hashes_unchecked"] += 1
-        else:
-            self.checked["wal_hashes"] += 1
-            want = checkpoint_hash(parent_hash, rec.run, rec.id, rec.parent, rec.created_at,
-                                   rec.meta, rec.origin, hashlib.sha256(raw).digest(),
-                                   rec.deferred)
-            if want != rec.hash:
-                self.wal_problem(name, f.offset, f"record LSN {f.lsn} ({rec.run!r}/{rec.id}): "
-                                 "hash chain broken: its hash is not that of its parent, "
-                                 "fields and delta")
-        if f.lsn <= self.applied:
-            folded = self.lmdb_hash(rec.run, rec.id)
-            if folded is not None and folded != rec.hash:
-                self.wal_problem(name, f.offset, f"record LSN {f.lsn} ({rec.run!r}/{rec.id}) "
-                                 "differs from the checkpoint the snapshot holds")
-        hashes[(rec.run, rec.id)] = rec.hash
