@@ -1340,6 +1340,8 @@ class Store:
 
         Args:
             dest: a path that does not exist (its parent is created if missing).
+                The store's files are read through its file system (``fs=``);
+                the backup is written to the operating system's.
 
         Returns:
             A :class:`BackupReport`: ``path``, ``lsn`` (every commit up to it
@@ -1363,8 +1365,9 @@ class Store:
         snap = self._snap
         assert snap is not None
         target = os.fspath(dest)
-        tmp = check_destination(self._fs, self.path, target)
-        copier = Copier(self._fs, self._fs, self.path, tmp)
+        out = OsFileSystem()  # the backup is a directory of the OS, like LMDB's copy in it
+        tmp = check_destination(out, self.path, target)
+        copier = Copier(self._fs, out, self.path, tmp)
         try:
             copier.copy_control()
             if self._pipe is None:  # another process may fold: the log first, then LMDB

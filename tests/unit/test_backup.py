@@ -276,3 +276,23 @@ def test_a_segment_caught_mid_write_is_copied_again(path: str, tmp_path: Path,
     if ok:
         with agentwal.open(tmp_path / "b", readonly=True) as b:
             assert b.state("r") == {"i": 7} and b.verify().ok
+
+
+def test_a_store_on_a_simulated_disk_backs_up_to_the_os(tmp_path: Path) -> None:
+    """The log is read through the store's file system; the backup is a real directory."""
+    from agentwal.testing import SimulatedDisk
+
+    disk = SimulatedDisk()
+    path = str(tmp_path / "sim")
+    with agentwal.open(path, fs=disk, durability="sync", segment_bytes=65536) as s:
+        for i in range(5):
+            with s.begin("r") as txn:
+                txn["i"] = i
+        s.snapshot()
+        with s.begin("r") as txn:
+            txn["i"] = 99  # in the simulated log only
+        s.backup(tmp_path / "b")
+    assert not os.path.exists(os.path.join(path, "wal"))  # the log never touched the OS
+    with agentwal.open(tmp_path / "b", readonly=True) as b:
+        assert b.state("r") == {"i": 99} and b.state("r", at=5) == {"i": 4}
+        assert b.verify().ok
