@@ -586,3 +586,31 @@ def test_the_object_cache_changes_nothing(base: Built, tmp_path: Path,
 
     report = damaged(base, tmp_path, edit)
     assert [p.db for p in report.problems] == ["objects"], report.problems
+
+
+def test_a_read_only_store_verifies_while_another_process_writes_and_folds(
+        tmp_path: Path) -> None:
+    """The writer commits, rotates, folds and removes segments meanwhile: no false problem."""
+    import subprocess
+    import sys
+
+    from tests.unit.test_backup import ROOT, WRITER
+
+    path, acked = str(tmp_path / "s"), str(tmp_path / "acked")
+    child = subprocess.Popen([sys.executable, "-c", WRITER, path, acked],
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    reports = []
+    try:
+        while not os.path.exists(acked):
+            time.sleep(0.01)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline or len(reports) < 10:
+            with agentwal.open(path, readonly=True) as ro:
+                reports.append(ro.verify())
+    finally:
+        Path(acked + ".stop").write_text("")
+        assert child.wait(timeout=60) == 0
+    bad = [p for r in reports for p in r.problems]
+    assert not bad, bad
+    assert min(os.listdir(os.path.join(path, "wal"))) > f"{1:020d}", "no fold removed a segment"
+    assert verify(path).ok
