@@ -32,6 +32,7 @@ and never touches the memtable or LMDB itself: the store gives it
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -85,6 +86,9 @@ class Pending:
     deferred: list[Deferred] | None = None
     #: the ledger entry an effect record carries and its (uncompressed) encoding
     effect: tuple[Any, bytes] | None = None
+    #: SHA-256 of the commit's outbox field as hashed (None: no outbox); the
+    #: snapshot keeps it so ``verify`` can recompute the checkpoint hash
+    outbox_digest: bytes | None = None
 
 
 class CommitPipeline:
@@ -171,7 +175,8 @@ class CommitPipeline:
             pc = Pending(lsn, ckpt, hsh, meta_raw, delta,
                          PendingRecord(lsn, REC_COMMIT, flags, payload),
                          self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta},
-                         deferred=deferred or None)
+                         deferred=deferred or None,
+                         outbox_digest=hashlib.sha256(outbox).digest() if outbox else None)
             for k in delta:
                 writes[k] = lsn
             self.heads[run] = (cid, hsh)

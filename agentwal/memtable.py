@@ -47,6 +47,8 @@ class RunMem:
     checkpoints: list[Entry] = field(default_factory=list)
     #: the change each checkpoint made, parallel to ``checkpoints``
     deltas: list[dict[str, bytes | None]] = field(default_factory=list)
+    #: checkpoint id -> SHA-256 of its outbox field, for checkpoints that have one
+    outboxes: dict[int, bytes] = field(default_factory=dict)
 
     def head(self, snap: int) -> Checkpoint | None:
         """The newest checkpoint with LSN <= ``snap``."""
@@ -90,8 +92,13 @@ class Memtable:
         self.last_lsn = lsn
 
     def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, meta_raw: bytes,
-              delta: dict[str, bytes | None], oldest_snap: int) -> None:
-        """Make one commit visible; prune versions older than ``oldest_snap`` can see."""
+              delta: dict[str, bytes | None], oldest_snap: int,
+              outbox_digest: bytes | None = None) -> None:
+        """Make one commit visible; prune versions older than ``oldest_snap`` can see.
+
+        ``outbox_digest`` is the SHA-256 of the commit's outbox field (its
+        checkpoint hash covers it); the fold stores it with the checkpoint.
+        """
         assert not self.frozen, "a frozen memtable is read-only"
         rm = self.runs.get(ckpt.run)
         if rm is None:
@@ -108,6 +115,8 @@ class Memtable:
             self.nbytes += len(key) + (len(value) if value is not None else 0) + 16
         rm.checkpoints.append((ckpt, hsh, meta_raw))
         rm.deltas.append(delta)
+        if outbox_digest is not None:
+            rm.outboxes[ckpt.id] = outbox_digest
         self.last_lsn = lsn
 
     def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:
