@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from . import failpoints
 from .backup import BackupReport, Copier, check_destination
-from .blobs import BlobMissing, BlobReader, BlobStore
+from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
@@ -1495,10 +1495,34 @@ class Store:
                                     problems=found)
             ltxn = snap.begin_read()
             try:
-                return verify_store(snap.raw(ltxn), wal, store_id=self.store_id,
-                                    limit=limit, problems=found)
+                report = verify_store(snap.raw(ltxn), wal, store_id=self.store_id,
+                                      limit=limit, problems=found)
             finally:
                 snap.end_read(ltxn)
+        return self._verify_blobs(report)
+
+    def _verify_blobs(self, report: VerifyReport) -> VerifyReport:
+        """``report`` plus the blob files: each referenced one exists, with its size and SHA-256."""
+        problems = list(report.problems)
+        checked = dict(report.checked)
+        try:
+            refs = sorted(self._blob_refs(), key=lambda r: r.sha256)
+        except CorruptionError as exc:
+            problems.append(Problem("blob references", exc.reason, exc.path))
+            refs = []
+        for ref in refs:
+            rel = os.path.relpath(blob_path(self._blobs.root, ref.sha256), self.path)
+            try:
+                with self._blobs.open(ref, verify=False) as reader:
+                    reader.verify()
+            except BlobMissing:
+                problems.append(Problem(rel, f"the blob file of {ref.sha256} is missing "
+                                        f"({ref.size} bytes referenced)", rel))
+            except CorruptionError as exc:
+                problems.append(Problem(rel, exc.reason, rel, offset=exc.offset))
+            checked["blobs"] = checked.get("blobs", 0) + 1
+            checked["blob_bytes"] = checked.get("blob_bytes", 0) + ref.size
+        return VerifyReport(not problems, problems, checked, list(report.notes))
 
     def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.
