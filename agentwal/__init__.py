@@ -18,6 +18,7 @@ Example::
 """
 
 from . import errors
+from .backup import BackupReport
 from .blobs import BlobReader
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
@@ -37,6 +38,7 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     NotABlobError,
+    PathExistsError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
@@ -53,6 +55,7 @@ from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
 from .txn import Savepoint, Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability
+from .verify import Problem, VerifyReport
 
 __version__ = "0.1.0"
 
@@ -103,4 +106,8 @@ __all__ = [
     "BlobReader",
     "BlobSourceError",
     "NotABlobError",
+    "BackupReport",
+    "PathExistsError",
+    "Problem",
+    "VerifyReport",
 ]

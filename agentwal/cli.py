@@ -198,30 +198,42 @@ def _when(ts: float) -> str:
 @click.argument("run")
 @click.option("--limit", type=click.IntRange(min=0), default=None,
               help="Show at most this many checkpoints (newest first).")
+@click.option("--before", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="Only checkpoints older than checkpoint ID (to page back).")
 @json_option
 @reports_errors
-def history(path: str, run: str, limit: int | None, as_json: bool) -> None:
+def history(path: str, run: str, limit: int | None, before: int | None, as_json: bool) -> None:
     """List a run's checkpoints, newest first."""
     with _open_ro(path) as store:
-        hist = store.history(run, limit=limit)
-    rows = [{"id": c.id, "parent": c.parent, "lsn": c.lsn, "created": _when(c.created_at),
-             "meta": c.meta, "hash": c.hash, "origin": c.origin} for c in hist]
-    _emit(as_json, rows, lambda: _table(
-        [(r["id"], r["parent"] or "-", r["lsn"], r["created"], r["hash"][:16],
-          json.dumps(_jsonable(r["meta"]), sort_keys=True)) for r in rows],
-        ("id", "parent", "lsn", "created", "hash", "meta")))
+        hist = store.history(run, limit=limit, before=before)
+    rows = [_checkpoint_row(c) for c in hist]
+    _emit(as_json, rows, lambda: _checkpoint_table(rows))
+
+
+def _checkpoint_row(c: Any) -> dict[str, Any]:
+    """Every field of a ``Checkpoint``, the time in ISO 8601."""
+    return {"id": c.id, "parent": c.parent, "lsn": c.lsn, "created": _when(c.created_at),
+            "meta": c.meta, "hash": c.hash, "origin": c.origin}
+
+
+def _checkpoint_table(rows: list[dict[str, Any]]) -> None:
+    _table([(r["id"], r["parent"] or "-", r["lsn"], r["created"], r["hash"][:16],
+             json.dumps(_jsonable(r["meta"]), sort_keys=True)) for r in rows],
+           ("id", "parent", "lsn", "created", "hash", "meta"))
 
 
 @main.command()
 @store_argument
 @click.argument("run")
 @click.option("--key", "keys", multiple=True, help="Show only this key (repeatable).")
+@click.option("--at", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="The state as of checkpoint ID instead of the latest.")
 @json_option
 @reports_errors
-def show(path: str, run: str, keys: tuple[str, ...], as_json: bool) -> None:
-    """Show a run's latest committed state (values as JSON)."""
+def show(path: str, run: str, keys: tuple[str, ...], at: int | None, as_json: bool) -> None:
+    """Show a run's latest committed state, or its state at a checkpoint (values as JSON)."""
     with _open_ro(path) as store:
-        state = store.state(run)
+        state = store.state(run, at=at)
     if keys:
         state = {k: state[k] for k in keys if k in state}
     def human() -> None:
@@ -588,6 +600,144 @@ def demo(path: str) -> None:
     from .demo import main as demo_main
 
     sys.exit(demo_main([path]))
+
+
+# -- history: diff, rollback, fork ----------------------------------------------------------
+
+
+@main.command()
+@store_argument
+@click.argument("run")
+@click.argument("a", type=click.IntRange(min=1), metavar="A")
+@click.argument("b", type=click.IntRange(min=1), metavar="B")
+@json_option
+@reports_errors
+def diff(path: str, run: str, a: int, b: int, as_json: bool) -> None:
+    """Show what changed in RUN from checkpoint A to checkpoint B.
+
+    Keys added (+), removed (-) and changed (~, old -> new), values as JSON.
+    A may be newer than B: the diff then reads backwards. Exits 0 whether or
+    not anything changed; 1 if the run or a checkpoint does not exist.
+    """
+    with _open_ro(path) as store:
+        d = store.diff(run, a, b)
+    data = {"added": d.added, "removed": d.removed,
+            "changed": {k: {"from": old, "to": new} for k, (old, new) in d.changed.items()}}
+
+    def human() -> None:
+        def js(v: Any) -> str:
+            return json.dumps(_jsonable(v), sort_keys=True)
+
+        for k, v in d.added.items():
+            click.echo(f"+ {k}: {js(v)}")
+        for k, v in d.removed.items():
+            click.echo(f"- {k}: {js(v)}")
+        for k, (old, new) in d.changed.items():
+            click.echo(f"~ {k}: {js(old)} -> {js(new)}")
+        if not d:
+            click.echo(f"no change from checkpoint {a} to {b}")
+
+    _emit(as_json, data, human)
+
+
+@main.command()
+@store_argument
+@click.argument("run")
+@click.argument("checkpoint", type=click.IntRange(min=1), metavar="ID")
+@json_option
+@reports_errors
+def rollback(path: str, run: str, checkpoint: int, as_json: bool) -> None:
+    """Make a new checkpoint of RUN whose state equals its state at checkpoint ID.
+
+    History is kept: the new checkpoint's parent is the old head and its
+    metadata is {"rollback_to": ID}. Prints the new checkpoint. Opens the
+    store for writing, so it fails with store_locked while an agent has it
+    open (call store.rollback_to from that process instead).
+    """
+    with _open_rw(path) as store:
+        c = store.rollback_to(run, checkpoint)
+    row = _checkpoint_row(c)
+    _emit(as_json, row, lambda: _checkpoint_table([row]))
+
+
+@main.command()
+@store_argument
+@click.argument("run")
+@click.argument("checkpoint", type=click.IntRange(min=1), metavar="ID")
+@click.argument("new_run")
+@json_option
+@reports_errors
+def fork(path: str, run: str, checkpoint: int, new_run: str, as_json: bool) -> None:
+    """Start NEW_RUN from the state of RUN at checkpoint ID.
+
+    The new run's first checkpoint has origin (RUN, ID); from then on the two
+    runs are independent. Prints that checkpoint. Exits 1 with run_exists if
+    NEW_RUN has a checkpoint already. Opens the store for writing, so it
+    fails with store_locked while an agent has it open.
+    """
+    with _open_rw(path) as store:
+        c = store.fork(run, checkpoint, new_run)
+    row = _checkpoint_row(c)
+    _emit(as_json, row, lambda: _checkpoint_table([row]))
+
+
+# -- verify and backup ------------------------------------------------------------------
+
+
+@main.command()
+@store_argument
+@json_option
+@reports_errors
+def verify(path: str, as_json: bool) -> None:
+    """Check every checksum, hash chain and cross-reference of a store; exit 1 on a problem.
+
+    Reads every LMDB entry and WAL frame, recomputes each run's checkpoint
+    hashes, and compares the head state, manifests and reference counts with
+    the history. Lists each problem with its place (database and key, or file
+    and offset), then what was checked. Opens the store read-only, so it works
+    while an agent writes to it; changes nothing.
+    """
+    with _open_ro(path) as store:
+        report = store.verify()
+    data = {"ok": report.ok, "problems": [dataclasses.asdict(p) for p in report.problems],
+            "checked": report.checked, "notes": report.notes}
+
+    def human() -> None:
+        if report.problems:
+            _table([(p.where, p.what) for p in report.problems], ("where", "problem"))
+            click.echo("")
+        for note in report.notes:
+            click.echo(f"note: {note}")
+        counts = ", ".join(f"{n} {k}" for k, n in report.checked.items())
+        click.echo(f"checked: {counts}")
+        click.echo("ok" if report.ok else f"{len(report.problems)} problem(s) found")
+
+    _emit(as_json, data, human)
+    if not report.ok:
+        click.echo(f"{len(report.problems)} problem(s) found; the store is damaged. Restore "
+                   "it from a backup, or copy out what still reads (agentwal show).", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@store_argument
+@click.argument("dest", type=click.Path(file_okay=False))
+@json_option
+@reports_errors
+def backup(path: str, dest: str, as_json: bool) -> None:
+    """Copy a store to DEST (a new directory) consistently, while agents keep writing.
+
+    The copy holds every commit acknowledged before the command started, with
+    the whole history and effects ledger, and opens as the same store. It is
+    written to DEST.tmp and renamed to DEST once every file is on disk. Opens
+    the store read-only. Exits 1 if DEST (or DEST.tmp) exists.
+    """
+    with _open_ro(path) as store:
+        rep = store.backup(dest)
+    data = dataclasses.asdict(rep)
+    _emit(as_json, data, lambda: click.echo(
+        f"backed up {path} to {rep.path}: {rep.files} files, {rep.bytes} bytes, every commit "
+        f"up to LSN {rep.lsn}, in {rep.seconds:.2f} s"))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -69,6 +69,8 @@ __all__ = [
     "decode_blob_ref",
     "encode_blob_ref",
     "is_blob_ref",
+    "chain_hash",
+    "checkpoint_hash",
 ]
 
 Delta = dict[str, "bytes | None"]
@@ -356,9 +358,30 @@ def checkpoint_hash(
     the stored encoding, so the hash can be recomputed from what is on disk.
     The outbox part is there only when the commit has deferred effects.
     """
+    outbox_digest = hashlib.sha256(deferred).digest() if deferred is not None else None
+    return chain_hash(parent_hash, run, cid, parent, created_at, meta, origin, delta_digest,
+                      outbox_digest)
+
+
+def chain_hash(
+    parent_hash: bytes,
+    run: str,
+    cid: int,
+    parent: int | None,
+    created_at: float,
+    meta: bytes,
+    origin: tuple[str, int] | None,
+    delta_digest: bytes,
+    outbox_digest: bytes | None,
+) -> bytes:
+    """:func:`checkpoint_hash` from the digests of the delta and the outbox.
+
+    A verifier that kept ``sha256(outbox bytes)`` instead of the bytes (the
+    snapshot's checkpoint record) recomputes the hash with this.
+    """
     org = list(origin) if origin is not None else None
     body = cbor2.dumps([run, cid, parent, created_at, org])
-    tail = hashlib.sha256(deferred).digest() if deferred is not None else b""
+    tail = outbox_digest if outbox_digest is not None else b""
     return hashlib.sha256(parent_hash + body + meta + delta_digest + tail).digest()
 
 

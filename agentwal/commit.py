@@ -40,6 +40,7 @@ and never touches the memtable or LMDB itself: the store gives it
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -106,6 +107,9 @@ class Pending:
     drop: str | None = None
     #: for a delete record: ``deleted[drop]`` before it (to put back on failure)
     prev_deleted: Any = None
+    #: SHA-256 of the commit's outbox field as hashed (None: no outbox); the
+    #: snapshot keeps it so ``verify`` can recompute the checkpoint hash
+    outbox_digest: bytes | None = None
 
 
 class CommitPipeline:
@@ -194,7 +198,8 @@ class CommitPipeline:
             pc = Pending(lsn, ckpt, hsh, meta_raw, delta,
                          PendingRecord(lsn, REC_COMMIT, flags, payload),
                          self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta},
-                         deferred=deferred or None)
+                         deferred=deferred or None,
+                         outbox_digest=hashlib.sha256(outbox).digest() if outbox else None)
             for k in delta:
                 writes[k] = lsn
             self.heads[run] = (cid, hsh)

@@ -40,6 +40,7 @@ __all__ = [
     "StoreBusyError",
     "BlobSourceError",
     "NotABlobError",
+    "PathExistsError",
 ]
 
 
@@ -383,3 +384,16 @@ class NotABlobError(Error, TypeError):
         self.kind = kind
         super().__init__(f"{run!r}/{key!r} holds a {kind}, not a blob. Read it with "
                          "store.get(); open_blob opens only values stored with txn.put_blob.")
+
+
+class PathExistsError(Error):
+    """A path the operation must create exists already (a backup's destination)."""
+
+    code = "path_exists"
+
+    def __init__(self, path: str, reason: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path!r} " + (
+            reason or "already exists; nothing was written. Choose a path that does not exist "
+            "(or remove it first)."))

@@ -90,6 +90,9 @@ __all__ = [
     "resolve",
     "retain",
     "store_value",
+    "children",
+    "check_node",
+    "is_node",
 ]
 
 #: A full manifest is stored at every checkpoint id that is a multiple of this.
@@ -453,3 +456,50 @@ def apply_delta(state: dict[str, Ref], delta: Mapping[str, Ref | None]) -> None:
         else:
             state[k] = v
 
+
+
+# -- verifying -----------------------------------------------------------------------
+
+def is_node(record: bytes) -> bool:
+    """True if an object record is a list node (else a leaf, or malformed)."""
+    return record[:1] == bytes([_NODE])
+
+
+def children(record: bytes) -> list[int]:
+    """Addresses an object record names (a node's ``prev`` and leaf segments; none for a leaf).
+
+    Each is one reference counted for the child. :class:`CodecError` if the
+    record is neither a leaf nor a well-formed node.
+    """
+    if record[:1] not in (bytes([_LEAF]), bytes([_NODE])):
+        raise CodecError(f"object kind {record[:1].hex() or 'missing'} is neither leaf nor node")
+    return _children(record)
+
+
+def check_node(objs: Objects, addr: int) -> bytes:
+    """Check a list node against its chain: it rebuilds to ``nbytes`` bytes with its SHA-256.
+
+    Also checks ``depth`` (one more than ``prev``'s, 0 without one) and
+    that every segment address is a leaf.
+
+    Returns:
+        The list's value bytes, as :func:`resolve` gives them.
+
+    Raises:
+        CodecError: naming what does not hold.
+    """
+    node = _node(_load(objs, addr))
+    if node[4] is None:
+        if node[3] != 0:
+            raise CodecError(f"list node @{addr} has no prev but depth {node[3]}")
+    else:
+        prev = _node(_load(objs, node[4]))
+        if node[3] != prev[3] + 1:
+            raise CodecError(f"list node @{addr} has depth {node[3]}, its prev @{node[4]} "
+                             f"{prev[3]}")
+    value = resolve(objs, (LIST, addr))
+    head = _array_header(value)
+    assert head is not None
+    if hashlib.sha256(value[head[1]:]).digest() != node[2]:
+        raise CodecError(f"list node @{addr} rebuilds to a body whose SHA-256 is not its own")
+    return value

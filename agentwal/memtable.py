@@ -48,7 +48,7 @@ Version = tuple[int, "bytes | None"]
 Entry = tuple[Checkpoint, bytes, bytes]
 FoldItem = tuple[dict[str, "bytes | None"], list[Entry]]
 FoldRunItem = tuple[str, bool, dict[str, "bytes | None"], list[Entry],
-                    list[dict[str, "bytes | None"]]]
+                    list[dict[str, "bytes | None"]], dict[int, bytes]]
 
 
 @dataclass
@@ -59,6 +59,8 @@ class RunMem:
     checkpoints: list[Entry] = field(default_factory=list)
     #: the change each checkpoint made, parallel to ``checkpoints``
     deltas: list[dict[str, bytes | None]] = field(default_factory=list)
+    #: checkpoint id -> SHA-256 of its outbox field, for checkpoints that have one
+    outboxes: dict[int, bytes] = field(default_factory=dict)
     #: LSNs of the run's delete records applied to this table, ascending
     deleted: list[int] = field(default_factory=list)
 
@@ -117,6 +119,7 @@ class Memtable:
         if rm is None:
             rm = self.runs[run] = RunMem()
         rm.deleted.append(lsn)
+        rm.outboxes = {}  # by checkpoint id: the ids start again at 1 after this
         # The ledger keeps the run's entries, not their positions in its deleted
         # history: a run created again under this id may call other effects there.
         for pos in [p for p in self.effect_pos if p[0] == run]:
@@ -139,8 +142,13 @@ class Memtable:
         self.last_lsn = lsn
 
     def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, meta_raw: bytes,
-              delta: dict[str, bytes | None], oldest_snap: int) -> None:
-        """Make one commit visible; prune versions older than ``oldest_snap`` can see."""
+              delta: dict[str, bytes | None], oldest_snap: int,
+              outbox_digest: bytes | None = None) -> None:
+        """Make one commit visible; prune versions older than ``oldest_snap`` can see.
+
+        ``outbox_digest`` is the SHA-256 of the commit's outbox field (its
+        checkpoint hash covers it); the fold stores it with the checkpoint.
+        """
         assert not self.frozen, "a frozen memtable is read-only"
         rm = self.runs.get(ckpt.run)
         if rm is None:
@@ -157,6 +165,8 @@ class Memtable:
             self.nbytes += len(key) + (len(value) if value is not None else 0) + 16
         rm.checkpoints.append((ckpt, hsh, meta_raw))
         rm.deltas.append(delta)
+        if outbox_digest is not None:
+            rm.outboxes[ckpt.id] = outbox_digest
         self.last_lsn = lsn
 
     def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:
@@ -198,9 +208,9 @@ class Memtable:
     def fold_runs(self) -> list[FoldRunItem]:
         """For a fold: per run, whether LMDB's copy goes first (deleted), then what follows.
 
-        Returns ``(run, reset, final writes, checkpoints, deltas)``: with
-        ``reset`` the run was deleted in this table and only what was
-        committed after its last deletion is folded.
+        Returns ``(run, reset, final writes, checkpoints, deltas, outbox
+        digests)``: with ``reset`` the run was deleted in this table and only
+        what was committed after its last deletion is folded.
         """
         out: list[FoldRunItem] = []
         for run, rm in self.runs.items():
@@ -209,12 +219,12 @@ class Memtable:
                       if chain[-1][0] > floor}
             keep = [i for i, (c, _h, _m) in enumerate(rm.checkpoints) if c.lsn > floor]
             out.append((run, bool(rm.deleted), writes, [rm.checkpoints[i] for i in keep],
-                        [rm.deltas[i] for i in keep]))
+                        [rm.deltas[i] for i in keep], rm.outboxes))
         return out
 
     def fold_view(self) -> dict[str, FoldItem]:
         """For a fold: each run's final writes and its checkpoints in order (after deletions)."""
-        return {run: (writes, ckpts) for run, _reset, writes, ckpts, _d in self.fold_runs()}
+        return {run: (writes, ckpts) for run, _reset, writes, ckpts, _d, _o in self.fold_runs()}
 
 
 def _prune(chain: list[Version], oldest_snap: int) -> None:

@@ -26,9 +26,11 @@ Databases (keys are bytes; integers big-endian so they sort):
   ref of a list node (``history.head_entry``: a growing list is not copied
   whole by every fold)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
-  ``[id, parent, lsn, created_at, meta, hash, origin]``, plus the parent's
-  hash when compaction dropped the parent (the chain stays checkable, and a
-  gap in the ids is told apart from damage)
+  ``[id, parent, lsn, created_at, meta, hash, origin, outbox_digest]``
+  (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
+  written before it existed have 7 elements), plus a 9th element, the
+  parent's hash, when compaction dropped the parent (the chain stays
+  checkable, and a gap in the ids is told apart from damage)
 - ``effects``: the effects ledger (``effects.py``), three kinds of key:
   ``b"k"`` + idempotency key -> CRC + entry CBOR map;
   ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
@@ -115,7 +117,8 @@ from .errors import (
 from .io import DISK_FULL_ERRNOS, OsFileSystem
 from .types import Checkpoint
 
-__all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file"]
+__all__ = ["FoldRun", "MapFull", "RunInfo", "Snapshot", "check_lmdb_file", "DB_NAMES",
+           "RawEntries", "unseal"]
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -491,7 +494,7 @@ class Snapshot:
                 if expect is not None and c.id != expect and not (gap and c.id < expect):
                     raise self._corrupt(f"checkpoint {expect} of {run!r} is missing "
                                         f"(found {c.id})")
-                expect, gap = c.id - 1, len(obj) == 8
+                expect, gap = c.id - 1, len(obj) == 9
                 yield c
             if expect is not None and expect != 0 and not gap:
                 raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, not at 1")
@@ -512,19 +515,21 @@ class Snapshot:
                 if found.startswith(base):
                     obj = self._load(found, cur.value(), f"checkpoint of {run!r}")
                     self._ckpt_from(run, obj)
-                    if len(obj) == 8:  # its parent, and the ids between, were dropped
+                    if len(obj) == 9:  # its parent, and the ids between, were dropped
                         return False
         raise self._corrupt(f"checkpoint {cid} of {run!r} is missing")
 
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
-        if not (isinstance(obj, list) and len(obj) in (7, 8)):
+        if not (isinstance(obj, list) and len(obj) in (7, 8, 9)):
             raise self._corrupt(f"checkpoint record of {run!r} is malformed")
         cid, parent, lsn, created, meta_raw, hsh, origin = obj[:7]
         if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
                 and isinstance(lsn, int) and isinstance(created, (int, float))
                 and isinstance(meta_raw, bytes) and isinstance(hsh, bytes)
                 and (origin is None or (isinstance(origin, list) and len(origin) == 2))
-                and (len(obj) == 7 or (isinstance(obj[7], bytes) and len(obj[7]) == 32))):
+                and (len(obj) == 7 or obj[7] is None
+                     or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
+                and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32))):
             raise self._corrupt(f"checkpoint record of {run!r} has a field of the wrong type")
         try:
             meta = decode_meta(meta_raw)
@@ -829,7 +834,8 @@ class Snapshot:
                     digest ^= _CRC.unpack_from(sealed)[0]
             for c, hsh, meta_raw in fr.checkpoints:
                 rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
-                       list(c.origin) if c.origin else None]
+                       list(c.origin) if c.origin else None,
+                       (fr.outboxes or {}).get(c.id)]
                 ck = base + _U64.pack(c.id)
                 txn.put(ck, _seal(ck, cbor2.dumps(rec)), db=self._ckpt)
             head, head_hash, _meta = fr.checkpoints[-1]
@@ -971,9 +977,10 @@ class Snapshot:
                 txn.put(k, sealed, db=self._manifest)
                 tally.manifests_written += 1
                 tally.bytes_written += len(sealed)
-            for c in plan.orphans:
+            for c in plan.orphans:  # [..., origin, outbox digest, parent hash]
                 k = prefix + _U64.pack(c)
-                sealed = _seal(k, cbor2.dumps([*recs[c][:7], recs[c - 1][5]]))
+                outbox = recs[c][7] if len(recs[c]) > 7 else None
+                sealed = _seal(k, cbor2.dumps([*recs[c][:7], outbox, recs[c - 1][5]]))
                 txn.put(k, sealed, db=self._ckpt)
                 tally.bytes_written += len(sealed)
             for c in plan.drop:
@@ -1149,6 +1156,28 @@ class Snapshot:
                         out.update(r for r in refs.values()
                                    if isinstance(r, bytes) and r.startswith(prefix))
         return out
+
+    # -- verify and backup ----------------------------------------------------------
+
+    def raw(self, txn: Any) -> RawEntries:
+        """The sealed entries of every database as of ``txn``, for ``verify``."""
+        return RawEntries(self, txn)
+
+    def copy_to(self, directory: str) -> None:
+        """Write a consistent, compacted copy of the environment as ``directory/data.mdb``.
+
+        LMDB copies from one read transaction, so folds may run meanwhile and
+        the copy is the state of one fold boundary. ``directory`` must exist
+        and hold no ``data.mdb``; the caller fsyncs the copy.
+
+        Raises:
+            DiskFullError / DurabilityError: the copy could not be written.
+        """
+        self._live()
+        try:
+            self.env.copy(directory, compact=True)
+        except lmdb.Error as exc:
+            raise self._translate(exc, f"cannot copy the snapshot to {directory!r}") from None
 
 
 def _maybe_list(value: bytes | None) -> bool:
@@ -1337,5 +1366,49 @@ class FoldRun:
     writes: dict[str, bytes | None]
     checkpoints: list[tuple[Checkpoint, bytes, bytes]]
     deltas: list[dict[str, bytes | None]] | None = None
+    #: checkpoint id -> SHA-256 of its outbox field (checkpoints with an outbox)
+    outboxes: dict[int, bytes] | None = None
     #: the run was deleted: remove it from LMDB first (``checkpoints`` follow the deletion)
     reset: bool = False
+
+
+#: The named databases, by the names ``verify`` reports.
+DB_NAMES = tuple(n.decode() for n in _DB_NAMES)
+
+
+def unseal(key: bytes, raw: bytes) -> bytes | None:
+    """The value behind a sealed entry, or None if its CRC-32 does not cover key and value."""
+    if len(raw) < 4 or _CRC.unpack_from(raw)[0] != _crc(key, raw[4:]):
+        return None
+    return bytes(raw[4:])
+
+
+class RawEntries:
+    """The raw (sealed) entries of the snapshot's databases in one read transaction.
+
+    ``verify`` reads through this and nothing else, so it sees every byte LMDB
+    stores and never trusts a checked accessor. LMDB failures (a damaged
+    B-tree) become ``CorruptionError``.
+    """
+
+    def __init__(self, snap: Snapshot, txn: Any) -> None:
+        self._snap = snap
+        self._txn = txn
+        self._dbs = dict(zip(DB_NAMES, snap._live().dbs, strict=False))
+
+    def entries(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """``(key, sealed value)`` of database ``db`` in key order (only keys under ``prefix``)."""
+        with self._snap._reading(f"database {db}"), self._txn.cursor(db=self._dbs[db]) as cur:
+            found = cur.set_range(prefix) if prefix else cur.first()
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(prefix):
+                    return
+                yield k, bytes(cur.value())
+                found = cur.next()
+
+    def get(self, db: str, key: bytes) -> bytes | None:
+        """The sealed value of ``key`` in database ``db``, or None."""
+        with self._snap._reading(f"database {db}"):
+            raw = self._txn.get(key, db=self._dbs[db])
+        return None if raw is None else bytes(raw)

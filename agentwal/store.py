@@ -54,6 +54,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import hashlib
 import os
 import sys
 import threading
@@ -64,7 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .blobs import BlobMissing, BlobReader, BlobStore
+from .backup import BackupReport, Copier, check_destination
+from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
@@ -105,9 +107,11 @@ from .ledger import DispatchReport, Ledger, Request
 from .memtable import Memtable
 from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
-from .snapshot import FoldRun, MapFull, RunInfo, Snapshot
+from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .txn import Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
+from .verify import Problem, VerifyReport, check_control, read_wal
+from .verify import verify as verify_store
 from .wal import Writer
 
 __all__ = ["Store", "open"]
@@ -300,7 +304,8 @@ def _replay(plan: Plan, store_id: Any) -> tuple[Memtable, dict[str, tuple[int, b
         rec = r.record
         ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
                           rec.hash.hex(), rec.origin)
-        mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn)
+        mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn,
+                  None if rec.deferred is None else hashlib.sha256(rec.deferred).digest())
         if r.deferred:
             _add_outbox(mem, store_id, ckpt, r.deferred)
         heads[rec.run] = (rec.id, rec.hash)
@@ -766,7 +771,8 @@ class Store:
                 assert p.effect is not None
                 self._active.apply_effect(p.lsn, *p.effect)
             else:
-                self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest)
+                self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest,
+                                   p.outbox_digest)
                 if p.deferred:
                     _add_outbox(self._active, self.store_id, p.ckpt, p.deferred)
             self._visible = p.lsn
@@ -859,8 +865,8 @@ class Store:
             # LMDB must never be durable past the log: after a power cut the WAL
             # has to reach applied_lsn (async and none modes sync here).
             pipe.sync_through(frozen.last_lsn)
-            runs = [FoldRun(run, writes, ckpts, deltas, reset)
-                    for run, reset, writes, ckpts, deltas in frozen.fold_runs()]
+            runs = [FoldRun(run, writes, ckpts, deltas, outboxes, reset)
+                    for run, reset, writes, ckpts, deltas, outboxes in frozen.fold_runs()]
             resets = any(fr.reset for fr in runs)
             effects = list(frozen.effects.values())
             if resets:  # a deleted run's effect positions are not folded (entries are)
@@ -1741,6 +1747,163 @@ class Store:
         snap = self._snap
         assert snap is not None
         return self._lmdb(v, lambda t: snap.effect(t, key))
+
+    # -- verify and backup -------------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Recompute every checksum and hash chain and cross-check state against history.
+
+        Reads every entry of every LMDB database (each value's CRC, its
+        shape), recomputes each run's checkpoint hashes from the stored
+        deltas, compares manifests and the head state (``state()``'s fast
+        path) with the replayed history, recounts the references of every
+        stored object, decodes the effects ledger, and reads every WAL frame
+        (CRC, continuity, decoding, the hash of each commit record). Each
+        problem names its place: the database and key, or the file and
+        offset. The store stays usable; nothing is repaired.
+
+        The view is consistent: a writer holds its fold lock meanwhile (no
+        fold runs, commits go on), so the snapshot and the log agree; a
+        read-only store reads the log first and the snapshot after, as its
+        own open does. Time is proportional to every byte ever committed
+        (history included): it rehashes them all.
+
+        Returns:
+            A :class:`VerifyReport` (``ok``, ``problems``, ``checked``, ``notes``).
+
+        Raises:
+            StoreClosedError: the store is closed.
+
+        Example::
+
+            report = store.verify()
+            for p in report.problems:
+                print(p.where, p.what)
+        """
+        self._check_open()
+        assert self._snap is not None
+        found = check_control(self._fs, self.path, self.store_id)
+        snap: Snapshot | None = self._snap
+        rel = os.path.join(SNAPSHOT_DIR, "data.mdb")
+        folding = self._fold_lock if not self.readonly else contextlib.nullcontext()
+        with folding:
+            with self._lock:
+                limit = self._visible  # every record up to it is whole in the log
+            try:
+                check_lmdb_file(os.path.join(self._snap.directory, "data.mdb"))
+            except CorruptionError as exc:  # mapping it could kill the process: skip LMDB
+                found.append(Problem(rel, exc.reason, rel, offset=exc.offset))
+                snap = None
+            if self.readonly and snap is not None:
+                # Another process writes: what it folded was acknowledged, so damage
+                # up to there is damage (after it, a torn tail may be a write in progress).
+                ltxn = snap.begin_read()
+                with contextlib.suppress(CorruptionError):
+                    limit = max(limit, snap.meta(ltxn)[0])
+                snap.end_read(ltxn)
+            try:
+                wal = read_wal(self._fs, os.path.join(self.path, WAL_DIR))
+            except OSError as exc:
+                raise _io_error(exc, self.path, "cannot read the WAL") from None
+            if snap is None:
+                return verify_store(None, wal, store_id=self.store_id, limit=limit,
+                                    problems=found)
+            ltxn = snap.begin_read()
+            try:
+                report = verify_store(snap.raw(ltxn), wal, store_id=self.store_id,
+                                      limit=limit, problems=found)
+            finally:
+                snap.end_read(ltxn)
+        return self._verify_blobs(report)
+
+    def _verify_blobs(self, report: VerifyReport) -> VerifyReport:
+        """``report`` plus the blob files: each referenced one exists, with its size and SHA-256."""
+        problems = list(report.problems)
+        checked = dict(report.checked)
+        try:
+            refs = sorted(self._blob_refs(), key=lambda r: r.sha256)
+        except CorruptionError as exc:
+            problems.append(Problem("blob references", exc.reason, exc.path))
+            refs = []
+        for ref in refs:
+            rel = os.path.relpath(blob_path(self._blobs.root, ref.sha256), self.path)
+            try:
+                with self._blobs.open(ref, verify=False) as reader:
+                    reader.verify()
+            except BlobMissing:
+                problems.append(Problem(rel, f"the blob file of {ref.sha256} is missing "
+                                        f"({ref.size} bytes referenced)", rel))
+            except CorruptionError as exc:
+                problems.append(Problem(rel, exc.reason, rel, offset=exc.offset))
+            checked["blobs"] = checked.get("blobs", 0) + 1
+            checked["blob_bytes"] = checked.get("blob_bytes", 0) + ref.size
+        return VerifyReport(not problems, problems, checked, list(report.notes))
+
+    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+        """Write a consistent copy of the store to the new directory ``dest``.
+
+        Works while the store is open and commits go on. The backup holds
+        every commit acknowledged before ``backup()`` was called (and may
+        hold some made while it runs), with its whole history and effects
+        ledger, and opens as a store with the same id, state and history;
+        ``blobs/`` is copied when present. It is built in ``dest + ".tmp"``,
+        every file and directory fsynced, then renamed to ``dest``: a crash
+        or an error never leaves a half-made backup under ``dest``.
+
+        A writer holds its fold lock throughout (no fold runs; commits go
+        on) and its log's flush lock while the segments are copied (commits
+        wait that long). A read-only store copies the log first and the
+        snapshot after, so a writer in another process may fold meanwhile.
+
+        Args:
+            dest: a path that does not exist (its parent is created if missing).
+                The store's files are read through its file system (``fs=``);
+                the backup is written to the operating system's.
+
+        Returns:
+            A :class:`BackupReport`: ``path``, ``lsn`` (every commit up to it
+            is in the backup), ``files``, ``bytes``, ``seconds``.
+
+        Raises:
+            PathExistsError: ``dest`` (or a half-made ``dest.tmp``) exists.
+            ValueError: ``dest`` is inside the store.
+            CorruptionError: a WAL segment of the store is damaged (nothing
+                is published at ``dest``).
+            DiskFullError, DurabilityError: writing the copy failed (nothing
+                is published at ``dest``; remove ``dest.tmp``).
+            StoreClosedError: the store is closed.
+
+        Example::
+
+            store.backup("/backups/state-2024-05-01.awal")
+            agentwal.open("/backups/state-2024-05-01.awal", readonly=True).verify()
+        """
+        self._check_open()
+        snap = self._snap
+        assert snap is not None
+        target = os.fspath(dest)
+        out = OsFileSystem()  # the backup is a directory of the OS, like LMDB's copy in it
+        tmp = check_destination(out, self.path, target)
+        copier = Copier(self._fs, out, self.path, tmp)
+        try:
+            copier.copy_control()
+            if self._pipe is None:  # another process may fold: the log first, then LMDB
+                copier.copy_wal(quiet=False)
+                copier.copy_snapshot(snap.copy_to)
+            else:
+                pipe = self._pipe
+                with self._fold_lock:
+                    with pipe.flush_lock:
+                        if pipe.writer.broken is not None:
+                            raise pipe.writer.stopped()
+                        copier.copy_wal(quiet=True)
+                        with self._lock:
+                            copier.last_lsn = max(copier.last_lsn, self._visible)
+                    copier.copy_snapshot(snap.copy_to)
+            copier.copy_blobs()
+            return copier.publish(target)
+        except OSError as exc:
+            raise _io_error(exc, tmp, "cannot write the backup") from None
 
     # -- stats and closing -------------------------------------------------------------------
 

@@ -554,19 +554,21 @@ def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> 
     # Regression: listing iterated the live memtable dict: "dictionary changed size".
     stop = threading.Event()
     errors: list[BaseException] = []
+    made: list[int] = []
 
     def writer() -> None:
         i = 0
         while not stop.is_set():
-            with store.begin(f"w{i % 5}") as txn:
-                txn.effect("op", lambda ctx: 1, mode="at_least_once", key=f"k{i}")
-                txn.rollback()
+            with store.begin(f"w{i % 5}") as txn:  # each commit: a new position
+                txn["i"] = txn.effect("op", lambda ctx: 1, mode="at_least_once", key=f"k{i}")
             i += 1
+            made.append(i)
 
     t = threading.Thread(target=writer)
     t.start()
     try:
-        for _ in range(200):
+        deadline = time.monotonic() + 20
+        while len(made) < 20 and time.monotonic() < deadline:
             try:
                 store.effects()
                 store.dispatch({})
@@ -576,7 +578,7 @@ def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> 
     finally:
         stop.set()
         t.join()
-    assert errors == []
+    assert errors == [] and len(made) >= 20
 
 
 def test_reentrant_effect_on_the_same_key_does_not_deadlock(store: agentwal.Store) -> None:

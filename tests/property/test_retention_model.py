@@ -7,7 +7,8 @@ close + reopen and crash + reopen, against a model that holds every
 checkpoint's state per run. After every step: each run's history lists
 exactly the kept checkpoints, the state at every kept checkpoint equals the
 model's, every dropped one raises ``CheckpointNotFoundError``, a deleted run
-is gone, and the history objects' reference counts in LMDB equal a recount.
+is gone, the history objects' reference counts in LMDB equal a recount, and
+``store.verify()`` finds nothing (gaps, parent hashes and deletions are not damage).
 
 ``older_than`` is drawn as "older than checkpoint k": the cut falls just
 after k's creation time plus however long the call took, so checkpoints
@@ -303,6 +304,8 @@ class RetentionMachine(RuleBasedStateMachine):
             if m.origin is not None and 1 in m.kept:
                 assert got[-1].origin == m.origin
         check_history_counts(store)
+        report = store.verify()  # gaps, parent hashes, deletions in the WAL: none is damage
+        assert report.ok, [f"{p.where}: {p.what}" for p in report.problems]
 
 
 _DEL: Any = object()

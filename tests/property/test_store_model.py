@@ -446,6 +446,14 @@ class StoreMachine(_Base):
         self.txns.clear()
         self.store = agentwal.open(self.path, **OPTIONS)
 
+    @rule()
+    def verify(self) -> None:
+        """The whole store verifies (checksums, hash chains, state against history),
+        with transactions open, after folds, rollbacks, forks, crashes and reopens."""
+        report = self.store.verify()
+        assert report.ok, report.problems
+        self.counts["verifies"] = self.counts.get("verifies", 0) + 1
+
     @invariant()
     def store_matches_model(self) -> None:
         self._check_runs()

@@ -19,7 +19,7 @@ RANK = {
     "control": 3, "wal": 3, "blobs": 3,
     "snapshot": 4, "memtable": 4, "effects": 4,
     "txn": 5, "commit": 5, "ledger": 5,
-    "recovery": 6,
+    "recovery": 6, "verify": 6, "backup": 6,
     "store": 7,
     "__init__": 8, "demo": 8, "testing": 8, "cli": 8,
 }

@@ -330,9 +330,9 @@ def test_a_run_recreated_after_its_deletion() -> None:
     assert m.lookup("r", "gone", 4) == (True, None)
     assert m.visible("r", 4) == {"k": b"new"}
     assert m.runs["r"].head(4) == n1 and m.runs["r"].head(2).id == 2  # type: ignore[union-attr]
-    (run, reset, writes, ckpts, deltas), = m.fold_runs()
+    (run, reset, writes, ckpts, deltas, outboxes), = m.fold_runs()
     assert (run, reset, writes) == ("r", True, {"k": b"new"})
-    assert [c for c, _h, _m in ckpts] == [n1] and deltas == [{"k": b"new"}]
+    assert [c for c, _h, _m in ckpts] == [n1] and deltas == [{"k": b"new"}] and outboxes == {}
     assert m.fold_view() == {"r": ({"k": b"new"}, ckpts)}
 
 
@@ -342,7 +342,7 @@ def test_fold_runs_of_a_deleted_run_with_nothing_after() -> None:
     _delete(log, "r")
     log.commit("s", {"k": b"2"})
     got = {r[0]: r for r in log.mem.fold_runs()}
-    assert got["r"][1:] == (True, {}, [], [])
+    assert got["r"][1:] == (True, {}, [], [], {})
     assert got["s"][1] is False and got["s"][2] == {"k": b"2"}
     assert not log.mem.empty
 
@@ -358,7 +358,7 @@ def test_two_deletions_in_one_table() -> None:
     assert [m.visible("r", s) for s in (1, t1, 3, t2, 5)] == [
         {"a": b"1"}, {}, {"b": b"2"}, {}, {"c": b"3"}]
     assert m.runs["r"].deleted == [t1, t2]
-    (_run, reset, writes, ckpts, _d), = m.fold_runs()
+    (_run, reset, writes, ckpts, _d, _o), = m.fold_runs()
     assert reset and writes == {"c": b"3"} and [e[0] for e in ckpts] == [c]
 
 

@@ -539,3 +539,29 @@ def test_puts_commits_forks_and_sweeps_in_threads(store: agentwal.Store) -> None
     store._sweep_blobs()
     assert set(store._blobs.files()) == store._blob_references()
     assert swept[0] > 0  # the sweeps ran while the writers did
+
+
+def test_verify_checks_every_referenced_blob_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    data = os.urandom(300_000)
+    with agentwal.open(path) as store:
+        with store.begin("r") as txn:
+            ref = txn.put_blob("weights", io.BytesIO(data))
+        with store.begin("r") as txn:
+            txn.put_blob("other", io.BytesIO(b"small artifact"))
+        report = store.verify()
+        assert report.ok and report.checked["blobs"] == 2
+        assert report.checked["blob_bytes"] == len(data) + len(b"small artifact")
+        file = blob_path(os.path.join(path, "blobs"), ref.sha256)
+        with open(file, "r+b") as f:  # one flipped byte in the middle
+            f.seek(150_000)
+            b = f.read(1)
+            f.seek(150_000)
+            f.write(bytes([b[0] ^ 0x01]))
+        report = store.verify()
+        assert not report.ok
+        (p,) = report.problems
+        assert p.file == os.path.relpath(file, path) and "SHA-256" in p.what.upper()
+        os.unlink(file)
+        (p,) = store.verify().problems
+        assert "missing" in p.what

@@ -308,7 +308,7 @@ def test_compaction_races_threads_committing(store: agentwal.Store) -> None:
 
     def work(run: str) -> None:
         n = 0
-        while not stop.is_set():
+        while not stop.is_set() and n < 3000:  # paced: see test_store_delete
             try:
                 commit(store, run, n=n, log=list(range(n % 100)))
                 if n % 10 == 0:
@@ -319,6 +319,7 @@ def test_compaction_races_threads_committing(store: agentwal.Store) -> None:
                 seen.append(exc)
                 return
             n += 1
+            time.sleep(0.0005)
 
     threads = [threading.Thread(target=work, args=(r,)) for r in ("a", "b")]
     for t in threads:

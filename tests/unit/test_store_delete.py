@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -249,14 +250,17 @@ def test_delete_while_other_runs_commit(store: agentwal.Store) -> None:
     errors_seen: list[BaseException] = []
 
     def work() -> None:
+        # Paced: a writer that commits flat out outruns the folds (the engine has no
+        # back-pressure), and snapshot() below would wait on an ever larger fold.
         n = 0
-        while not stop.is_set():
+        while not stop.is_set() and n < 5000:
             try:
                 commit(store, "busy", n=n)
             except BaseException as exc:
                 errors_seen.append(exc)
                 return
             n += 1
+            time.sleep(0.0005)
 
     t = threading.Thread(target=work)
     t.start()

@@ -1,0 +1,165 @@
+"""Checking the WAL: segment headers, frame CRCs, continuity, records, commit hashes.
+
+Theory of operation: every segment file is scanned by the WAL reader
+(``wal/reader.py``) from its header, so every frame's CRC is checked, folded
+records included (recovery skips those). Segments must follow one another
+from the snapshot's ``applied_lsn + 1`` on, as recovery requires (a segment
+whose records are all folded may be stale). Every record must decode, and a
+commit record's hash is recomputed from its own bytes and its parent's hash
+(the previous record of its run in the log, else the snapshot's checkpoint);
+a folded record must carry the hash the snapshot holds.
+
+A run deletion (``REC_DELETE_RUN``) ends a run's chain in the log: the run
+starts again at checkpoint 1 after it, and the snapshot holds the new run.
+So the records of a run before its last deletion in the log are checked
+against one another only, never against the snapshot (which has the new
+run, or none, under that id); checkpoints compaction dropped have no record
+in the snapshot either, and are not compared.
+
+The end of the last segment is where a writer is writing: a torn tail whose
+first missing record is after ``limit`` (the last LSN known acknowledged
+when the log was read) is a note, not a problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Any
+
+from ..codec import (
+    CodecError,
+    checkpoint_hash,
+    decode_commit,
+    decode_delta,
+    decode_meta,
+    unpack_payload,
+)
+from ..effects import decode_entry, decode_outbox
+from ..format import REC_COMMIT, REC_DELETE_RUN, REC_EFFECT, WAL_DIR, parse_segment_name
+from ..retention import decode_delete_run
+from ..wal import scan_segment
+from ..wal.frame import parse_header
+from .report import Problem, WalFile
+from .snapshot_checks import SnapshotChecker
+
+__all__ = ["check_wal"]
+
+_ZERO_HASH = bytes(32)
+
+
+def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int) -> None:
+    """Check every segment of ``wal``; problems and notes go into ``v``."""
+    live = [w for w in wal if w.data is not None]
+    for w in wal:
+        if w.error:
+            v.wal_problem(w.name, None, f"cannot be read: {w.error}")
+        elif w.data is None:
+            v.notes.append(f"{WAL_DIR}/{w.name} was removed while verifying (a fold)")
+    firsts = [parse_segment_name(w.name) or 0 for w in live]
+    if v.applied and not live and not any(w.data is None for w in wal):
+        v.problems.append(Problem(WAL_DIR, f"the log is missing: the snapshot covers "
+                                  f"LSN {v.applied} but no segment remains", WAL_DIR))
+    hashes: dict[tuple[str, int], bytes] = {}
+    deleted = _deletions(live)
+    expected: int | None = None
+    for i, w in enumerate(live):
+        assert w.data is not None
+        v.checked["wal_segments"] += 1
+        v.checked["wal_bytes"] += len(w.data)
+        stale = any(f <= v.applied + 1 for f in firsts[i + 1:])
+        header = parse_header(w.data)
+        if isinstance(header, str):
+            v.wal_problem(w.name, 0, header)
+            expected = None
+            continue
+        if header.first_lsn != firsts[i]:
+            v.wal_problem(w.name, 40, f"header says first LSN {header.first_lsn}")
+        if header.store_id != v.store_id:
+            v.wal_problem(w.name, 16, f"segment belongs to store {header.store_id}")
+        if not stale:
+            start = v.applied + 1 if expected is None else max(expected, v.applied + 1)
+            if header.first_lsn > start:
+                v.wal_problem(w.name, 0, f"log records {start}..{header.first_lsn - 1} "
+                              "are missing")
+        scan = scan_segment(w.data, header)
+        for f in scan.frames:
+            _check_record(v, w.name, f, hashes, deleted)
+        expected = scan.next_lsn
+        if scan.state == "clean":
+            continue
+        last = i == len(live) - 1
+        if last and scan.next_lsn > limit:
+            v.notes.append(f"{WAL_DIR}/{w.name}: torn tail at offset {scan.end} after the "
+                           "last acknowledged record (a write in progress, or one a crash "
+                           "interrupted; a writer's open zeroes it)")
+        else:
+            v.wal_problem(w.name, scan.end, scan.reason + (
+                "" if last else " (the segment was complete before the next one began)"))
+
+
+def _deletions(live: list[WalFile]) -> dict[str, int]:
+    """Run id -> LSN of its last deletion record in the log (readable frames only)."""
+    out: dict[str, int] = {}
+    for w in live:
+        assert w.data is not None
+        header = parse_header(w.data)
+        if isinstance(header, str):
+            continue
+        for f in scan_segment(w.data, header).frames:
+            if f.type == REC_DELETE_RUN:
+                with contextlib.suppress(CodecError):
+                    out[decode_delete_run(f.payload)[0]] = f.lsn
+    return out
+
+
+def _check_record(v: SnapshotChecker, name: str, f: Any,
+                  hashes: dict[tuple[str, int], bytes], deleted: dict[str, int]) -> None:
+    """Decode one frame and recompute a commit's hash."""
+    v.checked["wal_records"] += 1
+    try:
+        if f.type == REC_DELETE_RUN:
+            run, _head = decode_delete_run(f.payload)
+            for k in [k for k in hashes if k[0] == run]:  # the run starts again at 1
+                del hashes[k]
+            return
+        if f.type == REC_EFFECT:
+            decode_entry(unpack_payload(f.payload, f.flags))
+            return
+        if f.type != REC_COMMIT:
+            raise CodecError(f"unknown record type {f.type}")
+        rec = decode_commit(f.payload)
+        decode_meta(rec.meta)
+        raw = unpack_payload(rec.delta, f.flags)
+        decode_delta(raw, 0)
+        if rec.deferred is not None:
+            decode_outbox(rec.deferred)
+    except CodecError as exc:
+        v.wal_problem(name, f.offset, f"record LSN {f.lsn}: {exc}")
+        return
+    if rec.id != (rec.parent or 0) + 1:
+        v.wal_problem(name, f.offset, f"record LSN {f.lsn}: checkpoint {rec.id} has "
+                      f"parent {rec.parent}")
+    # Before the run's last deletion: the snapshot holds another run under this id.
+    dead = f.lsn < deleted.get(rec.run, 0)
+    parent_hash: bytes | None = _ZERO_HASH
+    if rec.parent is not None:
+        parent_hash = hashes.get((rec.run, rec.parent)) or (
+            None if dead else v.folded_hash(rec.run, rec.parent))
+    if parent_hash is None:
+        v.checked["wal_hashes_unchecked"] += 1
+    else:
+        v.checked["wal_hashes"] += 1
+        want = checkpoint_hash(parent_hash, rec.run, rec.id, rec.parent, rec.created_at,
+                               rec.meta, rec.origin, hashlib.sha256(raw).digest(),
+                               rec.deferred)
+        if want != rec.hash:
+            v.wal_problem(name, f.offset, f"record LSN {f.lsn} ({rec.run!r}/{rec.id}): "
+                          "hash chain broken: its hash is not that of its parent, fields "
+                          "and delta")
+    if f.lsn <= v.applied and not dead:
+        folded = v.folded_hash(rec.run, rec.id)
+        if folded is not None and folded != rec.hash:
+            v.wal_problem(name, f.offset, f"record LSN {f.lsn} ({rec.run!r}/{rec.id}) "
+                          "differs from the checkpoint the snapshot holds")
+    hashes[(rec.run, rec.id)] = rec.hash
