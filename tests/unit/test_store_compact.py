@@ -236,7 +236,8 @@ def test_kept_checkpoints_record_their_dropped_parents_hash(store: agentwal.Stor
             k = U64.pack(info.number) + U64.pack(cid)
             rec = cbor2.loads(bytes(txn.get(k, db=snap._ckpt))[4:])
             assert rec[5].hex() == hashes[cid]
-            assert (rec[7].hex() if len(rec) == 8 else None) == parent_hash, cid
+            # [..., origin, outbox digest | None, the dropped parent's hash]
+            assert (rec[8].hex() if len(rec) == 9 else None) == parent_hash, cid
     finally:
         snap.end_read(txn)
 
