@@ -740,5 +740,70 @@ def backup(path: str, dest: str, as_json: bool) -> None:
         f"up to LSN {rep.lsn}, in {rep.seconds:.2f} s"))
 
 
+# -- compact ----------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _duration(_ctx: Any, _param: Any, value: str | None) -> Any:
+    """``--older-than``: a number and a unit (s, m, h, d, w), e.g. ``30d`` or ``12h``."""
+    import datetime
+
+    if value is None:
+        return None
+    text = value.strip().lower()
+    try:
+        n = float(text[:-1])
+        unit = _UNITS[text[-1:]]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{value!r} is not a duration such as 30d, 12h, 90m or 45s"
+                                 ) from None
+    if n < 0:
+        raise click.BadParameter("a duration is not negative")
+    return datetime.timedelta(seconds=n * unit)
+
+
+@main.command()
+@store_argument
+@click.option("--keep-last", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep each run's last N checkpoints.")
+@click.option("--older-than", callback=_duration, default=None, metavar="AGE",
+              help="Drop only checkpoints older than AGE (30d, 12h, 90m, 45s).")
+@click.option("--run", "runs", multiple=True, metavar="RUN",
+              help="Compact only this run (repeatable; default: every run).")
+@click.option("--vacuum", is_flag=True, help="Also rewrite the LMDB file so it shrinks.")
+@click.option("--drop-fork-origins", is_flag=True,
+              help="Allow dropping checkpoints that forks started from.")
+@json_option
+@reports_errors
+def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, ...],
+            vacuum: bool, drop_fork_origins: bool, as_json: bool) -> None:
+    """Drop old checkpoints and free the history only they used (store.compact).
+
+    Keeps each run's head, its last N checkpoints (--keep-last) and those
+    younger than AGE (--older-than): a checkpoint either keeps is kept; with
+    neither, nothing is dropped. Checkpoints forks started from are kept
+    unless --drop-fork-origins. --vacuum then rewrites the LMDB file so it
+    shrinks on disk. Prints what was dropped and freed. Opens the store for
+    writing, so it fails with store_locked while an agent has it open (use
+    agentwal.open(..., retain=agentwal.KeepLast(n)) there instead).
+    """
+    with _open_rw(path) as store:
+        rep = store.compact(keep_last=keep_last, older_than=older_than,
+                            runs=list(runs) if runs else None, vacuum=vacuum,
+                            keep_fork_origins=not drop_fork_origins)
+    data = dataclasses.asdict(rep)
+
+    def human() -> None:
+        if rep.runs:
+            _table(sorted(rep.runs.items()), ("run", "dropped"))
+        click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {rep.bytes_freed} bytes "
+                   f"of LMDB values freed, {rep.objects_freed} object(s) freed; data.mdb "
+                   f"{rep.file_bytes_before} -> {rep.file_bytes_after} bytes"
+                   + (" (vacuumed)" if rep.vacuumed else ""))
+
+    _emit(as_json, data, human)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

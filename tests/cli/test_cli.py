@@ -102,3 +102,30 @@ def test_torture_runs_and_summarises(tmp_path: Path) -> None:
     code, out = run("torture", str(tmp_path / "t"), "--seconds", "2", "--tier", "sim")
     assert code == 0, out
     assert "passed, 0 failed" in out.splitlines()[-1]
+
+
+def test_compact(tmp_path: Path) -> None:
+    path = str(tmp_path / "c.awal")
+    with agentwal.open(path, durability="none") as s:
+        for i in range(40):
+            with s.begin("run-a") as txn:
+                txn["step"] = i
+        s.fork("run-a", 3, "run-b")
+    code, out = run("compact", path, "--keep-last", "5", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["checkpoints_dropped"] == 34 and data["runs"] == {"run-a": 34}  # 3 is kept
+    code, out = run("compact", path, "--keep-last", "5", "--drop-fork-origins", "--run",
+                    "run-a", "--vacuum")
+    assert code == 0 and "1 checkpoint(s) dropped" in out and "(vacuumed)" in out, out
+    code, out = run("compact", path, "--older-than", "0s", "--json")
+    assert code == 0 and json.loads(out)["checkpoints_dropped"] == 4
+    with agentwal.open(path, readonly=True) as s:
+        assert [c.id for c in s.history("run-a")] == [40]
+    assert run("compact", path, "--older-than", "soon")[0] == 2
+    assert run("compact", path, "--keep-last", "0")[0] == 2
+    code, out = run("compact", path, "--run", "nope")
+    assert code == 1 and "run_not_found" in out
+    with agentwal.open(path):  # a writer holds the store
+        code, out = run("compact", path, "--keep-last", "1")
+    assert code == 1 and "store_locked" in out
