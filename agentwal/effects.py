@@ -208,13 +208,19 @@ def outstanding(e: EffectRecord) -> bool:
 
 
 def derive_key(store_id: object, run: str, checkpoint: int, name: str, ordinal: int, *,
-               deferred: bool = False) -> str:
+               deferred: bool = False, epoch: int = 0) -> str:
     """The default idempotency key of an effect: ASCII, 60 characters.
 
-    Deterministic in (store id, run, checkpoint, name, ordinal of that name);
-    never the attempt, the clock or the process.
+    Deterministic in (store id, run, checkpoint, name, ordinal of that name,
+    the run's epoch); never the attempt, the clock or the process. The epoch
+    is the LSN of the run id's last ``delete_run`` (0: never deleted, and
+    then left out, so keys are as they always were): a run created again
+    under a deleted id derives new keys and does not meet the old results.
     """
-    body = cbor2.dumps([str(store_id), run, checkpoint, name, ordinal, deferred])
+    fields: list[Any] = [str(store_id), run, checkpoint, name, ordinal, deferred]
+    if epoch:
+        fields.append(epoch)
+    body = cbor2.dumps(fields)
     return ("awd-" if deferred else "awe-") + hashlib.sha256(body).hexdigest()[:56]
 
 
@@ -313,15 +319,18 @@ def decode_outbox(data: bytes) -> list[Deferred]:
 
 
 def outbox_entries(store_id: object, ckpt_run: str, ckpt_id: int, created_at: float, lsn: int,
-                   deferred: list[Deferred]) -> list[EffectRecord]:
-    """The pending ledger entries a committed outbox makes (deterministic: replay agrees)."""
+                   deferred: list[Deferred], epoch: int = 0) -> list[EffectRecord]:
+    """The pending ledger entries a committed outbox makes (deterministic: replay agrees).
+
+    ``epoch`` is the run's epoch when it committed (:func:`derive_key`).
+    """
     seen: dict[str, int] = {}
     out = []
     for i, (name, mode, args_raw, key, idempotent) in enumerate(deferred):
         n = seen.get(name, 0)
         seen[name] = n + 1
         k = key if key is not None else derive_key(store_id, ckpt_run, ckpt_id, name, n,
-                                                   deferred=True)
+                                                   deferred=True, epoch=epoch)
         out.append(EffectRecord(
             effect_id_for(k), k, name, EffectMode(mode), ckpt_run, ckpt_id, None, True,
             "pending", 0, loads(args_raw), args_digest(args_raw), idempotent=idempotent,

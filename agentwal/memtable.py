@@ -47,7 +47,7 @@ Version = tuple[int, "bytes | None"]
 #: A checkpoint with its hash and its metadata exactly as encoded and hashed.
 Entry = tuple[Checkpoint, bytes, bytes]
 FoldItem = tuple[dict[str, "bytes | None"], list[Entry]]
-FoldRunItem = tuple[str, bool, dict[str, "bytes | None"], list[Entry],
+FoldRunItem = tuple[str, int, dict[str, "bytes | None"], list[Entry],
                     list[dict[str, "bytes | None"]], dict[int, bytes]]
 
 
@@ -209,8 +209,8 @@ class Memtable:
         """For a fold: per run, whether LMDB's copy goes first (deleted), then what follows.
 
         Returns ``(run, reset, final writes, checkpoints, deltas, outbox
-        digests)``: with ``reset`` the run was deleted in this table and only
-        what was committed after its last deletion is folded.
+        digests)``: ``reset`` is the LSN of the run's last deletion in this
+        table (0: none), and then only what was committed after it is folded.
         """
         out: list[FoldRunItem] = []
         for run, rm in self.runs.items():
@@ -218,7 +218,7 @@ class Memtable:
             writes = {k: chain[-1][1] for k, chain in rm.versions.items()
                       if chain[-1][0] > floor}
             keep = [i for i, (c, _h, _m) in enumerate(rm.checkpoints) if c.lsn > floor]
-            out.append((run, bool(rm.deleted), writes, [rm.checkpoints[i] for i in keep],
+            out.append((run, floor, writes, [rm.checkpoints[i] for i in keep],
                         [rm.deltas[i] for i in keep], rm.outboxes))
         return out
 

@@ -16,7 +16,8 @@ with SIGBUS.
 Databases (keys are bytes; integers big-endian so they sort):
 
 - ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
-  ``next_run`` -> CRC + u64
+  ``next_run`` -> CRC + u64, ``epoch:`` + run id -> CRC + u64 (the LSN of the
+  run id's last deletion: its effect keys' epoch)
 - ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count,
   keys, digest]``, plus ``origin`` (``[run, id]``) once compaction dropped
   the first checkpoint of a fork (it still protects the origin); ``count``
@@ -127,6 +128,8 @@ _LMDB_MAGIC = 0xBEEFC0DE
 _LMDB_DATA_VERSION = 1
 _DEFAULT_MAP = (1 << 40) if sys.maxsize > 2**32 else (1 << 30)
 _DATA = "data.mdb"
+#: ``meta`` key prefix: ``epoch:`` + run id -> u64 LSN of the run id's last deletion
+_EPOCH = b"epoch:"
 _LOCK = "lock.mdb"
 #: The compacted copy a vacuum writes before renaming it over ``data.mdb``.
 _VACUUM = "data.mdb.vacuum"
@@ -398,6 +401,17 @@ class Snapshot:
             yield
         except lmdb.Error as exc:
             raise self._translate(exc, f"cannot read {what}", reading=True) from None
+
+    def epoch(self, txn: Any, run: str) -> int:
+        """LSN of the last deletion of run id ``run`` folded into LMDB (0: none)."""
+        k = _EPOCH + run.encode()
+        with self._reading(f"the epoch of {run!r}"):
+            data = self._open(k, txn.get(k, db=self._meta), f"the epoch of {run!r}")
+        if data is None:
+            return 0
+        if len(data) != 8:
+            raise self._corrupt(f"the epoch of {run!r} is damaged")
+        return int(_U64.unpack(data)[0])
 
     def run_info(self, txn: Any, run: str) -> RunInfo | None:
         """The folded head of ``run``, or None."""
@@ -806,9 +820,12 @@ class Snapshot:
         next_run = _U64.unpack(raw_next)[0] if raw_next is not None else 1
         for fr in runs:
             info = self.run_info(txn, fr.run)
-            if fr.reset and info is not None:  # deleted: what follows starts afresh
-                self._drop_run(txn, fr.run, info)
-                info = None
+            if fr.reset:  # deleted: what follows starts afresh, in a new epoch
+                if info is not None:
+                    self._drop_run(txn, fr.run, info)
+                    info = None
+                ek = _EPOCH + fr.run.encode()
+                txn.put(ek, _seal(ek, _U64.pack(fr.reset)), db=self._meta)
             if not fr.checkpoints:
                 continue
             if info is None:
@@ -1368,8 +1385,9 @@ class FoldRun:
     deltas: list[dict[str, bytes | None]] | None = None
     #: checkpoint id -> SHA-256 of its outbox field (checkpoints with an outbox)
     outboxes: dict[int, bytes] | None = None
-    #: the run was deleted: remove it from LMDB first (``checkpoints`` follow the deletion)
-    reset: bool = False
+    #: LSN of the run's deletion (0: none): remove it from LMDB first, and record the
+    #: LSN as the run id's epoch (``checkpoints`` follow the deletion)
+    reset: int = 0
 
 
 #: The named databases, by the names ``verify`` reports.

@@ -289,8 +289,14 @@ def _checkpoint_id(cid: object) -> int:
     return cid
 
 
-def _replay(plan: Plan, store_id: Any) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
-    """A memtable holding the replayed records, and each replayed run's head."""
+def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambda _r: 0
+            ) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
+    """A memtable holding the replayed records, and each replayed run's head.
+
+    ``folded_epoch(run)`` is the run id's epoch LMDB holds (outbox keys of a
+    replayed commit derive from the epoch the live store had: a deletion
+    replayed before it, else LMDB's).
+    """
     mem = Memtable()
     heads: dict[str, tuple[int, bytes]] = {}
     for r in plan.records:
@@ -307,7 +313,9 @@ def _replay(plan: Plan, store_id: Any) -> tuple[Memtable, dict[str, tuple[int, b
         mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn,
                   None if rec.deferred is None else hashlib.sha256(rec.deferred).digest())
         if r.deferred:
-            _add_outbox(mem, store_id, ckpt, r.deferred)
+            rm = mem.runs[rec.run]
+            epoch = rm.floor(r.lsn) if rm.deleted else 0
+            _add_outbox(mem, store_id, ckpt, r.deferred, epoch or folded_epoch(rec.run))
         heads[rec.run] = (rec.id, rec.hash)
     if plan.records and plan.resume is not None:
         mem.log_pos = (plan.resume[0].first_lsn, plan.resume[2])
@@ -315,10 +323,10 @@ def _replay(plan: Plan, store_id: Any) -> tuple[Memtable, dict[str, tuple[int, b
 
 
 def _add_outbox(mem: Memtable, store_id: Any, ckpt: Checkpoint,
-                deferred: list[Deferred]) -> None:
+                deferred: list[Deferred], epoch: int = 0) -> None:
     """Ledger entries for a committed outbox (the commit dropped known business keys)."""
     for entry in outbox_entries(store_id, ckpt.run, ckpt.id, ckpt.created_at, ckpt.lsn,
-                                deferred):
+                                deferred, epoch):
         mem.apply_effect(ckpt.lsn, entry, encode_entry(entry))
 
 
@@ -416,7 +424,8 @@ class Store:
         started = time.perf_counter()
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
-            mem, heads = _replay(plan, self.store_id)
+            snap = self._snap
+            mem, heads = _replay(plan, self.store_id, lambda run: snap.epoch(ltxn, run))
         ended = None
         with self._lock:
             if self.readonly:
@@ -774,7 +783,8 @@ class Store:
                 self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest,
                                    p.outbox_digest)
                 if p.deferred:
-                    _add_outbox(self._active, self.store_id, p.ckpt, p.deferred)
+                    _add_outbox(self._active, self.store_id, p.ckpt, p.deferred,
+                                self._epoch_at(p.ckpt.run, p.lsn))
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
@@ -1663,6 +1673,31 @@ class Store:
     def _txn_base(self, txn: Transaction) -> int:
         head = self._head(txn._view, txn.run)
         return head.id if head is not None else 0
+
+    def _txn_epoch(self, txn: Transaction) -> int:
+        """The run id's epoch as the transaction sees it (``effects.derive_key``)."""
+        v: _View = txn._view
+        run = txn.run
+        for layer in v.layers:
+            rm = layer.runs.get(run)
+            if rm is not None and rm.deleted and rm.floor(v.snap):
+                return rm.floor(v.snap)
+        snap = self._snap
+        assert snap is not None
+        return self._lmdb(v, lambda t: snap.epoch(t, run))
+
+    def _epoch_at(self, run: str, lsn: int) -> int:
+        """The run id's epoch for a commit at ``lsn`` being published; under ``_lock``."""
+        for layer in (self._active, self._frozen):
+            rm = layer.runs.get(run) if layer is not None else None
+            if rm is not None and rm.deleted and rm.floor(lsn):
+                return rm.floor(lsn)
+        assert self._snap is not None
+        ltxn = self._snap.begin_read()
+        try:
+            return self._snap.epoch(ltxn, run)
+        finally:
+            self._snap.end_read(ltxn)
 
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
         self._check_open()

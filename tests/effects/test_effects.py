@@ -617,9 +617,6 @@ def test_position_is_claimed_atomically(store: agentwal.Store) -> None:
         assert txn.effect(e.name, lambda ctx: "again", mode="at_least_once") == e.name
 
 
-@pytest.mark.xfail(strict=True, reason="known: default effect keys do not change when a "
-                   "deleted run is created again under the same id (needs a run epoch in "
-                   "the key derivation; see the #5 note)")
 def test_run_created_again_after_delete_run_does_not_reuse_old_results(
         store: agentwal.Store, down: Downstream) -> None:
     first = step(store, down, "at_most_once")

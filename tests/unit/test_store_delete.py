@@ -297,42 +297,71 @@ def test_the_wal_dump_shows_deletions(path: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["memtable", "lmdb", "deleted-unfolded"])
-def test_a_recreated_run_meets_the_old_runs_recorded_effects(path: str, where: str) -> None:
-    """As documented: default effect keys derive from (store, run, parent checkpoint, name,
-    ordinal), so the first step of a run created again under the same id finds the old
-    run's recorded result; but the positions of the old run's effects are forgotten, so
-    the new run may call other effects there (a business key: a fresh call), wherever the
-    old positions were (memtable, LMDB, LMDB with the deletion not folded yet), and after a
-    reopen (the deletion replayed)."""
+def test_a_recreated_run_calls_its_effects_afresh(path: str, where: str) -> None:
+    """Default effect keys carry the run id's epoch (the LSN of its last deletion), so a
+    run created again under a deleted id derives new keys: its steps call again instead
+    of meeting the old run's results, and the old entries stay in the ledger. Wherever
+    the old run was (memtable, LMDB, LMDB with the deletion not folded yet), and after a
+    crash (the deletion replayed) and a reopen (the epoch read from LMDB)."""
     calls: list[str] = []
 
     def fn(ctx: agentwal.EffectContext) -> str:
         calls.append(ctx.key)
         return f"call {len(calls)}"
 
+    def again(want: str) -> None:  # the first step of the run, not committed
+        with store.begin("r") as txn:
+            assert txn.effect("step", fn, mode="at_least_once") == want
+            txn.rollback()
+
     store = agentwal.open(path, durability="none")
     try:
         with store.begin("r") as txn:
             assert txn.effect("step", fn, mode="at_least_once") == "call 1"
+            txn.defer("notify", mode="at_least_once")
             txn["done"] = True
         if where != "memtable":
             store.snapshot()
         store.delete_run("r")
         if where != "deleted-unfolded":
             store.snapshot()
-        with store.begin("r") as txn:  # the same default key: the recorded result
-            assert txn.effect("step", fn, mode="at_least_once") == "call 1"
-            txn.rollback()
-        with store.begin("r") as txn:  # another effect at that position: no divergence
-            assert txn.effect("step", fn, mode="at_least_once", key="r-v2-step") == "call 2"
-            txn["done"] = True
-        store.delete_run("r")
-        store._release_all()  # crash: the deletion is replayed
+        again("call 2")  # the same step of the new run: a new key, a new call
+        assert calls[0] != calls[1]
+        again("call 2")  # within the new run, keys still dedup
+        store._release_all()  # crash: the deletion (if unfolded) is replayed
         store = agentwal.open(path, durability="none")
-        with store.begin("r") as txn:
-            assert txn.effect("other", fn, mode="at_least_once", key="r-v3") == "call 3"
-            txn["done"] = True
+        again("call 2")
         store.snapshot()
-        assert len(calls) == 3 and len(store.effects(run="r")) == 3
+        store.close()
+        store = agentwal.open(path, durability="none")
+        again("call 2")  # the epoch read back from LMDB
+        with store.begin("r") as txn:
+            txn.defer("notify", mode="at_least_once")
+            txn["done"] = True
+        notify = [e.key for e in store.effects(run="r") if e.name == "notify"]
+        assert len(notify) == 2 and notify[0] != notify[1]  # the old one stays, pending
+        assert len(calls) == 2
+        assert store.verify().ok
     finally:
         store.close()
+
+
+def test_outbox_keys_of_a_recreated_run_are_new_live_and_on_replay(path: str) -> None:
+    """Outbox entries derive their default keys at publish and again at replay: both use
+    the epoch the run id had when the commit was made."""
+    store = agentwal.open(path, durability="none")
+    with store.begin("r") as txn:
+        txn.defer("notify", mode="at_least_once")
+        txn["a"] = 1
+    store.delete_run("r")  # not folded: the epoch is the tombstone's LSN
+    with store.begin("r") as txn:
+        txn.defer("notify", mode="at_least_once")
+        txn["a"] = 2
+    live = sorted(e.key for e in store.effects(run="r"))
+    assert len(live) == 2 and live[0] != live[1]
+    store._release_all()  # both commits and the deletion are replayed
+    with agentwal.open(path, durability="none") as store:
+        assert sorted(e.key for e in store.effects(run="r")) == live
+        store.snapshot()
+        assert sorted(e.key for e in store.effects(run="r")) == live
+        assert store.verify().ok

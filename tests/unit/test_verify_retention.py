@@ -139,3 +139,17 @@ def test_a_delta_left_of_a_dropped_checkpoint_belongs_to_nothing(store: agentwal
         wtxn.put(k, kept_delta, db=snap._delta)  # sealed for its key: only ownership fails
     found = _problems(store)
     assert any("belongs to no checkpoint" in p for p in found), found
+
+
+def test_a_backup_of_a_compacted_store_opens_and_verifies(store: agentwal.Store,
+                                                          tmp_path: Any) -> None:
+    _fill(store, "r", 50)
+    _fill(store, "gone", 5)
+    store.fork("r", 7, "f")
+    store.compact(keep_last=5, vacuum=True)
+    store.delete_run("gone")
+    rep = store.backup(str(tmp_path / "copy.awal"))
+    with agentwal.open(rep.path, readonly=True) as copy:
+        assert [c.id for c in copy.history("r")] == [50, 49, 48, 47, 46, 7]
+        assert copy.state("r", at=7) == store.state("r", at=7)
+        assert copy.runs() == ["f", "r"] and copy.verify().ok
