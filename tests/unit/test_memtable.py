@@ -331,7 +331,7 @@ def test_a_run_recreated_after_its_deletion() -> None:
     assert m.visible("r", 4) == {"k": b"new"}
     assert m.runs["r"].head(4) == n1 and m.runs["r"].head(2).id == 2  # type: ignore[union-attr]
     (run, reset, writes, ckpts, deltas, outboxes), = m.fold_runs()
-    assert (run, reset, writes) == ("r", True, {"k": b"new"})
+    assert (run, reset, writes) == ("r", t, {"k": b"new"})  # reset: the deletion's LSN
     assert [c for c, _h, _m in ckpts] == [n1] and deltas == [{"k": b"new"}] and outboxes == {}
     assert m.fold_view() == {"r": ({"k": b"new"}, ckpts)}
 
@@ -342,8 +342,8 @@ def test_fold_runs_of_a_deleted_run_with_nothing_after() -> None:
     _delete(log, "r")
     log.commit("s", {"k": b"2"})
     got = {r[0]: r for r in log.mem.fold_runs()}
-    assert got["r"][1:] == (True, {}, [], [], {})
-    assert got["s"][1] is False and got["s"][2] == {"k": b"2"}
+    assert got["r"][1:] == (2, {}, [], [], {})  # deleted at LSN 2
+    assert got["s"][1] == 0 and got["s"][2] == {"k": b"2"}
     assert not log.mem.empty
 
 
