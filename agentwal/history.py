@@ -124,7 +124,13 @@ Ref: TypeAlias = "bytes | tuple[int, int]"
 _SHA = 32
 
 
-class Objects(Protocol):
+class ObjectReader(Protocol):
+    """Read access to stored objects: all that rebuilding a value needs."""
+
+    def get(self, addr: int) -> bytes | None: ...
+
+
+class Objects(ObjectReader, Protocol):
     """Objects with reference counts, found by content (an LMDB txn, or a dict).
 
     An object has an *address* (an int, allocated in increasing order so
@@ -224,7 +230,7 @@ def _node(record: bytes) -> list[Any]:
     return obj
 
 
-def _load(objs: Objects, addr: int) -> bytes:
+def _load(objs: ObjectReader, addr: int) -> bytes:
     record = objs.get(addr)
     if record is None:
         raise CodecError(f"object @{addr} is missing")
@@ -238,7 +244,7 @@ def _seg(objs: Objects, data: bytes) -> bytes | int:
     return _intern(objs, bytes([_LEAF]) + data)[0]
 
 
-def _flatten(objs: Objects, node: list[Any]) -> list[bytes | int]:
+def _flatten(objs: ObjectReader, node: list[Any]) -> list[bytes | int]:
     """Every segment of a chain, oldest first."""
     chain = [node[5]]
     while node[4] is not None:
@@ -353,7 +359,7 @@ def release(objs: Objects, ref: Ref | None) -> None:
 
 # -- reading -------------------------------------------------------------------------
 
-def resolve(objs: Objects, ref: Ref) -> bytes:
+def resolve(objs: ObjectReader, ref: Ref) -> bytes:
     """The value bytes a ref stands for.
 
     Raises:
@@ -394,7 +400,7 @@ def head_entry(value: bytes, ref: Ref | None) -> bytes:
     return value
 
 
-def head_value(objs: Objects, stored: bytes) -> bytes:
+def head_value(objs: ObjectReader, stored: bytes) -> bytes:
     """The value bytes of a ``state`` entry written by :func:`head_entry`."""
     if not stored or stored[0] != HEAD_REF:
         return stored
@@ -476,7 +482,7 @@ def children(record: bytes) -> list[int]:
     return _children(record)
 
 
-def check_node(objs: Objects, addr: int) -> bytes:
+def check_node(objs: ObjectReader, addr: int) -> bytes:
     """Check a list node against its chain: it rebuilds to ``nbytes`` bytes with its SHA-256.
 
     Also checks ``depth`` (one more than ``prev``'s, 0 without one) and

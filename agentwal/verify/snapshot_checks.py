@@ -115,20 +115,6 @@ class _Objects:
                 self._bytes -= len(self._cache.popitem(last=False)[1])
         return data
 
-    def find(self, oid: bytes) -> int | None:
-        raise NotImplementedError  # verify never adds objects
-
-    def add(self, oid: bytes, record: bytes) -> int:
-        raise NotImplementedError
-
-    def delete(self, addr: int, oid: bytes) -> None:
-        raise NotImplementedError
-
-    def count(self, addr: int) -> int:
-        raise NotImplementedError
-
-    def set_count(self, addr: int, n: int) -> None:
-        raise NotImplementedError
 
 
 def _int(x: object) -> bool:
