@@ -108,7 +108,7 @@ from .memtable import Memtable
 from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
-from .txn import Transaction
+from .txn import Begin, Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .verify import Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
@@ -2028,3 +2028,29 @@ class Store:
         state = "closed" if self._closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
+
+    # -- asyncio (agentwal/aio.py) -----------------------------------------------------
+
+    def abegin(self, run: str) -> Begin:
+        """:meth:`begin` for asyncio code; use as ``async with store.abegin(run) as txn:``.
+
+        A clean exit commits with ``await txn.acommit()`` (validation, write
+        and fsync off the event loop); an exception rolls back and propagates.
+        ``txn = await store.abegin(run)`` gives the transaction to finish by
+        hand. Beginning takes no I/O (a snapshot of memory and an LMDB read
+        transaction), nor do ``txn.get`` and the other reads, so they stay
+        synchronous.
+
+        Raises:
+            What :meth:`begin` raises, at the call.
+
+        Example::
+
+            async with store.abegin("run-42") as txn:
+                txn["step"] = txn.get("step", 0) + 1
+        """
+        return Begin(self.begin(run))
+
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
+        self._check_open()
+        return await self._ledger.arun(req)

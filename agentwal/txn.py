@@ -24,9 +24,10 @@ thread; the store it came from may be shared by many.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .aio import is_async_callable, off_loop
 from .codec import decode_stored, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, derive_key
 from .errors import (
@@ -44,7 +45,7 @@ from .types import BlobRef, Checkpoint, check_key, check_media_type
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["Savepoint", "Transaction"]
+__all__ = ["Begin", "Savepoint", "Transaction"]
 
 _MISSING: Any = object()
 #: What a failed commit raises when it certainly applied nothing (its blobs may be unpinned).
@@ -64,6 +65,7 @@ class _Engine(Protocol):
     def _txn_base(self, txn: Transaction) -> int: ...
     def _txn_epoch(self, txn: Transaction) -> int: ...
     def _txn_effect(self, txn: Transaction, req: Request) -> Any: ...
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any: ...
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
 
@@ -380,6 +382,17 @@ class Transaction:
             receipt = txn.effect("charge-card", charge, mode="exactly_once",
                                  args={"amount": 4900}, idempotent=True)
         """
+        req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
+                                   idempotent=idempotent, retries=retries, retry_on=retry_on,
+                                   backoff=backoff, run_by="effect")
+        return self._engine._txn_effect(self, req)
+
+    def _effect_request(self, name: str, fn: Callable[[EffectContext], Any], *,
+                        mode: EffectMode | str, args: Any, key: str | None,
+                        probe: Callable[[EffectContext], Any] | None, idempotent: bool,
+                        retries: int, retry_on: tuple[type[BaseException], ...],
+                        backoff: float, run_by: str) -> Request:
+        """Check the arguments of ``effect``/``aeffect`` and take the next position."""
         self._check()
         req_mode = _check_mode(mode)
         check_key(name, "effect name")
@@ -387,6 +400,13 @@ class Transaction:
             raise TypeError("fn must be callable as fn(ctx)")
         if probe is not None and not callable(probe):
             raise TypeError("probe must be callable as probe(ctx)")
+        if run_by == "effect":
+            for what, f in (("fn", fn), ("probe", probe)):
+                if is_async_callable(f):
+                    raise TypeError(
+                        f"{what} of effect {name!r} is async ({f!r}); txn.effect calls it "
+                        "synchronously and could not await it. In async code use "
+                        "`await txn.aeffect(...)`. Nothing was recorded.")
         if req_mode is EffectMode.EXACTLY_ONCE and probe is None and not idempotent:
             raise ValueError("exactly_once needs probe= (to ask the downstream whether an "
                              "attempt in doubt was applied) or idempotent=True (the downstream "
@@ -410,9 +430,8 @@ class Transaction:
         if key is None:
             key = derive_key(self._engine.store_id, self.run, base, name, nth,
                              epoch=self._engine._txn_epoch(self))
-        req = Request(name, fn, req_mode, args_raw, key, self.run, base, ordinal, probe,
-                      bool(idempotent), retries, tuple(retry_on), float(backoff), keyed)
-        return self._engine._txn_effect(self, req)
+        return Request(name, fn, req_mode, args_raw, key, self.run, base, ordinal, probe,
+                       bool(idempotent), retries, tuple(retry_on), float(backoff), keyed)
 
     def defer(self, name: str, *, mode: EffectMode | str, args: Any = None,
               key: str | None = None, idempotent: bool = False) -> None:
@@ -460,3 +479,92 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"<agentwal.Transaction run={self.run!r} {self._state} writes={len(self._writes)}>"
+
+    # -- asyncio ---------------------------------------------------------------------
+
+    async def aeffect(self, name: str, fn: Callable[[EffectContext], Any], *,
+                      mode: EffectMode | str, args: Any = None, key: str | None = None,
+                      probe: Callable[[EffectContext], Any] | None = None,
+                      idempotent: bool = False, retries: int = 0,
+                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
+                                                                   TimeoutError),
+                      backoff: float = 0.1) -> Any:
+        """:meth:`effect` for asyncio code: ``fn`` and ``probe`` may be ``async def``.
+
+        Same arguments, positions, keys, records and errors as :meth:`effect`
+        (a sync and an async step meeting the same position see the same
+        entry). ``fn(ctx)`` and ``probe(ctx)`` are called on the event loop
+        and awaited when they return an awaitable; every ledger read and
+        write (intent, outcome, probe result) runs in the loop's default
+        executor, so its fsync never stalls other tasks; retries wait with
+        ``asyncio.sleep``. The arguments are checked before anything is
+        recorded, as for :meth:`effect`.
+
+        Cancelling the awaiting task while ``fn`` runs leaves the intent
+        without an outcome: the entry is ``in_doubt``, exactly as if the
+        process had died during the call, and the next attempt follows its
+        mode's rule. A cancellation that arrives during a ledger write takes
+        effect once that write has finished.
+
+        Raises:
+            What :meth:`effect` raises, and ``asyncio.CancelledError``.
+
+        Example::
+
+            async with store.abegin("run-42") as txn:
+                answer = await txn.aeffect("llm-call", ask_model, mode="at_least_once",
+                                           args={"prompt": prompt})
+                txn["answer"] = answer
+        """
+        req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
+                                   idempotent=idempotent, retries=retries, retry_on=retry_on,
+                                   backoff=backoff, run_by="aeffect")
+        return await self._engine._txn_aeffect(self, req)
+
+    async def acommit(self) -> Checkpoint | None:
+        """:meth:`commit` for asyncio code: validation, write and fsync run off the loop.
+
+        The whole commit runs in the loop's default executor; concurrent
+        ``acommit`` calls share fsyncs (group commit) like threads do. A
+        cancellation of the awaiting task takes effect once the commit has
+        finished one way or the other: ``state`` and ``checkpoint`` then say
+        which.
+
+        Raises:
+            What :meth:`commit` raises, and ``asyncio.CancelledError``.
+        """
+        self._check()
+        return await off_loop(self.commit)
+
+
+class Begin:
+    """A transaction begun for asyncio code (``store.abegin``).
+
+    ``async with store.abegin(run) as txn:`` commits with ``await
+    txn.acommit()`` on a clean exit and rolls back on an exception;
+    ``txn = await store.abegin(run)`` gives the transaction to finish by hand.
+    """
+
+    __slots__ = ("_txn",)
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    def __await__(self) -> Generator[Any, None, Transaction]:
+        return self._ready().__await__()
+
+    async def _ready(self) -> Transaction:
+        return self._txn
+
+    async def __aenter__(self) -> Transaction:
+        return self._txn.__enter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        txn = self._txn
+        if txn.state != "active":
+            return
+        if et is None:
+            await txn.acommit()
+        else:
+            txn.rollback()
