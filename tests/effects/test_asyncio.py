@@ -596,6 +596,7 @@ def test_many_tasks_on_many_runs_and_on_one_run(store: agentwal.Store) -> None:
     assert len(fake.calls) == runs * steps
     assert set(fake.calls.values()) == {1} and set(fake.applied.values()) == {1}
     assert {e.status for e in store.effects()} == {"done"}
+    assert not store._ledger._locks
 
 
 def test_a_sync_effect_on_the_loop_meeting_a_running_aeffect_raises_instead_of_hanging(
@@ -637,3 +638,73 @@ def test_tasks_on_one_key_wait_for_each_other_without_blocking_the_loop(
 
     results = asyncio.run(main())
     assert results[0] == results[1] == results[2] and fake.calls["order-7"] == 1
+
+
+def test_a_task_waits_for_a_thread_holding_the_key_without_blocking_the_loop(
+        store: agentwal.Store) -> None:
+    in_call, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow(ctx: agentwal.EffectContext) -> str:
+        calls.append("thread")
+        in_call.set()
+        assert release.wait(10)
+        return "from the thread"
+
+    def in_thread() -> None:
+        with store.begin("a") as txn:
+            txn.effect("pay", slow, mode="at_most_once", key="order-9")
+
+    async def fn(ctx: agentwal.EffectContext) -> str:
+        calls.append("task")
+        return "from the task"
+
+    async def main() -> Any:
+        thread = threading.Thread(target=in_thread)
+        thread.start()
+        while not in_call.is_set():
+            await asyncio.sleep(0.001)
+        async with store.abegin("b") as txn:
+            waiting = asyncio.create_task(
+                txn.aeffect("pay", fn, mode="at_most_once", key="order-9"))
+            for _ in range(20):  # the loop runs on while the task waits for the key
+                await asyncio.sleep(0)
+            assert not waiting.done()
+            release.set()
+            result = await waiting
+        thread.join()
+        return result
+
+    assert asyncio.run(main()) == "from the thread" and calls == ["thread"]
+
+
+def test_cancelled_while_waiting_for_the_key_records_nothing(store: agentwal.Store) -> None:
+    fake = AsyncDownstream()
+
+    async def main() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(ctx: agentwal.EffectContext) -> str:
+            started.set()
+            await release.wait()
+            return "first"
+
+        async def step(run: str, fn: Any) -> Any:
+            async with store.abegin(run) as txn:
+                return await txn.aeffect("op", fn, mode="at_least_once", key="k")
+
+        holder = asyncio.create_task(step("a", slow))
+        await started.wait()
+        waiter = asyncio.create_task(step("b", fake.call))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        release.set()
+        assert await holder == "first"
+
+    asyncio.run(main())
+    [entry] = store.effects()
+    assert entry.attempts == 1 and entry.status == "done" and not fake.calls
+    assert not store._ledger._locks  # the cancelled waiter left no lock behind
