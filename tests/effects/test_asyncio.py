@@ -63,7 +63,7 @@ def test_effect_refuses_an_async_probe_before_anything_is_recorded(
     async def probe(ctx: agentwal.EffectContext) -> Any:
         return agentwal.UNKNOWN
 
-    with store.begin("r") as txn, pytest.raises(TypeError, match="aeffect"):
+    with pytest.raises(TypeError, match="aeffect"), store.begin("r") as txn:
         txn.effect("op", down.call, mode="exactly_once", probe=probe)
     assert down.calls() == 0 and store.effects() == []
 
@@ -76,7 +76,7 @@ def test_effect_refuses_a_returned_coroutine_and_records_no_outcome(
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a "coroutine ... was never awaited" fails the test
-        with store.begin("r") as txn, pytest.raises(TypeError, match="aeffect"):
+        with pytest.raises(TypeError, match="aeffect"), store.begin("r") as txn:
             txn.effect("op", lambda ctx: send(ctx), mode=mode)
     assert down.calls() == 0  # the coroutine was closed, never run
     [entry] = store.effects()
@@ -89,7 +89,7 @@ def test_a_step_refused_for_a_returned_coroutine_can_go_on_with_aeffect(
     async def send(ctx: agentwal.EffectContext) -> Any:
         return down.call(ctx)
 
-    with store.begin("r") as txn, pytest.raises(TypeError):
+    with pytest.raises(TypeError), store.begin("r") as txn:
         txn.effect("op", lambda ctx: send(ctx), mode="at_least_once")
 
     async def main() -> Any:
