@@ -597,6 +597,19 @@ class Transaction:
         self._check()
         return await off_loop(self.commit)
 
+    async def __aenter__(self) -> Transaction:
+        return self.__enter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        """Like ``__exit__``, committing with :meth:`acommit` (``async with txn:``)."""
+        if self._state != "active":
+            return
+        if et is None:
+            await self.acommit()
+        else:
+            self.rollback()
+
 def _conflict_reason(exc: ConflictError) -> str | None:
     """``exc``'s own message without its run prefix, to re-raise it with more said."""
     if exc.deleted:
@@ -611,7 +624,8 @@ class Begin:
 
     ``async with store.abegin(run) as txn:`` commits with ``await
     txn.acommit()`` on a clean exit and rolls back on an exception;
-    ``txn = await store.abegin(run)`` gives the transaction to finish by hand.
+    ``txn = await store.abegin(run)`` gives the transaction itself (which
+    ``async with txn:`` finishes the same way).
     """
 
     __slots__ = ("_txn",)
@@ -626,14 +640,8 @@ class Begin:
         return self._txn
 
     async def __aenter__(self) -> Transaction:
-        return self._txn.__enter__()
+        return await self._txn.__aenter__()
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
-        txn = self._txn
-        if txn.state != "active":
-            return
-        if et is None:
-            await txn.acommit()
-        else:
-            txn.rollback()
+        await self._txn.__aexit__(et, ev, tb)

@@ -708,3 +708,49 @@ def test_cancelled_while_waiting_for_the_key_records_nothing(store: agentwal.Sto
     [entry] = store.effects()
     assert entry.attempts == 1 and entry.status == "done" and not fake.calls
     assert not store._ledger._locks  # the cancelled waiter left no lock behind
+
+
+def test_a_conflicted_async_step_retried_with_retry_of_charges_once(
+        store: agentwal.Store) -> None:
+    """The double charge of issue 9, written for asyncio: a message arrives mid-step."""
+    fake = AsyncDownstream(dedup=True)
+    with store.begin("r") as txn:
+        txn["inbox"] = []
+    attempts = 0
+
+    async def web_handler(charging: asyncio.Event) -> None:
+        await charging.wait()
+        async with store.abegin("r") as txn:
+            txn["inbox"] = [*txn.get("inbox", []), "hello"]
+
+    async def charge(ctx: agentwal.EffectContext, charging: asyncio.Event) -> Any:
+        charging.set()
+        for _ in range(5):  # the handler commits while the charge is in flight
+            await asyncio.sleep(0)
+        return await fake.call(ctx)
+
+    async def agent_step() -> Any:
+        nonlocal attempts
+        charging = asyncio.Event()
+        handler = asyncio.create_task(web_handler(charging))
+        txn = await store.abegin("r")
+        while True:
+            attempts += 1
+            try:
+                async with txn:
+                    seen = len(txn.get("inbox", []))
+                    receipt = await txn.aeffect(
+                        "charge", functools.partial(charge, charging=charging),
+                        mode="exactly_once", idempotent=True, args={"amount": 4900})
+                    txn["receipt"] = receipt
+                    txn["seen"] = seen
+                break
+            except agentwal.ConflictError:
+                txn = await store.abegin("r", retry_of=txn)
+        await handler
+        return receipt
+
+    receipt = asyncio.run(agent_step())
+    assert attempts == 2  # the first attempt met the handler's commit
+    assert fake.calls[receipt["key"]] == 1 and sum(fake.applied.values()) == 1
+    assert store.get("r", "seen") == 1 and store.get("r", "receipt") == receipt
