@@ -8,18 +8,15 @@ executor threads (a kill there ends the process as a kill on the loop does).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from .test_effects_kill import (
+    CHILD_HEAD,
     CONFIGS,
     EXPECT,
-    ROOT,
+    child,
     counts,
     killed,
     last_line,
@@ -27,20 +24,8 @@ from .test_effects_kill import (
     window_point,
 )
 
-CHILD = r"""
-import asyncio, json, sys
-sys.path.insert(0, sys.argv[1])
-import agentwal
-from agentwal import failpoints
-from tests.effects.downstream import Downstream
-
-root, path, journal, spec, kill = sys.argv[1:6]
-spec = json.loads(spec)
-if kill != "-":
-    name, nth = kill.split(":")
-    failpoints.arm(name, "kill", nth=int(nth))
-store = agentwal.open(path, durability=spec["durability"])
-down = Downstream(journal, **spec["down"])
+CHILD = CHILD_HEAD + r"""
+import asyncio
 
 
 async def call(ctx):
@@ -81,20 +66,14 @@ WINDOWS = ("effect_before_intent", "effect_after_intent", "after_effect_call",
            "effect_after_outcome", "after_wal_append:3")
 
 
-def child(tmp: Path, spec: dict[str, Any], kill: str = "-") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), str(tmp / "store"), str(tmp / "journal"),
-         json.dumps(spec), kill], capture_output=True, text=True, timeout=60)
-
-
 @pytest.mark.parametrize("config", sorted(set(CONFIGS) - {"alo+dedup"}))  # alo covers it
 @pytest.mark.parametrize("window", WINDOWS)
 def test_aeffect_killed_in_window(tmp_path: Path, window: str, config: str) -> None:
     spec = spec_for(config, "effect")
-    killed(child(tmp_path, spec, window_point(window)))
-    out = last_line(child(tmp_path, spec))
+    killed(child(tmp_path, spec, window_point(window), script=CHILD))
+    out = last_line(child(tmp_path, spec, script=CHILD))
     calls, apps, outcomes = EXPECT[window][config]
     assert counts(tmp_path) == (calls, apps), out
     assert out.split(" ")[0] in outcomes or out in outcomes, out
-    last_line(child(tmp_path, spec))  # and it stays settled
+    last_line(child(tmp_path, spec, script=CHILD))  # and it stays settled
     assert counts(tmp_path) == (calls, apps)

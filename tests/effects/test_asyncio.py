@@ -130,6 +130,22 @@ class AsyncDownstream:
         return agentwal.NOT_APPLIED
 
 
+class Gate:
+    """An async effect function whose call stays open until ``release`` is set."""
+
+    def __init__(self, result: Any, attempts: list[int] | None = None) -> None:
+        self.result = result
+        self.attempts = attempts if attempts is not None else []
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, ctx: agentwal.EffectContext) -> Any:
+        self.attempts.append(ctx.attempt)
+        self.started.set()
+        await self.release.wait()
+        return self.result
+
+
 async def one_step(store: agentwal.Store, fake: AsyncDownstream, mode: str, *,
                    run: str = "r", commit: bool = True, **kw: Any) -> Any:
     async with store.abegin(run) as txn:
@@ -351,15 +367,9 @@ def test_cancelled_while_fn_runs_leaves_the_call_in_doubt(
     calls: list[int] = []
 
     async def main() -> None:
-        started = asyncio.Event()
-
-        async def hangs(ctx: agentwal.EffectContext) -> None:
-            calls.append(ctx.attempt)
-            started.set()
-            await asyncio.Event().wait()  # never answers
-
+        hangs = Gate(None, calls)  # never released: the call never answers
         task = asyncio.create_task(one_step_with(store, hangs, mode, **kw))
-        await started.wait()
+        await hangs.started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -602,22 +612,17 @@ def test_many_tasks_on_many_runs_and_on_one_run(store: agentwal.Store) -> None:
 def test_a_sync_effect_on_the_loop_meeting_a_running_aeffect_raises_instead_of_hanging(
         store: agentwal.Store, down: Downstream) -> None:
     async def main() -> None:
-        started, release = asyncio.Event(), asyncio.Event()
-
-        async def slow(ctx: agentwal.EffectContext) -> str:
-            started.set()
-            await release.wait()
-            return "slow"
+        slow = Gate("slow")
 
         async def holder() -> Any:
             async with store.abegin("a") as txn:
                 return await txn.aeffect("op", slow, mode="at_least_once", key="shared-key")
 
         task = asyncio.create_task(holder())
-        await started.wait()
+        await slow.started.wait()
         with store.begin("b") as txn, pytest.raises(RuntimeError, match="aeffect"):
             txn.effect("op", down.call, mode="at_least_once", key="shared-key")
-        release.set()
+        slow.release.set()
         assert await task == "slow"
 
     asyncio.run(main())
@@ -682,26 +687,21 @@ def test_cancelled_while_waiting_for_the_key_records_nothing(store: agentwal.Sto
     fake = AsyncDownstream()
 
     async def main() -> None:
-        started, release = asyncio.Event(), asyncio.Event()
-
-        async def slow(ctx: agentwal.EffectContext) -> str:
-            started.set()
-            await release.wait()
-            return "first"
+        slow = Gate("first")
 
         async def step(run: str, fn: Any) -> Any:
             async with store.abegin(run) as txn:
                 return await txn.aeffect("op", fn, mode="at_least_once", key="k")
 
         holder = asyncio.create_task(step("a", slow))
-        await started.wait()
+        await slow.started.wait()
         waiter = asyncio.create_task(step("b", fake.call))
         for _ in range(5):
             await asyncio.sleep(0)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        release.set()
+        slow.release.set()
         assert await holder == "first"
 
     asyncio.run(main())
