@@ -190,13 +190,17 @@ def _refuse_awaitable(value: Any, req: Request, what: str) -> None:
     if not inspect.isawaitable(value):
         return
     discard(value)
+    if what == "fn":
+        left = (f"This attempt's intent (key {req.key!r}) stays in doubt, as the function "
+                "that returned it did run: an at_least_once or idempotent exactly_once step "
+                "calls it again through aeffect; otherwise settle it with "
+                "store.resolve_effect.")
+    else:
+        left = "The entry is as it was; nothing was recorded."
     raise TypeError(
         f"{what} of effect {req.name!r} returned {type(value).__name__} {value!r}, which "
         "txn.effect cannot await (a coroutine is closed, so none of it ran). In async code "
-        f"call `await txn.aeffect(...)`. This attempt's intent (key {req.key!r}) stays in "
-        "doubt, as the function that returned it did run: an at_least_once or idempotent "
-        "exactly_once step calls it again through aeffect; otherwise settle it with "
-        "store.resolve_effect.")
+        f"call `await txn.aeffect(...)`. {left}")
 
 
 class _FnFailed(Exception):

@@ -84,6 +84,24 @@ def test_effect_refuses_a_returned_coroutine_and_records_no_outcome(
     assert entry.status == "in_doubt" and entry.attempts == 1 and entry.error is None
 
 
+def test_effect_refuses_a_probe_returning_a_coroutine_and_leaves_the_entry(
+        store: agentwal.Store, down: Downstream) -> None:
+    failpoints.arm("after_effect_call", "raise")  # an attempt in doubt for the probe to ask
+    with pytest.raises(failpoints.FailpointFired), store.begin("r") as txn:
+        txn.effect("op", down.call, mode="exactly_once", probe=down.probe)
+    failpoints.disarm()
+    [before] = store.effects()
+
+    async def ask(ctx: agentwal.EffectContext) -> Any:
+        return down.probe(ctx)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match="aeffect"), store.begin("r") as txn:
+            txn.effect("op", down.call, mode="exactly_once", probe=lambda ctx: ask(ctx))
+    assert store.effects() == [before] and down.calls() == 1
+
+
 def test_a_step_refused_for_a_returned_coroutine_can_go_on_with_aeffect(
         store: agentwal.Store, down: Downstream) -> None:
     async def send(ctx: agentwal.EffectContext) -> Any:
