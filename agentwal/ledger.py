@@ -23,6 +23,16 @@ Every record goes through the commit pipeline as a ``REC_EFFECT`` WAL record,
 fsynced whatever the store's durability mode, and is visible once durable.
 The module does no I/O of its own; it talks to the store through
 :class:`_Engine`.
+
+The decisions are one generator (``Ledger._steps``, sans-IO like h11's
+state machine): it yields the operations it needs (read an entry, write
+one, call ``fn``, call ``probe``, sleep before a retry) and is sent their
+results, or has their exceptions thrown in. ``_drive`` runs it in the
+calling thread (``txn.effect``, dispatch); ``_adrive`` runs it for asyncio
+(``txn.aeffect``): reads and writes in executor threads, ``fn``/``probe``
+awaited, ``asyncio.sleep``. Both hold the same per-position and per-key
+locks (``aio.OwnerLock``: a thread or a task is the holder), so a sync and
+an async step meeting one key take turns.
 """
 
 from __future__ import annotations

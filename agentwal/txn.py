@@ -18,7 +18,10 @@ the life of the process when a commit fails with an unknown outcome.
 A finished transaction is dead: every method raises
 :class:`TransactionClosedError`. As a context manager, a clean exit commits
 and an exception rolls back and propagates. A transaction is used by one
-thread; the store it came from may be shared by many.
+thread (or one asyncio task); the store it came from may be shared by many.
+For asyncio code, ``acommit`` runs ``commit`` in the loop's default executor
+(``async with txn:`` uses it) and ``aeffect`` runs an effect whose ledger
+writes happen there too (``aio.py``, ``Ledger.arun``); reads stay synchronous.
 
 Effect positions: the n-th ``effect`` of a transaction is positioned at its
 base checkpoint (the run's head at ``begin``), or, for a retry of a step
