@@ -343,17 +343,9 @@ class Ledger:
                 "order, or, if its code changed on purpose, set the recorded effect aside "
                 "with store.retire_effect(effect_id) (`agentwal retire`).")
 
-    # -- the driver -----------------------------------------------------------------
-    #
-    # The decisions for one request live in one generator, ``_steps``, that
-    # does no I/O and calls nothing: it yields what it needs done (the ops
-    # below) and is sent the answer, or has the exception thrown in at the
-    # ``yield``. Two runners carry the ops out: ``_drive`` in the calling
-    # thread (``txn.effect``, dispatch), ``_adrive`` for asyncio
-    # (``txn.aeffect``), with every ledger read and write in an executor
-    # thread, ``fn`` and ``probe`` awaited when they return an awaitable, and
-    # ``asyncio.sleep`` between retries. Whatever a runner sends back, the
-    # crash windows, records and errors are the same.
+    # -- the driver: one generator of decisions, two runners (module docstring) --
+    # Whatever a runner sends back, the crash windows, records and errors are
+    # the same: the runners only carry out the ops.
 
     def _drive(self, req: Request, entry: EffectRecord | None) -> Any:
         """Run ``req`` from ``entry`` in this thread (the sync runner)."""

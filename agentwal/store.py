@@ -2262,7 +2262,6 @@ class Store:
         state = "closed" if self._closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
-
     # -- asyncio (agentwal/aio.py) -----------------------------------------------------
 
     def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
@@ -2272,10 +2271,10 @@ class Store:
         step's effects where its first attempt's were). A clean exit commits
         with ``await txn.acommit()`` (validation, write and fsync off the
         event loop); an exception rolls back and propagates.
-        ``txn = await store.abegin(run)`` gives the transaction to finish by
-        hand. Beginning takes no I/O (a snapshot of memory and an LMDB read
-        transaction), nor do ``txn.get`` and the other reads, so they stay
-        synchronous.
+        ``txn = await store.abegin(run)`` gives the transaction, to finish by
+        hand or with ``async with txn:``. Beginning takes no I/O (a snapshot
+        of memory and an LMDB read transaction), nor do ``txn.get`` and the
+        other reads, so they stay synchronous.
 
         Raises:
             What :meth:`begin` raises, at the call.

@@ -420,7 +420,7 @@ class Transaction:
         """
         req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
                                    idempotent=idempotent, retries=retries, retry_on=retry_on,
-                                   backoff=backoff, run_by="effect")
+                                   backoff=backoff, allow_async=False)
         with self._recording(req):
             return self._engine._txn_effect(self, req)
 
@@ -428,7 +428,7 @@ class Transaction:
                         mode: EffectMode | str, args: Any, key: str | None,
                         probe: Callable[[EffectContext], Any] | None, idempotent: bool,
                         retries: int, retry_on: tuple[type[BaseException], ...],
-                        backoff: float, run_by: str) -> Request:
+                        backoff: float, allow_async: bool) -> Request:
         """Check the arguments of ``effect``/``aeffect`` and take the next position."""
         self._check()
         req_mode = _check_mode(mode)
@@ -437,7 +437,7 @@ class Transaction:
             raise TypeError("fn must be callable as fn(ctx)")
         if probe is not None and not callable(probe):
             raise TypeError("probe must be callable as probe(ctx)")
-        if run_by == "effect":
+        if not allow_async:
             for what, f in (("fn", fn), ("probe", probe)):
                 if is_async_callable(f):
                     raise TypeError(
@@ -581,7 +581,7 @@ class Transaction:
         """
         req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
                                    idempotent=idempotent, retries=retries, retry_on=retry_on,
-                                   backoff=backoff, run_by="aeffect")
+                                   backoff=backoff, allow_async=True)
         with self._recording(req):
             return await self._engine._txn_aeffect(self, req)
 
@@ -612,6 +612,7 @@ class Transaction:
             await self.acommit()
         else:
             self.rollback()
+
 
 def _conflict_reason(exc: ConflictError) -> str | None:
     """``exc``'s own message without its run prefix, to re-raise it with more said."""
