@@ -91,8 +91,8 @@ class ConflictError(Error):
             more = f" and {len(self.effects) - 5} more" if len(self.effects) > 5 else ""
             text += (f" The transaction had called effects ({names}{more}): they stay "
                      "recorded. Retry with store.transact(run, step) or "
-                     "store.begin(run, retry_of=txn) to reuse their results; a plain new "
-                     "transaction starts from the new head and calls them again.")
+                     "store.begin(run, retry_of=txn) to reuse their results (a plain new "
+                     "transaction reuses them only if it asks for the same effects first).")
         super().__init__(text)
 
 
