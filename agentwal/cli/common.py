@@ -9,55 +9,49 @@ error into a message and exit status 1. Nothing here writes to a store.
 
 from __future__ import annotations
 
-import base64
-import datetime
-import decimal
+import contextlib
 import functools
 import json
 import os
+import re
 import sys
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
+from rich import box
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
 from ..errors import Error
+from ..views import checkpoint_row, jsonable, when
+
+__all__ = ["checkpoint_row", "jsonable", "when"]  # shared with the commands
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-def jsonable(value: Any) -> Any:
-    """A JSON-friendly copy of a stored value (bytes as base64, datetimes as ISO 8601)."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((jsonable(v) for v in value), key=repr)
-    if isinstance(value, bytes):
-        return {"$bytes": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, (decimal.Decimal, uuid.UUID)):
-        return str(value)
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return repr(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 def emit(as_json: bool, data: Any, human: Callable[[], None]) -> None:
+    """Print ``data`` as JSON with ``--json``, else call ``human`` to print it for a person."""
     if as_json:
         click.echo(json.dumps(jsonable(data), indent=2, sort_keys=True))
     else:
         human()
 
 
+def examples(*lines: str) -> str:
+    """A command's epilog: real invocations, shown at the end of its ``--help``."""
+    body = "\n".join(f"  {line}" for line in lines)
+    return f"\b\nExamples:\n{body}"
+
+
 def json_option(fn: F) -> F:
-    """``--json``: machine-readable output."""
+    """``--json``: machine-readable output (and errors as a JSON document)."""
     return click.option("--json", "as_json", is_flag=True,
-                        help="Print JSON instead of a table.")(fn)
+                        help="Print JSON instead of a table; errors too.")(fn)
 
 
 def store_argument(fn: F) -> F:
@@ -65,25 +59,80 @@ def store_argument(fn: F) -> F:
     return click.argument("path", type=click.Path(exists=True, file_okay=False))(fn)
 
 
+class Failure(click.ClickException):
+    """A problem the command found: printed with its code, exit status 1 (2 for usage)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def usage(message: str) -> click.UsageError:
+    """A name on the command line that does not exist, or options that do not fit: exit 2."""
+    return click.UsageError(message, click.get_current_context(silent=True))
+
+
+#: The library's own "list them with store.x()" sentence, replaced by the CLI's command.
+_API_HINT = re.compile(r"\s*List the [\w ]+ with store\.\w+\(\w*\)[^.]*\.$")
+
+
+def _list_hint(exc: Error, params: dict[str, Any]) -> str:
+    """The command that lists what a not-found error was looking for."""
+    path = params.get("path", "STORE")
+    if exc.code == "run_not_found":
+        return f" List the runs with `agentwal runs {path}`."
+    if exc.code == "checkpoint_not_found":
+        run = getattr(exc, "run", params.get("run", "RUN"))
+        return f" List its checkpoints with `agentwal history {path} {run}`."
+    if exc.code == "effect_not_found":
+        return f" List the ledger with `agentwal effects {path}`."
+    return ""
+
+
 def reports_errors(fn: F) -> F:
-    """Turn agentwal errors into a message and exit status 1, never a traceback."""
+    """Turn agentwal errors (and OS errors) into a :class:`Failure`, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            raise
         except Error as exc:
-            click.echo(f"error [{exc.code}]: {exc}", err=True)
-            sys.exit(1)
+            hint = _list_hint(exc, kwargs)
+            message = _API_HINT.sub("", str(exc)) if hint else str(exc)
+            raise Failure(exc.code, f"{message}{hint}") from None
         except OSError as exc:  # e.g. a segment removed by a writer while we read
-            click.echo(f"error [io]: {exc.strerror or exc}: {exc.filename or ''}. Check the "
-                       "path, or retry if a writer was folding.", err=True)
-            sys.exit(1)
+            raise Failure("io", f"{exc.strerror or exc}: {exc.filename or ''}. Check the "
+                          "path, or retry if a writer was folding.") from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def report_failure(exc: click.ClickException, as_json: bool) -> None:
+    """Print a failure: the message on stderr; with ``--json`` also a JSON document on stdout."""
+    code = getattr(exc, "code", "usage" if isinstance(exc, click.UsageError) else "error")
+    if as_json:
+        doc = {"error": {"code": code, "message": exc.format_message(),
+                         "exit_code": exc.exit_code}}
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    if isinstance(exc, Failure):
+        click.echo(f"error [{code}]: {exc.format_message()}", err=True)
+    else:
+        exc.show()
+
+
+def quiet_broken_pipe() -> None:
+    """The reader of our stdout went away (``| head``): a normal end, with nothing more said."""
+    try:
+        with open(os.devnull, "w") as devnull:  # so the exit's flush has somewhere to go
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's buffer)
+        pass
+
+
 def open_ro(path: str) -> Any:
+    """Open a store read-only (works beside a live writer)."""
     from .. import open as open_store
 
     return open_store(path, readonly=True)
@@ -101,19 +150,44 @@ def open_rw(path: str) -> Any:
     return open_store(path, effect_retention=None)
 
 
-def table(rows: list[tuple[Any, ...]], headers: tuple[str, ...]) -> None:
-    cells = [tuple(str(c) for c in headers)] + [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for n, row in enumerate(cells):
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        if n == 0:
-            click.echo("  ".join("-" * w for w in widths))
+def console(*, err: bool = False) -> Console:
+    """A rich console on stdout (data) or stderr (diagnostics).
+
+    Colour only on a terminal and never with ``NO_COLOR`` (rich honours it);
+    into a pipe or file lines are never wrapped, so scripts see whole rows.
+    """
+    stream = sys.stderr if err else sys.stdout
+    tty = stream.isatty()
+    no_color = bool(os.environ.get("NO_COLOR"))
+    return Console(file=stream, markup=False, highlight=False, emoji=False,
+                   width=None if tty else 100_000,
+                   color_system="auto" if tty and not no_color else None,
+                   no_color=no_color or not tty, force_terminal=tty, soft_wrap=not tty)
 
 
-def when(ts: float) -> str:
-    """A UNIX time as ISO 8601 in UTC, to the second."""
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(
-        timespec="seconds")
+def table(rows: list[tuple[Any, ...]], headers: tuple[str, ...], *,
+          title: str | None = None) -> None:
+    """A table on stdout: a header, a rule under it, then one line per row."""
+    out = console()
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=title,
+              title_justify="left", header_style="bold", title_style="bold")
+    for h in headers:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*(Text(str(c)) for c in r))
+    print_renderable(out, t)
+
+
+def print_renderable(out: Console, thing: Any) -> None:
+    """Print a rich table or tree; into a pipe, without trailing spaces."""
+    if out.is_terminal:
+        out.print(thing)
+        return
+    with out.capture() as cap:
+        out.print(thing)
+    click.echo("\n".join(line.rstrip() for line in cap.get().splitlines()))
+
+
 
 
 def clip(text: str, width: int) -> str:
@@ -130,13 +204,22 @@ def age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
-def checkpoint_row(c: Any) -> dict[str, Any]:
-    """Every field of a ``Checkpoint``, the time in ISO 8601."""
-    return {"id": c.id, "parent": c.parent, "lsn": c.lsn, "created": when(c.created_at),
-            "meta": c.meta, "hash": c.hash, "origin": c.origin}
 
 
 def checkpoint_table(rows: list[dict[str, Any]]) -> None:
     table([(r["id"], r["parent"] or "-", r["lsn"], r["created"], r["hash"][:16],
              json.dumps(jsonable(r["meta"]), sort_keys=True)) for r in rows],
            ("id", "parent", "lsn", "created", "hash", "meta"))
+
+
+@contextlib.contextmanager
+def working(what: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while a long call runs (only on a terminal)."""
+    err = console(err=True)
+    if not err.is_terminal:
+        yield
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        progress.add_task(what, total=None)
+        yield

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -11,11 +10,13 @@ from typing import Any
 import click
 
 from ..effects import STATUSES
+from ..views import PROBLEM_STATUSES, effect_row
 from .app import main
 from .common import (
     age,
     clip,
     emit,
+    examples,
     json_option,
     jsonable,
     open_ro,
@@ -23,22 +24,14 @@ from .common import (
     reports_errors,
     store_argument,
     table,
+    usage,
     when,
 )
 
 # -- the effects ledger -----------------------------------------------------------------
 
-#: Statuses ``effects --check`` treats as a problem.
-PROBLEM_STATUSES = ("in_doubt", "failed")
 
 
-def _effect_row(e: Any) -> dict[str, Any]:
-    """Every field of an ``EffectRecord`` (mode as its string, order as a list), and its age."""
-    row = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)}
-    row["mode"] = e.mode.value
-    row["order"] = list(e.order) if e.order is not None else None
-    row["age"] = round(e.age, 3)
-    return row
 
 
 def _effects_table(rows: list[dict[str, Any]]) -> None:
@@ -47,7 +40,9 @@ def _effects_table(rows: list[dict[str, Any]]) -> None:
            ("id", "run", "name", "mode", "status", "attempts", "age", "key", "last error"))
 
 
-@main.command()
+@main.command(epilog=examples("agentwal effects state.awal --status in_doubt",
+                              "agentwal effects state.awal --run run-42 --json",
+                              "agentwal effects state.awal --check || page-the-on-call"))
 @store_argument
 @click.option("--run", default=None, help="Only entries recorded by this run.")
 @click.option("--status", type=click.Choice(STATUSES), default=None,
@@ -68,7 +63,7 @@ def effects(path: str, run: str | None, status: str | None, check: bool,
     (settle those with `agentwal resolve`, or let the next attempt retry them).
     """
     with open_ro(path) as store:
-        rows = [_effect_row(e) for e in store.effects(run=run, status=status)]
+        rows = [effect_row(e) for e in store.effects(run=run, status=status)]
     emit(as_json, rows, lambda: _effects_table(rows))
     if check:
         problems = [r for r in rows if r["status"] in PROBLEM_STATUSES]
@@ -97,7 +92,9 @@ def _parse_result(text: str) -> Any:
         raise click.BadParameter(f"not a JSON value ({exc})", param_hint="--result") from None
 
 
-@main.command()
+@main.command(epilog=examples(
+    "agentwal resolve state.awal ef-3f2a --result '{\"charge\": \"ch_1\"}' --by alice",
+    "agentwal resolve state.awal ef-3f2a --not-applied"))
 @store_argument
 @click.argument("effect_id")
 @click.option("--result", "result_json", metavar="JSON", default=None,
@@ -119,13 +116,13 @@ def resolve(path: str, effect_id: str, result_json: str | None, not_applied: boo
     ledger entries, whatever retention the store's own writer uses.
     """
     if (result_json is None) == (not not_applied):
-        raise click.UsageError("give exactly one of --result JSON or --not-applied")
+        raise usage("give exactly one of --result JSON or --not-applied")
     kwargs: dict[str, Any] = {"not_applied": True}
     if result_json is not None:
         kwargs = {"result": _parse_result(result_json)}
     with open_rw(path) as store:
         settled = store.resolve_effect(effect_id, by=by, **kwargs)
-    row = _effect_row(settled)
+    row = effect_row(settled)
     emit(as_json, row, lambda: table([(k, _field_text(k, v)) for k, v in row.items()],
                                        ("field", "value")))
 

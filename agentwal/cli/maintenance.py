@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import sys
 from typing import Any
 
@@ -12,18 +13,22 @@ import click
 from .app import main
 from .common import (
     emit,
+    examples,
     json_option,
     open_ro,
     open_rw,
     reports_errors,
     store_argument,
     table,
+    usage,
+    working,
 )
 
 # -- verify and backup ------------------------------------------------------------------
 
 
-@main.command()
+@main.command(epilog=examples("agentwal verify state.awal",
+                              "agentwal verify state.awal --json | jq .problems"))
 @store_argument
 @json_option
 @reports_errors
@@ -36,7 +41,7 @@ def verify(path: str, as_json: bool) -> None:
     and offset), then what was checked. Opens the store read-only, so it works
     while an agent writes to it; changes nothing.
     """
-    with open_ro(path) as store:
+    with open_ro(path) as store, working("verifying every checksum and hash chain"):
         report = store.verify()
     data = {"ok": report.ok, "problems": [dataclasses.asdict(p) for p in report.problems],
             "checked": report.checked, "notes": report.notes}
@@ -58,7 +63,7 @@ def verify(path: str, as_json: bool) -> None:
         sys.exit(1)
 
 
-@main.command()
+@main.command(epilog=examples("agentwal backup state.awal /backups/state-$(date +%F).awal"))
 @store_argument
 @click.argument("dest", type=click.Path(file_okay=False))
 @json_option
@@ -71,7 +76,11 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     written to DEST.tmp and renamed to DEST once every file is on disk. Opens
     the store read-only. Exits 1 if DEST (or DEST.tmp) exists.
     """
-    with open_ro(path) as store:
+    real_src, real_dest = os.path.realpath(path), os.path.realpath(dest)
+    if os.path.commonpath([real_src, real_dest]) == real_src:
+        raise usage(f"DEST {dest!r} is inside the store {path!r}; back up to a directory "
+                    "outside it.")
+    with open_ro(path) as store, working(f"copying {path} to {dest}"):
         rep = store.backup(dest)
     data = dataclasses.asdict(rep)
     emit(as_json, data, lambda: click.echo(
@@ -98,10 +107,15 @@ def _duration(_ctx: Any, _param: Any, value: str | None) -> Any:
                                  ) from None
     if n < 0:
         raise click.BadParameter("a duration is not negative")
-    return datetime.timedelta(seconds=n * unit)
+    try:
+        return datetime.timedelta(seconds=n * unit)
+    except OverflowError:
+        raise click.BadParameter(f"{value!r} is longer than any date can reach; use at most "
+                                 f"{datetime.timedelta.max.days}d") from None
 
 
-@main.command()
+@main.command(epilog=examples("agentwal compact state.awal --keep-last 50",
+                              "agentwal compact state.awal --older-than 30d --run run-42 --vacuum"))
 @store_argument
 @click.option("--keep-last", type=click.IntRange(min=1), default=None, metavar="N",
               help="Keep each run's last N checkpoints.")
@@ -126,7 +140,7 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     writing, so it fails with store_locked while an agent has it open (use
     agentwal.open(..., retain=agentwal.KeepLast(n)) there instead).
     """
-    with open_rw(path) as store:
+    with open_rw(path) as store, working("compacting"):
         rep = store.compact(keep_last=keep_last, older_than=older_than,
                             runs=list(runs) if runs else None, vacuum=vacuum,
                             keep_fork_origins=not drop_fork_origins)

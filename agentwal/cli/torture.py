@@ -9,9 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .app import main
 from .common import (
+    console,
+    examples,
     table,
 )
 
@@ -66,7 +69,8 @@ def _tier_runner(tier: str, directory: str, seed: str, opts: dict[str, Any],
                                              kinds=kinds)
 
 
-@main.command()
+@main.command(epilog=examples("agentwal torture /mnt/ssd/torture --seconds 600",
+                              "agentwal torture /tmp/t --tier kill --seed 7 --seconds 30"))
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="How long to run, shared equally between the chosen tiers.")
@@ -112,17 +116,22 @@ def torture(directory: str, seconds: float, seed: str, tiers: tuple[str, ...],
     share = seconds / len(chosen)
     results: list[Any] = []
     started = time.monotonic()
-    with click.progressbar(length=int(seconds), label="torture", show_eta=True,
-                           file=sys.stderr) as bar:
+    err = console(err=True)
+    with Progress(TextColumn("torture {task.description}"), BarColumn(), TextColumn(
+            "{task.fields[cases]} case(s)"), TimeRemainingColumn(), console=err,
+            disable=not err.is_terminal) as bar:
+        task = bar.add_task("", total=seconds, cases=0)
         for i, tier in enumerate(chosen):
             deadline = started + share * (i + 1)
+            bar.update(task, description=tier)
             for result in _tier_runner(tier, directory, seed, opts, deadline):
                 results.append(result)
                 if not result.ok:
-                    click.echo(f"\n{result.line()}\n  seed {result.seed}; reproduce: "
-                               f"{result.repro.replace('DIR', directory)}", err=True)
-                bar.update(min(int(seconds), int(time.monotonic() - started)) - bar.pos)
-        bar.update(int(seconds) - bar.pos)
+                    bar.console.print(f"{result.line()}\n  seed {result.seed}; reproduce: "
+                                      f"{result.repro.replace('DIR', directory)}")
+                bar.update(task, completed=min(seconds, time.monotonic() - started),
+                           cases=len(results))
+        bar.update(task, completed=seconds)
     _summary(results)
     if any(not r.ok for r in results):
         sys.exit(1)
@@ -139,7 +148,7 @@ def _summary(results: list[Any]) -> None:
     click.echo(f"{passed} passed, {failed} failed")
 
 
-@main.command()
+@main.command(epilog=examples("agentwal demo", "agentwal demo /tmp/demo.awal"))
 @click.argument("path", default="demo.awal", type=click.Path(file_okay=False))
 def demo(path: str) -> None:
     """Run the showcase: an agent killed with SIGKILL resumes from its last checkpoint.
