@@ -10,6 +10,7 @@ import click
 from rich.text import Text
 from rich.tree import Tree
 
+from ..errors import RunNotFoundError
 from ..views import (
     PROBLEM_STATUSES,
     effect_counts,
@@ -214,6 +215,8 @@ def history(path: str, run: str, limit: int | None, before: int | None, graph: b
     """
     with open_ro(path) as store:
         hist = store.history(run, limit=limit, before=before)
+        if not hist and run not in store.runs():
+            raise RunNotFoundError(run)
         if not graph:
             rows = [checkpoint_row(c) for c in hist]
             emit(as_json, rows, lambda: checkpoint_table(rows))
