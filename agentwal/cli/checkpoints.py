@@ -131,7 +131,7 @@ def rollback(path: str, run: str, checkpoint: int, as_json: bool) -> None:
 
 
 @main.command(epilog=examples("agentwal fork state.awal run-42 7 run-42-retry",
-                              "agentwal history state.awal run-42 --graph"))
+                              "agentwal fork state.awal run-42 7 run-42-retry --json"))
 @store_argument
 @click.argument("run")
 @click.argument("checkpoint", type=click.IntRange(min=1), metavar="ID")

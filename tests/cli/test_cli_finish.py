@@ -76,6 +76,7 @@ def test_an_unknown_run_exits_1_with_the_list_command(forked: str) -> None:
     for args in (["show", forked, "nope"], ["history", forked, "nope"],
                  ["diff", forked, "nope", "1", "2"]):
         code, out, err = run(*args)
+        assert out == ""
         assert code == 1 and "run_not_found" in err and f"agentwal runs {forked}" in err, args
         assert "store.runs()" not in err  # the library's hint is replaced by the command
     code, _, err = run("history", forked, "run-a", "--before", "99")
