@@ -16,10 +16,10 @@ output helpers, and one module per group of commands registers them on import.
 
 from __future__ import annotations
 
-from . import checkpoints, effects, maintenance, reading, torture
+from . import checkpoints, effects, maintenance, reading, torture, ui
 from .app import main
 
 __all__ = ["main"]
 
 # Importing the command modules registers their commands on ``main``.
-_COMMAND_MODULES = (reading, effects, checkpoints, maintenance, torture)
+_COMMAND_MODULES = (reading, effects, checkpoints, maintenance, torture, ui)
