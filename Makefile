@@ -19,7 +19,7 @@ example: $(STAMP)
 	$(PY) examples/effects_agent.py
 
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider -rs
 
 # The whole suite with the crash tiers' timed loops stretched (about 5 extra minutes).
 test-all: $(STAMP)

@@ -68,6 +68,7 @@ def ui(path: str, host: str, port: int, open_browser: bool) -> None:
         sock.close()
         raise usage(f"cannot listen on {host}:{port}: {exc.strerror}. Choose another "
                     "--port (0 picks a free one).") from None
+    sock.listen(128)  # so a client that reads the address below can connect at once
     bound = sock.getsockname()[1]
     shown = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
     url = f"http://{shown}:{bound}/"
