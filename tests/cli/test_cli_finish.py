@@ -193,3 +193,36 @@ def test_json_round_trips_values_through_resolve(forked: str) -> None:
     assert code == 0 and json.loads(out)["result"] == value
     with agentwal.open(forked, readonly=True) as s:
         assert next(e for e in s.effects() if e.effect_id == eid).result["receipt"] == b"\x00\x01"
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
+    """What the command prints when its stdout is a terminal (a pseudo-terminal here)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args], stdout=follower,
+                             stderr=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert child.wait(timeout=120) == 0
+    return b"".join(chunks).decode()
+
+
+def test_colour_on_a_terminal_but_never_with_no_color(forked: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm-256color"
+    args = ["history", forked, "run-a", "--graph"]
+    coloured = _on_a_terminal(args, env)
+    assert "\x1b[" in coloured and "HEAD" in coloured
+    plain = _on_a_terminal(args, {**env, "NO_COLOR": "1"})
+    colour_codes = [c for c in ("\x1b[3", "\x1b[9", "\x1b[38;") if c in plain]
+    assert "HEAD" in plain and not colour_codes
