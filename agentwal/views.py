@@ -92,6 +92,15 @@ def effect_counts(entries: list[Any]) -> dict[str, int]:
     return counts
 
 
+def problems_by_run(entries: list[Any]) -> dict[str, int]:
+    """How many in-doubt or failed ledger entries each run has (runs with none left out)."""
+    counts: dict[str, int] = {}
+    for e in entries:
+        if e.status in PROBLEM_STATUSES:
+            counts[e.run] = counts.get(e.run, 0) + 1
+    return counts
+
+
 def problems_first(entries: list[Any]) -> list[Any]:
     """Ledger entries with in-doubt and failed ones first, otherwise in their order."""
     return sorted(entries, key=lambda e: e.status not in PROBLEM_STATUSES)

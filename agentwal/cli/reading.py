@@ -12,11 +12,11 @@ from rich.tree import Tree
 
 from ..errors import RunNotFoundError
 from ..views import (
-    PROBLEM_STATUSES,
     effect_counts,
     fork_map,
     graph_rows,
     outbox,
+    problems_by_run,
     to_json,
 )
 from .app import main
@@ -175,10 +175,7 @@ def _inspect_human(st: dict[str, Any]) -> None:
 def runs(path: str, as_json: bool) -> None:
     """List the runs with their head checkpoint, last commit time and effects in doubt."""
     with open_ro(path) as store:
-        doubt: dict[str, int] = {}
-        for e in store.effects():
-            if e.status in PROBLEM_STATUSES:
-                doubt[e.run] = doubt.get(e.run, 0) + 1
+        doubt = problems_by_run(store.effects())
         rows = []
         for run in store.runs():
             head = store.head(run)

@@ -26,13 +26,13 @@ from starlette.staticfiles import StaticFiles
 from ..errors import CheckpointNotFoundError, Error, RunNotFoundError
 from ..types import BlobRef
 from ..views import (
-    PROBLEM_STATUSES,
     checkpoint_row,
     effect_counts,
     effect_row,
     fork_map,
     graph_rows,
     outbox,
+    problems_by_run,
     problems_first,
     resolve_command,
     value_changes,
@@ -86,10 +86,7 @@ class Viewer:
                 "outbox": len(outbox(entries))}
 
     def runs(self, s: Any, q: str) -> list[dict[str, Any]]:
-        doubt: dict[str, int] = {}
-        for e in s.effects():
-            if e.status in PROBLEM_STATUSES:
-                doubt[e.run] = doubt.get(e.run, 0) + 1
+        doubt = problems_by_run(s.effects())
         rows = []
         for run in s.runs():
             if q and q.lower() not in run.lower():
