@@ -207,7 +207,8 @@ def _list_changes(old: list[Any], new: list[Any], path: str) -> Iterator[dict[st
         yield {"op": "removed_items", "path": path, "at": head, "items": gone}
     elif len(gone) == len(came):
         for i, (a, b) in enumerate(zip(gone, came, strict=True)):
-            yield from value_changes(a, b, f"{path}[{head + i}]")
+            if not _same(a, b):
+                yield from value_changes(a, b, f"{path}[{head + i}]")
     else:
         yield {"op": "removed_items", "path": path, "at": head, "items": gone}
         yield {"op": "inserted_items", "path": path, "at": head, "items": came}
