@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 import agentwal
-from agentwal.cli import _age, main
+from agentwal.cli import main
+from agentwal.cli.common import age as _age
 from agentwal.effects import STATUSES
 
 WHEN = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
