@@ -1944,8 +1944,9 @@ class Store:
         downstream: the fresh call really runs.
 
         Raises:
-            EffectNotFoundError: no such entry. EffectSettledError: already retired.
-            ValueError: an outbox entry (settle those with ``resolve_effect``).
+            EffectNotFoundError: no such entry.
+            EffectNotRetirableError (a ValueError): already retired, or an outbox
+                entry (settle those with ``resolve_effect``).
             ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
 
         Example::

@@ -17,7 +17,7 @@ import pytest
 
 import agentwal
 from agentwal import ConflictError, EffectDivergenceError, EffectSettledError
-from agentwal.errors import EffectNotFoundError
+from agentwal.errors import EffectNotFoundError, EffectNotRetirableError
 
 from .downstream import Downstream
 
@@ -399,8 +399,10 @@ def test_retire_effect_frees_a_diverged_position_and_keeps_the_old_entry(
     entries = {e.args["amount"]: e for e in store.effects()}
     assert entries[4900].status == "retired" and entries[4900].retired_from == old.key
     assert entries[5900].status == "done" and entries[5900].key == old.key
-    with pytest.raises(EffectSettledError):
+    with pytest.raises(EffectNotRetirableError, match="retired already"):
         store.retire_effect(entries[4900].effect_id)
+    with pytest.raises(EffectSettledError):  # nor resolved: it is history
+        store.resolve_effect(entries[4900].effect_id, result="x")
 
 
 def test_retire_effect_frees_a_position_held_by_another_name(
@@ -420,7 +422,7 @@ def test_retire_effect_refuses_outbox_entries_and_unknown_ids(store: agentwal.St
     with store.begin("r") as txn:
         txn.defer("mail", mode="at_least_once")
     (e,) = store.effects()
-    with pytest.raises(ValueError, match="resolve_effect"):
+    with pytest.raises(EffectNotRetirableError, match="resolve_effect"):
         store.retire_effect(e.effect_id)
     with pytest.raises(EffectNotFoundError):
         store.retire_effect("ef-nope")
