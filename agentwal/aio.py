@@ -54,14 +54,15 @@ def discard(awaitable: object) -> None:
         awaitable.close()
 
 
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in the loop's default executor; a cancellation waits for it to return.
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in the loop's default executor; a cancellation waits for it.
 
     Raises:
         Whatever ``fn`` raised; ``CancelledError`` (once ``fn`` has returned or
         raised) if the awaiting task was cancelled meanwhile.
     """
-    future = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+    call = functools.partial(fn, *args, **kwargs)
+    future = asyncio.get_running_loop().run_in_executor(None, call)
     cancelled = False
     while not future.done():
         try:
