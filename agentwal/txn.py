@@ -593,10 +593,12 @@ class Transaction:
                                            args={"prompt": prompt})
                 txn["answer"] = answer
         """
-        # Off the loop too: a step's first effect reads the ledger (Store._effect_adopt).
-        req = await off_loop(self._effect_request, name, fn, mode=mode, args=args, key=key,
-                             probe=probe, idempotent=idempotent, retries=retries,
-                             retry_on=retry_on, backoff=backoff, allow_async=True)
+        # On the loop, before the first await: effects started together (asyncio.gather)
+        # take their positions in the order they were started, the same on every re-run.
+        # (A step's first effect reads a few ledger positions here: memory and LMDB reads.)
+        req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
+                                   idempotent=idempotent, retries=retries, retry_on=retry_on,
+                                   backoff=backoff, allow_async=True)
         with self._recording(req):
             return await self._engine._txn_aeffect(self, req)
 

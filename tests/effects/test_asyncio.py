@@ -772,3 +772,40 @@ def test_a_conflicted_async_step_retried_with_retry_of_charges_once(
     assert attempts == 2  # the first attempt met the handler's commit
     assert fake.calls[receipt["key"]] == 1 and sum(fake.applied.values()) == 1
     assert store.get("r", "seen") == 1 and store.get("r", "receipt") == receipt
+
+
+def test_effects_gathered_in_one_step_take_positions_in_start_order(
+        store: agentwal.Store) -> None:
+    """Parallel tool calls: positions follow the order the calls were started, not the
+    order they finish, so the step re-run meets every recorded result."""
+    fake = AsyncDownstream()
+
+    async def step(fail: bool) -> list[Any]:
+        second_done = asyncio.Event()
+
+        async def slow_first(ctx: agentwal.EffectContext) -> Any:
+            await second_done.wait()  # finishes last
+            return await fake.call(ctx)
+
+        async def quick(ctx: agentwal.EffectContext) -> Any:
+            r = await fake.call(ctx)
+            second_done.set()
+            return r
+
+        async with store.abegin("r") as txn:
+            results = await asyncio.gather(
+                txn.aeffect("search", slow_first, mode="at_least_once", args={"q": 1}),
+                txn.aeffect("search", quick, mode="at_least_once", args={"q": 2}),
+                txn.aeffect("fetch", quick, mode="at_least_once", args={"url": "u"}))
+            txn["results"] = results
+            if fail:
+                raise ConnectionError("a later tool is down")
+        return list(results)
+
+    with pytest.raises(ConnectionError):
+        asyncio.run(step(fail=True))
+    assert asyncio.run(step(fail=False)) == store.get("r", "results")
+    assert sum(fake.calls.values()) == 3  # the re-run got all three from the ledger
+    by_ordinal = sorted(store.effects(), key=lambda e: e.ordinal or 0)
+    assert [(e.name, e.args) for e in by_ordinal] == [
+        ("search", {"q": 1}), ("search", {"q": 2}), ("fetch", {"url": "u"})]
