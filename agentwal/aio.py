@@ -76,15 +76,6 @@ async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return future.result()
 
 
-def _owner() -> object:
-    """The current asyncio task if there is one in this thread, else the thread."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop in this thread
-        task = None
-    return task if task is not None else threading.current_thread()
-
-
 class OwnerLock:
     """A lock held by one thread or one asyncio task at a time, reentrant for its holder."""
 
@@ -118,15 +109,17 @@ class OwnerLock:
                 if isinstance(holder, asyncio.Task) and _loop_here() is holder.get_loop():
                     raise RuntimeError(
                         "an asyncio task of this thread's event loop holds this effect's "
-                        "key (an aeffect is running it), so a sync txn.effect here would "
-                        "wait forever; use await txn.aeffect(...) in async code")
+                        "key (an aeffect is running it), so waiting for it here (a sync "
+                        "txn.effect, resolve_effect or retire_effect called on the loop) "
+                        "would hang the loop; in async code use await txn.aeffect(...), "
+                        "or make the call from another thread (asyncio.to_thread)")
                 self._cond.wait()
         return owner
 
     async def aacquire(self) -> object:
         """Take the lock for the current task, waiting without blocking the loop."""
-        owner = _owner()
         loop = asyncio.get_running_loop()
+        owner: object = asyncio.current_task() or threading.current_thread()
         while True:
             with self._cond:
                 if self._take(owner):
