@@ -524,7 +524,7 @@ def test_atransact_retries_a_conflicted_async_step_without_charging_twice(
     receipt = asyncio.run(store.atransact("r", step))
     assert shop.calls() == 1 and store.get("r", "receipt") == receipt
     assert store.stats()["retries"] == 1
-    with pytest.raises(TypeError, match="store.transact"):
+    with pytest.raises(TypeError, match=r"store\.transact"):
         asyncio.run(store.atransact("r", lambda txn: None))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="atransact"):
         store.transact("r", step)  # type: ignore[arg-type]
