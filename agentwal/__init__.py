@@ -38,8 +38,10 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     NotABlobError,
+    NotATreeError,
     PathExistsError,
     ReadOnlyError,
+    RestoreError,
     RunExistsError,
     RunNotFoundError,
     StoreBusyError,
@@ -47,15 +49,21 @@ from .errors import (
     StoreLockedError,
     TooManyReadersError,
     TransactionClosedError,
+    TreePathError,
+    TreeSourceError,
     UnencodableValueError,
+    UnsafeTreeError,
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
+from .tree import GITIGNORE
+from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability
+from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeRef
 from .verify import Problem, VerifyReport
+from .workspace import Workspace
 
 __version__ = "0.1.0"
 
@@ -110,4 +118,14 @@ __all__ = [
     "PathExistsError",
     "Problem",
     "VerifyReport",
+    "GITIGNORE",
+    "NotATreeError",
+    "RestoreError",
+    "RestoreReport",
+    "TreeDiff",
+    "TreePathError",
+    "TreeRef",
+    "TreeSourceError",
+    "UnsafeTreeError",
+    "Workspace",
 ]

@@ -1,0 +1,915 @@
+"""Snapshotting and restoring directory trees on top of the blob store.
+
+Theory of operation: :class:`TreeStore` is the I/O half of ``tree.py``. It
+is the one module that touches the *user's* directories (``io.py`` owns the
+store's own files); every file it stores or reads goes through
+:class:`~agentwal.blobs.BlobStore`, so trees share the blobs' durability,
+pins, sweeps, verification and backups.
+
+*Snapshot* (``txn.put_tree``): walk the directory (never following links),
+skip excluded paths and the store's own directory, and build the tree
+bottom-up. A regular file whose ``(size, mtime, ctime, inode)`` match the
+*stat cache* (``<store>/cache/stat-<hash of the directory's path>``) is not
+read: its hash comes from the cache and its blob is pinned if it is still
+present. Every other file is streamed into the blob store with ``fstat``
+before and after; a file whose stat changed, or (when its mtime is within
+:data:`RACY_NS` of now, where one clock tick could hide a write) whose
+content hashes differently on a second read, is read again, up to
+:data:`READ_ATTEMPTS` times, then :class:`~agentwal.errors.TreeSourceError`.
+A cache entry is trusted only when its mtime was :data:`RACY_NS` older
+than the moment it was recorded (git's "racy clean" rule), so a write in
+the same clock tick as a snapshot is never missed. Directory objects and
+the root object are stored with ``put_bytes`` (nothing is written for one
+already present). Everything stored is pinned for the transaction; if the
+walk fails, the pins are dropped and nothing is committed.
+
+Crash windows of a snapshot (failpoints in brackets): before the commit is
+durable, every blob it wrote is garbage (``blobs.py``) and the store is at
+its *before* [``tree_after_file``, ``tree_after_dirs``]; the cache file is
+replaced by rename and is only a hint (a torn or stale one costs reads).
+
+*Restore* (``store.restore_tree``): load and check every directory object
+first (an unsafe name raises ``UnsafeTreeError`` before anything is
+written) and pin every blob of the tree, then make ``dest`` equal to it,
+directory by directory through directory file descriptors opened with
+``O_NOFOLLOW`` (so no link on disk, planted or stale, is ever followed). A
+file whose stat-cache entry or content already matches is left alone;
+others are written to ``.awtmp-<random>`` in their directory, fsynced, and
+renamed over the name [``restore_after_write``, ``restore_after_rename``];
+entries the tree lacks are removed unless excluded [``restore_after_remove``];
+each changed directory is fsynced. A crash leaves every file whole (its old
+or its new content) and temp files that the next restore removes: running
+the restore again finishes it.
+
+It must not decide what is committed, nor touch LMDB or the WAL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+
+from . import failpoints
+from .blobs import CHUNK, BlobMissing, BlobStore
+from .codec import CodecError, loads
+from .errors import (
+    BlobSourceError,
+    CorruptionError,
+    DiskFullError,
+    Error,
+    RestoreError,
+    TreeSourceError,
+)
+from .format import CACHE_DIR, TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
+from .io import DISK_FULL_ERRNOS
+from .tree import (
+    Entry,
+    IgnoreRules,
+    Leaf,
+    Root,
+    decode_dir,
+    decode_root,
+    diff_listings,
+    encode_dir,
+    encode_root,
+    join,
+    leaf,
+    walk_entries,
+)
+from .types import BlobRef, TreeDiff
+
+__all__ = ["READ_ATTEMPTS", "RACY_NS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
+           "TreeStore"]
+
+#: A file modified less than this before it was looked at may change again
+#: within the same timestamp tick (2 s covers the coarsest file systems).
+RACY_NS = 2_000_000_000
+#: Reads of a file that keeps changing before put_tree gives up.
+READ_ATTEMPTS = 3
+#: Name prefix of restore's temp files (removed by the next restore).
+TMP_PREFIX = ".awtmp-"
+_GITIGNORE_FILE = ".gitignore"
+_CACHE_MAGIC = "awstat"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
+    os, "O_NOCTTY", 0)
+
+
+def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+# -- the stat cache --------------------------------------------------------------------
+
+
+class StatCache:
+    """``relpath -> (size, mtime, ctime, inode, sha256, recorded)`` for one directory.
+
+    A hint, never state: a missing, torn or stale file is an empty cache.
+    The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
+    """
+
+    def __init__(self, path: str | None, top: str) -> None:
+        self.path = path
+        self.top = top
+        self.entries: dict[bytes, list[Any]] = {}
+        self.seen: dict[bytes, list[Any]] = {}
+        if path is not None:
+            self._load()
+
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return
+        body = data[16:]
+        if hashlib.sha256(body).digest()[:16] != data[:16]:
+            return
+        try:
+            obj = loads(body)
+        except CodecError:
+            return
+        if (isinstance(obj, list) and len(obj) == 3 and obj[0] == _CACHE_MAGIC
+                and obj[1] == self.top and isinstance(obj[2], dict)):
+            self.entries = obj[2]
+
+    def lookup(self, rel: str, st: os.stat_result) -> tuple[str, bool] | None:
+        """``(sha256, trusted)`` if the entry matches ``st`` (trusted: not racy)."""
+        e = self.entries.get(os.fsencode(rel))
+        if not isinstance(e, list) or len(e) != 6 or e[:4] != list(_sig(st)):
+            return None
+        if not isinstance(e[4], bytes) or len(e[4]) != 32:
+            return None
+        return e[4].hex(), e[5] - st.st_mtime_ns >= RACY_NS
+
+    def record(self, rel: str, st: os.stat_result, sha: str, now: int) -> None:
+        self.seen[os.fsencode(rel)] = [*_sig(st), bytes.fromhex(sha), now]
+
+    def save(self, *, merge: bool = False) -> None:
+        """Write what was recorded (``merge``: over the loaded entries) ; errors are ignored."""
+        if self.path is None:
+            return
+        entries = {**self.entries, **self.seen} if merge else self.seen
+        body = bytes(cbor2.dumps([_CACHE_MAGIC, self.top, entries]))
+        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(hashlib.sha256(body).digest()[:16] + body)
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SnapshotResult:
+    """What a snapshot stored: the root's reference, the pins to drop after the commit."""
+
+    ref: BlobRef
+    root: Root
+    pins: list[str]
+    files_read: int = 0
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What ``store.restore_tree`` did.
+
+    Attributes:
+        written: files and links written (new or changed content).
+        removed: entries removed (files, links, directories).
+        unchanged: files and links already right (a mode may have been fixed).
+        files: files and links in the tree.
+    """
+
+    written: int
+    removed: int
+    unchanged: int
+    files: int
+
+
+@dataclass(slots=True)
+class _Counts:
+    written: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    pins: list[str] = field(default_factory=list)
+
+
+# -- the engine ------------------------------------------------------------------------
+
+
+class TreeStore:
+    """Trees of one store: snapshot, load, restore, expand (for sweeps and verify), diff.
+
+    Args:
+        blobs: the store's blob store.
+        store_dir: the store directory (never snapshotted, never removed by a restore).
+        readonly: a read-only store writes no cache.
+    """
+
+    def __init__(self, blobs: BlobStore, store_dir: str, *, readonly: bool = False) -> None:
+        self.blobs = blobs
+        self.store_dir = os.path.realpath(store_dir)
+        self.readonly = readonly
+
+    def _cache(self, top: str) -> StatCache:
+        if self.readonly:
+            return StatCache(None, top)
+        name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
+        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top)
+
+    # -- snapshot --------------------------------------------------------------------
+
+    def snapshot(self, path: str | os.PathLike[str], patterns: tuple[str, ...],
+                 gitignore: bool) -> SnapshotResult:
+        """Store the tree at ``path`` and pin all of it; see the module's theory.
+
+        Raises:
+            TreeSourceError: ``path`` is not a readable directory, a file
+                cannot be read or kept changing.
+            DiskFullError, DurabilityError: from the blob store.
+        """
+        top = _top(path)
+        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore)
+        try:
+            sha, size = snap.directory(top, "", snap.rules)
+            root = Root(sha, size, snap.files, snap.bytes, patterns, gitignore)
+            ref = self.blobs.put_bytes(encode_root(root))
+            snap.pins.append(ref.sha256)
+            failpoints.hit("tree_after_dirs")
+        except BaseException:
+            self.blobs.unpin(snap.pins)
+            raise
+        snap.cache.save()
+        return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), root, snap.pins,
+                              snap.files_read, snap.bytes_read)
+
+    # -- loading ---------------------------------------------------------------------
+
+    def read_object(self, sha: str, size: int) -> bytes:
+        """The bytes of one tree object, hash-checked.
+
+        Raises:
+            CorruptionError: missing, damaged, or unreadable.
+        """
+        try:
+            with self.blobs.open(BlobRef(sha, size)) as r:
+                return r.readall()
+        except BlobMissing as exc:
+            raise CorruptionError(exc.path, None, f"the tree object {sha} is missing",
+                                  "Restore the blob file from a backup (its name is its "
+                                  "SHA-256).") from None
+
+    def load(self, ref: BlobRef) -> tuple[Root, dict[str, list[Entry]]]:
+        """The root and every directory object of the tree ``ref`` names, all checked.
+
+        Raises:
+            UnsafeTreeError: an entry could escape its directory.
+            CorruptionError: an object is missing, damaged or malformed.
+        """
+        root = self._root(ref)
+        dirs: dict[str, list[Entry]] = {}
+        todo = [(root.sha256, root.size, "")]
+        while todo:
+            sha, size, where = todo.pop()
+            if sha in dirs:
+                continue
+            dirs[sha] = entries = self._dir(sha, size, where)
+            todo.extend((e.sha256, e.size, join(where, e.name)) for e in entries
+                        if e.kind == TREE_DIR)
+        return root, dirs
+
+    def _root(self, ref: BlobRef) -> Root:
+        data = self.read_object(ref.sha256, ref.size)
+        try:
+            return decode_root(data)
+        except CodecError as exc:
+            raise CorruptionError(self._path(ref.sha256), None, str(exc)) from None
+
+    def _dir(self, sha: str, size: int, where: str) -> list[Entry]:
+        data = self.read_object(sha, size)
+        try:
+            return decode_dir(data, where)
+        except CodecError as exc:
+            raise CorruptionError(self._path(sha), None, str(exc)) from None
+
+    def _path(self, sha: str) -> str:
+        return os.path.join(self.blobs.root, sha[:2], sha[2:])
+
+    def listing(self, ref: BlobRef) -> dict[str, Leaf]:
+        """``{path: (kind, perm, sha256 or target, size)}`` of every file and link of a tree."""
+        root, dirs = self.load(ref)
+        return {p: leaf(e) for p, e in walk_entries(dirs, root.sha256)}
+
+    def diff(self, old: BlobRef | None, new: BlobRef | None) -> TreeDiff:
+        """File-level changes from tree ``old`` (None: empty) to tree ``new``."""
+        return diff_listings({} if old is None else self.listing(old),
+                             {} if new is None else self.listing(new))
+
+    def expand(self, refs: Iterable[BlobRef], problems: list[tuple[str, str]] | None = None
+               ) -> set[BlobRef]:
+        """``refs`` plus every object and file blob the trees among them name.
+
+        Args:
+            refs: blob references; those with the tree media type are expanded.
+            problems: None raises at the first damaged object (a sweep must
+                not guess); a list collects ``(path, reason)`` and goes on.
+
+        Raises:
+            CorruptionError: (``problems`` None) a tree object is missing or damaged.
+        """
+        out: set[BlobRef] = set()
+        seen: set[str] = set()
+        for ref in refs:
+            out.add(ref)
+            if ref.media_type != TREE_MEDIA_TYPE or ref.sha256 in seen:
+                continue
+            seen.add(ref.sha256)
+            try:
+                root = self._root(ref)
+            except CorruptionError as exc:
+                if problems is None:
+                    raise
+                problems.append((exc.path, exc.reason))
+                continue
+            todo = [(root.sha256, root.size, "")]
+            while todo:
+                sha, size, where = todo.pop()
+                out.add(BlobRef(sha, size))
+                if sha in seen:
+                    continue
+                seen.add(sha)
+                try:
+                    entries = self._dir(sha, size, where)
+                except CorruptionError as exc:
+                    if problems is None:
+                        raise
+                    problems.append((exc.path, exc.reason))
+                    continue
+                for e in entries:
+                    if e.kind == TREE_DIR:
+                        todo.append((e.sha256, e.size, join(where, e.name)))
+                    elif e.kind == TREE_FILE:
+                        out.add(BlobRef(e.sha256, e.size))
+        return out
+
+    # -- restore ---------------------------------------------------------------------
+
+    def restore(self, ref: BlobRef, dest: str | os.PathLike[str]) -> RestoreReport:
+        """Make ``dest`` exactly the tree ``ref`` names; see the module's theory.
+
+        Raises:
+            UnsafeTreeError: the stored tree has an unsafe entry (nothing written).
+            CorruptionError: a tree object or file blob is missing or damaged.
+            RestoreError: ``dest`` cannot be written (run it again once fixed).
+            DiskFullError: no room (run it again once there is).
+        """
+        root, dirs = self.load(ref)
+        counts = _Counts()
+        try:
+            self._pin_all(ref, root, dirs, counts.pins)
+            top = _make_dest(dest)
+            cache = self._cache(top)
+            restorer = _Restorer(self, top, cache, dirs, root, counts)
+            try:
+                fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                raise _restore_error(exc, top) from None
+            try:
+                restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
+            finally:
+                os.close(fd)
+            cache.save(merge=True)
+        finally:
+            self.blobs.unpin(counts.pins)
+        return RestoreReport(counts.written, counts.removed, counts.unchanged, root.files)
+
+    def _pin_all(self, ref: BlobRef, root: Root, dirs: dict[str, list[Entry]],
+                 pins: list[str]) -> None:
+        wanted = {(ref.sha256, ref.size), (root.sha256, root.size)}
+        for entries in dirs.values():
+            wanted.update((e.sha256, e.size) for e in entries if e.kind != TREE_LINK)
+        order = sorted(wanted)
+        got = self.blobs.pin_present(order)
+        pins.extend(sha for (sha, _size), ok in zip(order, got, strict=True) if ok)
+        missing = [sha for (sha, _size), ok in zip(order, got, strict=True) if not ok]
+        if missing:
+            raise CorruptionError(self._path(missing[0]), None,
+                                  f"the blob file {missing[0]} of the tree is missing",
+                                  "Nothing was written. Restore the blob file from a backup "
+                                  "(its name is its SHA-256).")
+
+    def open_file(self, ref: BlobRef, parts: list[str], relpath: str) -> Any:
+        """A verified reader of the file at ``parts`` in tree ``ref``; None if it is not one."""
+        root = self._root(ref)
+        sha, size, where = root.sha256, root.size, ""
+        for i, name in enumerate(parts):
+            entries = self._dir(sha, size, where)
+            want = os.fsencode(name)
+            e = next((e for e in entries if e.name == want), None)
+            last = i == len(parts) - 1
+            if e is None:
+                return "is not in the tree"
+            if not last:
+                if e.kind != TREE_DIR:
+                    return f"is not in the tree ({join(where, name)!r} is not a directory)"
+                sha, size, where = e.sha256, e.size, join(where, name)
+                continue
+            if e.kind == TREE_DIR:
+                return "is a directory of the tree"
+            if e.kind == TREE_LINK:
+                return f"is a symbolic link to {os.fsdecode(e.target)!r} in the tree"
+            try:
+                return self.blobs.open(BlobRef(e.sha256, e.size))
+            except BlobMissing as exc:
+                raise CorruptionError(exc.path, None, f"the blob file of {relpath!r} is "
+                                      "missing", "Restore the blob file from a backup (its "
+                                      "name is its SHA-256).") from None
+        return "is not in the tree"
+
+    def status(self, ref: BlobRef | None, path: str | os.PathLike[str],
+               patterns: tuple[str, ...], gitignore: bool) -> TreeDiff:
+        """What differs on disk at ``path`` from tree ``ref``, storing nothing."""
+        top = _top(path)
+        if ref is not None:
+            root = self._root(ref)
+            patterns, gitignore = root.exclude, root.gitignore
+        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
+                        store=False)
+        snap.directory(top, "", snap.rules)
+        return diff_listings({} if ref is None else self.listing(ref), snap.listing)
+
+
+def _top(path: str | os.PathLike[str]) -> str:
+    try:
+        top = os.path.realpath(os.fspath(path))
+    except (TypeError, ValueError) as exc:
+        raise TreeSourceError(repr(path), str(exc)) from None
+    if not os.path.isdir(top):
+        raise TreeSourceError(top, "it is not a directory" if os.path.exists(top)
+                              else "it does not exist")
+    return top
+
+
+def _make_dest(dest: str | os.PathLike[str]) -> str:
+    try:
+        top = os.path.realpath(os.fspath(dest))
+        os.makedirs(top, exist_ok=True)
+    except (TypeError, ValueError) as exc:
+        raise RestoreError(repr(dest), str(exc)) from None
+    except OSError as exc:
+        raise _restore_error(exc, os.fspath(dest)) from None
+    return top
+
+
+def _restore_error(exc: OSError, path: str) -> Error:
+    if exc.errno in DISK_FULL_ERRNOS:
+        return DiskFullError(path, f"no room to restore {path!r} ({exc.strerror or exc}); the "
+                             "files written so far are whole. Free some space and run "
+                             "restore_tree again.")
+    return RestoreError(path, exc.strerror or str(exc))
+
+
+def _read_lines(data: bytes) -> list[str]:
+    return data.decode("utf-8", "surrogateescape").splitlines()
+
+
+# -- walking a directory (snapshot and status) -----------------------------------------
+
+
+class _Snapper:
+    def __init__(self, trees: TreeStore, top: str, cache: StatCache, rules: IgnoreRules,
+                 gitignore: bool, *, store: bool = True) -> None:
+        self.trees = trees
+        self.blobs = trees.blobs
+        self.top = top
+        self.cache = cache
+        self.rules = rules
+        self.gitignore = gitignore
+        self.store = store  # False: only hash (status), keep a listing
+        self.pins: list[str] = []
+        self.listing: dict[str, Leaf] = {}
+        self.files = self.bytes = self.files_read = self.bytes_read = 0
+
+    def directory(self, path: str, rel: str, rules: IgnoreRules) -> tuple[str, int]:
+        try:
+            with os.scandir(path) as it:
+                items = sorted(it, key=lambda d: os.fsencode(d.name))
+        except OSError as exc:
+            raise TreeSourceError(path, f"cannot list it: {exc.strerror or exc}") from None
+        if self.gitignore:
+            gi = next((d for d in items if d.name == _GITIGNORE_FILE), None)
+            if gi is not None and gi.is_file(follow_symlinks=False):
+                try:
+                    with open(gi.path, "rb") as f:
+                        rules = rules.extended(_read_lines(f.read()), rel)
+                except OSError as exc:
+                    raise TreeSourceError(gi.path, f"cannot read it: {exc.strerror or exc}"
+                                          ) from None
+        entries: list[Entry] = []
+        cached: list[tuple[os.DirEntry[str], str, os.stat_result, str]] = []
+        for d in items:
+            crel = join(rel, d.name)
+            try:
+                st = d.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed meanwhile: not in this snapshot
+            except OSError as exc:
+                raise TreeSourceError(d.path, f"cannot stat it: {exc.strerror or exc}"
+                                      ) from None
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if ((self.gitignore and d.name == ".git") or rules.ignored(crel, is_dir)
+                    or (is_dir and os.path.join(path, d.name) == self.trees.store_dir)):
+                continue
+            name = os.fsencode(d.name)
+            if is_dir:
+                sha, size = self.directory(d.path, crel, rules)
+                entries.append(Entry(name, TREE_DIR, 0, sha, size))
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(os.fsencode(d.path))
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise TreeSourceError(d.path, f"cannot read the link: "
+                                          f"{exc.strerror or exc}") from None
+                e = Entry(name, TREE_LINK, 0, "", len(target), target)
+                self._count(crel, e)
+                entries.append(e)
+            elif stat.S_ISREG(st.st_mode):
+                hit = self.cache.lookup(crel, st)
+                if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
+                    cached.append((d, crel, st, hit[0]))
+                    continue
+                e2 = self._file(d.path, crel, name)
+                if e2 is not None:
+                    entries.append(e2)
+            # sockets, FIFOs and devices are not stored
+        entries.extend(self._cached(cached))
+        data = encode_dir(entries)
+        if not self.store:
+            return hashlib.sha256(data).hexdigest(), len(data)
+        ref = self.blobs.put_bytes(data)
+        self.pins.append(ref.sha256)
+        return ref.sha256, ref.size
+
+    def _count(self, rel: str, e: Entry) -> None:
+        self.files += 1
+        self.bytes += e.size if e.kind == TREE_FILE else 0
+        if not self.store:
+            self.listing[rel] = leaf(e)
+
+    def _cached(self, cached: list[tuple[os.DirEntry[str], str, os.stat_result, str]]
+                ) -> Iterator[Entry]:
+        """Entries of the files the cache vouched for (read again if their blob is gone)."""
+        if not cached:
+            return
+        present = ([True] * len(cached) if not self.store else
+                   self.blobs.pin_present([(sha, st.st_size) for _d, _r, st, sha in cached]))
+        now = time.time_ns()
+        for (d, rel, st, sha), ok in zip(cached, present, strict=True):
+            name = os.fsencode(d.name)
+            if ok:
+                if self.store:
+                    self.pins.append(sha)
+                e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
+                self.cache.record(rel, st, sha, now)
+                self._count(rel, e)
+                yield e
+            else:
+                e2 = self._file(d.path, rel, name)
+                if e2 is not None:
+                    yield e2
+
+    def _file(self, path: str, rel: str, name: bytes) -> Entry | None:
+        """Read one file into the blob store (or only hash it), consistently; None if gone."""
+        for _attempt in range(READ_ATTEMPTS):
+            try:
+                fd = os.open(path, _READ_FLAGS)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return None  # became a link meanwhile: seen at the next snapshot
+                raise TreeSourceError(path, f"cannot open it: {exc.strerror or exc}") from None
+            try:
+                got = self._read_once(fd, path)
+            finally:
+                os.close(fd)
+            if got is None:
+                continue
+            sha, st = got
+            now = time.time_ns()
+            self.cache.record(rel, st, sha, now)
+            e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
+            self._count(rel, e)
+            self.files_read += 1
+            self.bytes_read += st.st_size
+            failpoints.hit("tree_after_file")
+            return e
+        raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
+                              "attempts)")
+
+    def _read_once(self, fd: int, path: str) -> tuple[str, os.stat_result] | None:
+        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed."""
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise TreeSourceError(path, "it is no longer a regular file")
+        stream = io.FileIO(fd, closefd=False)
+        try:
+            if self.store:
+                sha, size = self._put(stream, path)
+            else:
+                sha, size = _hash_fd(fd)
+        except OSError as exc:
+            raise TreeSourceError(path, f"cannot read it: {exc.strerror or exc}") from None
+        after = os.fstat(fd)
+        ok = _sig(before) == _sig(after) and size == after.st_size
+        if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
+            ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
+        if not ok and self.store:
+            self.pins.remove(sha)
+            self.blobs.unpin([sha])
+        return (sha, after) if ok else None
+
+    def _put(self, stream: io.FileIO, path: str) -> tuple[str, int]:
+        try:
+            ref = self.blobs.put(stream)
+        except BlobSourceError as exc:
+            raise TreeSourceError(path, exc.reason) from None
+        self.pins.append(ref.sha256)  # dropped by _read_once if the read was not consistent
+        return ref.sha256, ref.size
+
+    def __repr__(self) -> str:
+        return f"<_Snapper {self.top!r}>"
+
+
+def _hash_fd(fd: int) -> tuple[str, int]:
+    h = hashlib.sha256()
+    offset = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, offset)
+        if not chunk:
+            return h.hexdigest(), offset
+        h.update(chunk)
+        offset += len(chunk)
+
+
+def _hashes_to(path: str, sha: str) -> bool:
+    """Whether the file at ``path`` has content hash ``sha`` (a racy cache entry's check)."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return False
+    try:
+        return _hash_fd(fd)[0] == sha
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+# -- restoring a directory -------------------------------------------------------------
+
+
+class _Restorer:
+    def __init__(self, trees: TreeStore, top: str, cache: StatCache,
+                 dirs: dict[str, list[Entry]], root: Root, counts: _Counts) -> None:
+        self.trees = trees
+        self.top = top
+        self.cache = cache
+        self.dirs = dirs
+        self.gitignore = root.gitignore
+        self.counts = counts
+
+    def directory(self, fd: int, rel: str, sha: str, rules: IgnoreRules) -> None:
+        entries = self.dirs[sha]
+        if self.gitignore:
+            gi = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
+                      None)
+            if gi is not None:
+                rules = rules.extended(_read_lines(self.trees.read_object(gi.sha256, gi.size)),
+                                       rel)
+        try:
+            with os.scandir(fd) as it:
+                present = {d.name: d for d in it}
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        changed = False
+        wanted = {os.fsdecode(e.name) for e in entries}
+        for name, d in present.items():
+            if name in wanted:
+                continue
+            crel = join(rel, name)
+            if name.startswith(TMP_PREFIX):
+                changed |= self._remove(fd, name, crel, None)
+                continue
+            is_dir = d.is_dir(follow_symlinks=False)
+            if self._kept(crel, name, is_dir, rules):
+                continue
+            changed |= self._remove(fd, name, crel, rules)
+        for e in entries:
+            name = os.fsdecode(e.name)
+            crel = join(rel, name)
+            try:
+                st: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            except OSError as exc:
+                raise _restore_error(exc, self._abs(crel)) from None
+            if e.kind == TREE_DIR:
+                changed |= self._dir(fd, name, crel, e, st, rules)
+            elif e.kind == TREE_LINK:
+                changed |= self._link(fd, name, crel, e, st)
+            else:
+                changed |= self._file(fd, name, crel, e, st)
+        if changed:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise _restore_error(exc, self._abs(rel)) from None
+
+    def _abs(self, rel: str) -> str:
+        return os.path.join(self.top, rel) if rel else self.top
+
+    def _kept(self, rel: str, name: str, is_dir: bool, rules: IgnoreRules) -> bool:
+        """An entry the tree lacks that the restore leaves alone (excluded, or the store)."""
+        if (self.gitignore and name == ".git") or rules.ignored(rel, is_dir):
+            return True
+        return is_dir and os.path.join(self.top, rel) == self.trees.store_dir
+
+    def _dir(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None,
+             rules: IgnoreRules) -> bool:
+        changed = False
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            changed |= self._remove(fd, name, rel, None)
+            st = None
+        try:
+            if st is None:
+                os.mkdir(name, 0o777, dir_fd=fd)
+                changed = True
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        try:
+            self.directory(sub, rel, e.sha256, rules)
+        finally:
+            os.close(sub)
+        return changed
+
+    def _link(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
+        bname = os.fsencode(name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                if os.readlink(bname, dir_fd=fd) == e.target:
+                    self.counts.unchanged += 1
+                    return False
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            self._remove(fd, name, rel, None)
+        tmp = TMP_PREFIX + uuid.uuid4().hex
+        try:
+            os.symlink(e.target, os.fsencode(tmp), dir_fd=fd)
+            failpoints.hit("restore_after_write")
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise _restore_error(exc, self._abs(rel)) from None
+        failpoints.hit("restore_after_rename")
+        self.counts.written += 1
+        return True
+
+    def _file(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
+        if st is not None and stat.S_ISREG(st.st_mode) and self._same(fd, name, rel, e, st):
+            if st.st_mode & 0o777 != e.perm:
+                self._chmod(fd, name, rel, e.perm)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            self.cache.record(rel, st, e.sha256, time.time_ns())
+            self.counts.unchanged += 1
+            return False
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            self._remove(fd, name, rel, None)
+        tmp = TMP_PREFIX + uuid.uuid4().hex
+        try:
+            wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=fd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        try:
+            try:
+                self._copy_into(wfd, e)
+                failpoints.hit("restore_after_write")
+                os.fchmod(wfd, e.perm)
+                os.fsync(wfd)
+            finally:
+                os.close(wfd)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            if isinstance(exc, OSError):
+                raise _restore_error(exc, self._abs(rel)) from None
+            raise
+        failpoints.hit("restore_after_rename")
+        with contextlib.suppress(OSError):
+            self.cache.record(rel, os.stat(name, dir_fd=fd, follow_symlinks=False), e.sha256,
+                              time.time_ns())
+        self.counts.written += 1
+        return True
+
+    def _copy_into(self, wfd: int, e: Entry) -> None:
+        try:
+            reader = self.trees.blobs.open(BlobRef(e.sha256, e.size))
+        except BlobMissing as exc:
+            raise CorruptionError(exc.path, None, "a file blob of the tree is missing") from None
+        with reader:
+            while True:
+                chunk = reader.read(CHUNK)  # CorruptionError at the end if damaged
+                if not chunk:
+                    return
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(wfd, view):]
+
+    def _same(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result) -> bool:
+        """Whether the file on disk already has the entry's content (cache, else hash)."""
+        if st.st_size != e.size:
+            return False
+        hit = self.cache.lookup(rel, st)
+        if hit is not None and hit[1]:
+            return hit[0] == e.sha256
+        try:
+            rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
+        except OSError:
+            return False
+        try:
+            return _hash_fd(rfd)[0] == e.sha256
+        except OSError:
+            return False
+        finally:
+            os.close(rfd)
+
+    def _chmod(self, fd: int, name: str, rel: str, perm: int) -> None:
+        try:
+            rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
+            try:
+                os.fchmod(rfd, perm)
+            finally:
+                os.close(rfd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+
+    def _remove(self, fd: int, name: str, rel: str, rules: IgnoreRules | None) -> bool:
+        """Remove ``name`` (a directory: what it holds that is not excluded, then itself)."""
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=fd)
+                failpoints.hit("restore_after_remove")
+                self.counts.removed += 1
+                return True
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                with os.scandir(sub) as it:
+                    inner = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+                kept = False
+                for child, is_dir in inner:
+                    crel = join(rel, child)
+                    if rules is not None and self._kept(crel, child, is_dir, rules):
+                        kept = True
+                    else:
+                        self._remove(sub, child, crel, rules)
+                if inner:
+                    os.fsync(sub)
+            finally:
+                os.close(sub)
+            if kept:
+                return False
+            os.rmdir(name, dir_fd=fd)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        failpoints.hit("restore_after_remove")
+        self.counts.removed += 1
+        return True
+
