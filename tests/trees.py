@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Union
 
 #: A directory as data: ``{relpath: bytes (a 0644 file) | ("x", bytes) (0755)
 #: | ("l", target) | ("d",) (a directory, needed only when empty)}``.
-Spec = dict[str, Union[bytes, tuple[str, bytes], tuple[str]]]
+Spec = dict[str, bytes | tuple[str, bytes] | tuple[str]]
 
 
 def build(root: str, spec: Spec) -> None:
@@ -32,7 +31,7 @@ def build(root: str, spec: Spec) -> None:
 
 
 def read(root: str, skip: tuple[str, ...] = ()) -> dict[str, object]:
-    """``root`` as ``{relpath: ("f", perm, bytes) | ("l", target) | ("d",)}`` (no links followed)."""
+    """``root`` as ``{relpath: ("f", perm, bytes) | ("l", target) | ("d",)}``, links unfollowed."""
     out: dict[str, object] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)

@@ -263,6 +263,7 @@ def test_a_file_that_keeps_changing_fails_the_call_and_commits_nothing(
     target = Path(src, "src/pkg/mod.py")
     put(store, src)
     old = store.get("r", "ws")
+    target.write_bytes(b"a new version, to be read")
 
     def scribble(_name: str) -> None:
         with open(target, "ab") as f:
@@ -484,7 +485,7 @@ def test_verify_checks_every_tree_object_and_file(store: agentwal.Store, src: st
     with open(p, "r+b") as f:
         f.write(b"P")
     bad = store.verify()
-    assert not bad.ok and any(victim[2:] in pr.path for pr in bad.problems)
+    assert not bad.ok and any(victim[2:] in pr.file for pr in bad.problems)
 
 
 def test_verify_reports_a_missing_tree_object_and_checks_the_rest(store: agentwal.Store,
@@ -496,7 +497,7 @@ def test_verify_reports_a_missing_tree_object_and_checks_the_rest(store: agentwa
     os.remove(os.path.join(store.path, "blobs", sub.sha256[:2], sub.sha256[2:]))
     report = store.verify()
     assert not report.ok
-    assert any("missing" in pr.reason for pr in report.problems)
+    assert any("missing" in pr.what for pr in report.problems)
     assert report.checked["blobs"] > 3
     with pytest.raises(agentwal.CorruptionError):
         store._sweep_blobs()  # a sweep does not guess what a missing object named
