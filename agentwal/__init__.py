@@ -61,7 +61,7 @@ from .store import Store, open
 from .tree import GITIGNORE
 from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeRef
+from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeFile, TreeRef
 from .verify import Problem, VerifyReport
 from .workspace import Workspace
 
@@ -123,6 +123,7 @@ __all__ = [
     "RestoreError",
     "RestoreReport",
     "TreeDiff",
+    "TreeFile",
     "TreePathError",
     "TreeRef",
     "TreeSourceError",

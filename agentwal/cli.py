@@ -31,6 +31,7 @@ import click
 from . import __version__
 from .effects import STATUSES
 from .errors import Error
+from .types import TreeFile, TreeRef
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +53,8 @@ def _jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, uuid.UUID)):
         return str(value)
+    if isinstance(value, TreeRef):
+        return {"$tree": value.sha256}
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return repr(value)
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -234,11 +237,25 @@ def show(path: str, run: str, keys: tuple[str, ...], at: int | None, as_json: bo
     """Show a run's latest committed state, or its state at a checkpoint (values as JSON)."""
     with _open_ro(path) as store:
         state = store.state(run, at=at)
-    if keys:
-        state = {k: state[k] for k in keys if k in state}
+        if keys:
+            state = {k: state[k] for k in keys if k in state}
+        trees = {k: store.list_tree(run, k, at=at) for k, v in state.items()
+                 if isinstance(v, TreeRef)}
+    for k, files in trees.items():  # a tree value shows as its file listing
+        state[k] = {"$tree": state[k].sha256, "files": [_tree_file(f) for f in files]}
+
     def human() -> None:
         for k, v in state.items():
-            click.echo(f"{k}: {json.dumps(_jsonable(v), sort_keys=True)}")
+            if k not in trees:
+                click.echo(f"{k}: {json.dumps(_jsonable(v), sort_keys=True)}")
+                continue
+            files = trees[k]
+            click.echo(f"{k}: tree {v['$tree'][:12]}, {len(files)} files, "
+                       f"{sum(f.size for f in files if f.kind == 'file')} bytes")
+            for f in files:
+                what = f"-> {f.target}" if f.kind == "link" else f"{f.size} B"
+                click.echo(f"  {f.mode:04o} {f.path}  {what}" if f.kind == "file"
+                           else f"  link {f.path}  {what}")
 
     _emit(as_json, state, human)
 
@@ -623,9 +640,15 @@ def diff(path: str, run: str, a: int, b: int, as_json: bool) -> None:
         d = store.diff(run, a, b)
     data = {"added": d.added, "removed": d.removed,
             "changed": {k: {"from": old, "to": new} for k, (old, new) in d.changed.items()}}
+    if d.trees:  # only then, so diffs of plain values read as before
+        data["trees"] = {k: {"added": t.added, "removed": t.removed,
+                             "modified": {p: {"from": o, "to": n} for p, (o, n)
+                                          in t.modified.items()}} for k, t in d.trees.items()}
 
     def human() -> None:
         def js(v: Any) -> str:
+            if isinstance(v, TreeRef):
+                return f"tree {v.sha256[:12]}"
             return json.dumps(_jsonable(v), sort_keys=True)
 
         for k, v in d.added.items():
@@ -634,8 +657,54 @@ def diff(path: str, run: str, a: int, b: int, as_json: bool) -> None:
             click.echo(f"- {k}: {js(v)}")
         for k, (old, new) in d.changed.items():
             click.echo(f"~ {k}: {js(old)} -> {js(new)}")
+        for k, t in d.trees.items():
+            click.echo(f"files of {k}: {len(t.added)} added, {len(t.removed)} removed, "
+                       f"{len(t.modified)} modified")
+            for p, size in t.added.items():
+                click.echo(f"  + {p} ({size} B)")
+            for p, size in t.removed.items():
+                click.echo(f"  - {p} ({size} B)")
+            for p, (o, n) in t.modified.items():
+                click.echo(f"  ~ {p} ({o} -> {n} B)")
         if not d:
             click.echo(f"no change from checkpoint {a} to {b}")
+
+    _emit(as_json, data, human)
+
+
+def _tree_file(f: TreeFile) -> dict[str, Any]:
+    """One file of a tree listing as JSON."""
+    out: dict[str, Any] = {"path": f.path, "kind": f.kind, "size": f.size}
+    if f.kind == "file":
+        out.update(mode=f"{f.mode:04o}", sha256=f.sha256)
+    else:
+        out["target"] = f.target
+    return out
+
+
+@main.command()
+@store_argument
+@click.argument("run")
+@click.argument("key")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--at", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="Restore the tree of checkpoint ID instead of the latest.")
+@json_option
+@reports_errors
+def restore(path: str, run: str, key: str, dest: str, at: int | None, as_json: bool) -> None:
+    """Make directory DEST exactly the tree KEY of RUN holds (stored with txn.put_tree).
+
+    Changed files are written atomically; files the tree lacks are removed
+    (paths its exclude rules match are left alone). Opens the store
+    read-only. Run it again to finish a restore that was interrupted.
+    """
+    with _open_ro(path) as store:
+        report = store.restore_tree(run, key, dest, at=at)
+    data = dataclasses.asdict(report)
+
+    def human() -> None:
+        click.echo(f"restored {report.files} files into {dest}: {report.written} written, "
+                   f"{report.removed} removed, {report.unchanged} unchanged")
 
     _emit(as_json, data, human)
 

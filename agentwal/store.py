@@ -125,7 +125,16 @@ from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .tree import exclude_spec, split_relpath
 from .treeio import RestoreReport, TreeStore
 from .txn import Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeRef, check_key
+from .types import (
+    BlobRef,
+    Checkpoint,
+    Diff,
+    Durability,
+    TreeDiff,
+    TreeFile,
+    TreeRef,
+    check_key,
+)
 from .verify import Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
 from .wal import Writer
@@ -1854,6 +1863,24 @@ class Store:
             raise TreePathError(relpath, got)
         assert isinstance(got, BlobReader)
         return got
+
+    def list_tree(self, run: str, key: str, *, at: int | None = None) -> list[TreeFile]:
+        """Every file and link of the tree ``key`` holds (latest, or at checkpoint ``at``).
+
+        Returns:
+            :class:`~agentwal.TreeFile` s sorted by path (directories are implied).
+
+        Raises:
+            NotATreeError, RunNotFoundError, CheckpointNotFoundError,
+            MissingKeyError, CorruptionError, InvalidKeyError, StoreClosedError.
+
+        Example::
+
+            for f in store.list_tree("agent", "workspace"):
+                print(f.path, f.size)
+        """
+        self._check_open()
+        return self._trees.files(self._tree_ref(run, key, at))
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
                      exclude: Any) -> TreeDiff:

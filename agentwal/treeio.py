@@ -87,7 +87,7 @@ from .tree import (
     leaf,
     walk_entries,
 )
-from .types import BlobRef, TreeDiff
+from .types import BlobRef, TreeDiff, TreeFile
 
 __all__ = ["READ_ATTEMPTS", "RACY_NS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
            "TreeStore"]
@@ -319,6 +319,13 @@ class TreeStore:
         """``{path: (kind, perm, sha256 or target, size)}`` of every file and link of a tree."""
         root, dirs = self.load(ref)
         return {p: leaf(e) for p, e in walk_entries(dirs, root.sha256)}
+
+    def files(self, ref: BlobRef) -> list[TreeFile]:
+        """Every file and link of a tree, sorted by path."""
+        root, dirs = self.load(ref)
+        return sorted((TreeFile(p, "link", 0, e.size, target=os.fsdecode(e.target))
+                       if e.kind == TREE_LINK else TreeFile(p, "file", e.perm, e.size, e.sha256)
+                       for p, e in walk_entries(dirs, root.sha256)), key=lambda f: f.path)
 
     def diff(self, old: BlobRef | None, new: BlobRef | None) -> TreeDiff:
         """File-level changes from tree ``old`` (None: empty) to tree ``new``."""

@@ -17,7 +17,7 @@ from .errors import InvalidKeyError
 from .format import MAX_MEDIA_TYPE_BYTES
 
 __all__ = ["MAX_KEY_BYTES", "Checkpoint", "Diff", "Durability", "check_key", "BlobRef",
-           "TreeDiff", "TreeRef", "check_media_type"]
+           "TreeDiff", "TreeFile", "TreeRef", "check_media_type"]
 
 #: Longest key or run id, in UTF-8 bytes.
 MAX_KEY_BYTES = 400
@@ -206,3 +206,24 @@ class TreeDiff:
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.modified)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFile:
+    """One file or link of a stored tree (``store.list_tree``).
+
+    Attributes:
+        path: its path from the tree's root, ``/``-separated.
+        kind: ``"file"`` or ``"link"``.
+        mode: a file's permission bits (``0o644``); 0 for a link.
+        size: a file's length, or a link target's.
+        sha256: a file's content hash (hex); "" for a link.
+        target: a link's target; "" for a file.
+    """
+
+    path: str
+    kind: str
+    mode: int
+    size: int
+    sha256: str = ""
+    target: str = ""
