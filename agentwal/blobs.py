@@ -518,6 +518,7 @@ class BlobStore:
                                      sync=True) from None
             finally:
                 self._synced(sha)
+            self._synced_fans.add(fan)  # every name in it now is durable
             failpoints.hit("blob_after_sync")
         except BaseException:
             self.unpin([sha])
@@ -553,23 +554,21 @@ class BlobStore:
         Raises:
             DurabilityError: a directory fsync failed (nothing stays pinned).
         """
-        got: list[bool] = []
-        pinned: list[str] = []
+        refs = list(refs)
         fans: set[str] = set()
         with self.gate.shared():
+            got = []
             for sha, size in refs:
                 try:
-                    ok = self._size_of(blob_path(self.root, sha)) == size
+                    got.append(self._size_of(blob_path(self.root, sha)) == size)
                 except OSError:
-                    ok = False
-                got.append(ok)
-                if ok:
-                    self._pin(sha)
-                    pinned.append(sha)
+                    got.append(False)
+            pinned = [sha for (sha, _size), ok in zip(refs, got, strict=True) if ok]
+            with self._lock:
+                for sha in pinned:
+                    self._pins[sha] += 1
                     fan = os.path.join(self.root, sha[:2])
-                    with self._lock:
-                        unsynced = sha in self._unsynced
-                    if unsynced or fan not in self._synced_fans:
+                    if sha in self._unsynced or fan not in self._synced_fans:
                         fans.add(fan)
         try:
             for fan in sorted(fans):

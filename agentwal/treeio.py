@@ -52,9 +52,11 @@ import hashlib
 import io
 import os
 import stat
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +91,7 @@ from .tree import (
 )
 from .types import BlobRef, TreeDiff, TreeFile
 
-__all__ = ["READ_ATTEMPTS", "RACY_NS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
+__all__ = ["READ_ATTEMPTS", "RACY_NS", "THREADS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
            "TreeStore"]
 
 #: A file modified less than this before it was looked at may change again
@@ -97,6 +99,11 @@ __all__ = ["READ_ATTEMPTS", "RACY_NS", "TMP_PREFIX", "RestoreReport", "SnapshotR
 RACY_NS = 2_000_000_000
 #: Reads of a file that keeps changing before put_tree gives up.
 READ_ATTEMPTS = 3
+#: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
+#: and memory stays under THREADS blob chunks.
+THREADS = 8
+#: A restore writes its queued files once this many directories (or files) wait.
+_QUEUED_DIRS, _QUEUED_FILES = 64, 256
 #: Name prefix of restore's temp files (removed by the next restore).
 TMP_PREFIX = ".awtmp-"
 _GITIGNORE_FILE = ".gitignore"
@@ -211,7 +218,6 @@ class _Counts:
     written: int = 0
     removed: int = 0
     unchanged: int = 0
-    pins: list[str] = field(default_factory=list)
 
 
 # -- the engine ------------------------------------------------------------------------
@@ -390,10 +396,9 @@ class TreeStore:
             RestoreError: ``dest`` cannot be written (run it again once fixed).
             DiskFullError: no room (run it again once there is).
         """
-        root, dirs = self.load(ref)
         counts = _Counts()
-        try:
-            self._pin_all(ref, root, dirs, counts.pins)
+        with self.blobs.gate.shared():  # no sweep removes a blob of the tree meanwhile
+            root, dirs = self.load(ref)
             top = _make_dest(dest)
             cache = self._cache(top)
             restorer = _Restorer(self, top, cache, dirs, root, counts)
@@ -403,27 +408,12 @@ class TreeStore:
                 raise _restore_error(exc, top) from None
             try:
                 restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
+                restorer.flush()
             finally:
                 os.close(fd)
+                restorer.close()
             cache.save(merge=True)
-        finally:
-            self.blobs.unpin(counts.pins)
         return RestoreReport(counts.written, counts.removed, counts.unchanged, root.files)
-
-    def _pin_all(self, ref: BlobRef, root: Root, dirs: dict[str, list[Entry]],
-                 pins: list[str]) -> None:
-        wanted = {(ref.sha256, ref.size), (root.sha256, root.size)}
-        for entries in dirs.values():
-            wanted.update((e.sha256, e.size) for e in entries if e.kind != TREE_LINK)
-        order = sorted(wanted)
-        got = self.blobs.pin_present(order)
-        pins.extend(sha for (sha, _size), ok in zip(order, got, strict=True) if ok)
-        missing = [sha for (sha, _size), ok in zip(order, got, strict=True) if not ok]
-        if missing:
-            raise CorruptionError(self._path(missing[0]), None,
-                                  f"the blob file {missing[0]} of the tree is missing",
-                                  "Nothing was written. Restore the blob file from a backup "
-                                  "(its name is its SHA-256).")
 
     def open_file(self, ref: BlobRef, parts: list[str], relpath: str) -> Any:
         """A verified reader of the file at ``parts`` in tree ``ref``; None if it is not one."""
@@ -503,7 +493,25 @@ def _read_lines(data: bytes) -> list[str]:
 # -- walking a directory (snapshot and status) -----------------------------------------
 
 
+@dataclass(slots=True)
+class _Node:
+    """One directory of a snapshot's walk, its entries filled in as the phases run."""
+
+    rel: str
+    depth: int
+    entries: list[Entry] = field(default_factory=list)
+    subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
+    pending: list[tuple[bytes, str, str]] = field(default_factory=list)  # name, path, rel
+    cached: list[tuple[bytes, str, str, os.stat_result, str]] = field(default_factory=list)
+    sha: str = ""
+    size: int = 0
+
+
 class _Snapper:
+    """A snapshot in four phases: walk (stat, links, cache lookups), pin the cache's
+    files, read the others (in a thread pool: their fsyncs overlap), then encode
+    every directory object deepest first and store them all at once (in the pool)."""
+
     def __init__(self, trees: TreeStore, top: str, cache: StatCache, rules: IgnoreRules,
                  gitignore: bool, *, store: bool = True) -> None:
         self.trees = trees
@@ -516,24 +524,37 @@ class _Snapper:
         self.pins: list[str] = []
         self.listing: dict[str, Leaf] = {}
         self.files = self.bytes = self.files_read = self.bytes_read = 0
+        self._lock = threading.Lock()
 
     def directory(self, path: str, rel: str, rules: IgnoreRules) -> tuple[str, int]:
+        """Snapshot the directory ``path``; returns its object's ``(sha256, size)``."""
+        nodes: list[_Node] = []
+        top = self._walk(path, rel, rules, 0, nodes)
+        self._pin_cached(nodes)
+        jobs = [(node, item) for node in nodes for item in node.pending]
+        with ThreadPoolExecutor(THREADS) as pool:
+            for (node, _item), e in zip(jobs, pool.map(lambda j: self._file(*j[1]), jobs),
+                                        strict=True):
+                if e is not None:
+                    node.entries.append(e)
+            # Every object's hash is known from its children's: encode them all, deepest
+            # first, in memory, then store them at once (their fsyncs overlap too).
+            objects = [self._encode_dir(n) for n in sorted(nodes, key=lambda n: -n.depth)]
+            if self.store:
+                self._put_objects(pool, objects)
+        return top.sha, top.size
+
+    def _walk(self, path: str, rel: str, rules: IgnoreRules, depth: int,
+              nodes: list[_Node]) -> _Node:
+        node = _Node(rel, depth)
+        nodes.append(node)
         try:
             with os.scandir(path) as it:
                 items = sorted(it, key=lambda d: os.fsencode(d.name))
         except OSError as exc:
             raise TreeSourceError(path, f"cannot list it: {exc.strerror or exc}") from None
         if self.gitignore:
-            gi = next((d for d in items if d.name == _GITIGNORE_FILE), None)
-            if gi is not None and gi.is_file(follow_symlinks=False):
-                try:
-                    with open(gi.path, "rb") as f:
-                        rules = rules.extended(_read_lines(f.read()), rel)
-                except OSError as exc:
-                    raise TreeSourceError(gi.path, f"cannot read it: {exc.strerror or exc}"
-                                          ) from None
-        entries: list[Entry] = []
-        cached: list[tuple[os.DirEntry[str], str, os.stat_result, str]] = []
+            rules = self._gitignore(items, rules, rel)
         for d in items:
             crel = join(rel, d.name)
             try:
@@ -549,8 +570,7 @@ class _Snapper:
                 continue
             name = os.fsencode(d.name)
             if is_dir:
-                sha, size = self.directory(d.path, crel, rules)
-                entries.append(Entry(name, TREE_DIR, 0, sha, size))
+                node.subdirs.append((name, self._walk(d.path, crel, rules, depth + 1, nodes)))
             elif stat.S_ISLNK(st.st_mode):
                 try:
                     target = os.readlink(os.fsencode(d.path))
@@ -561,53 +581,78 @@ class _Snapper:
                                           f"{exc.strerror or exc}") from None
                 e = Entry(name, TREE_LINK, 0, "", len(target), target)
                 self._count(crel, e)
-                entries.append(e)
+                node.entries.append(e)
             elif stat.S_ISREG(st.st_mode):
                 hit = self.cache.lookup(crel, st)
                 if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
-                    cached.append((d, crel, st, hit[0]))
-                    continue
-                e2 = self._file(d.path, crel, name)
-                if e2 is not None:
-                    entries.append(e2)
+                    node.cached.append((name, d.path, crel, st, hit[0]))
+                else:
+                    node.pending.append((name, d.path, crel))
             # sockets, FIFOs and devices are not stored
-        entries.extend(self._cached(cached))
-        data = encode_dir(entries)
-        if not self.store:
-            return hashlib.sha256(data).hexdigest(), len(data)
-        ref = self.blobs.put_bytes(data)
-        self.pins.append(ref.sha256)
-        return ref.sha256, ref.size
+        return node
 
-    def _count(self, rel: str, e: Entry) -> None:
-        self.files += 1
-        self.bytes += e.size if e.kind == TREE_FILE else 0
-        if not self.store:
-            self.listing[rel] = leaf(e)
+    def _gitignore(self, items: list[os.DirEntry[str]], rules: IgnoreRules,
+                   rel: str) -> IgnoreRules:
+        gi = next((d for d in items if d.name == _GITIGNORE_FILE), None)
+        if gi is None or not gi.is_file(follow_symlinks=False):
+            return rules
+        try:
+            with open(gi.path, "rb") as f:
+                return rules.extended(_read_lines(f.read()), rel)
+        except OSError as exc:
+            raise TreeSourceError(gi.path, f"cannot read it: {exc.strerror or exc}") from None
 
-    def _cached(self, cached: list[tuple[os.DirEntry[str], str, os.stat_result, str]]
-                ) -> Iterator[Entry]:
-        """Entries of the files the cache vouched for (read again if their blob is gone)."""
+    def _pin_cached(self, nodes: list[_Node]) -> None:
+        """Entries of the files the cache vouched for (to be read if their blob is gone)."""
+        cached = [(node, item) for node in nodes for item in node.cached]
         if not cached:
             return
-        present = ([True] * len(cached) if not self.store else
-                   self.blobs.pin_present([(sha, st.st_size) for _d, _r, st, sha in cached]))
+        present = ([True] * len(cached) if not self.store else self.blobs.pin_present(
+            [(sha, st.st_size) for _n, (_name, _p, _r, st, sha) in cached]))
         now = time.time_ns()
-        for (d, rel, st, sha), ok in zip(cached, present, strict=True):
-            name = os.fsencode(d.name)
-            if ok:
-                if self.store:
-                    self.pins.append(sha)
-                e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-                self.cache.record(rel, st, sha, now)
-                self._count(rel, e)
-                yield e
-            else:
-                e2 = self._file(d.path, rel, name)
-                if e2 is not None:
-                    yield e2
+        for (node, (name, path, rel, st, sha)), ok in zip(cached, present, strict=True):
+            if not ok:
+                node.pending.append((name, path, rel))
+                continue
+            if self.store:
+                self.pins.append(sha)
+            e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
+            self.cache.record(rel, st, sha, now)
+            self._count(rel, e)
+            node.entries.append(e)
 
-    def _file(self, path: str, rel: str, name: bytes) -> Entry | None:
+    def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
+        """Pin the objects already stored (most of them, usually), write the others."""
+        refs = [(hashlib.sha256(data).hexdigest(), len(data)) for data in objects]
+        present = self.blobs.pin_present(refs)
+        with self._lock:
+            self.pins.extend(sha for (sha, _n), ok in zip(refs, present, strict=True) if ok)
+        missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
+                   if not ok}
+        for ref in pool.map(self.blobs.put_bytes, missing.values()):
+            with self._lock:
+                self.pins.append(ref.sha256)
+
+    @staticmethod
+    def _encode_dir(node: _Node) -> bytes:
+        """The node's directory object (its subdirectories' are encoded already)."""
+        entries = node.entries + [Entry(name, TREE_DIR, 0, sub.sha, sub.size)
+                                  for name, sub in node.subdirs]
+        data = encode_dir(entries)
+        node.sha, node.size = hashlib.sha256(data).hexdigest(), len(data)
+        return data
+
+    def _count(self, rel: str, e: Entry, size_read: int | None = None) -> None:
+        with self._lock:
+            self.files += 1
+            self.bytes += e.size if e.kind == TREE_FILE else 0
+            if size_read is not None:
+                self.files_read += 1
+                self.bytes_read += size_read
+            if not self.store:
+                self.listing[rel] = leaf(e)
+
+    def _file(self, name: bytes, path: str, rel: str) -> Entry | None:
         """Read one file into the blob store (or only hash it), consistently; None if gone."""
         for _attempt in range(READ_ATTEMPTS):
             try:
@@ -625,12 +670,9 @@ class _Snapper:
             if got is None:
                 continue
             sha, st = got
-            now = time.time_ns()
-            self.cache.record(rel, st, sha, now)
+            self.cache.record(rel, st, sha, time.time_ns())
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            self._count(rel, e)
-            self.files_read += 1
-            self.bytes_read += st.st_size
+            self._count(rel, e, st.st_size)
             failpoints.hit("tree_after_file")
             return e
         raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
@@ -641,10 +683,9 @@ class _Snapper:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise TreeSourceError(path, "it is no longer a regular file")
-        stream = io.FileIO(fd, closefd=False)
         try:
             if self.store:
-                sha, size = self._put(stream, path)
+                sha, size = self._put(io.FileIO(fd, closefd=False), path)
             else:
                 sha, size = _hash_fd(fd)
         except OSError as exc:
@@ -654,7 +695,8 @@ class _Snapper:
         if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
             ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
         if not ok and self.store:
-            self.pins.remove(sha)
+            with self._lock:
+                self.pins.remove(sha)
             self.blobs.unpin([sha])
         return (sha, after) if ok else None
 
@@ -663,11 +705,9 @@ class _Snapper:
             ref = self.blobs.put(stream)
         except BlobSourceError as exc:
             raise TreeSourceError(path, exc.reason) from None
-        self.pins.append(ref.sha256)  # dropped by _read_once if the read was not consistent
+        with self._lock:
+            self.pins.append(ref.sha256)  # dropped by _read_once if the read was inconsistent
         return ref.sha256, ref.size
-
-    def __repr__(self) -> str:
-        return f"<_Snapper {self.top!r}>"
 
 
 def _hash_fd(fd: int) -> tuple[str, int]:
@@ -707,6 +747,39 @@ class _Restorer:
         self.dirs = dirs
         self.gitignore = root.gitignore
         self.counts = counts
+        self._lock = threading.Lock()
+        # directories with files still to write: (their own fd, rel, [(name, rel, entry)])
+        self._queue: list[tuple[int, str, list[tuple[str, str, Entry]]]] = []
+
+    def flush(self) -> None:
+        """Write the queued files (in a thread pool), then fsync their directories."""
+        queue, self._queue = self._queue, []
+        try:
+            jobs = [(dfd, name, crel, e) for dfd, _rel, writes in queue
+                    for name, crel, e in writes]
+            with ThreadPoolExecutor(THREADS) as pool:
+                futures = [pool.submit(self._write, *job) for job in jobs]
+                errors = [exc for f in futures if (exc := f.exception()) is not None]
+                if not errors:
+                    futures = [pool.submit(self._fsync_dir, dfd, rel) for dfd, rel, _w in queue]
+                    errors = [exc for f in futures if (exc := f.exception()) is not None]
+            if errors:
+                raise errors[0]
+        finally:
+            for dfd, _rel, _writes in queue:
+                os.close(dfd)
+
+    def close(self) -> None:
+        """Close what a failed restore left queued (nothing is written)."""
+        queue, self._queue = self._queue, []
+        for dfd, _rel, _writes in queue:
+            os.close(dfd)
+
+    def _fsync_dir(self, fd: int, rel: str) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
 
     def directory(self, fd: int, rel: str, sha: str, rules: IgnoreRules) -> None:
         entries = self.dirs[sha]
@@ -734,6 +807,7 @@ class _Restorer:
             if self._kept(crel, name, is_dir, rules):
                 continue
             changed |= self._remove(fd, name, crel, rules)
+        writes: list[tuple[str, str, Entry]] = []
         for e in entries:
             name = os.fsdecode(e.name)
             crel = join(rel, name)
@@ -747,13 +821,15 @@ class _Restorer:
                 changed |= self._dir(fd, name, crel, e, st, rules)
             elif e.kind == TREE_LINK:
                 changed |= self._link(fd, name, crel, e, st)
-            else:
-                changed |= self._file(fd, name, crel, e, st)
-        if changed:
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise _restore_error(exc, self._abs(rel)) from None
+            elif self._file(fd, name, crel, e, st):
+                writes.append((name, crel, e))
+        if writes:  # written later, many at once; the directory is fsynced after them
+            self._queue.append((os.dup(fd), rel, writes))
+            if len(self._queue) >= _QUEUED_DIRS or sum(len(w) for *_x, w in self._queue) \
+                    >= _QUEUED_FILES:
+                self.flush()
+        elif changed:
+            self._fsync_dir(fd, rel)
 
     def _abs(self, rel: str) -> str:
         return os.path.join(self.top, rel) if rel else self.top
@@ -806,6 +882,7 @@ class _Restorer:
         return True
 
     def _file(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
+        """Whether file ``name`` must be written (a mode is fixed, a directory removed, here)."""
         if st is not None and stat.S_ISREG(st.st_mode) and self._same(fd, name, rel, e, st):
             if st.st_mode & 0o777 != e.perm:
                 self._chmod(fd, name, rel, e.perm)
@@ -815,6 +892,10 @@ class _Restorer:
             return False
         if st is not None and stat.S_ISDIR(st.st_mode):
             self._remove(fd, name, rel, None)
+        return True
+
+    def _write(self, fd: int, name: str, rel: str, e: Entry) -> None:
+        """Write one file atomically: a temp file, its content and mode, fsync, rename."""
         tmp = TMP_PREFIX + uuid.uuid4().hex
         try:
             wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -840,8 +921,8 @@ class _Restorer:
         with contextlib.suppress(OSError):
             self.cache.record(rel, os.stat(name, dir_fd=fd, follow_symlinks=False), e.sha256,
                               time.time_ns())
-        self.counts.written += 1
-        return True
+        with self._lock:
+            self.counts.written += 1
 
     def _copy_into(self, wfd: int, e: Entry) -> None:
         try:
