@@ -102,6 +102,8 @@ READ_ATTEMPTS = 3
 #: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
 #: and memory stays under THREADS blob chunks.
 THREADS = 8
+#: Decoded directory objects a store keeps in memory (a few hundred bytes each).
+_OBJECT_CACHE = 8192
 #: A restore writes its queued files once this many directories (or files) wait.
 _QUEUED_DIRS, _QUEUED_FILES = 64, 256
 #: Name prefix of restore's temp files (removed by the next restore).
@@ -236,6 +238,9 @@ class TreeStore:
         self.blobs = blobs
         self.store_dir = os.path.realpath(store_dir)
         self.readonly = readonly
+        # Decoded directory objects by hash: immutable, checked when first read.
+        self._objects: dict[str, list[Entry]] = {}
+        self._objects_lock = threading.Lock()
 
     def _cache(self, top: str) -> StatCache:
         if self.readonly:
@@ -312,11 +317,19 @@ class TreeStore:
             raise CorruptionError(self._path(ref.sha256), None, str(exc)) from None
 
     def _dir(self, sha: str, size: int, where: str) -> list[Entry]:
+        got = self._objects.get(sha)
+        if got is not None:
+            return got
         data = self.read_object(sha, size)
         try:
-            return decode_dir(data, where)
+            entries = decode_dir(data, where)
         except CodecError as exc:
             raise CorruptionError(self._path(sha), None, str(exc)) from None
+        with self._objects_lock:
+            if len(self._objects) >= _OBJECT_CACHE:
+                self._objects.pop(next(iter(self._objects)))  # the oldest
+            self._objects[sha] = entries
+        return entries
 
     def _path(self, sha: str) -> str:
         return os.path.join(self.blobs.root, sha[:2], sha[2:])
