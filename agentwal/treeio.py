@@ -28,18 +28,24 @@ durable, every blob it wrote is garbage (``blobs.py``) and the store is at
 its *before* [``tree_after_file``, ``tree_after_dirs``]; the cache file is
 replaced by rename and is only a hint (a torn or stale one costs reads).
 
-*Restore* (``store.restore_tree``): load and check every directory object
-first (an unsafe name raises ``UnsafeTreeError`` before anything is
-written) and pin every blob of the tree, then make ``dest`` equal to it,
-directory by directory through directory file descriptors opened with
-``O_NOFOLLOW`` (so no link on disk, planted or stale, is ever followed). A
-file whose stat-cache entry or content already matches is left alone;
-others are written to ``.awtmp-<random>`` in their directory, fsynced, and
-renamed over the name [``restore_after_write``, ``restore_after_rename``];
-entries the tree lacks are removed unless excluded [``restore_after_remove``];
-each changed directory is fsynced. A crash leaves every file whole (its old
-or its new content) and temp files that the next restore removes: running
-the restore again finishes it.
+*Restore* (``store.restore_tree``), holding the blob gate shared (no sweep
+removes a blob of the tree meanwhile): load and check every directory
+object first (an unsafe name raises ``UnsafeTreeError`` before anything is
+written), then make ``dest`` equal to it, directory by directory through
+directory file descriptors opened with ``O_NOFOLLOW`` (so no link on disk,
+planted or stale, is ever followed). A file whose stat-cache entry or
+content already matches is left alone; entries the tree lacks are removed
+unless excluded [``restore_after_remove``]; the other files are queued and
+written in the thread pool, each to ``.awtmp-<random>`` in its directory,
+fsynced, and renamed over the name [``restore_after_write``,
+``restore_after_rename``]; then each changed directory is fsynced. A crash
+leaves every file whole (its old or its new content) and temp files that
+the next restore removes: running the restore again finishes it.
+
+Snapshots read files, and restores write them, :data:`THREADS` at a time:
+concurrent fsyncs share the file system's journal commits, which is what
+makes a durable snapshot of thousands of small files as fast as git's
+unsynced one (``docs/benchmarks.md``).
 
 It must not decide what is committed, nor touch LMDB or the WAL.
 """
@@ -156,13 +162,21 @@ class StatCache:
             self.entries = obj[2]
 
     def lookup(self, rel: str, st: os.stat_result) -> tuple[str, bool] | None:
-        """``(sha256, trusted)`` if the entry matches ``st`` (trusted: not racy)."""
-        e = self.entries.get(os.fsencode(rel))
-        if not isinstance(e, list) or len(e) != 6 or e[:4] != list(_sig(st)):
+        """``(sha256, trusted)`` if the entry matches ``st`` (trusted: not racy).
+
+        A trusted entry is carried over to the next save as it is.
+        """
+        key = os.fsencode(rel)
+        e = self.entries.get(key)
+        if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size
+                or e[1] != st.st_mtime_ns or e[2] != st.st_ctime_ns or e[3] != st.st_ino
+                or not isinstance(e[4], bytes) or len(e[4]) != 32
+                or not isinstance(e[5], int)):
             return None
-        if not isinstance(e[4], bytes) or len(e[4]) != 32:
-            return None
-        return e[4].hex(), e[5] - st.st_mtime_ns >= RACY_NS
+        trusted = e[5] - st.st_mtime_ns >= RACY_NS
+        if trusted:
+            self.seen[key] = e
+        return e[4].hex(), trusted
 
     def record(self, rel: str, st: os.stat_result, sha: str, now: int) -> None:
         self.seen[os.fsencode(rel)] = [*_sig(st), bytes.fromhex(sha), now]
@@ -262,10 +276,9 @@ class TreeStore:
         top = _top(path)
         snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore)
         try:
-            sha, size = snap.directory(top, "", snap.rules)
-            root = Root(sha, size, snap.files, snap.bytes, patterns, gitignore)
-            ref = self.blobs.put_bytes(encode_root(root))
-            snap.pins.append(ref.sha256)
+            root = snap.snapshot(top, patterns)
+            data = encode_root(root)
+            ref = BlobRef(hashlib.sha256(data).hexdigest(), len(data))
             failpoints.hit("tree_after_dirs")
         except BaseException:
             self.blobs.unpin(snap.pins)
@@ -537,10 +550,19 @@ class _Snapper:
         self.pins: list[str] = []
         self.listing: dict[str, Leaf] = {}
         self.files = self.bytes = self.files_read = self.bytes_read = 0
+        self.root: Root | None = None
         self._lock = threading.Lock()
 
-    def directory(self, path: str, rel: str, rules: IgnoreRules) -> tuple[str, int]:
-        """Snapshot the directory ``path``; returns its object's ``(sha256, size)``."""
+    def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
+        """Store the tree at ``top`` with its root object; returns the root."""
+        self.directory(top, "", self.rules, patterns)
+        assert self.root is not None
+        return self.root
+
+    def directory(self, path: str, rel: str, rules: IgnoreRules,
+                  patterns: tuple[str, ...] = ()) -> tuple[str, int]:
+        """Walk, read and store the directory ``path`` (and, storing, the root object
+        naming it, in the same batch); returns its object's ``(sha256, size)``."""
         nodes: list[_Node] = []
         top = self._walk(path, rel, rules, 0, nodes)
         self._pin_cached(nodes)
@@ -554,6 +576,9 @@ class _Snapper:
             # first, in memory, then store them at once (their fsyncs overlap too).
             objects = [self._encode_dir(n) for n in sorted(nodes, key=lambda n: -n.depth)]
             if self.store:
+                self.root = Root(top.sha, top.size, self.files, self.bytes, patterns,
+                                 self.gitignore)
+                objects.append(encode_root(self.root))
                 self._put_objects(pool, objects)
         return top.sha, top.size
 
@@ -563,7 +588,7 @@ class _Snapper:
         nodes.append(node)
         try:
             with os.scandir(path) as it:
-                items = sorted(it, key=lambda d: os.fsencode(d.name))
+                items = list(it)  # encode_dir puts the entries in order
         except OSError as exc:
             raise TreeSourceError(path, f"cannot list it: {exc.strerror or exc}") from None
         if self.gitignore:
@@ -578,7 +603,7 @@ class _Snapper:
                 raise TreeSourceError(d.path, f"cannot stat it: {exc.strerror or exc}"
                                       ) from None
             is_dir = stat.S_ISDIR(st.st_mode)
-            if ((self.gitignore and d.name == ".git") or rules.ignored(crel, is_dir)
+            if ((self.gitignore and d.name == ".git") or (rules and rules.ignored(crel, is_dir))
                     or (is_dir and os.path.join(path, d.name) == self.trees.store_dir)):
                 continue
             name = os.fsencode(d.name)
@@ -623,15 +648,21 @@ class _Snapper:
         present = ([True] * len(cached) if not self.store else self.blobs.pin_present(
             [(sha, st.st_size) for _n, (_name, _p, _r, st, sha) in cached]))
         now = time.time_ns()
+        seen = self.cache.seen
         for (node, (name, path, rel, st, sha)), ok in zip(cached, present, strict=True):
             if not ok:
                 node.pending.append((name, path, rel))
+                seen.pop(os.fsencode(rel), None)
                 continue
             if self.store:
                 self.pins.append(sha)
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            self.cache.record(rel, st, sha, now)
-            self._count(rel, e)
+            if os.fsencode(rel) not in seen:  # a racy entry, hashed again just now
+                self.cache.record(rel, st, sha, now)
+            self.files += 1
+            self.bytes += st.st_size
+            if not self.store:
+                self.listing[rel] = leaf(e)
             node.entries.append(e)
 
     def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
