@@ -121,6 +121,11 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getatt
     os, "O_NOCTTY", 0)
 
 
+def _key(rel: str) -> bytes:
+    """A stat-cache key: the path's bytes (as ``os.fsencode`` gives them on POSIX, faster)."""
+    return rel.encode("utf-8", "surrogateescape")
+
+
 def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
@@ -166,7 +171,7 @@ class StatCache:
 
         A trusted entry is carried over to the next save as it is.
         """
-        key = os.fsencode(rel)
+        key = _key(rel)
         e = self.entries.get(key)
         if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size
                 or e[1] != st.st_mtime_ns or e[2] != st.st_ctime_ns or e[3] != st.st_ino
@@ -179,7 +184,7 @@ class StatCache:
         return e[4].hex(), trusted
 
     def record(self, rel: str, st: os.stat_result, sha: str, now: int) -> None:
-        self.seen[os.fsencode(rel)] = [*_sig(st), bytes.fromhex(sha), now]
+        self.seen[_key(rel)] = [*_sig(st), bytes.fromhex(sha), now]
 
     def save(self, *, merge: bool = False) -> None:
         """Write what was recorded (``merge``: over the loaded entries) ; errors are ignored."""
@@ -338,11 +343,15 @@ class TreeStore:
             entries = decode_dir(data, where)
         except CodecError as exc:
             raise CorruptionError(self._path(sha), None, str(exc)) from None
+        self.remember(sha, entries)
+        return entries
+
+    def remember(self, sha: str, entries: list[Entry]) -> None:
+        """Keep a directory object's entries (read and checked, or just encoded)."""
         with self._objects_lock:
             if len(self._objects) >= _OBJECT_CACHE:
                 self._objects.pop(next(iter(self._objects)))  # the oldest
             self._objects[sha] = entries
-        return entries
 
     def _path(self, sha: str) -> str:
         return os.path.join(self.blobs.root, sha[:2], sha[2:])
@@ -652,12 +661,12 @@ class _Snapper:
         for (node, (name, path, rel, st, sha)), ok in zip(cached, present, strict=True):
             if not ok:
                 node.pending.append((name, path, rel))
-                seen.pop(os.fsencode(rel), None)
+                seen.pop(_key(rel), None)
                 continue
             if self.store:
                 self.pins.append(sha)
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            if os.fsencode(rel) not in seen:  # a racy entry, hashed again just now
+            if _key(rel) not in seen:  # a racy entry, hashed again just now
                 self.cache.record(rel, st, sha, now)
             self.files += 1
             self.bytes += st.st_size
@@ -677,13 +686,14 @@ class _Snapper:
             with self._lock:
                 self.pins.append(ref.sha256)
 
-    @staticmethod
-    def _encode_dir(node: _Node) -> bytes:
+    def _encode_dir(self, node: _Node) -> bytes:
         """The node's directory object (its subdirectories' are encoded already)."""
-        entries = node.entries + [Entry(name, TREE_DIR, 0, sub.sha, sub.size)
-                                  for name, sub in node.subdirs]
+        entries = sorted(node.entries + [Entry(name, TREE_DIR, 0, sub.sha, sub.size)
+                                         for name, sub in node.subdirs], key=lambda e: e.name)
         data = encode_dir(entries)
         node.sha, node.size = hashlib.sha256(data).hexdigest(), len(data)
+        if self.store:
+            self.trees.remember(node.sha, entries)  # what a restore or a listing reads next
         return data
 
     def _count(self, rel: str, e: Entry, size_read: int | None = None) -> None:
@@ -927,11 +937,15 @@ class _Restorer:
 
     def _file(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
         """Whether file ``name`` must be written (a mode is fixed, a directory removed, here)."""
-        if st is not None and stat.S_ISREG(st.st_mode) and self._same(fd, name, rel, e, st):
+        same = self._same(fd, name, rel, e, st) if st is not None and stat.S_ISREG(
+            st.st_mode) else None
+        if same is not None and st is not None:
             if st.st_mode & 0o777 != e.perm:
                 self._chmod(fd, name, rel, e.perm)
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            self.cache.record(rel, st, e.sha256, time.time_ns())
+                same = "hash"  # the ctime moved: record it again
+            if same == "hash":  # (a trusted cache entry is carried over as it is)
+                self.cache.record(rel, st, e.sha256, time.time_ns())
             self.counts.unchanged += 1
             return False
         if st is not None and stat.S_ISDIR(st.st_mode):
@@ -982,21 +996,25 @@ class _Restorer:
                 while view:
                     view = view[os.write(wfd, view):]
 
-    def _same(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result) -> bool:
-        """Whether the file on disk already has the entry's content (cache, else hash)."""
+    def _same(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result) -> str | None:
+        """How the file on disk is known to have the entry's content ("cache" or "hash"),
+        or None if it has not."""
         if st.st_size != e.size:
-            return False
+            return None
         hit = self.cache.lookup(rel, st)
         if hit is not None and hit[1]:
-            return hit[0] == e.sha256
+            if hit[0] == e.sha256:
+                return "cache"
+            self.cache.seen.pop(_key(rel), None)  # about to be rewritten
+            return None
         try:
             rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
         except OSError:
-            return False
+            return None
         try:
-            return _hash_fd(rfd)[0] == e.sha256
+            return "hash" if _hash_fd(rfd)[0] == e.sha256 else None
         except OSError:
-            return False
+            return None
         finally:
             os.close(rfd)
 
