@@ -1773,14 +1773,18 @@ class Store:
 
     # -- trees ----------------------------------------------------------------------
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any) -> tuple[BlobRef,
-                                                                                 list[str]]:
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+                      ) -> tuple[BlobRef, list[str]]:
         patterns, gitignore = exclude_spec(exclude)
         pipe = self._writable()
         if pipe.writer.broken is not None:
             raise pipe.writer.stopped()
+        old = None
+        if is_blob_ref(base):
+            with contextlib.suppress(CodecError):
+                old = decode_blob_ref(base)
         try:
-            got = self._trees.snapshot(path, patterns, gitignore)
+            got = self._trees.snapshot(path, patterns, gitignore, base=old)
         except DurabilityError as exc:
             pipe.writer.broken = exc
             raise

@@ -270,8 +270,12 @@ class TreeStore:
     # -- snapshot --------------------------------------------------------------------
 
     def snapshot(self, path: str | os.PathLike[str], patterns: tuple[str, ...],
-                 gitignore: bool) -> SnapshotResult:
+                 gitignore: bool, *, base: BlobRef | None = None) -> SnapshotResult:
         """Store the tree at ``path`` and pin all of it; see the module's theory.
+
+        ``base`` is the key's value as the transaction sees it: what its tree
+        reaches needs no pin (it stays referenced, or a commit that replaced
+        it makes this transaction's commit conflict).
 
         Raises:
             TreeSourceError: ``path`` is not a readable directory, a file
@@ -279,7 +283,8 @@ class TreeStore:
             DiskFullError, DurabilityError: from the blob store.
         """
         top = _top(path)
-        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore)
+        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
+                        known=self.reachable(base))
         try:
             root = snap.snapshot(top, patterns)
             data = encode_root(root)
@@ -372,6 +377,27 @@ class TreeStore:
         """File-level changes from tree ``old`` (None: empty) to tree ``new``."""
         return diff_listings({} if old is None else self.listing(old),
                              {} if new is None else self.listing(new))
+
+    def reachable(self, ref: BlobRef | None) -> frozenset[str]:
+        """The hashes a tree reference reaches (its objects and files); empty for
+        anything else, or if the tree cannot be read."""
+        if ref is None or ref.media_type != TREE_MEDIA_TYPE:
+            return frozenset()
+        try:
+            root = self._root(ref)
+            out = {ref.sha256, root.sha256}
+            todo = [(root.sha256, root.size)]
+            while todo:
+                sha, size = todo.pop()
+                for e in self._dir(sha, size, ""):
+                    if e.kind == TREE_LINK:
+                        continue
+                    if e.kind == TREE_DIR and e.sha256 not in out:
+                        todo.append((e.sha256, e.size))
+                    out.add(e.sha256)
+        except CorruptionError:
+            return frozenset()
+        return frozenset(out)
 
     def expand(self, refs: Iterable[BlobRef], problems: list[tuple[str, str]] | None = None
                ) -> set[BlobRef]:
@@ -548,8 +574,10 @@ class _Snapper:
     every directory object deepest first and store them all at once (in the pool)."""
 
     def __init__(self, trees: TreeStore, top: str, cache: StatCache, rules: IgnoreRules,
-                 gitignore: bool, *, store: bool = True) -> None:
+                 gitignore: bool, *, store: bool = True, known: frozenset[str] = frozenset()
+                 ) -> None:
         self.trees = trees
+        self.known = known  # hashes the key's current tree reaches: no pin needed
         self.blobs = trees.blobs
         self.top = top
         self.cache = cache
@@ -654,8 +682,13 @@ class _Snapper:
         cached = [(node, item) for node in nodes for item in node.cached]
         if not cached:
             return
-        present = ([True] * len(cached) if not self.store else self.blobs.pin_present(
-            [(sha, st.st_size) for _n, (_name, _p, _r, st, sha) in cached]))
+        present = [True] * len(cached)
+        if self.store:  # pin what the key's current tree does not already hold
+            ask = [i for i, (_n, item) in enumerate(cached) if item[4] not in self.known]
+            got = self.blobs.pin_present([(cached[i][1][4], cached[i][1][3].st_size)
+                                          for i in ask])
+            for i, ok in zip(ask, got, strict=True):
+                present[i] = ok
         now = time.time_ns()
         seen = self.cache.seen
         for (node, (name, path, rel, st, sha)), ok in zip(cached, present, strict=True):
@@ -663,7 +696,7 @@ class _Snapper:
                 node.pending.append((name, path, rel))
                 seen.pop(_key(rel), None)
                 continue
-            if self.store:
+            if self.store and sha not in self.known:
                 self.pins.append(sha)
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
             if _key(rel) not in seen:  # a racy entry, hashed again just now
@@ -677,9 +710,12 @@ class _Snapper:
     def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
         """Pin the objects already stored (most of them, usually), write the others."""
         refs = [(hashlib.sha256(data).hexdigest(), len(data)) for data in objects]
-        present = self.blobs.pin_present(refs)
+        ask = [i for i, (sha, _n) in enumerate(refs) if sha not in self.known]
+        present = [True] * len(refs)
+        for i, ok in zip(ask, self.blobs.pin_present([refs[i] for i in ask]), strict=True):
+            present[i] = ok
         with self._lock:
-            self.pins.extend(sha for (sha, _n), ok in zip(refs, present, strict=True) if ok)
+            self.pins.extend(refs[i][0] for i in ask if present[i])
         missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
                    if not ok}
         for ref in pool.map(self.blobs.put_bytes, missing.values()):

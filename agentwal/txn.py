@@ -82,7 +82,7 @@ class _Engine(Protocol):
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
                       ) -> tuple[BlobRef, list[str]]: ...
 
 
@@ -398,7 +398,9 @@ class Transaction:
         """
         self._check()
         check_key(key)
-        ref, pins = self._engine._txn_put_tree(self, path, exclude)
+        # The key's value now (committed, or put earlier in this transaction): files of
+        # that tree need no pin (a commit that replaced it would make this one conflict).
+        ref, pins = self._engine._txn_put_tree(self, path, exclude, self._raw(key))
         self._blob_pins.extend(pins)
         self._writes[key] = encode_blob_ref(ref)
         return TreeRef(ref.sha256, ref.size)

@@ -520,3 +520,38 @@ def test_blob_chunk_size_does_not_matter(monkeypatch: pytest.MonkeyPatch,
     put(store, src)
     store.restore_tree("r", "ws", tmp_path / "d")
     assert read(str(tmp_path / "d")) == read(src)
+
+
+# -- files of the key's current tree are not pinned: the commit's conflict check covers them --
+
+
+def test_a_tree_whose_base_was_replaced_and_swept_cannot_commit(store: agentwal.Store,
+                                                                src: str) -> None:
+    age(src)
+    put(store, src)
+    Path(src, "new.txt").write_text("only in the new tree")
+    txn = store.begin("r")
+    txn.put_tree("ws", src)  # the unchanged files are the current tree's: not pinned
+    with store.begin("r") as other:  # meanwhile the key is replaced, its tree dropped
+        other.delete("ws")
+    store.compact(keep_last=1)
+    store._sweep_blobs()
+    with pytest.raises(agentwal.ConflictError):
+        txn.commit()
+    assert store.verify().ok  # no reference to a swept file was committed
+
+
+def test_a_tree_whose_base_stays_commits_whole_after_a_sweep(store: agentwal.Store, src: str,
+                                                             tmp_path: Path) -> None:
+    age(src)
+    put(store, src)
+    Path(src, "new.txt").write_text("only in the new tree")
+    with store.begin("r") as txn:
+        txn.put_tree("ws", src)
+        with store.begin("r") as other:  # another key of the run: no conflict
+            other["note"] = "hi"
+        store.compact(keep_last=1)
+        store._sweep_blobs()
+    store.restore_tree("r", "ws", tmp_path / "d")
+    assert read(str(tmp_path / "d")) == read(src)
+    assert store.verify().ok
