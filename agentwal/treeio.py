@@ -20,8 +20,12 @@ A cache entry is trusted only when its mtime was :data:`RACY_NS` older
 than the moment it was recorded (git's "racy clean" rule), so a write in
 the same clock tick as a snapshot is never missed. Directory objects and
 the root object are stored with ``put_bytes`` (nothing is written for one
-already present). Everything stored is pinned for the transaction; if the
-walk fails, the pins are dropped and nothing is committed.
+already present). Everything the tree holds is pinned for the transaction,
+except what the key's current tree (as the transaction sees it) already
+reaches: that stays referenced by the run's state, and a commit that
+replaced it would make this transaction's commit conflict, so no sweep can
+leave the new tree dangling. If the walk fails, the pins are dropped and
+nothing is committed.
 
 Crash windows of a snapshot (failpoints in brackets): before the commit is
 durable, every blob it wrote is garbage (``blobs.py``) and the store is at
@@ -107,7 +111,7 @@ RACY_NS = 2_000_000_000
 READ_ATTEMPTS = 3
 #: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
 #: and memory stays under THREADS blob chunks.
-THREADS = 8
+THREADS = 16
 #: Decoded directory objects a store keeps in memory (a few hundred bytes each).
 _OBJECT_CACHE = 8192
 #: A restore writes its queued files once this many directories (or files) wait.
