@@ -286,7 +286,7 @@ class TreeStore:
                 cannot be read or kept changing.
             DiskFullError, DurabilityError: from the blob store.
         """
-        top = _top(path)
+        top = _top(path, self.store_dir)
         snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
                         known=self.reachable(base))
         try:
@@ -464,7 +464,7 @@ class TreeStore:
         counts = _Counts()
         with self.blobs.gate.shared():  # no sweep removes a blob of the tree meanwhile
             root, dirs = self.load(ref)
-            top = _make_dest(dest)
+            top = _make_dest(dest, self.store_dir)
             cache = self._cache(top)
             restorer = _Restorer(self, top, cache, dirs, root, counts)
             try:
@@ -511,7 +511,7 @@ class TreeStore:
     def status(self, ref: BlobRef | None, path: str | os.PathLike[str],
                patterns: tuple[str, ...], gitignore: bool) -> TreeDiff:
         """What differs on disk at ``path`` from tree ``ref``, storing nothing."""
-        top = _top(path)
+        top = _top(path, self.store_dir)
         if ref is not None:
             root = self._root(ref)
             patterns, gitignore = root.exclude, root.gitignore
@@ -521,7 +521,12 @@ class TreeStore:
         return diff_listings({} if ref is None else self.listing(ref), snap.listing)
 
 
-def _top(path: str | os.PathLike[str]) -> str:
+def _inside(path: str, directory: str) -> bool:
+    """Whether real path ``path`` is ``directory`` or below it."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _top(path: str | os.PathLike[str], store_dir: str) -> str:
     try:
         top = os.path.realpath(os.fspath(path))
     except (TypeError, ValueError) as exc:
@@ -529,15 +534,21 @@ def _top(path: str | os.PathLike[str]) -> str:
     if not os.path.isdir(top):
         raise TreeSourceError(top, "it is not a directory" if os.path.exists(top)
                               else "it does not exist")
+    if _inside(top, store_dir):
+        raise TreeSourceError(top, "it is the store's own directory, or inside it")
     return top
 
 
-def _make_dest(dest: str | os.PathLike[str]) -> str:
+def _make_dest(dest: str | os.PathLike[str], store_dir: str) -> str:
     try:
         top = os.path.realpath(os.fspath(dest))
-        os.makedirs(top, exist_ok=True)
     except (TypeError, ValueError) as exc:
         raise RestoreError(repr(dest), str(exc)) from None
+    if _inside(top, store_dir):
+        raise RestoreError(top, "it is the store's own directory, or inside it; nothing was "
+                           "written")
+    try:
+        os.makedirs(top, exist_ok=True)
     except OSError as exc:
         raise _restore_error(exc, os.fspath(dest)) from None
     return top
@@ -905,6 +916,9 @@ class _Restorer:
         for e in entries:
             name = os.fsdecode(e.name)
             crel = join(rel, name)
+            if os.path.join(self.top, crel) == self.trees.store_dir:
+                raise RestoreError(self._abs(crel), "the tree has an entry where the store "
+                                   "itself lives; restore it somewhere else")
             try:
                 st: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -1077,6 +1091,8 @@ class _Restorer:
                 failpoints.hit("restore_after_remove")
                 self.counts.removed += 1
                 return True
+            if os.path.join(self.top, rel) == self.trees.store_dir:
+                return False  # the store itself is never removed
             sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
             try:
                 with os.scandir(sub) as it:

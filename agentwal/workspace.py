@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from .errors import MissingKeyError, NotATreeError
 from .store import Store
 from .treeio import RestoreReport
 from .txn import Transaction
@@ -96,7 +97,9 @@ class Workspace:
         """Bring the run's state and the directory back to ``checkpoint``.
 
         Commits the rollback first, then restores the files; after a crash
-        in between, :meth:`restore` finishes it.
+        in between, :meth:`restore` finishes it. A checkpoint whose state has
+        no tree at the key is refused first (``MissingKeyError``,
+        ``NotATreeError``), changing nothing.
 
         Returns:
             The new checkpoint (``{"rollback_to": checkpoint}``).
@@ -104,6 +107,7 @@ class Workspace:
         Raises:
             What ``store.rollback_to`` and ``store.restore_tree`` raise.
         """
+        self._check_tree(checkpoint)
         ckpt = self.store.rollback_to(self.run, checkpoint)
         self.restore()
         return ckpt
@@ -118,10 +122,19 @@ class Workspace:
         Raises:
             What ``store.fork`` and ``store.restore_tree`` raise.
         """
+        self._check_tree(checkpoint)
         self.store.fork(self.run, checkpoint, new_run)
         other = Workspace(self.store, new_run, new_path, key=self.key, exclude=self.exclude)
         other.restore()
         return other
+
+    def _check_tree(self, checkpoint: int) -> None:
+        """Refuse, before anything changes, a checkpoint that holds no tree at the key."""
+        value = self.store.state(self.run, at=checkpoint).get(self.key)
+        if value is None:
+            raise MissingKeyError(self.run, self.key)
+        if not isinstance(value, TreeRef):
+            raise NotATreeError(self.run, self.key, type(value).__name__)
 
     def restore(self, at: int | None = None) -> RestoreReport:
         """Make the directory the tree of the head (or of checkpoint ``at``)."""

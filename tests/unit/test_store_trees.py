@@ -555,3 +555,18 @@ def test_a_tree_whose_base_stays_commits_whole_after_a_sweep(store: agentwal.Sto
     store.restore_tree("r", "ws", tmp_path / "d")
     assert read(str(tmp_path / "d")) == read(src)
     assert store.verify().ok
+
+
+def test_a_tree_entry_where_the_store_lives_is_refused(tmp_path: Path) -> None:
+    ws, other = tmp_path / "ws", tmp_path / "other"
+    build(str(ws), {"a.txt": b"a"})
+    build(str(other), {".agentwal": b"a file named like the store", "b/c": b"c"})
+    with agentwal.open(ws / ".agentwal", durability="none") as store:
+        put(store, str(other))
+        with pytest.raises(agentwal.RestoreError, match="store"):
+            store.restore_tree("r", "ws", ws)
+        assert (ws / ".agentwal").is_dir() and store.verify().ok
+        build(str(ws), {"b/.agentwal-not": b"x"})
+        put(store, str(ws), key="self")  # its own tree skips it: restoring it is fine
+        store.restore_tree("r", "self", ws)
+        assert (ws / ".agentwal").is_dir()

@@ -107,3 +107,36 @@ def test_a_transaction_of_another_run_is_refused(store: agentwal.Store, repo: Pa
     with store.begin("other") as txn, pytest.raises(ValueError, match="run"):
         ws.put(txn)
     assert "Workspace" in repr(ws)
+
+
+def test_rollback_to_a_checkpoint_without_files_changes_nothing(store: agentwal.Store,
+                                                                repo: Path) -> None:
+    with store.begin("agent") as txn:
+        txn["messages"] = []
+    bare = store.head("agent")
+    ws = agentwal.Workspace(store, "agent", repo)
+    ws.checkpoint()
+    head = store.head("agent")
+    for bad in (bare.id,):  # type: ignore[union-attr]
+        with pytest.raises(agentwal.MissingKeyError):
+            ws.rollback_to(bad)
+        with pytest.raises(agentwal.MissingKeyError):
+            ws.fork(bad, "other", repo.parent / "other")
+    assert store.head("agent") == head and store.head("other") is None
+    with store.begin("agent") as txn:
+        txn["workspace"] = "not a tree"
+    with pytest.raises(agentwal.NotATreeError):
+        ws.rollback_to(store.head("agent").id)  # type: ignore[union-attr]
+
+
+def test_the_store_directory_is_never_a_tree_nor_a_destination(store: agentwal.Store,
+                                                               repo: Path) -> None:
+    ws = agentwal.Workspace(store, "agent", repo)
+    ws.checkpoint()
+    for where in (store.path, Path(store.path) / "blobs"):
+        with store.begin("agent") as txn, pytest.raises(agentwal.TreeSourceError,
+                                                        match="store"):
+            txn.put_tree("x", where)
+        with pytest.raises(agentwal.RestoreError, match="store"):
+            store.restore_tree("agent", "workspace", where)
+    assert store.verify().ok
