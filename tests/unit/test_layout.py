@@ -15,13 +15,14 @@ PKG = Path(agentwal.__file__).parent
 RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
     "types": 1, "codec": 1, "history": 1, "retention": 1, "tree": 1,
-    "io": 2,
+    "io": 2, "aio": 2,
     "control": 3, "wal": 3, "blobs": 3, "treeio": 3,
     "snapshot": 4, "memtable": 4, "effects": 4,
     "txn": 5, "commit": 5, "ledger": 5,
     "recovery": 6, "verify": 6, "backup": 6,
     "store": 7,
-    "__init__": 8, "demo": 8, "testing": 8, "cli": 8, "workspace": 8,
+    "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
+    "workspace": 8,
 }
 
 
