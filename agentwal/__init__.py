@@ -39,8 +39,10 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     NotABlobError,
+    NotATreeError,
     PathExistsError,
     ReadOnlyError,
+    RestoreError,
     RunExistsError,
     RunNotFoundError,
     StoreBusyError,
@@ -48,15 +50,21 @@ from .errors import (
     StoreLockedError,
     TooManyReadersError,
     TransactionClosedError,
+    TreePathError,
+    TreeSourceError,
     UnencodableValueError,
+    UnsafeTreeError,
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
+from .tree import GITIGNORE
+from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability
+from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeFile, TreeRef
 from .verify import Problem, VerifyReport
+from .workspace import Workspace
 
 __version__ = "0.1.0"
 
@@ -112,4 +120,15 @@ __all__ = [
     "PathExistsError",
     "Problem",
     "VerifyReport",
+    "GITIGNORE",
+    "NotATreeError",
+    "RestoreError",
+    "RestoreReport",
+    "TreeDiff",
+    "TreeFile",
+    "TreePathError",
+    "TreeRef",
+    "TreeSourceError",
+    "UnsafeTreeError",
+    "Workspace",
 ]
