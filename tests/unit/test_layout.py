@@ -22,6 +22,7 @@ RANK = {
     "recovery": 6, "verify": 6, "backup": 6,
     "store": 7,
     "__init__": 8, "demo": 8, "testing": 8, "cli": 8,
+    "integrations": 9,
 }
 
 
