@@ -28,6 +28,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -43,6 +44,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 import agentwal
 from agentwal.errors import ConflictError, RunNotFoundError, UnencodableValueError
@@ -59,13 +61,34 @@ _ELEMENT_CACHE_BYTES = 64 << 20
 _COMMIT_ATTEMPTS = 50
 
 
+@dataclass(frozen=True)
+class _Listed:
+    """The last version of a list channel written through this saver (one slot)."""
+
+    key: str  # its value key
+    objs: tuple[Any, ...]  # the element objects, for reuse by identity
+    digests: tuple[str, ...]
+    sizes: tuple[int, ...]
+    depth: int
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A list value ready to store: every element's digest, new ones serialized."""
+
+    objs: tuple[Any, ...]
+    digests: tuple[str, ...]
+    sizes: tuple[int, ...]
+    fresh: dict[str, tuple[str, bytes]]
+
+
 class _Shared:
     """State every shallow copy of one saver shares."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.saved = threading.Condition(self.lock)  # notified after every put
-        self.lists: dict[tuple[str, str, str], tuple[str, tuple[str, ...], int]] = {}
+        self.lists: dict[tuple[str, str, str], _Listed] = {}
         self.elements: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
         self.element_bytes = 0
 
@@ -100,6 +123,14 @@ def _payload(typed: tuple[str, bytes], readable: bool) -> dict[str, Any]:
         if view is not None:
             rec["view"] = view["value"]
     return rec
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _typed(rec: dict[str, Any]) -> tuple[str, bytes]:
@@ -231,8 +262,13 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
 
     def _value(self, txn: agentwal.Transaction, rec: dict[str, Any]) -> Any:
         if rec["t"] == "list":
-            digests = L.resolve_list(rec, txn.get)
-            return [self.serde.loads_typed(self._element(txn, d)) for d in digests]
+            elements = [self._element(txn, d) for d in L.resolve_list(rec, txn.get)]
+            if isinstance(self.serde, JsonPlusSerializer) and all(
+                    kind == "msgpack" for kind, _ in elements):
+                # A msgpack array is its header and its items' encodings: one decode call.
+                body = b"".join(data for _, data in elements)
+                return self.serde.loads_typed(("msgpack", _array_header(len(elements)) + body))
+            return [self.serde.loads_typed(e) for e in elements]
         return self.serde.loads_typed(_typed(rec))
 
     def _tuple(self, txn: agentwal.Transaction, rec: dict[str, Any]) -> CheckpointTuple:
@@ -318,15 +354,32 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
 
     # -- writing -----------------------------------------------------------------------
 
-    def _prepare_value(self, value: Any) -> tuple[dict[str, Any] | None,
-                                                   builtins.list[tuple[str, tuple[str, bytes]]]]:
-        """(record of a whole value, []) or (None, [(digest, element)]) for a shared list."""
-        if type(value) is list and value:
-            elements = [self.serde.dumps_typed(e) for e in value]
-            if sum(len(b) for _, b in elements) >= LIST_MIN_BYTES:
-                typed = [(t, bytes(b)) for t, b in elements]
-                return None, [(L.digest(e), e) for e in typed]
-        return _payload(self.serde.dumps_typed(value), self.readable), []
+    def _prepare_list(self, slot: tuple[str, str, str], value: Any) -> _Prepared | None:
+        """The elements of a list value, serializing only those not in the slot's last
+        version (by identity: LangGraph's reducers build a new list of the same objects);
+        None when the value is no list or too small to be worth sharing."""
+        if type(value) is not list or not value:
+            return None
+        with self._shared.lock:
+            prev = self._shared.lists.get(slot)
+        reuse = 0
+        if prev is not None:
+            limit = min(len(prev.objs), len(value))
+            while reuse < limit and value[reuse] is prev.objs[reuse]:
+                reuse += 1
+        digests = list(prev.digests[:reuse]) if prev else []
+        sizes = list(prev.sizes[:reuse]) if prev else []
+        fresh: dict[str, tuple[str, bytes]] = {}
+        for element in value[reuse:]:
+            kind, data = self.serde.dumps_typed(element)
+            typed = (kind, bytes(data))
+            dig = L.digest(typed)
+            digests.append(dig)
+            sizes.append(len(typed[1]))
+            fresh[dig] = typed
+        if sum(sizes) < LIST_MIN_BYTES:
+            return None
+        return _Prepared(tuple(value), tuple(digests), tuple(sizes), fresh)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -337,18 +390,25 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         bare = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint.get("channel_values", {})
         md = get_checkpoint_metadata(config, metadata)
-        prepared = []
+        plain: builtins.list[tuple[str, dict[str, Any]]] = []
+        lists: builtins.list[tuple[str, tuple[str, str, str], _Prepared]] = []
         for channel, version in new_versions.items():
             vkey = L.value_key(nsid, channel, version)
-            if channel in values:
-                prepared.append((channel, vkey, *self._prepare_value(values[channel])))
+            if channel not in values:
+                plain.append((vkey, {"t": "empty"}))
+                continue
+            slot = (thread, nsid, channel)
+            prep = self._prepare_list(slot, values[channel])
+            if prep is None:
+                plain.append((vkey, _payload(self.serde.dumps_typed(values[channel]),
+                                             self.readable)))
             else:
-                prepared.append((channel, vkey, {"t": "empty"}, []))
+                lists.append((vkey, slot, prep))
         record = {"id": cid, "ns": ns, "parent": parent,
                   "cp": _payload(self.serde.dumps_typed(bare), False),
                   "md": _payload(self.serde.dumps_typed(md), self.readable),
                   "run_id": md.get("run_id") if isinstance(md.get("run_id"), str) else None}
-        written: dict[tuple[str, str, str], tuple[str, tuple[str, ...], int]] = {}
+        written: dict[tuple[str, str, str], _Listed] = {}
 
         def body(txn: agentwal.Transaction) -> bool:
             written.clear()
@@ -356,12 +416,12 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                 txn.put(L.MARKER, {"format": 1})
             if L.ns_key(nsid) not in txn:
                 txn.put(L.ns_key(nsid), ns)
-            for channel, vkey, rec, elements in prepared:
-                if rec is None:
-                    rec = self._list_record(txn, (thread, nsid, channel), elements)
-                    written[(thread, nsid, channel)] = (
-                        vkey, tuple(d for d, _ in elements), rec["depth"])
+            for vkey, rec in plain:
                 self._put_value(txn, vkey, rec)
+            for vkey, slot, prep in lists:
+                rec = self._list_record(txn, slot, prep)
+                self._put_value(txn, vkey, rec)
+                written[slot] = _Listed(vkey, prep.objs, prep.digests, prep.sizes, rec["depth"])
             self._put_value(txn, L.checkpoint_key(nsid, cid), record)
             head = txn.get(L.head_key(nsid))
             if head is None or cid > head:
@@ -377,19 +437,28 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         return _config(thread, ns, cid)
 
     def _list_record(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
-                     elements: builtins.list[tuple[str, tuple[str, bytes]]]) -> dict[str, Any]:
+                     prep: _Prepared) -> dict[str, Any]:
+        """The version record of a list; stores the elements the store does not hold yet."""
         with self._shared.lock:
             base = self._shared.lists.get(slot)
-        if base is not None and base[0] not in txn:
-            base = None
-        digests = [d for d, _ in elements]
-        rec = L.list_record(digests, base)
-        shared = rec.get("keep", 0)
-        for dig, typed in elements[shared:]:
+        if base is not None and base.key not in txn:
+            base = None  # pruned or deleted since: list every element
+        rec = L.list_record(prep.digests, None if base is None else
+                            (base.key, base.digests, base.depth))
+        held = set(base.digests) if base is not None else set()
+        for i in range(rec.get("keep", 0), len(prep.digests)):
+            dig = prep.digests[i]
+            if dig in held:
+                continue
             key = L.element_key(dig)
+            typed = prep.fresh.get(dig)
             if key not in txn:
+                if typed is None:
+                    kind, data = self.serde.dumps_typed(prep.objs[i])
+                    typed = (kind, bytes(data))
                 self._put_value(txn, key, _payload(typed, self.readable))
-            self._shared.remember_element(dig, typed)
+            if typed is not None:
+                self._shared.remember_element(dig, typed)
         return rec
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
