@@ -331,9 +331,9 @@ def test_encrypted_serializer_stores_its_tag_and_no_plaintext(path: str) -> None
         assert "secret" not in repr(state)
         tup = saver.get_tuple(cfg("t"))
         assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
-    with AgentWALSaver.from_path(path, durability="none") as plain_reader:  # wrong serde
-        with pytest.raises(Exception):  # noqa: B017 - whatever the serializer raises
-            plain_reader.get_tuple(cfg("t"))
+    with (AgentWALSaver.from_path(path, durability="none") as plain_reader,  # wrong serde
+          pytest.raises(Exception)):  # noqa: B017 - whatever the serializer raises
+        plain_reader.get_tuple(cfg("t"))
 
 
 def test_reopen_reads_everything_and_keeps_sharing(path: str) -> None:
