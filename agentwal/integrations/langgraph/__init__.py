@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         "agentwal.integrations.langgraph needs LangGraph, which is not installed: "
         "pip install 'agentwal[langgraph]'") from exc
 
+from ._effect import NotInGraphError, aeffect, effect
 from ._saver import AgentWALSaver
 
-__all__ = ["AgentWALSaver"]
+__all__ = ["AgentWALSaver", "NotInGraphError", "aeffect", "effect"]
