@@ -9,7 +9,8 @@ under a ``RetryPolicy``) keeps that identity, and time travel makes a new one
 
 - the key ``lge-`` + hash(thread, namespace, checkpoint, task id, n, name),
   unless the caller gives a business ``key=``;
-- the position (run ``lgfx-`` + hash(thread, namespace, checkpoint, task id, n),
+- the position (run ``lg-effect:<thread>:`` + hash(thread, namespace,
+  checkpoint, task id, n),
   its checkpoint 0, ordinal 0) in agentwal's ledger, so a re-run that asks for
   a different effect at the n-th call is a divergence (``EffectDivergenceError``),
   as with ``txn.effect``.
@@ -91,8 +92,12 @@ class _Site:
         return [self.thread, self.ns, self.checkpoint_id, self.task_id, self.ordinal]
 
     def run(self) -> str:
+        """The ledger run of this call's position: names the thread when it fits."""
         body = cbor2.dumps(["agentwal-langgraph-effect", *self.fields()])
-        return "lgfx-" + hashlib.sha256(body).hexdigest()[:40]
+        digest = hashlib.sha256(body).hexdigest()
+        if len(self.thread.encode("utf-8", "surrogatepass")) <= 300:
+            return f"lg-effect:{self.thread}:{digest[:24]}"
+        return "lg-effect:" + digest[:40]
 
     def key(self, name: str) -> str:
         body = cbor2.dumps(["agentwal-langgraph-effect", *self.fields(), name])

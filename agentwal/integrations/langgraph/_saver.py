@@ -27,7 +27,7 @@ import contextlib
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -58,6 +58,9 @@ T = TypeVar("T")
 #: A list whose serialized elements total less than this is stored whole.
 LIST_MIN_BYTES = 2048
 _ELEMENT_CACHE_BYTES = 64 << 20
+_RESOLVED_CACHE_BYTES = 64 << 20
+#: A list version as read: its serialized elements, and their msgpack array when all are msgpack.
+_Resolved = tuple[tuple[tuple[str, bytes], ...], bytes | None]
 _COMMIT_ATTEMPTS = 50
 
 
@@ -91,6 +94,9 @@ class _Shared:
         self.lists: dict[tuple[str, str, str], _Listed] = {}
         self.elements: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
         self.element_bytes = 0
+        # (thread, value key) -> a list version's elements (and their msgpack array)
+        self.resolved: OrderedDict[tuple[str, str], _Resolved] = OrderedDict()
+        self.resolved_bytes = 0
 
     def element(self, dig: str) -> tuple[str, bytes] | None:
         with self.lock:
@@ -109,10 +115,37 @@ class _Shared:
                 _, old = self.elements.popitem(last=False)
                 self.element_bytes -= len(old[1])
 
+    def listed(self, thread: str, vkey: str) -> _Resolved | None:
+        with self.lock:
+            hit = self.resolved.get((thread, vkey))
+            if hit is not None:
+                self.resolved.move_to_end((thread, vkey))
+            return hit
+
+    def remember_listed(self, thread: str, vkey: str, listed: _Resolved) -> None:
+        size = sum(len(b) for _, b in listed[0]) * 2
+        with self.lock:
+            if (thread, vkey) in self.resolved or size > _RESOLVED_CACHE_BYTES // 4:
+                return
+            self.resolved[(thread, vkey)] = listed
+            self.resolved_bytes += size
+            while self.resolved_bytes > _RESOLVED_CACHE_BYTES and self.resolved:
+                _, old = self.resolved.popitem(last=False)
+                self.resolved_bytes -= sum(len(b) for _, b in old[0]) * 2
+
+    def forget_values(self, thread: str, vkeys: Iterable[str]) -> None:
+        with self.lock:
+            for vkey in vkeys:
+                old = self.resolved.pop((thread, vkey), None)
+                if old is not None:
+                    self.resolved_bytes -= sum(len(b) for _, b in old[0]) * 2
+
     def forget_thread(self, thread: str) -> None:
         with self.lock:
             for k in [k for k in self.lists if k[0] == thread]:
                 del self.lists[k]
+            for r in [r for r in self.resolved if r[0] == thread]:
+                self.resolved_bytes -= sum(len(b) for _, b in self.resolved.pop(r)[0]) * 2
 
 
 def _payload(typed: tuple[str, bytes], readable: bool) -> dict[str, Any]:
@@ -260,16 +293,22 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             self._shared.remember_element(dig, hit)
         return hit
 
-    def _value(self, txn: agentwal.Transaction, rec: dict[str, Any]) -> Any:
-        if rec["t"] == "list":
-            elements = [self._element(txn, d) for d in L.resolve_list(rec, txn.get)]
-            if isinstance(self.serde, JsonPlusSerializer) and all(
-                    kind == "msgpack" for kind, _ in elements):
-                # A msgpack array is its header and its items' encodings: one decode call.
-                body = b"".join(data for _, data in elements)
-                return self.serde.loads_typed(("msgpack", _array_header(len(elements)) + body))
-            return [self.serde.loads_typed(e) for e in elements]
-        return self.serde.loads_typed(_typed(rec))
+    def _value(self, txn: agentwal.Transaction, vkey: str, rec: dict[str, Any]) -> Any:
+        if rec["t"] != "list":
+            return self.serde.loads_typed(_typed(rec))
+        listed = self._shared.listed(txn.run, vkey)
+        if listed is None:
+            elements = tuple(self._element(txn, d) for d in L.resolve_list(rec, txn.get))
+            whole = None
+            if all(kind == "msgpack" for kind, _ in elements):
+                # A msgpack array is its header and its items' encodings, concatenated.
+                whole = _array_header(len(elements)) + b"".join(data for _, data in elements)
+            listed = (elements, whole)
+            self._shared.remember_listed(txn.run, vkey, listed)
+        elements, whole = listed
+        if whole is not None and isinstance(self.serde, JsonPlusSerializer):
+            return self.serde.loads_typed(("msgpack", whole))  # one decode call
+        return [self.serde.loads_typed(e) for e in elements]
 
     def _tuple(self, txn: agentwal.Transaction, rec: dict[str, Any]) -> CheckpointTuple:
         thread, ns, cid = txn.run, rec["ns"], rec["id"]
@@ -277,9 +316,10 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         cp = self.serde.loads_typed(_typed(rec["cp"]))
         values: dict[str, Any] = {}
         for channel, version in cp.get("channel_versions", {}).items():
-            vrec = txn.get(L.value_key(nsid, channel, version))
+            vkey = L.value_key(nsid, channel, version)
+            vrec = txn.get(vkey)
             if vrec is not None and vrec["t"] != "empty":
-                values[channel] = self._value(txn, vrec)
+                values[channel] = self._value(txn, vkey, vrec)
         writes = [w for _, w in txn.items(L.write_prefix(nsid, cid))]
         writes.sort(key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]))
         parent = rec.get("parent")
@@ -430,6 +470,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                      parent_checkpoint_id=parent, metadata=_plain(md))
             return True
 
+        self._shared.forget_values(thread, [vkey for vkey, _ in plain] +
+                                   [vkey for vkey, _, _ in lists])
         self._commit(thread, body)
         with self._shared.saved:
             self._shared.lists.update(written)
@@ -542,6 +584,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                 return
         with self._reading(source_thread_id) as src:
             items = list(src.items())
+        self._shared.forget_thread(target_thread_id)
 
         def body(txn: agentwal.Transaction) -> bool:
             for key, value in items:
