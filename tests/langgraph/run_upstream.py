@@ -7,7 +7,9 @@ Usage (``make test-langgraph-upstream`` runs the first form)::
     .venv/bin/python tests/langgraph/run_upstream.py --savers agentwal,sqlite
     .venv/bin/python tests/langgraph/run_upstream.py -- -k interrupt   # extra pytest args
 
-It downloads the sdist of the installed ``langgraph`` version (it ships
+Store creation is shielded from tests that replace ``uuid.uuid4`` with a
+deterministic sequence (agentwal draws the new store's id from it; SqliteSaver
+draws none). It downloads the sdist of the installed ``langgraph`` version (it ships
 ``tests/``) into ``.langgraph-upstream/``, installs what those tests import
 (pytest-mock, syrupy, redis, psycopg, the Postgres saver: imported by their
 conftest even when unused), and appends to the copy of their ``conftest.py``
@@ -37,18 +39,30 @@ MARK = "# --- agentwal: checkpointer fixtures appended by tests/langgraph/run_up
 
 OVERRIDE = MARK + '''
 import tempfile as _aw_tempfile
+import uuid as _aw_uuid
 from contextlib import contextmanager as _aw_contextmanager
+from unittest import mock as _aw_mock
 
+import agentwal as _aw
 from agentwal.integrations.langgraph import AgentWALSaver as _AgentWALSaver
 
 _AW_SAVERS = os.environ["AGENTWAL_UPSTREAM_SAVERS"].split(",")
 
 
+_AW_REAL_UUID4 = _aw_uuid.uuid4
+
+
 @_aw_contextmanager
 def _checkpointer_agentwal():
-    with _aw_tempfile.TemporaryDirectory() as d, _AgentWALSaver.from_path(
-            d + "/lg.awal", durability="none") as saver:
-        yield saver
+    with _aw_tempfile.TemporaryDirectory() as d:
+        # creating a store draws its id from uuid4, which some tests replace with a
+        # deterministic sequence for the graph's own ids: do not consume one of those
+        with _aw_mock.patch("uuid.uuid4", _AW_REAL_UUID4):
+            store = _aw.open(d + "/lg.awal", durability="none")
+        try:
+            yield _AgentWALSaver(store)
+        finally:
+            store.close()
 
 
 @pytest.fixture(scope="function", params=_AW_SAVERS)
