@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -93,9 +94,18 @@ def test_a_failing_parallel_branch_reuses_its_siblings_writes(saver: AgentWALSav
         calls.append("good")
         return {"log": ["good"]}
 
+    def sibling_saved() -> bool:
+        return any(c.meta.get("langgraph") == "writes" and c.meta.get("channels") == ["log"]
+                   for c in saver.store.history("f"))
+
     def flaky(state: Fan) -> dict[str, Any]:
         calls.append("flaky")
         if fail[0]:
+            # fail only once the sibling has finished and its writes are saved (were it
+            # still running, LangGraph would cancel it and save nothing for it)
+            deadline = time.monotonic() + 30
+            while not sibling_saved() and time.monotonic() < deadline:
+                time.sleep(0.005)
             raise RuntimeError("downstream down")
         return {"log": ["flaky"]}
 
