@@ -21,7 +21,7 @@ RANK = {
     "txn": 5, "commit": 5, "ledger": 5,
     "recovery": 6, "verify": 6, "backup": 6,
     "store": 7,
-    "__init__": 8, "demo": 8, "testing": 8, "cli": 8,
+    "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
     "integrations": 9,
 }
 
