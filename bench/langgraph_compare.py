@@ -15,7 +15,10 @@ version from the saver's ``get_next_version``. The LangGraph threads run in
 parallel, one Python thread each, through one saver (as one process serving
 several conversations would).
 
-Both savers are durable per call: agentwal ``durability="sync"``, SQLite in
+Each round runs both savers (alternating which goes first) on fresh files;
+a figure is the median over rounds and a ratio the median of the ratios
+within a round, so drift in a shared machine's load cancels. Both savers are
+durable per call: agentwal ``durability="sync"``, SQLite in
 WAL mode with ``synchronous=FULL`` (SqliteSaver's journal mode; FULL so a
 commit is on disk when it returns, as agentwal's is). Measured:
 
@@ -177,34 +180,44 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--message-bytes", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds; each runs both savers, in alternating order (default 5)")
     ap.add_argument("--no-view", action="store_true",
                     help="AgentWALSaver(readable=False): no readable copy for the CLI")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    results = []
-    for run in (run_sqlite, run_agentwal):
-        with scratch_dir("lg-bench-") as d:
-            results.append(run(d, args))
-    sq, aw = results
-    ratios = {
-        "puts_per_s": aw["puts_per_s"] / sq["puts_per_s"],
-        "get_tuple_p50": aw["get_tuple_p50_ms"] / sq["get_tuple_p50_ms"],
-        "list_all": aw["list_all_s"] / sq["list_all_s"],
-        "bytes_per_checkpoint_at_end": aw["bytes_per_checkpoint_at_end"]
-        / max(sq["bytes_per_checkpoint_at_end"], 1),
-    }
-    if args.json:
-        json.dump({"results": results, "ratios": ratios, "python": sys.version.split()[0],
-                   "machine": platform.machine()}, sys.stdout, indent=2)
-        print()
-        return
+    runs: dict[str, list[dict[str, Any]]] = {"sqlite": [], "agentwal": []}
+    for rnd in range(args.rounds):
+        order = [("sqlite", run_sqlite), ("agentwal", run_agentwal)]
+        for name, run in order if rnd % 2 == 0 else order[::-1]:
+            with scratch_dir("lg-bench-") as d:
+                runs[name].append(run(d, args))
+    med = statistics.median
     cols = ["puts_per_s", "get_tuple_p50_ms", "get_tuple_p95_ms", "list_all_s",
             "bytes_per_checkpoint_at_end", "bytes_per_checkpoint_avg"]
-    print(f"{args.threads} threads x {args.steps} steps, {args.message_bytes} B messages")
-    print(f"{'':28}" + "".join(f"{c:>30}" for c in cols))
-    for r in results:
-        print(f"{r['saver']:28}" + "".join(f"{r[c]:>30,.3f}" for c in cols))
-    print("agentwal / sqlite:", ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    summary = {name: {"saver": rs[0]["saver"], **{c: med(r[c] for r in rs) for c in cols}}
+               for name, rs in runs.items()}
+    pairs = list(zip(runs["agentwal"], runs["sqlite"], strict=True))
+    ratios = {  # median over rounds of the ratio within a round
+        "puts_per_s": med(a["puts_per_s"] / q["puts_per_s"] for a, q in pairs),
+        "get_tuple_p50": med(a["get_tuple_p50_ms"] / q["get_tuple_p50_ms"] for a, q in pairs),
+        "list_all": med(a["list_all_s"] / q["list_all_s"] for a, q in pairs),
+        "bytes_per_checkpoint_at_end": med(a["bytes_per_checkpoint_at_end"]
+                                           / q["bytes_per_checkpoint_at_end"] for a, q in pairs),
+    }
+    if args.json:
+        json.dump({"rounds": runs, "median": summary, "ratios": ratios,
+                   "python": sys.version.split()[0], "machine": platform.machine(),
+                   "load": os.getloadavg()}, sys.stdout, indent=2)
+        print()
+        return
+    print(f"{args.threads} threads x {args.steps} steps, {args.message_bytes} B messages, "
+          f"{args.rounds} rounds (medians; load {os.getloadavg()[0]:.1f})")
+    print(f"{'':26}" + "".join(f"{c:>29}" for c in cols))
+    for r in summary.values():
+        print(f"{r['saver']:26}" + "".join(f"{r[c]:>29,.3f}" for c in cols))
+    print("agentwal / sqlite (median of per-round ratios):",
+          ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
 
 
 if __name__ == "__main__":
