@@ -161,6 +161,11 @@ def test_other_runs_of_the_store_are_not_threads(saver: AgentWALSaver) -> None:
         txn.put("x", 1)
     saver.put(cfg("t"), checkpoint({}, {}), {"step": 0}, {})
     assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"t"}
+    saver.delete_thread("my-own-run")
+    saver.prune(["my-own-run"])
+    with pytest.raises(agentwal.RunExistsError):
+        saver.copy_thread("t", "my-own-run")
+    assert saver.store.state("my-own-run") == {"x": 1}
 
 
 # -- values -----------------------------------------------------------------------------

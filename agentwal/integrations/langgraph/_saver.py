@@ -535,10 +535,11 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
     # -- deleting and copying ----------------------------------------------------------
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread (its agentwal run) with every checkpoint and write."""
+        """Delete the thread (its agentwal run) with every checkpoint and write; a run of
+        the same id that is not a LangGraph thread is left alone."""
         self._shared.forget_thread(thread_id)
-        if self.store.head(thread_id) is None:
-            return
+        if self.store.head(thread_id) is None or not self._is_thread(thread_id):
+            return  # nothing of LangGraph's here (a run of the same id is not a thread)
         with contextlib.suppress(RunNotFoundError):
             self.store.delete_run(thread_id)
 
@@ -574,7 +575,12 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread to another (an agentwal fork
-        when the target is new, so the copy shares the source's stored values)."""
+        when the target is new, so the copy shares the source's stored values; a
+        merge into an existing thread).
+
+        Raises:
+            RunExistsError: the target is an agentwal run that is not a thread.
+        """
         head = self.store.head(source_thread_id)
         if head is None or not self._is_thread(source_thread_id):
             return
@@ -582,6 +588,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             with contextlib.suppress(agentwal.RunExistsError):
                 self.store.fork(source_thread_id, head.id, target_thread_id)
                 return
+        if not self._is_thread(target_thread_id):
+            raise agentwal.RunExistsError(target_thread_id)  # someone else's run: not merged
         with self._reading(source_thread_id) as src:
             items = list(src.items())
         self._shared.forget_thread(target_thread_id)
