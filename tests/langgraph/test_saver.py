@@ -225,13 +225,16 @@ def test_an_append_stores_the_new_message_and_a_small_record(saver: AgentWALSave
     store = saver.store
     head = store.head("t")
     assert head is not None
-    diff = store.diff("t", head.id - 1, head.id)  # the last put's commit
-    new_keys = set(diff.added) | set(diff.changed)
-    elements = [k for k in new_keys if k.startswith("e/")]
-    assert len(elements) == 1
+    step = store.diff("t", head.id - 2, head.id)  # the last step: put_writes, then put
+    new_keys = set(step.added) | set(step.changed)
+    assert len([k for k in new_keys if k.startswith("e/")]) == 1  # the new message, once
+    put = store.diff("t", head.id - 1, head.id)
+    assert not [k for k in put.added if k.startswith("e/")]  # shared with the task's write
     record = store.get("t", next(k for k in new_keys if k.startswith("v/")))
     assert record["t"] == "list" and len(record["add"]) <= L.MAX_DEPTH
-    assert len(json.dumps(record)) < 1000 + 40 * 0  # a chain link or a digest list, no text
+    assert len(json.dumps(record)) < 1000  # a chain link or a digest list, no text
+    write = store.get("t", next(k for k in new_keys if k.startswith("w/")))
+    assert write["t"] == "list" and len(write["add"]) == 1
     assert sum(1 for k in store.state("t") if k.startswith("e/")) == 40
     tup = saver.get_tuple(cfg("t"))
     assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
@@ -332,7 +335,9 @@ def test_encrypted_serializer_stores_its_tag_and_no_plaintext(path: str) -> None
             chat.step(AIMessage(f"secret-{i} " * 200, id=f"m{i}"))
         state = saver.store.state("t")
         tags = {v["t"] for k, v in state.items() if k.startswith(("e/", "w/"))}
-        assert tags == {"msgpack+xor-sha256"}
+        assert tags == {"msgpack+xor-sha256", "list"}  # written lists name their elements
+        assert all(v["t"] == "msgpack+xor-sha256" for k, v in state.items()
+                   if k.startswith("e/"))
         assert "secret" not in repr(state)
         tup = saver.get_tuple(cfg("t"))
         assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
@@ -355,7 +360,7 @@ def test_reopen_reads_everything_and_keeps_sharing(path: str) -> None:
         chat.step(big(11), step=11)
         head = saver.store.head("t")
         assert head is not None
-        diff = saver.store.diff("t", head.id - 1, head.id)
+        diff = saver.store.diff("t", head.id - 2, head.id)  # the last step's two commits
         assert [k for k in diff.added if k.startswith("e/")] == [L.element_key(
             L.digest(saver.serde.dumps_typed(big(11))))]
         assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == \
@@ -378,13 +383,15 @@ def test_prune_keep_latest_keeps_a_whole_list_and_drops_the_rest(saver: AgentWAL
     chat = Chat(saver, "t")
     for i in range(30):
         chat.step(big(i))
+    saver.put_writes(chat.config, [("messages", [big(99)])], "task-x")  # pending on the head
     saver.prune(["t"])
     assert len(list(saver.list(cfg("t")))) == 1
     state = saver.store.state("t")
-    assert sum(1 for k in state if k.startswith("e/")) == 30
+    assert sum(1 for k in state if k.startswith("e/")) == 31
+    assert saver.get_tuple(cfg("t")).pending_writes == [("task-x", "messages", [big(99)])]
     assert sum(1 for k in state if k.startswith("v/")) == 1
     assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
-    chat.step(big(30))  # the cache was forgotten: the next version still reads back
+    chat.step(big(99))  # the cache was forgotten: the next version still reads back
     assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
     with pytest.raises(ValueError, match="strategy"):
         saver.prune(["t"], strategy="oldest")

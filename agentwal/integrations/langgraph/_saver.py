@@ -57,6 +57,9 @@ __all__ = ["AgentWALSaver"]
 T = TypeVar("T")
 #: A list whose serialized elements total less than this is stored whole.
 LIST_MIN_BYTES = 2048
+#: A written list (a node's new messages) whose elements total this is stored element-wise,
+#: so the next checkpoint's list shares them.
+WRITE_LIST_MIN_BYTES = 512
 _ELEMENT_CACHE_BYTES = 64 << 20
 _RESOLVED_CACHE_BYTES = 64 << 20
 #: A list version as read: its serialized elements, and their msgpack array when all are msgpack.
@@ -320,8 +323,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             vrec = txn.get(vkey)
             if vrec is not None and vrec["t"] != "empty":
                 values[channel] = self._value(txn, vkey, vrec)
-        writes = [w for _, w in txn.items(L.write_prefix(nsid, cid))]
-        writes.sort(key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]))
+        writes = list(txn.items(L.write_prefix(nsid, cid)))
+        writes.sort(key=lambda kw: writes_sort_key(kw[1]["path"], kw[1]["task"], kw[1]["idx"]))
         parent = rec.get("parent")
         checkpoint = cast(Checkpoint, {**cp, "channel_values": values})
         return CheckpointTuple(
@@ -329,8 +332,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             checkpoint=checkpoint,
             metadata=self.serde.loads_typed(_typed(rec["md"])),
             parent_config=_config(thread, ns, parent) if parent else None,
-            pending_writes=[(w["task"], w["ch"], self.serde.loads_typed(_typed(w)))
-                            for w in writes],
+            pending_writes=[(w["task"], w["ch"], self._value(txn, key, w))
+                            for key, w in writes],
         )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -514,15 +517,24 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         prepared = []
         for idx, (channel, value) in enumerate(writes):
             widx = WRITES_IDX_MAP.get(channel, idx)
-            rec = {"task": task_id, "path": task_path, "ch": channel, "idx": widx,
-                   **_payload(self.serde.dumps_typed(value), self.readable)}
-            prepared.append((L.write_key(nsid, cid, task_id, widx), widx, rec))
+            head = {"task": task_id, "path": task_path, "ch": channel, "idx": widx}
+            elements = self._write_elements(value)
+            if elements is None:
+                rec = {**head, **_payload(self.serde.dumps_typed(value), self.readable)}
+            else:  # a list of messages: its elements are shared with the next checkpoint
+                rec = {**head, **L.list_record([d for d, _ in elements], None)}
+            prepared.append((L.write_key(nsid, cid, task_id, widx), widx, rec, elements or []))
+        self._shared.forget_values(thread, [key for key, _, _, _ in prepared])
 
         def body(txn: agentwal.Transaction) -> bool:
             wrote = False
-            for key, widx, rec in prepared:
+            for key, widx, rec, elements in prepared:
                 if widx >= 0 and key in txn:
                     continue
+                for dig, typed in elements:
+                    if L.element_key(dig) not in txn:
+                        self._put_value(txn, L.element_key(dig), _payload(typed, self.readable))
+                    self._shared.remember_element(dig, typed)
                 self._put_value(txn, key, rec)
                 wrote = True
             if wrote:
@@ -531,6 +543,17 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             return wrote
 
         self._commit(thread, body)
+
+    def _write_elements(self, value: Any) -> builtins.list[tuple[str, tuple[str, bytes]]] | None:
+        """A written list's elements, serialized, when they are worth sharing; else None."""
+        if type(value) is not list or not value:
+            return None
+        out = []
+        for element in value:
+            kind, data = self.serde.dumps_typed(element)
+            typed = (kind, bytes(data))
+            out.append((L.digest(typed), typed))
+        return out if sum(len(t[1]) for _, t in out) >= WRITE_LIST_MIN_BYTES else None
 
     # -- deleting and copying ----------------------------------------------------------
 
@@ -644,8 +667,13 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                     live_elements.update(digests)
                     vrec = L.list_record(digests, None)
                 live_values[vkey] = vrec
+        kept_writes = [(k, w) for k, w in txn.items("w/") if keep_w and k.startswith(keep_w)]
+        for _, w in kept_writes:
+            if w["t"] == "list":
+                live_elements.update(L.resolve_list(w, txn.get))
+        kept_keys = {k for k, _ in kept_writes}
         doomed = [k for k in txn.keys("ck/") if k not in keep_ck]
-        doomed += [k for k in txn.keys("w/") if not k.startswith(keep_w)]
+        doomed += [k for k in txn.keys("w/") if k not in kept_keys]
         doomed += [k for k in txn.keys("v/") if k not in live_values]
         doomed += [k for k in txn.keys("e/") if k.removeprefix("e/") not in live_elements]
         for vkey, vrec in live_values.items():
