@@ -8,7 +8,9 @@ Usage: ``python -m tests.langgraph.child SCENARIO STORE WORKDIR PHASE [MODE]``
   the next checkpoint is still in flight when ``pay`` starts), then ``pay``
   runs ``effect("charge", ...)`` in ``MODE``; the downstream applies the
   charge, and the first time the process SIGKILLs itself inside ``fn``, after
-  the application and before ``fn`` returns.
+  the application and before ``fn`` returns. ``aeffect``: the same with an
+  async ``pay`` node calling ``aeffect`` with an async ``fn``, run by
+  ``ainvoke``.
 - ``PHASE`` ``start`` invokes the graph with an input; ``resume`` invokes
   ``graph.invoke(None, config)`` in a new process, as after a crash.
 
@@ -19,6 +21,7 @@ tell which nodes ran in which process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -28,7 +31,7 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import agentwal
-from agentwal.integrations.langgraph import AgentWALSaver, effect
+from agentwal.integrations.langgraph import AgentWALSaver, aeffect, effect
 from tests.effects.downstream import Downstream
 
 CONFIG = {"configurable": {"thread_id": "crash-thread"}}
@@ -92,7 +95,8 @@ def steps_graph(saver: AgentWALSaver, workdir: str) -> Any:
     return b.compile(checkpointer=saver)
 
 
-def effect_graph(saver: AgentWALSaver, workdir: str, mode: str) -> Any:
+def effect_graph(saver: AgentWALSaver, workdir: str, mode: str, *,
+                 asynchronous: bool = False) -> Any:
     options = dict(MODES[mode])
     downstream = Downstream(os.path.join(workdir, "journal"), dedup=True)
     if options.pop("probe", False):
@@ -112,9 +116,18 @@ def effect_graph(saver: AgentWALSaver, workdir: str, mode: str) -> Any:
         _log(workdir, "pay")
         return {"receipt": effect("charge", charge, args={"amount": 4900}, **options)}
 
+    async def charge_async(ctx: agentwal.EffectContext) -> Any:
+        await asyncio.sleep(0)
+        return charge(ctx)
+
+    async def apay(state: State) -> dict[str, Any]:
+        _log(workdir, "pay")
+        return {"receipt": await aeffect("charge", charge_async, args={"amount": 4900},
+                                         **options)}
+
     b = StateGraph(State)
     b.add_node("prep", prep)
-    b.add_node("pay", pay)
+    b.add_node("pay", apay if asynchronous else pay)
     b.add_edge(START, "prep")
     b.add_edge("prep", "pay")
     b.add_edge("pay", END)
@@ -125,9 +138,13 @@ def main(argv: list[str]) -> None:
     scenario, store_path, workdir, phase = argv[:4]
     with AgentWALSaver.from_path(store_path) as saver:
         graph = (steps_graph(saver, workdir) if scenario == "steps"
-                 else effect_graph(saver, workdir, argv[4]))
+                 else effect_graph(saver, workdir, argv[4], asynchronous=scenario == "aeffect"))
+        arg = {} if phase == "start" else None
         try:
-            out = graph.invoke({} if phase == "start" else None, CONFIG)
+            if scenario == "aeffect":
+                out = asyncio.run(graph.ainvoke(arg, CONFIG))
+            else:
+                out = graph.invoke(arg, CONFIG)
         except agentwal.Error as exc:
             print(json.dumps({"error": exc.code}), flush=True)
             return

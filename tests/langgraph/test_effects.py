@@ -220,6 +220,40 @@ def test_aeffect_in_an_async_node_across_an_interrupt(saver: AgentWALSaver) -> N
     assert len(calls) == 1 and out["receipts"] == [{"paid": True}]
 
 
+def test_aeffects_gathered_in_one_node_keep_their_positions(saver: AgentWALSaver) -> None:
+    calls: list[str] = []
+
+    async def call(ctx: agentwal.EffectContext) -> str:
+        await asyncio.sleep(0.01 if ctx.args == "slow" else 0)
+        calls.append(ctx.args)
+        return str(ctx.args)
+
+    def sync_call(ctx: agentwal.EffectContext) -> str:  # a plain function works too
+        calls.append(ctx.args)
+        return str(ctx.args)
+
+    async def tools(state: Pay) -> dict[str, Any]:
+        got = await asyncio.gather(aeffect("tool", call, mode="at_least_once", args="slow"),
+                                   aeffect("tool", call, mode="at_least_once", args="fast"))
+        last = await aeffect("tool", sync_call, mode="at_least_once", args="sync")
+        interrupt("?")
+        return {"receipts": [*got, last]}
+
+    b = StateGraph(Pay)
+    b.add_node("tools", tools)
+    b.add_edge(START, "tools")
+    b.add_edge("tools", END)
+    graph = b.compile(checkpointer=saver)
+
+    async def main() -> dict[str, Any]:
+        await graph.ainvoke({"receipts": []}, conf("g"))
+        return await graph.ainvoke(Command(resume="go"), conf("g"))
+
+    out = asyncio.run(main())
+    assert out["receipts"] == ["slow", "fast", "sync"]
+    assert sorted(calls) == ["fast", "slow", "sync"]  # each once, across the re-run
+
+
 def test_outside_a_graph_or_with_another_checkpointer_is_refused() -> None:
     with pytest.raises(NotInGraphError, match="outside a LangGraph node"):
         effect("x", lambda ctx: 1, mode="at_most_once")
@@ -267,12 +301,16 @@ EXPECT = {
 }
 
 
-@pytest.mark.parametrize("mode", list(EXPECT))
-def test_sigkill_inside_fn_after_the_downstream_applied(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("scenario", "mode"), [
+    *(("effect", mode) for mode in EXPECT),
+    ("aeffect", "at_most_once"), ("aeffect", "exactly_once_idempotent"),
+])
+def test_sigkill_inside_fn_after_the_downstream_applied(tmp_path: Path, scenario: str,
+                                                        mode: str) -> None:
     store = str(tmp_path / "e.awal")
-    killed = child("effect", store, str(tmp_path), "start", mode)
+    killed = child(scenario, store, str(tmp_path), "start", mode)
     assert killed.returncode == -9, killed.stderr
-    resumed = child("effect", store, str(tmp_path), "resume", mode)
+    resumed = child(scenario, store, str(tmp_path), "resume", mode)
     assert resumed.returncode == 0, resumed.stderr
     out = json.loads(resumed.stdout.splitlines()[-1])
     downstream = Downstream(str(tmp_path / "journal"))

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import threading
 import time
 from collections import OrderedDict
@@ -223,25 +222,15 @@ def effect(name: str, fn: Callable[[agentwal.EffectContext], Any], *, mode: Any,
     return _run(_site(), name, fn, mode, args, key, probe, idempotent, retries)
 
 
-def _bridge(func: Any, loop: asyncio.AbstractEventLoop) -> Any:
-    """``func`` callable from a worker thread: a coroutine function runs on ``loop``."""
-    if func is None or not inspect.iscoroutinefunction(func):
-        return func
-
-    def call(ctx: agentwal.EffectContext) -> Any:
-        return asyncio.run_coroutine_threadsafe(func(ctx), loop).result()
-
-    return call
-
-
 async def aeffect(name: str, fn: Callable[[agentwal.EffectContext], Any], *, mode: Any,
                   args: Any = None, key: str | None = None,
                   probe: Callable[[agentwal.EffectContext], Any] | None = None,
                   idempotent: bool = False, retries: int = 0) -> Any:
     """:func:`effect` for an async node; ``fn`` and ``probe`` may be coroutine functions.
 
-    The ledger's records are made durable in a worker thread, so the event loop
-    is never blocked on an fsync; a coroutine ``fn`` runs on the node's loop.
+    Built on ``txn.aeffect``: ``fn(ctx)`` runs on the node's event loop (awaited
+    when it returns an awaitable) and every ledger write runs off the loop, as
+    does the wait for the task's checkpoint, so no fsync stalls the loop.
 
     Example::
 
@@ -251,6 +240,11 @@ async def aeffect(name: str, fn: Callable[[agentwal.EffectContext], Any], *, mod
             return {"receipt": receipt}
     """
     site = _site()
-    loop = asyncio.get_running_loop()
-    return await asyncio.to_thread(_run, site, name, _bridge(fn, loop), mode, args, key,
-                                   _bridge(probe, loop), idempotent, retries)
+    effect_key = site.key(name) if key is None else key
+    await asyncio.to_thread(_await_checkpoint, site, effect_key)  # reads and an fsync
+    txn = site.saver.store.begin(site.run())  # no I/O
+    try:
+        return await txn.aeffect(name, fn, mode=mode, args=args, key=effect_key, probe=probe,
+                                 idempotent=idempotent, retries=retries)
+    finally:
+        txn.rollback()
