@@ -490,3 +490,16 @@ def test_importing_without_langgraph_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "agentwal[langgraph]" in out
+
+
+def test_agentwal_compaction_keeps_what_langgraph_reads(saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    for i in range(40):
+        chat.step(big(i), step=i)
+    before = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(cfg("t"))]
+    report = saver.store.compact(keep_last=1, vacuum=True)
+    assert report.checkpoints_dropped > 0 and len(saver.store.history("t")) == 1
+    assert [(t.checkpoint, t.metadata, t.pending_writes)
+            for t in saver.list(cfg("t"))] == before
+    chat.step(big(40))
+    assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
