@@ -9,11 +9,12 @@ and roll it back. Commits on one thread may race (LangGraph saves a
 checkpoint in the background while tasks save their writes): a
 ``ConflictError`` re-runs the commit from a fresh snapshot.
 
-Caches (shared by shallow copies, which LangGraph makes in
+Caches (``_cache.py``; shared by shallow copies, which LangGraph makes in
 ``with_allowlist``): the last list version written per (thread, namespace,
-channel), so the next version can share its prefix, and serialized list
-elements by digest (content-addressed, so never stale). A put that finds its
-cached base gone writes a full list record instead.
+channel) with its element objects, so the next put serializes only new
+elements and links to that version; serialized elements by digest; and each
+list version read, as its elements and their msgpack array. A put that finds
+its cached base gone writes a full list record instead.
 
 The async methods run the sync ones in a worker thread (``asyncio.to_thread``):
 no disk I/O or fsync on the event loop.
@@ -25,11 +26,8 @@ import asyncio
 import builtins
 import contextlib
 import random
-import threading
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -50,105 +48,17 @@ import agentwal
 from agentwal.errors import ConflictError, RunNotFoundError, UnencodableValueError
 
 from . import _layout as L
+from ._cache import Listed, Prepared, Shared
 from ._view import view_of
 
 __all__ = ["AgentWALSaver"]
 
-T = TypeVar("T")
 #: A list whose serialized elements total less than this is stored whole.
 LIST_MIN_BYTES = 2048
 #: A written list (a node's new messages) whose elements total this is stored element-wise,
 #: so the next checkpoint's list shares them.
 WRITE_LIST_MIN_BYTES = 512
-_ELEMENT_CACHE_BYTES = 64 << 20
-_RESOLVED_CACHE_BYTES = 64 << 20
-#: A list version as read: its serialized elements, and their msgpack array when all are msgpack.
-_Resolved = tuple[tuple[tuple[str, bytes], ...], bytes | None]
 _COMMIT_ATTEMPTS = 50
-
-
-@dataclass(frozen=True)
-class _Listed:
-    """The last version of a list channel written through this saver (one slot)."""
-
-    key: str  # its value key
-    objs: tuple[Any, ...]  # the element objects, for reuse by identity
-    digests: tuple[str, ...]
-    sizes: tuple[int, ...]
-    depth: int
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A list value ready to store: every element's digest, new ones serialized."""
-
-    objs: tuple[Any, ...]
-    digests: tuple[str, ...]
-    sizes: tuple[int, ...]
-    fresh: dict[str, tuple[str, bytes]]
-
-
-class _Shared:
-    """State every shallow copy of one saver shares."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.saved = threading.Condition(self.lock)  # notified after every put
-        self.lists: dict[tuple[str, str, str], _Listed] = {}
-        self.elements: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
-        self.element_bytes = 0
-        # (thread, value key) -> a list version's elements (and their msgpack array)
-        self.resolved: OrderedDict[tuple[str, str], _Resolved] = OrderedDict()
-        self.resolved_bytes = 0
-
-    def element(self, dig: str) -> tuple[str, bytes] | None:
-        with self.lock:
-            hit = self.elements.get(dig)
-            if hit is not None:
-                self.elements.move_to_end(dig)
-            return hit
-
-    def remember_element(self, dig: str, typed: tuple[str, bytes]) -> None:
-        with self.lock:
-            if dig in self.elements:
-                return
-            self.elements[dig] = typed
-            self.element_bytes += len(typed[1])
-            while self.element_bytes > _ELEMENT_CACHE_BYTES and self.elements:
-                _, old = self.elements.popitem(last=False)
-                self.element_bytes -= len(old[1])
-
-    def listed(self, thread: str, vkey: str) -> _Resolved | None:
-        with self.lock:
-            hit = self.resolved.get((thread, vkey))
-            if hit is not None:
-                self.resolved.move_to_end((thread, vkey))
-            return hit
-
-    def remember_listed(self, thread: str, vkey: str, listed: _Resolved) -> None:
-        size = sum(len(b) for _, b in listed[0]) * 2
-        with self.lock:
-            if (thread, vkey) in self.resolved or size > _RESOLVED_CACHE_BYTES // 4:
-                return
-            self.resolved[(thread, vkey)] = listed
-            self.resolved_bytes += size
-            while self.resolved_bytes > _RESOLVED_CACHE_BYTES and self.resolved:
-                _, old = self.resolved.popitem(last=False)
-                self.resolved_bytes -= sum(len(b) for _, b in old[0]) * 2
-
-    def forget_values(self, thread: str, vkeys: Iterable[str]) -> None:
-        with self.lock:
-            for vkey in vkeys:
-                old = self.resolved.pop((thread, vkey), None)
-                if old is not None:
-                    self.resolved_bytes -= sum(len(b) for _, b in old[0]) * 2
-
-    def forget_thread(self, thread: str) -> None:
-        with self.lock:
-            for k in [k for k in self.lists if k[0] == thread]:
-                del self.lists[k]
-            for r in [r for r in self.resolved if r[0] == thread]:
-                self.resolved_bytes -= sum(len(b) for _, b in self.resolved.pop(r)[0]) * 2
 
 
 def _payload(typed: tuple[str, bytes], readable: bool) -> dict[str, Any]:
@@ -222,7 +132,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         self.store = store
         self.readable = readable
-        self._shared = _Shared()
+        self._shared = Shared()
 
     @classmethod
     @contextlib.contextmanager
@@ -397,7 +307,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
 
     # -- writing -----------------------------------------------------------------------
 
-    def _prepare_list(self, slot: tuple[str, str, str], value: Any) -> _Prepared | None:
+    def _prepare_list(self, slot: tuple[str, str, str], value: Any) -> Prepared | None:
         """The elements of a list value, serializing only those not in the slot's last
         version (by identity: LangGraph's reducers build a new list of the same objects);
         None when the value is no list or too small to be worth sharing."""
@@ -422,7 +332,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             fresh[dig] = typed
         if sum(sizes) < LIST_MIN_BYTES:
             return None
-        return _Prepared(tuple(value), tuple(digests), tuple(sizes), fresh)
+        return Prepared(tuple(value), tuple(digests), tuple(sizes), fresh)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -434,7 +344,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         values = checkpoint.get("channel_values", {})
         md = get_checkpoint_metadata(config, metadata)
         plain: builtins.list[tuple[str, dict[str, Any]]] = []
-        lists: builtins.list[tuple[str, tuple[str, str, str], _Prepared]] = []
+        lists: builtins.list[tuple[str, tuple[str, str, str], Prepared]] = []
         for channel, version in new_versions.items():
             vkey = L.value_key(nsid, channel, version)
             if channel not in values:
@@ -451,7 +361,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                   "cp": _payload(self.serde.dumps_typed(bare), False),
                   "md": _payload(self.serde.dumps_typed(md), self.readable),
                   "run_id": md.get("run_id") if isinstance(md.get("run_id"), str) else None}
-        written: dict[tuple[str, str, str], _Listed] = {}
+        written: dict[tuple[str, str, str], Listed] = {}
 
         def body(txn: agentwal.Transaction) -> bool:
             written.clear()
@@ -464,7 +374,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             for vkey, slot, prep in lists:
                 rec = self._list_record(txn, slot, prep)
                 self._put_value(txn, vkey, rec)
-                written[slot] = _Listed(vkey, prep.objs, prep.digests, prep.sizes, rec["depth"])
+                written[slot] = Listed(vkey, prep.objs, prep.digests, prep.sizes, rec["depth"])
             self._put_value(txn, L.checkpoint_key(nsid, cid), record)
             head = txn.get(L.head_key(nsid))
             if head is None or cid > head:
@@ -482,7 +392,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         return _config(thread, ns, cid)
 
     def _list_record(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
-                     prep: _Prepared) -> dict[str, Any]:
+                     prep: Prepared) -> dict[str, Any]:
         """The version record of a list; stores the elements the store does not hold yet."""
         with self._shared.lock:
             base = self._shared.lists.get(slot)
