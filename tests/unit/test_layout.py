@@ -23,6 +23,7 @@ RANK = {
     "store": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
     "workspace": 8,
+    "integrations": 9,
 }
 
 
