@@ -6,10 +6,9 @@ from typing import Any
 
 import click
 
-from ..views import abbreviate, to_json, value_changes
+from ..views import abbreviate, checkpoint_row, to_json, value_changes
 from .app import main
 from .common import (
-    checkpoint_row,
     checkpoint_table,
     emit,
     examples,

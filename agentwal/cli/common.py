@@ -26,9 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import Error
-from ..views import checkpoint_row, jsonable, when
-
-__all__ = ["checkpoint_row", "jsonable", "when"]  # shared with the commands
+from ..views import jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 

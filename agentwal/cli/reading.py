@@ -12,17 +12,18 @@ from rich.tree import Tree
 
 from ..errors import RunNotFoundError
 from ..views import (
+    checkpoint_row,
     effect_counts,
     fork_map,
     graph_rows,
     outbox,
     problems_by_run,
     to_json,
+    when,
 )
 from .app import main
 from .common import (
     age,
-    checkpoint_row,
     checkpoint_table,
     clip,
     console,
@@ -35,7 +36,6 @@ from .common import (
     store_argument,
     table,
     usage,
-    when,
 )
 
 _MIB = 1 << 20

@@ -100,6 +100,7 @@ def test_runs_list(page: Any) -> None:
     assert row.locator(".badge.bad").inner_text() == "1"  # its in-doubt effect
     page.fill("#run-search", "run-b")
     page.wait_for_selector('#runs tr[data-run="run-a"]', state="detached")
+    assert "null" not in page.inner_text("#main") and "undefined" not in page.inner_text("#main")
     shot(page, "1-runs")
     page.fill("#run-search", "")
     page.wait_for_selector('#runs tr[data-run="run-a"]')

@@ -54,7 +54,7 @@ async function api(path) {
 
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.filter(n => n !== null && n !== undefined));
 }
 
 function errorBox(err) { return el("p", { class: "error" }, String(err.message || err)); }
@@ -101,14 +101,15 @@ async function renderRuns(params, live) {
       el("td", {}, age(r.created_at)),
       el("td", { class: "num" }, r.checkpoints),
       el("td", { class: "num" }, r.in_doubt ? el("span", { class: "badge bad" }, r.in_doubt) : "0")))));
+  const body = el("div", { id: "runs-body" }, table,
+    rows.length ? null : el("p", { class: "muted" }, q ? "No run matches." : "The store has no runs yet."));
   if (live && existing) {
-    document.getElementById("runs").replaceWith(table);
+    document.getElementById("runs-body").replaceWith(body);
     return;
   }
   const search = el("input", { id: "run-search", type: "search", placeholder: "Search runs", value: q,
     oninput: (ev) => { history.replaceState(null, "", `#/?q=${enc(ev.target.value)}`); render(true); } });
-  show(el("h1", {}, "Runs"), search, table,
-       rows.length ? null : el("p", { class: "muted" }, "No runs match."));
+  show(el("h1", {}, "Runs"), search, body);
   search.focus();
   search.setSelectionRange(q.length, q.length);
 }
