@@ -163,6 +163,14 @@ def test_python_dash_m_is_the_console_script(forked: str) -> None:
     assert _cli("--help").stdout.startswith("Usage: agentwal ")
     bad = _cli("histroy", forked)
     assert bad.returncode == 2 and "No such command" in bad.stderr
+    script = Path(sys.executable).with_name("agentwal")
+    if script.exists():  # the console script beside this interpreter prints the same
+        for args in (["--help"], ["history", forked, "run-a"], ["show", forked, "nope"]):
+            env = {**os.environ, "NO_COLOR": "1"}
+            a = subprocess.run([str(script), *args], capture_output=True, text=True,
+                               timeout=120, env=env)
+            b = _cli(*args)
+            assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
 
 
 def test_a_closed_pipe_is_a_quiet_normal_end(forked: str) -> None:
