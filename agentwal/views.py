@@ -80,6 +80,7 @@ def effect_row(e: Any) -> dict[str, Any]:
     row["mode"] = e.mode.value
     row["order"] = list(e.order) if e.order is not None else None
     row["age"] = round(e.age, 3)
+    row["uncommitted"] = e.uncommitted
     return row
 
 

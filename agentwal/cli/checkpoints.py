@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..views import abbreviate, checkpoint_row, to_json, value_changes
+from ..views import abbreviate, checkpoint_row, effect_row, to_json, value_changes
 from .app import main
 from .common import (
     checkpoint_table,
@@ -18,6 +18,7 @@ from .common import (
     reports_errors,
     store_argument,
 )
+from .effects import effects_after_note
 
 # -- history: diff, rollback, fork ----------------------------------------------------------
 
@@ -119,14 +120,19 @@ def rollback(path: str, run: str, checkpoint: int, as_json: bool) -> None:
     """Make a new checkpoint of RUN whose state equals its state at checkpoint ID.
 
     History is kept: the new checkpoint's parent is the old head and its
-    metadata is {"rollback_to": ID}. Prints the new checkpoint. Opens the
+    metadata is {"rollback_to": ID}. Prints the new checkpoint, and on stderr
+    the effects made after ID that still stand in the outside world (state is
+    rolled back, the world is not; --json lists them as effects_after). Opens the
     store for writing, so it fails with store_locked while an agent has it
     open (call store.rollback_to from that process instead).
     """
     with open_rw(path) as store:
         c = store.rollback_to(run, checkpoint)
     row = checkpoint_row(c)
+    row["effects_after"] = [effect_row(e) for e in c.effects_after]
     emit(as_json, row, lambda: checkpoint_table([row]))
+    if not as_json:
+        effects_after_note(c.effects_after, checkpoint)
 
 
 @main.command(epilog=examples("agentwal fork state.awal run-42 7 run-42-retry",
@@ -141,11 +147,15 @@ def fork(path: str, run: str, checkpoint: int, new_run: str, as_json: bool) -> N
     """Start NEW_RUN from the state of RUN at checkpoint ID.
 
     The new run's first checkpoint has origin (RUN, ID); from then on the two
-    runs are independent. Prints that checkpoint. Exits 1 with run_exists if
+    runs are independent. Prints that checkpoint (and, as rollback does, the
+    effects made after ID that still stand). Exits 1 with run_exists if
     NEW_RUN has a checkpoint already. Opens the store for writing, so it
     fails with store_locked while an agent has it open.
     """
     with open_rw(path) as store:
         c = store.fork(run, checkpoint, new_run)
     row = checkpoint_row(c)
+    row["effects_after"] = [effect_row(e) for e in c.effects_after]
     emit(as_json, row, lambda: checkpoint_table([row]))
+    if not as_json:
+        effects_after_note(c.effects_after, checkpoint)

@@ -1,4 +1,4 @@
-"""Commands over the effects ledger: effects (list) and resolve (settle by hand)."""
+"""Commands over the effects ledger: effects (list), resolve (settle by hand), retire."""
 
 from __future__ import annotations
 
@@ -29,13 +29,30 @@ from .common import (
 # -- the effects ledger -----------------------------------------------------------------
 
 
-
+def _committed(r: dict[str, Any]) -> str:
+    """Where an entry's step committed: a checkpoint id, "uncommitted", or "-"."""
+    if r["uncommitted"]:
+        return "uncommitted"
+    return "-" if r["committed_in"] is None else str(r["committed_in"])
 
 
 def _effects_table(rows: list[dict[str, Any]]) -> None:
     table([(r["effect_id"], r["run"], r["name"], r["mode"], r["status"], r["attempts"],
-             age(r["age"]), clip(r["key"], 20), clip(r["error"] or "-", 40)) for r in rows],
-           ("id", "run", "name", "mode", "status", "attempts", "age", "key", "last error"))
+             age(r["age"]), _committed(r), clip(r["key"], 20), clip(r["error"] or "-", 40))
+           for r in rows],
+          ("id", "run", "name", "mode", "status", "attempts", "age", "committed", "key",
+           "last error"))
+
+
+def effects_after_note(entries: Any, checkpoint: int) -> None:
+    """Tell the user (on stderr) which effects a rollback_to or fork leaves standing."""
+    if not entries:
+        return
+    names = ", ".join(f"{e.name} ({e.effect_id}, {e.status})" for e in entries[:8])
+    more = f" and {len(entries) - 8} more" if len(entries) > 8 else ""
+    click.echo(f"note: {len(entries)} effect(s) made after checkpoint {checkpoint} still stand "
+               f"in the outside world: {names}{more}. Steps re-run from here call them again "
+               "unless they use a business key=; `agentwal effects` lists them.", err=True)
 
 
 @main.command(epilog=examples("agentwal effects state.awal --status in_doubt",
@@ -54,7 +71,9 @@ def effects(path: str, run: str | None, status: str | None, check: bool,
             as_json: bool) -> None:
     """List the effects ledger: calls to the outside world and their status.
 
-    Oldest first: id, run, name, mode, status, attempts, age, key, last error.
+    Oldest first: id, run, name, mode, status, attempts, age, committed (the
+    checkpoint whose commit included it, or "uncommitted" when the step that
+    made it never committed), key, last error.
     Opens the store read-only, so it works while a writer has it open. The
     table shortens keys and last errors; --json prints every field. With
     --check the command exits 1 when an entry it lists is in_doubt or failed
@@ -121,6 +140,31 @@ def resolve(path: str, effect_id: str, result_json: str | None, not_applied: boo
     with open_rw(path) as store:
         settled = store.resolve_effect(effect_id, by=by, **kwargs)
     row = effect_row(settled)
+    emit(as_json, row, lambda: table([(k, _field_text(k, v)) for k, v in row.items()],
+                                       ("field", "value")))
+
+
+@main.command(epilog=examples("agentwal retire state.awal ef-3f2a --by alice",
+                              "agentwal retire state.awal ef-3f2a --json"))
+@store_argument
+@click.argument("effect_id")
+@click.option("--by", default=None, metavar="NAME",
+              help="Who decided (default: user@host and pid).")
+@json_option
+@reports_errors
+def retire(path: str, effect_id: str, by: str | None, as_json: bool) -> None:
+    """Set an effect aside, keeping it as history, and free its position.
+
+    For a step whose code changed on purpose, which now fails with
+    effect_divergence: the entry becomes retired (its old status kept) and
+    the next run of the step calls afresh. Check the downstream first: the
+    fresh call really runs. Outbox entries cannot be retired (use resolve).
+    Opens the store for writing, so it fails with store_locked while an agent
+    has it open (call store.retire_effect from that process instead).
+    """
+    with open_rw(path) as store:
+        retired = store.retire_effect(effect_id, by=by)
+    row = effect_row(retired)
     emit(as_json, row, lambda: table([(k, _field_text(k, v)) for k, v in row.items()],
                                        ("field", "value")))
 
