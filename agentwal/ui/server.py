@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..effects import STATUSES
 from ..errors import CheckpointNotFoundError, Error, RunNotFoundError
 from ..types import BlobRef
 from ..views import (
@@ -83,6 +84,7 @@ class Viewer:
         entries = s.effects()
         return {"path": self.path, "store_id": st["store_id"], "visible_lsn": st["visible_lsn"],
                 "runs": len(s.runs()), "effects": effect_counts(entries),
+                "statuses": list(STATUSES),
                 "outbox": len(outbox(entries))}
 
     def runs(self, s: Any, q: str) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ def test_store_summary_counts_what_needs_attention(client: TestClient, filled: s
     s = get(client, "/api/store")
     assert s["path"] == filled and s["runs"] == 2 and s["outbox"] == 1
     assert s["effects"]["in_doubt"] == 1 and s["effects"]["pending"] == 1
+    assert "in_doubt" in s["statuses"] and set(s["effects"]) == {*s["statuses"], "total"}
 
 
 def test_runs_list_and_search(client: TestClient) -> None:

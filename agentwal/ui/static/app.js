@@ -6,6 +6,7 @@ const POLL_MS = 1000;
 const SHORT_TEXT = 160;  // characters of text shown before "more"
 let lastLsn = null;
 let storePath = "";
+let storeStatuses = ["in_doubt", "failed", "pending", "done", "resolved", "not_applied"];
 
 // -- DOM helpers -----------------------------------------------------------------------
 
@@ -262,19 +263,21 @@ function changeLine(c) {
 
 function effectsTable(rows, id) {
   return el("table", { id, class: "effects" },
-    el("thead", {}, el("tr", {}, ["status", "name", "run", "key", "mode", "attempts", "args", "result / error", "age"].map(h => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["status", "name", "run", "committed", "key", "mode", "attempts", "args", "result / error", "age"].map(h => el("th", {}, h)))),
     el("tbody", {}, rows.map(r => [
       el("tr", { class: `status-${r.status}`, "data-effect": r.effect_id },
         el("td", {}, el("span", { class: `badge st-${r.status}` }, r.status)),
         el("td", {}, r.name, el("div", { class: "muted small" }, r.effect_id)),
         el("td", {}, link(`#/run/${enc(r.run)}/ckpt/${r.checkpoint}`, r.run)),
+        el("td", {}, r.uncommitted ? el("span", { class: "badge st-pending", title: "the step that made it never committed" }, "uncommitted")
+          : r.committed_in ? link(`#/run/${enc(r.run)}/ckpt/${r.committed_in}`, `#${r.committed_in}`) : "-"),
         el("td", {}, el("code", {}, r.key)),
         el("td", {}, r.mode),
         el("td", { class: "num" }, r.attempts),
         el("td", {}, pv(r.args)),
         el("td", {}, r.error ? el("span", { class: "error-text" }, r.error) : pv(r.result)),
         el("td", {}, age(r.updated_at))),
-      r.resolve ? el("tr", { class: "resolve-row" }, el("td", { colspan: 9 },
+      r.resolve ? el("tr", { class: "resolve-row" }, el("td", { colspan: 10 },
         "Settle it by hand once you know what happened: ", el("code", { class: "resolve" }, r.resolve))) : null,
     ])));
 }
@@ -287,7 +290,7 @@ async function renderEffects(params, live) {
     document.getElementById("effects").replaceWith(table);
     return;
   }
-  const statuses = ["", "in_doubt", "failed", "pending", "done", "resolved", "not_applied"];
+  const statuses = ["", ...storeStatuses];
   const apply = () => {
     location.hash = `#/effects?run=${enc(runInput.value)}&status=${enc(statusSel.value)}`;
   };
@@ -316,6 +319,7 @@ async function poll() {
   try {
     const s = await api("/api/store");
     storePath = s.path;
+    storeStatuses = s.statuses;
     document.getElementById("store-path").textContent = s.path;
     const live = document.getElementById("live");
     live.textContent = `LSN ${s.visible_lsn} · live`;
