@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import sys
@@ -82,4 +83,6 @@ def ui(path: str, host: str, port: int, open_browser: bool) -> None:
         sys.stderr.flush()
         if open_browser:
             threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-        server.run(sockets=[sock])
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
+            server.run(sockets=[sock])
+        click.echo("agentwal ui: stopped", err=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -89,5 +90,6 @@ def test_ui_follows_a_writer_in_another_process(writer: str) -> None:
             page = json.load(res)
         assert page["rows"][0]["head"] and page["head"] > 1
     finally:
-        ui.terminate()
-        ui.wait(timeout=30)
+        ui.send_signal(signal.SIGINT)  # Ctrl-C: how a person stops it
+        code = ui.wait(timeout=60)
+    assert code == 0 and ui.stderr.read().strip() == "agentwal ui: stopped"
