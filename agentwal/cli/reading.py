@@ -45,12 +45,13 @@ def size(n: int | None) -> str:
     """Bytes for a person: 512 B, 60.0 KiB, 3.2 MiB."""
     if n is None:
         return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    if n < 1024:
+        return f"{n} B"
+    units = ("KiB", "MiB", "GiB", "TiB")
+    value, step = n / 1024, 0
+    while value >= 1024 and step < len(units) - 1:
+        value, step = value / 1024, step + 1
+    return f"{value:.1f} {units[step]}"
 
 
 @main.command(epilog=examples("agentwal inspect state.awal",

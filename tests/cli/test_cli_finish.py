@@ -234,3 +234,10 @@ def test_colour_on_a_terminal_but_never_with_no_color(forked: str) -> None:
     plain = _on_a_terminal(args, {**env, "NO_COLOR": "1"})
     colour_codes = [c for c in ("\x1b[3", "\x1b[9", "\x1b[38;") if c in plain]
     assert "HEAD" in plain and not colour_codes
+
+
+def test_sizes_for_people() -> None:
+    from agentwal.cli.reading import size
+
+    assert [size(n) for n in (None, 0, 1023, 1024, 53_248, 16 << 20, 5 << 40, 1 << 60)] == [
+        "-", "0 B", "1023 B", "1.0 KiB", "52.0 KiB", "16.0 MiB", "5.0 TiB", "1048576.0 TiB"]
