@@ -204,6 +204,9 @@ def create_app(store: Any, path: str, *, refresh_seconds: float = REFRESH_SECOND
             except Error as exc:
                 status = 404 if isinstance(exc, LookupError) else 500
                 return _json({"error": {"code": exc.code, "message": str(exc)}}, status)
+            except OSError as exc:  # e.g. a segment the writer removed while we read it
+                return _json({"error": {"code": "io", "message": f"{exc}; the page retries"}},
+                             503)
 
         return endpoint
 
