@@ -132,7 +132,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 
 def _field(name: str, value: Any) -> str:
     if value is None:
-        return "-"
+        return "(the writer's; not visible read-only)" if name == "durability" else "-"
     if name.endswith("_bytes"):
         return f"{size(value)} ({value:,} bytes)"
     if name.endswith("_at"):
@@ -142,10 +142,13 @@ def _field(name: str, value: Any) -> str:
 
 def _inspect_human(st: dict[str, Any]) -> None:
     attention = st["attention"]
+    out = console()
     if attention:
-        table([("!", a) for a in attention], ("", "needs attention"))
+        out.print(Text("needs attention", style="bold red"))
+        for a in attention:
+            out.print(Text.assemble(("  ! ", "bold red"), a))
     else:
-        click.echo("needs attention: nothing")
+        out.print(Text.assemble("needs attention: ", ("nothing", "green")))
     placed = {"attention", "effects", "recovery"}
     for section, fields in _SECTIONS.items():
         rows = [(f, _field(f, st[f])) for f in fields if f in st]

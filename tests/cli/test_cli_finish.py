@@ -124,7 +124,7 @@ def test_inspect_puts_attention_first(forked: str) -> None:
     in_doubt(forked, "run-a", "pay")
     code, out, _ = run("inspect", forked)
     assert code == 0 and out.splitlines()[0].split() == ["needs", "attention"]
-    assert "1 effect(s) in doubt" in out.splitlines()[2]
+    assert out.splitlines()[1].startswith("  ! 1 effect(s) in doubt")
     for section in ("store", "log", "snapshot", "history", "effects", "last recovery"):
         assert any(line.strip() == section for line in out.splitlines()), section
     code, out, _ = run("inspect", forked, "--json")
