@@ -104,7 +104,8 @@ def _attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
         out.append(f"{eff['in_doubt']} effect(s) in doubt, {eff['failed']} failed: check the "
                    f"downstream, then `agentwal effects {path} --check` and `agentwal resolve`")
     if st["outbox_pending"]:
-        out.append(f"{st['outbox_pending']} outbox entr(ies) not yet dispatched: "
+        n = st["outbox_pending"]
+        out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "
                    f"`agentwal effects {path} --status pending`")
     if st["wal_bytes"] > 2 * wal_max_bytes:
         out.append(f"the write-ahead log holds {size(st['wal_bytes'])}, over twice "
