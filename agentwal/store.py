@@ -49,6 +49,7 @@ read transaction, and for the file swap of a vacuum (a few milliseconds).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -62,11 +63,11 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import failpoints
+from . import aio, failpoints
 from .backup import BackupReport, Copier, check_destination
 from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
@@ -115,7 +116,7 @@ from .memtable import Memtable
 from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
-from .txn import Transaction
+from .txn import Begin, Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .verify import Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
@@ -291,6 +292,41 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
 
 #: How many checkpoints back a step looks for an uncommitted attempt of itself.
 _ADOPT_WALK = 32
+
+
+class _StepAttempts:
+    """The bookkeeping of ``transact``/``atransact``: one step's attempts, one at a time."""
+
+    def __init__(self, store: Store, run: str, fn: object, retries: int) -> None:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(txn)")
+        self.store, self.run, self.retries = store, run, retries
+        self.prev: Transaction | None = None
+        self.attempt = 0
+
+    def begin(self) -> Transaction:
+        """The next attempt's transaction, a retry of the last one."""
+        self.attempt += 1
+        return self.store.begin(self.run, retry_of=self.prev)
+
+    def conflicted(self, txn: Transaction, exc: ConflictError) -> float:
+        """``txn`` raised ``exc``: raise it if the retries are spent, else the pause to take."""
+        if txn.state == "active":
+            txn.rollback()
+        if txn.state == "committed" or self.attempt > self.retries:
+            raise exc
+        self.store._counters["retries"] += 1
+        failpoints.hit("step_before_retry")
+        self.prev = txn
+        return random.random() * min(0.001 * 2.0 ** (self.attempt - 1), 0.05)
+
+    @staticmethod
+    def abort(txn: Transaction) -> None:
+        """Any other exception: roll the attempt back (the caller re-raises)."""
+        if txn.state == "active":
+            txn.rollback()
 
 
 def _check_retry_of(store: Store, run: str, prev: object) -> None:
@@ -820,7 +856,7 @@ class Store:
                 ``retries`` retries); nothing of any attempt was committed.
             Whatever ``fn`` raised (the attempt is rolled back, not retried).
             ValueError: bad ``retries``. TypeError: ``fn`` is a coroutine
-                function (use ``store.abegin`` and ``txn.aeffect``).
+                function (use ``await store.atransact(run, fn)``).
             And what ``begin`` and ``commit`` raise.
 
         Example::
@@ -834,35 +870,61 @@ class Store:
 
             receipt = store.transact("run-42", step)
         """
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if not callable(fn):
-            raise TypeError("fn must be callable as fn(txn)")
         if inspect.iscoroutinefunction(fn):
             raise TypeError("store.transact runs a synchronous step; for an async step use "
-                            "`async with store.abegin(run) as txn` and `await txn.aeffect(...)`")
-        prev: Transaction | None = None
-        for attempt in range(retries + 1):
-            txn = self.begin(run, retry_of=prev)
+                            "`await store.atransact(run, step)`")
+        steps = _StepAttempts(self, run, fn, retries)
+        while True:
+            txn = steps.begin()
             try:
                 result = fn(txn)
                 if txn.state == "active":
                     txn.commit()
                 return result
-            except ConflictError:
-                if txn.state == "active":
-                    txn.rollback()
-                if txn.state == "committed" or attempt == retries:
-                    raise
-                self._counters["retries"] += 1
-                failpoints.hit("step_before_retry")
-                prev = txn
-                time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
+            except ConflictError as exc:
+                time.sleep(steps.conflicted(txn, exc))
             except BaseException:
-                if txn.state == "active":
-                    txn.rollback()
+                steps.abort(txn)
                 raise
-        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
+                        retries: int = 10) -> T:
+        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``.
+
+        The same contract as ``transact`` (a redone step's effects meet what
+        its first attempt recorded, through ``await txn.aeffect(...)`` or
+        ``txn.effect``); the commit's write and fsync run off the event loop
+        and the pause between attempts is an ``asyncio.sleep``.
+
+        Raises:
+            What ``transact`` raises. TypeError: ``fn`` is not a coroutine
+            function (use ``transact``).
+
+        Example::
+
+            async def step(txn):
+                reply = await txn.aeffect("llm", ask, mode="at_least_once")
+                txn["reply"] = reply
+                return reply
+
+            reply = await store.atransact("run-42", step)
+        """
+        if not inspect.iscoroutinefunction(fn) and not aio.is_async_callable(fn):
+            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
+                            "for a synchronous one use store.transact(run, step)")
+        steps = _StepAttempts(self, run, fn, retries)
+        while True:
+            txn = steps.begin()
+            try:
+                result = await fn(txn)
+                if txn.state == "active":
+                    await txn.acommit()
+                return result
+            except ConflictError as exc:
+                await asyncio.sleep(steps.conflicted(txn, exc))
+            except BaseException:
+                steps.abort(txn)
+                raise
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
@@ -2328,3 +2390,30 @@ class Store:
         state = "closed" if self._closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
+    # -- asyncio (agentwal/aio.py) -----------------------------------------------------
+
+    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
+        """:meth:`begin` for asyncio code; use as ``async with store.abegin(run) as txn:``.
+
+        Takes the arguments of :meth:`begin` (``retry_of=`` positions a retried
+        step's effects where its first attempt's were). A clean exit commits
+        with ``await txn.acommit()`` (validation, write and fsync off the
+        event loop); an exception rolls back and propagates.
+        ``txn = await store.abegin(run)`` gives the transaction, to finish by
+        hand or with ``async with txn:``. Beginning takes no I/O (a snapshot
+        of memory and an LMDB read transaction), nor do ``txn.get`` and the
+        other reads, so they stay synchronous.
+
+        Raises:
+            What :meth:`begin` raises, at the call.
+
+        Example::
+
+            async with store.abegin("run-42") as txn:
+                txn["step"] = txn.get("step", 0) + 1
+        """
+        return Begin(self.begin(run, retry_of=retry_of))
+
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
+        self._check_open()
+        return await self._ledger.arun(req)
