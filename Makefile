@@ -56,8 +56,10 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix agentwal tests bench
 
 clean:
-	rm -rf $(VENV) .langgraph-upstream .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal build dist *.egg-info
+	rm -rf $(VENV) .langgraph-upstream .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal site build dist *.egg-info
 
-# docs/cli.md's reference part, from each command's --help.
+# docs/cli.md's reference part, from each command's --help; then the site (mkdocs.yml) into
+# site/, strictly: a broken link, anchor or API reference fails the build.
 docs: $(STAMP)
 	$(PY) -m agentwal.cli.docs docs/cli.md
+	$(PY) -m mkdocs build --strict
