@@ -49,6 +49,7 @@ read transaction, and for the file swap of a vacuum (a few milliseconds).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -62,11 +63,11 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import failpoints
+from . import aio, failpoints
 from .backup import BackupReport, Copier, check_destination
 from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
@@ -115,7 +116,7 @@ from .memtable import Memtable
 from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
-from .txn import Transaction
+from .txn import Begin, Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .verify import Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
@@ -293,6 +294,41 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
 _ADOPT_WALK = 32
 
 
+class _StepAttempts:
+    """The bookkeeping of ``transact``/``atransact``: one step's attempts, one at a time."""
+
+    def __init__(self, store: Store, run: str, fn: object, retries: int) -> None:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(txn)")
+        self.store, self.run, self.retries = store, run, retries
+        self.prev: Transaction | None = None
+        self.attempt = 0
+
+    def begin(self) -> Transaction:
+        """The next attempt's transaction, a retry of the last one."""
+        self.attempt += 1
+        return self.store.begin(self.run, retry_of=self.prev)
+
+    def conflicted(self, txn: Transaction, exc: ConflictError) -> float:
+        """``txn`` raised ``exc``: raise it if the retries are spent, else the pause to take."""
+        if txn.state == "active":
+            txn.rollback()
+        if txn.state == "committed" or self.attempt > self.retries:
+            raise exc
+        self.store._counters["retries"] += 1
+        failpoints.hit("step_before_retry")
+        self.prev = txn
+        return random.random() * min(0.001 * 2.0 ** (self.attempt - 1), 0.05)
+
+    @staticmethod
+    def abort(txn: Transaction) -> None:
+        """Any other exception: roll the attempt back (the caller re-raises)."""
+        if txn.state == "active":
+            txn.rollback()
+
+
 def _check_retry_of(store: Store, run: str, prev: object) -> None:
     """Refuse a ``retry_of`` that is not a finished, uncommitted attempt of ``run`` here."""
     if not isinstance(prev, Transaction):
@@ -365,6 +401,9 @@ def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lamb
 def _apply_effect(mem: Memtable, lsn: int, entry: EffectRecord, raw: bytes,
                   lookup: Callable[[str], EffectRecord | None]) -> None:
     """Publish one ledger write, keeping the commit mark of the entry it replaces."""
+    if entry.attempts == 1 and entry.status == "in_doubt" and entry.created_at == entry.updated_at:
+        mem.apply_effect(lsn, entry, raw)  # a new entry's first intent: nothing to keep
+        return
     kept = carry_mark(entry, lookup(entry.key))
     mem.apply_effect(lsn, kept, raw if kept is entry else encode_entry(kept))
 
@@ -817,7 +856,7 @@ class Store:
                 ``retries`` retries); nothing of any attempt was committed.
             Whatever ``fn`` raised (the attempt is rolled back, not retried).
             ValueError: bad ``retries``. TypeError: ``fn`` is a coroutine
-                function (use ``store.abegin`` and ``txn.aeffect``).
+                function (use ``await store.atransact(run, fn)``).
             And what ``begin`` and ``commit`` raise.
 
         Example::
@@ -831,35 +870,61 @@ class Store:
 
             receipt = store.transact("run-42", step)
         """
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if not callable(fn):
-            raise TypeError("fn must be callable as fn(txn)")
         if inspect.iscoroutinefunction(fn):
             raise TypeError("store.transact runs a synchronous step; for an async step use "
-                            "`async with store.abegin(run) as txn` and `await txn.aeffect(...)`")
-        prev: Transaction | None = None
-        for attempt in range(retries + 1):
-            txn = self.begin(run, retry_of=prev)
+                            "`await store.atransact(run, step)`")
+        steps = _StepAttempts(self, run, fn, retries)
+        while True:
+            txn = steps.begin()
             try:
                 result = fn(txn)
                 if txn.state == "active":
                     txn.commit()
                 return result
-            except ConflictError:
-                if txn.state == "active":
-                    txn.rollback()
-                if txn.state == "committed" or attempt == retries:
-                    raise
-                self._counters["retries"] += 1
-                failpoints.hit("step_before_retry")
-                prev = txn
-                time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
+            except ConflictError as exc:
+                time.sleep(steps.conflicted(txn, exc))
             except BaseException:
-                if txn.state == "active":
-                    txn.rollback()
+                steps.abort(txn)
                 raise
-        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
+                        retries: int = 10) -> T:
+        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``.
+
+        The same contract as ``transact`` (a redone step's effects meet what
+        its first attempt recorded, through ``await txn.aeffect(...)`` or
+        ``txn.effect``); the commit's write and fsync run off the event loop
+        and the pause between attempts is an ``asyncio.sleep``.
+
+        Raises:
+            What ``transact`` raises. TypeError: ``fn`` is not a coroutine
+            function (use ``transact``).
+
+        Example::
+
+            async def step(txn):
+                reply = await txn.aeffect("llm", ask, mode="at_least_once")
+                txn["reply"] = reply
+                return reply
+
+            reply = await store.atransact("run-42", step)
+        """
+        if not inspect.iscoroutinefunction(fn) and not aio.is_async_callable(fn):
+            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
+                            "for a synchronous one use store.transact(run, step)")
+        steps = _StepAttempts(self, run, fn, retries)
+        while True:
+            txn = steps.begin()
+            try:
+                result = await fn(txn)
+                if txn.state == "active":
+                    await txn.acommit()
+                return result
+            except ConflictError as exc:
+                await asyncio.sleep(steps.conflicted(txn, exc))
+            except BaseException:
+                steps.abort(txn)
+                raise
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
@@ -881,37 +946,39 @@ class Store:
         from those are new positions by design) and ignores retired entries.
         """
         run = txn.run
-        head = self.head(run)
-        if base == 0 or head is None or head.id != base:
-            return None  # a first step; or a stale one, which _effect_claim refuses
-        for cid in self._adopt_walk(run):
-            key0 = self._effect_key_at(run, cid, 0)
-            e0 = self._effect_get(key0) if key0 is not None else None
-            if e0 is None or e0.status == "retired":
-                continue
-            if cid == base or e0.committed_in is not None:
-                return None  # this step's own positions, or a step that committed
-            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                    and not e0.keyed
-                    and e0.key == derive_key(self.store_id, run, cid, name, 0, epoch=epoch))
-            return cid if same else None
-        return None
+        pipe = self._pipe
+        if base == 0 or pipe is None:
+            return None  # a run's first step has no earlier positions
+        with self._lock:
+            head = pipe.heads.get(run) or self._folded_head(run)
+        if head is None or head[0] != base:
+            return None  # a stale step, which _effect_claim refuses
 
-    def _adopt_walk(self, run: str) -> Iterator[int]:
-        """Checkpoint ids from the head back, for ``_effect_adopt``; 0 is a run's start."""
-        last, seen = None, 0
-        page = self.history(run, limit=4)  # the usual walk ends at the parent
-        while page:
-            for c in page:
-                yield c.id
-                if "rollback_to" in c.meta or c.origin is not None:
-                    return
-                last, seen = c.id, seen + 1
-            if seen >= _ADOPT_WALK or last == 1:
-                break
-            page = self.history(run, limit=_ADOPT_WALK - seen, before=last)
-        if last == 1:
-            yield 0  # before the first checkpoint: a first step's positions
+        def find(v: _View) -> int | None:
+            # Checkpoint ids are consecutive (a commit's id is its parent's + 1), so the
+            # steps before this one began at base - 1, base - 2, ...
+            for cid in range(base, max(base - _ADOPT_WALK, 0) - 1, -1):
+                key0 = self._effect_key_in(v, run, cid, 0)
+                e0 = self._effect_get_in(v, key0) if key0 is not None else None
+                if e0 is None or e0.status == "retired":
+                    continue
+                if cid == base or e0.committed_in is not None:
+                    return None  # this step's own positions, or a step that committed
+                same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
+                        and not e0.keyed
+                        and e0.key == derive_key(self.store_id, run, cid, name, 0, epoch=epoch))
+                return cid if same else None
+            return None
+
+        found = self._with_view(find)
+        if found is None:
+            return None
+        # The stretch walked over must not cross a rollback_to (steps re-run from one
+        # are new by design) nor, back to a run's start, a fork's first checkpoint.
+        for c in self.history(run, limit=base - found):
+            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
+                return None
+        return found
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
@@ -2013,18 +2080,19 @@ class Store:
         return self._with_view(lambda v: self._effect_get_in(v, key))
 
     def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        def read(v: _View) -> str | None:
-            for layer in v.layers:
-                found = layer.effect_pos.get((run, checkpoint, ordinal))
-                if found is not None:
-                    return found
-                if layer.masks(run, v.snap):  # older positions belong to a deleted run
-                    return None
-            snap = self._snap
-            assert snap is not None
-            return self._lmdb(v, lambda t: snap.effect_key_at(t, run, checkpoint, ordinal))
+        return self._with_view(lambda v: self._effect_key_in(v, run, checkpoint, ordinal))
 
-        return self._with_view(read)
+    def _effect_key_in(self, v: _View, run: str, checkpoint: int, ordinal: int) -> str | None:
+        """The key recorded at a position, as ``v`` sees the ledger."""
+        for layer in v.layers:
+            found = layer.effect_pos.get((run, checkpoint, ordinal))
+            if found is not None:
+                return found
+            if layer.masks(run, v.snap):  # older positions belong to a deleted run
+                return None
+        snap = self._snap
+        assert snap is not None
+        return self._lmdb(v, lambda t: snap.effect_key_at(t, run, checkpoint, ordinal))
 
     def _effect_write(self, entry: EffectRecord) -> EffectRecord:
         """Log ``entry`` durably; returns it as recorded (decoded from its encoding,
@@ -2322,3 +2390,30 @@ class Store:
         state = "closed" if self._closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
+    # -- asyncio (agentwal/aio.py) -----------------------------------------------------
+
+    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
+        """:meth:`begin` for asyncio code; use as ``async with store.abegin(run) as txn:``.
+
+        Takes the arguments of :meth:`begin` (``retry_of=`` positions a retried
+        step's effects where its first attempt's were). A clean exit commits
+        with ``await txn.acommit()`` (validation, write and fsync off the
+        event loop); an exception rolls back and propagates.
+        ``txn = await store.abegin(run)`` gives the transaction, to finish by
+        hand or with ``async with txn:``. Beginning takes no I/O (a snapshot
+        of memory and an LMDB read transaction), nor do ``txn.get`` and the
+        other reads, so they stay synchronous.
+
+        Raises:
+            What :meth:`begin` raises, at the call.
+
+        Example::
+
+            async with store.abegin("run-42") as txn:
+                txn["step"] = txn.get("step", 0) + 1
+        """
+        return Begin(self.begin(run, retry_of=retry_of))
+
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
+        self._check_open()
+        return await self._ledger.arun(req)

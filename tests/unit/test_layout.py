@@ -15,7 +15,7 @@ PKG = Path(agentwal.__file__).parent
 RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
     "types": 1, "codec": 1, "history": 1, "retention": 1,
-    "io": 2,
+    "io": 2, "aio": 2,
     "control": 3, "wal": 3, "blobs": 3,
     "snapshot": 4, "memtable": 4, "effects": 4,
     "txn": 5, "commit": 5, "ledger": 5,
