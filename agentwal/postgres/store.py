@@ -27,7 +27,6 @@ import inspect
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -124,7 +123,8 @@ class PostgresStore:
         self.store_id = backend.store_id
         self.worker_id = backend.worker_id
         self._ledger = Ledger(self)
-        self._fence = threading.local()  # the lease effects of this thread's step write under
+        #: effect key -> the lease of the step running it (its ledger writes are fenced by it)
+        self._fences: dict[str, Lease | None] = {}
         self._retries = 0
 
     # -- leases ----------------------------------------------------------------------
@@ -241,11 +241,18 @@ class PostgresStore:
                                   "backend yet; see docs/postgres.md")
 
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
-        self._fence.lease = txn._view.fence
+        self._fences[req.key] = txn._view.fence
         try:
             return self._ledger.run(req)
         finally:
-            self._fence.lease = None
+            self._fences.pop(req.key, None)
+
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
+        self._fences[req.key] = txn._view.fence
+        try:
+            return await self._ledger.arun(req)
+        finally:
+            self._fences.pop(req.key, None)
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         """Positions at ``base`` belong to the step that begins there: refuse a stale step."""
@@ -273,9 +280,7 @@ class PostgresStore:
 
     def _effect_write(self, entry: EffectRecord) -> EffectRecord:
         """One ledger write: compare-and-set on what is stored, fenced by the step's lease."""
-        lease: Lease | None = getattr(self._fence, "lease", None)
-        if lease is not None and entry.run != lease.run:
-            lease = None
+        lease = self._fences.get(entry.key)
         if lease is not None and entry.status == "in_doubt":
             lease.check()  # an intent: past the local deadline, announce (and call) nothing
         while True:
