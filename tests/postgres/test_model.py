@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import rule
 from hypothesis import strategies as st
+from hypothesis.stateful import rule
 
 from agentwal.postgres import PostgresStore, open_postgres
 from tests.property import test_store_model as model
