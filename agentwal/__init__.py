@@ -45,8 +45,10 @@ from .errors import (
     LeaseLostError,
     MissingKeyError,
     NotABlobError,
+    NotATreeError,
     PathExistsError,
     ReadOnlyError,
+    RestoreError,
     RunExistsError,
     RunNotFoundError,
     SchemaVersionError,
@@ -55,16 +57,22 @@ from .errors import (
     StoreLockedError,
     TooManyReadersError,
     TransactionClosedError,
+    TreePathError,
+    TreeSourceError,
     UnencodableValueError,
+    UnsafeTreeError,
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store
 from .store import open as _open_local
+from .tree import GITIGNORE
+from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability
+from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeFile, TreeRef
 from .verify import Problem, VerifyReport
+from .workspace import Workspace
 
 __version__ = "0.1.0"
 
@@ -146,4 +154,15 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "SchemaVersionError",
+    "GITIGNORE",
+    "NotATreeError",
+    "RestoreError",
+    "RestoreReport",
+    "TreeDiff",
+    "TreeFile",
+    "TreePathError",
+    "TreeRef",
+    "TreeSourceError",
+    "UnsafeTreeError",
+    "Workspace",
 ]

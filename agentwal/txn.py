@@ -38,6 +38,7 @@ so the next step starts from new positions.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,8 +55,9 @@ from .errors import (
     TransactionClosedError,
     UnencodableValueError,
 )
+from .format import TREE_MEDIA_TYPE
 from .ledger import Request
-from .types import BlobRef, Checkpoint, check_key, check_media_type
+from .types import BlobRef, Checkpoint, TreeRef, check_key, check_media_type
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -86,6 +88,9 @@ class _Engine(Protocol):
     async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any: ...
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
+
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+                      ) -> tuple[BlobRef, list[str]]: ...
 
 
 def _check_mode(mode: object) -> EffectMode:
@@ -351,10 +356,62 @@ class Transaction:
         check_key(key)
         if media_type is not None:
             check_media_type(media_type)
+        if TREE_MEDIA_TYPE in (media_type, getattr(source, "media_type", None)):
+            raise ValueError(f"media_type {TREE_MEDIA_TYPE!r} is reserved for trees; store a "
+                             "directory with put_tree")
         ref = self._engine._txn_put_blob(self, source, media_type)
         self._blob_pins.append(ref.sha256)
         self._writes[key] = encode_blob_ref(ref)
         return ref
+
+    def put_tree(self, key: str, path: str | os.PathLike[str], *, exclude: Any = None
+                 ) -> TreeRef:
+        """Snapshot the directory tree at ``path`` and set ``key`` to its :class:`TreeRef`.
+
+        Regular files (with their permission bits), symbolic links (as
+        links) and directories, empty ones too, are stored through the blob
+        store: each file's content once, each directory as a small
+        content-addressed object, so an unchanged file or subdirectory adds
+        nothing. A file whose size, mtime, ctime and inode match the store's
+        stat cache is not read again. A file that changes while it is read is
+        read again (:class:`~agentwal.errors.TreeSourceError` after three
+        tries). Everything is durable when this returns; the reference
+        commits with the transaction. The store's own directory, if inside
+        ``path``, is skipped. Sockets, FIFOs and devices are skipped.
+
+        Args:
+            key: the key.
+            path: the directory.
+            exclude: gitignore-style patterns (a str or a list of them),
+                relative to ``path``; :data:`agentwal.GITIGNORE` (alone or in
+                the list) also honours the ``.gitignore`` files in the tree
+                and skips ``.git``. A restore leaves the same paths alone.
+
+        Returns:
+            The reference now buffered for ``key``.
+
+        Raises:
+            InvalidKeyError: a bad key. TypeError: a bad ``exclude``.
+            TreeSourceError: ``path`` is not a directory, or a file cannot be
+                read or kept changing; nothing is committed.
+            DiskFullError, DurabilityError, ReadOnlyError, TransactionClosedError:
+                as for :meth:`put_blob`.
+            Whatever is raised, ``key`` keeps its value and the transaction
+            stays usable (except after DurabilityError).
+
+        Example::
+
+            with store.begin("agent") as txn:
+                txn.put_tree("workspace", "repo/", exclude=agentwal.GITIGNORE)
+        """
+        self._check()
+        check_key(key)
+        # The key's value now (committed, or put earlier in this transaction): files of
+        # that tree need no pin (a commit that replaced it would make this one conflict).
+        ref, pins = self._engine._txn_put_tree(self, path, exclude, self._raw(key))
+        self._blob_pins.extend(pins)
+        self._writes[key] = encode_blob_ref(ref)
+        return TreeRef(ref.sha256, ref.size)
 
     def __delitem__(self, key: str) -> None:
         self._check()

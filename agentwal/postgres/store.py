@@ -240,6 +240,11 @@ class PostgresStore:
         raise NotImplementedError("blobs (txn.put_blob) are not stored on the PostgreSQL "
                                   "backend yet; see docs/postgres.md")
 
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+                      ) -> tuple[BlobRef, list[str]]:
+        raise NotImplementedError("trees (txn.put_tree) are made of blobs, which the "
+                                  "PostgreSQL backend does not store yet; see docs/postgres.md")
+
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
         self._fences[req.key] = txn._view.fence
         try:
