@@ -280,12 +280,7 @@ class PostgresBackend:
         with self._conn() as conn:
             try:
                 conn.execute("BEGIN")
-                row = conn.execute(
-                    "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
-                    "lease_expires > clock_timestamp() FROM runs WHERE run = %s FOR UPDATE",
-                    (run,)).fetchone()
-                self._fence(row, lease)
-                assert row is not None
+                row = self._lock_fenced(conn, run, lease)
                 head, head_hash, run_epoch = int(row[0]), row[1], int(row[2])
                 if run_epoch != view.epoch:
                     raise ConflictError(run, deleted=True)
@@ -325,6 +320,24 @@ class PostgresBackend:
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+
+    def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
+                     share: bool = False) -> tuple[Any, ...]:
+        """Lock ``run``'s row (``FOR UPDATE``, or ``FOR SHARE``) and check ``lease`` on it.
+
+        Returns ``(head, head_hash, run_epoch, ...)``. A steal of the lease
+        waits for this transaction, or this one sees the steal's epoch.
+
+        Raises:
+            LeaseLostError: the row shows another owner or epoch, or the lease expired.
+        """
+        row = conn.execute(
+            "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
+            "lease_expires > clock_timestamp() FROM runs WHERE run = %s "
+            + ("FOR SHARE" if share else "FOR UPDATE"), (run,)).fetchone()
+        self._fence(row, lease)
+        assert row is not None
+        return tuple(row)
 
     def _fence(self, row: tuple[Any, ...] | None, lease: Lease) -> None:
         """Raise LeaseLostError unless ``row`` (runs, locked) shows ``lease`` live."""
@@ -481,12 +494,7 @@ class PostgresBackend:
             try:
                 conn.execute("BEGIN")
                 conn.execute("SET LOCAL synchronous_commit = on")
-                row = conn.execute(
-                    "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
-                    "lease_expires > clock_timestamp() FROM runs WHERE run = %s FOR UPDATE",
-                    (run,)).fetchone()
-                self._fence(row, lease)
-                assert row is not None
+                row = self._lock_fenced(conn, run, lease)
                 if int(row[0]) == 0:
                     raise RunNotFoundError(run)
                 conn.execute("DELETE FROM checkpoints WHERE run = %s", (run,))
@@ -530,12 +538,8 @@ class PostgresBackend:
         with self._conn() as conn, conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
             if fence is not None:
-                row = conn.execute(
-                    "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
-                    "lease_expires > clock_timestamp() FROM runs WHERE run = %s FOR SHARE",
-                    (fence.run,)).fetchone()
                 try:
-                    self._fence(row, fence)
+                    self._lock_fenced(conn, fence.run, fence, share=True)
                 except LeaseLostError:
                     self.leases.forget(fence, "the server refused the lease")
                     raise

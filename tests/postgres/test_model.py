@@ -41,6 +41,18 @@ class _OnPostgres:
     store: Any
     counts: dict[str, int]
 
+    def __init__(self) -> None:
+        self.schema = f"m_{uuid.uuid4().hex[:12]}"
+        super().__init__()
+        self.store.close()  # the base opened a local store: this machine runs on PostgreSQL
+        self.store = self._open_pg()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()  # type: ignore[misc]
+        finally:
+            self._drop()
+
     def _open_pg(self) -> PostgresStore:
         store = open_postgres(_server["dsn"], schema=self.schema, worker_id="model",
                               durability="async", pool_size=2)
@@ -64,18 +76,6 @@ class _OnPostgres:
 
 
 class StoreMachinePg(_OnPostgres, model.StoreMachine):
-    def __init__(self) -> None:
-        self.schema = f"m_{uuid.uuid4().hex[:12]}"
-        super().__init__()
-        self.store.close()  # the base opened a local store: this machine runs on PostgreSQL
-        self.store = self._open_pg()
-
-    def teardown(self) -> None:
-        try:
-            super().teardown()
-        finally:
-            self._drop()
-
     snapshot = None  # type: ignore[assignment]  # no fold on PostgreSQL
     verify = None  # type: ignore[assignment]  # store.verify() is not there yet
 
@@ -88,18 +88,6 @@ class StoreMachinePg(_OnPostgres, model.StoreMachine):
 
 
 class ConcurrencyMachinePg(_OnPostgres, model.ConcurrencyMachine):
-    def __init__(self) -> None:
-        self.schema = f"m_{uuid.uuid4().hex[:12]}"
-        super().__init__()
-        self.store.close()  # the base opened a local store: this machine runs on PostgreSQL
-        self.store = self._open_pg()
-
-    def teardown(self) -> None:
-        try:
-            super().teardown()
-        finally:
-            self._drop()
-
     snapshot_or_reopen = None  # type: ignore[assignment]
 
     @rule(crash=st.booleans())
