@@ -104,6 +104,10 @@ class Change:
                     or self.origin is not None)
 
 
+class _Retry(Exception):
+    """The server aborted a commit as a serialization failure or deadlock: run it again."""
+
+
 class EffectRace(Exception):
     """``record_effect`` found another entry than expected (the seam's ``EffectRace``)."""
 
@@ -264,7 +268,7 @@ class PostgresBackend:
             try:
                 return self._commit_once(view, lease, change, delta, digest, meta_raw,
                                          deferred, outbox, token)
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+            except _Retry:
                 if attempt == _RETRIES:
                     raise ConflictError(view.run, reason=(
                         "the server kept aborting the commit as a serialization failure; "
@@ -279,9 +283,10 @@ class PostgresBackend:
         committing = False
         with self._conn() as conn:
             try:
-                conn.execute("BEGIN")
-                row = self._lock_fenced(conn, run, lease)
-                head, head_hash, run_epoch = int(row[0]), row[1], int(row[2])
+                with conn.pipeline():  # BEGIN and the row lock: one round trip
+                    conn.execute("BEGIN")
+                    row = self._lock_fenced(conn, run, lease, seq=True)
+                head, head_hash, run_epoch, seq = int(row[0]), row[1], int(row[2]), int(row[6])
                 if run_epoch != view.epoch:
                     raise ConflictError(run, deleted=True)
                 if change.origin is not None and head > 0:
@@ -292,22 +297,19 @@ class PostgresBackend:
                 cid, parent = head + 1, (head or None)
                 hsh = checkpoint_hash(bytes(head_hash) if head_hash else _ZERO_HASH, run, cid,
                                       parent, created, meta_raw, change.origin, digest, outbox)
-                seq_row = conn.execute("SELECT nextval('commit_seq')").fetchone()
-                assert seq_row is not None
-                seq = int(seq_row[0])
-                self._insert(conn, run, cid, parent, seq, created, meta_raw, hsh, digest,
-                             outbox, change.origin, lease.epoch, token, delta)
                 self._mark_effects(conn, change.effects, cid)
-                if deferred:
+                failpoints.hit("pg_commit_before_commit")
+                committing = True  # from here a lost session leaves the outcome to resolve
+                with conn.pipeline():  # the writes and COMMIT: one round trip
+                    self._insert(conn, run, cid, parent, seq, created, meta_raw, hsh, digest,
+                                 outbox, change.origin, lease.epoch, token, delta)
                     for entry in outbox_entries(self.store_id, run, cid, created, seq,
                                                 deferred, view.epoch):
                         conn.execute(
                             "INSERT INTO effects (key, run, ckpt, ordinal, entry) "
                             "VALUES (%s, %s, %s, NULL, %s) ON CONFLICT (key) DO NOTHING",
                             (entry.key, run, cid, encode_entry(entry)))
-                failpoints.hit("pg_commit_before_commit")
-                committing = True
-                conn.execute("COMMIT")
+                    conn.execute("COMMIT")
                 failpoints.hit("pg_commit_after_commit")
             except BaseException as exc:
                 if committing and session_gone(exc, conn):
@@ -317,24 +319,31 @@ class PostgresBackend:
                         conn.execute("ROLLBACK")
                 if isinstance(exc, LeaseLostError):
                     self.leases.forget(lease, "the server refused the lease")
+                if isinstance(exc, (psycopg.errors.SerializationFailure,
+                                    psycopg.errors.DeadlockDetected)):
+                    raise _Retry from None  # not a psycopg error: passes translate() as is
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
 
     def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
-                     share: bool = False) -> tuple[Any, ...]:
+                     share: bool = False, seq: bool = False) -> tuple[Any, ...]:
         """Lock ``run``'s row (``FOR UPDATE``, or ``FOR SHARE``) and check ``lease`` on it.
 
-        Returns ``(head, head_hash, run_epoch, ...)``. A steal of the lease
-        waits for this transaction, or this one sees the steal's epoch.
+        Returns ``(head, head_hash, run_epoch, owner, epoch, live)``, and with
+        ``seq`` a new commit sequence number last (taken under the row lock, so
+        a run's commits get increasing numbers; an aborted commit leaves a gap).
+        A steal of the lease waits for this transaction, or this one sees the
+        steal's epoch.
 
         Raises:
             LeaseLostError: the row shows another owner or epoch, or the lease expired.
         """
         row = conn.execute(
             "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
-            "lease_expires > clock_timestamp() FROM runs WHERE run = %s "
-            + ("FOR SHARE" if share else "FOR UPDATE"), (run,)).fetchone()
+            "lease_expires > clock_timestamp()" + (", nextval('commit_seq')" if seq else "")
+            + " FROM runs WHERE run = %s " + ("FOR SHARE" if share else "FOR UPDATE"),
+            (run,)).fetchone()
         self._fence(row, lease)
         assert row is not None
         return tuple(row)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +38,8 @@ __all__ = ["Db", "app_name", "redact", "session_gone", "translate"]
 
 #: SQLSTATEs that mean the server ended the session (or is going away).
 _GONE = frozenset({"25P03", "57P01", "57P02", "57P03", "57P05", "08000", "08003", "08006"})
+#: A pooled session returned less than this many seconds ago is lent without a check.
+_FRESH = 1.0
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -121,11 +124,22 @@ class Db:
             "connect_timeout": max(1, int(connect_timeout)),
         }
         self._connect_timeout = connect_timeout
+        self._used: dict[int, float] = {}  # id(pooled session) -> when it was last returned
         self.pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
             psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=pool_size,
                                         kwargs=self._kwargs, open=False,
-                                        check=psycopg_pool.ConnectionPool.check_connection,
+                                        check=self._check,
                                         timeout=connect_timeout, name="agentwal"))
+
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check on lending ``conn``: a round trip, unless it was used just now.
+
+        A session idle for a while may have been ended by the server or a
+        proxy; one used within the last second almost never was, and checking
+        it would double the round trips of a busy worker.
+        """
+        if time.monotonic() - self._used.get(id(conn), 0.0) > _FRESH:
+            psycopg_pool.ConnectionPool.check_connection(conn)
 
     def open(self) -> None:
         """Open the pool and check the server answers.
@@ -145,7 +159,10 @@ class Db:
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled session, errors translated; a broken one is dropped by the pool."""
         with translate(self.where), self.pool.connection() as conn:
-            yield conn
+            try:
+                yield conn
+            finally:
+                self._used[id(conn)] = time.monotonic()
 
     def dedicated(self) -> psycopg.Connection[Any]:
         """A session of its own, outside the pool (the lease heartbeat's)."""

@@ -120,8 +120,14 @@ def test_server_gone_while_open_is_a_typed_error(pg_dsn: str,
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                      "WHERE application_name LIKE 'agentwal:%%' AND pid <> pg_backend_pid()")
-    # The pool notices the dead session (check on lend) and reconnects: reads still work.
-    assert store.get("r", "k") == 1
+    # A session used within the last second is lent unchecked: the first call may meet the
+    # dead session and say so with a typed error; the pool drops it, and the next call has a
+    # new session (one idle for longer is checked on lending, and replaced at once).
+    try:
+        value = store.get("r", "k")
+    except BackendUnavailableError:
+        value = store.get("r", "k")
+    assert value == 1
 
 
 @pytest.mark.parametrize("bad", [{"schema": "Bad-Name"}, {"lease_ttl": 0}, {"pool_size": 0},
