@@ -114,8 +114,19 @@ class Leases:
         return lease if lease is not None and lease.live() else None
 
     def ensure(self, run: str) -> Lease:
-        """The live lease on ``run``, acquired (with a new epoch) if not held."""
-        return self.held(run) or self.acquire(run)
+        """The live lease on ``run``; renewed in place if only its local deadline passed
+        (the heartbeat was late, the server still shows it ours), else acquired anew."""
+        lease = self.held(run)
+        if lease is not None:
+            return lease
+        with self._lock:
+            late = self._held.get(run)
+        if late is not None and late.lost is None:
+            with self.db.connection() as conn:
+                self._extend(conn, [late])
+            if late.live():
+                return late
+        return self.acquire(run)
 
     def acquire(self, run: str) -> Lease:
         """Take the lease on ``run`` with a new epoch (free, expired, or ours).
@@ -237,20 +248,24 @@ class Leases:
             leases = [lease for lease in self._held.values() if lease.lost is None]
         if not leases:
             return
-        sent = time.monotonic()
         try:
             if self._hb_conn is None or self._hb_conn.closed:
                 self._hb_conn = self.db.dedicated()
             with translate(self.db.where):
-                rows = self._hb_conn.execute(_RENEW, {
-                    "ttl": self.ttl, "me": self.me, "runs": [lease.run for lease in leases],
-                    "epochs": [lease.epoch for lease in leases]}).fetchall()
+                self._extend(self._hb_conn, leases)
         except Exception:
             if self._hb_conn is not None:
                 with contextlib.suppress(Exception):
                     self._hb_conn.close()
                 self._hb_conn = None
             raise
+
+    def _extend(self, conn: psycopg.Connection[Any], leases: list[Lease]) -> None:
+        """Renew ``leases`` on ``conn`` (same epochs); those the server refuses are lost."""
+        sent = time.monotonic()
+        rows = conn.execute(_RENEW, {
+            "ttl": self.ttl, "me": self.me, "runs": [lease.run for lease in leases],
+            "epochs": [lease.epoch for lease in leases]}).fetchall()
         renewed = {r[0] for r in rows}
         for lease in leases:
             if lease.run in renewed:

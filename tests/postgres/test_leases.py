@@ -93,3 +93,20 @@ def test_a_live_holder_in_a_commit_is_left_alone(
         assert busy.execute("SELECT 1").fetchone() == (1,)
     finally:
         busy.close()
+
+
+def test_a_late_heartbeat_renews_in_place_an_expired_lease_is_taken_anew(
+        open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str) -> None:
+    a = open_pg(worker_id="A")
+    assert a.lease("r") == 1
+    lease = a._b.leases.held("r")
+    assert lease is not None
+    lease.deadline = 0.0  # past the local deadline; the server still shows it A's
+    assert not lease.live()
+    assert a.lease("r") == 1 and lease.live()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # now it really expires
+        conn.execute(f'UPDATE "{pg_schema}".runs SET lease_expires = now() - interval \'1 s\' '
+                     "WHERE run = %s", ("r",))
+    lease.deadline = 0.0
+    assert a.lease("r") == 2  # taken again, with a new epoch
+    assert lease.lost is not None
