@@ -8,10 +8,9 @@ from typing import Any
 import click
 
 from ..types import TreeRef
-from ..views import abbreviate, effect_row, to_json, value_changes
+from ..views import abbreviate, checkpoint_row, effect_row, to_json, value_changes
 from .app import main
 from .common import (
-    checkpoint_row,
     checkpoint_table,
     emit,
     examples,
