@@ -13,7 +13,8 @@
 ``AGENTWAL_PG=pgserver|system|dsn`` forces one of them. The throwaway servers
 run with ``fsync=off``: durability against a server crash is PostgreSQL's own
 business, and the tests check agentwal's logic, not the disk. ``why_not``
-records why each way failed, for the skip or failure message.
+records why each way failed, for the skip or failure message. ``start`` first
+reaps the servers of earlier test processes that were killed (``reap``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -30,9 +32,58 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["Server", "required", "start"]
+__all__ = ["Server", "reap", "required", "start"]
 
 _TEST_SETTINGS = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
+_PREFIX = "agentwal-pg-"
+_OWNER = "owner.pid"  # the pid of the test process that started the server in this directory
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap() -> list[str]:
+    """Stop the servers of test processes that died without stopping them; their dirs.
+
+    A pytest killed by a signal runs neither the fixture's finalizer nor
+    pgserver's atexit, so its server stays up. A directory is reaped only if
+    the process named in its ``owner.pid`` is gone, and a postmaster only if
+    its command line names that directory.
+    """
+    reaped = []
+    for root in glob.glob(os.path.join(tempfile.gettempdir(), _PREFIX + "*")):
+        try:
+            with open(os.path.join(root, _OWNER)) as f:
+                owner = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner):
+            continue
+        for pidfile in glob.glob(os.path.join(root, "*", "postmaster.pid")):
+            with contextlib.suppress(OSError, ValueError):
+                with open(pidfile) as f:
+                    pid = int(f.readline().strip())
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().decode(errors="replace")
+                if "postgres" in cmd and root in cmd:
+                    os.kill(pid, signal.SIGQUIT)
+        shutil.rmtree(root, ignore_errors=True)
+        reaped.append(root)
+    return reaped
+
+
+def _mkroot() -> str:
+    root = tempfile.mkdtemp(prefix=_PREFIX)
+    with open(os.path.join(root, _OWNER), "w") as f:
+        f.write(str(os.getpid()))
+    return root
 
 
 @dataclass
@@ -42,6 +93,7 @@ class Server:
     dsn: str
     how: str
     _stop: Any = field(default=None, repr=False)
+    root: str = ""  # the temporary directory it lives in (empty for $AGENTWAL_PG_DSN)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -67,9 +119,9 @@ def _via_pgserver(why_not: list[str]) -> Server | None:
     except ImportError as exc:
         why_not.append(f"pgserver: not installed ({exc})")
         return None
-    root = tempfile.mkdtemp(prefix="agentwal-pg-")
+    root = _mkroot()
     try:
-        srv = pgserver.get_server(root, cleanup_mode="delete")
+        srv = pgserver.get_server(os.path.join(root, "data"), cleanup_mode="delete")
         dsn = srv.get_uri()
         with psycopg.connect(dsn, autocommit=True) as conn:
             for setting in _TEST_SETTINGS:
@@ -86,7 +138,7 @@ def _via_pgserver(why_not: list[str]) -> Server | None:
         srv.cleanup()
         shutil.rmtree(root, ignore_errors=True)
 
-    return Server(dsn, "pgserver", stop)
+    return Server(dsn, "pgserver", stop, root)
 
 
 def _system_bindir() -> str | None:
@@ -113,7 +165,7 @@ def _via_system(why_not: list[str]) -> Server | None:
         if user is None:
             why_not.append("system: running as root and no postgres or nobody user")
             return None
-    root = tempfile.mkdtemp(prefix="agentwal-pg-")
+    root = _mkroot()
     os.chmod(root, 0o755)
     data = os.path.join(root, "data")
     as_user: dict[str, Any] = {}
@@ -146,7 +198,7 @@ def _via_system(why_not: list[str]) -> Server | None:
         why_not.append(f"system: started but cannot connect: {exc}")
         stop()
         return None
-    return Server(dsn, f"system ({bindir})", stop)
+    return Server(dsn, f"system ({bindir})", stop, root)
 
 
 def _via_dsn(why_not: list[str]) -> Server | None:
@@ -167,6 +219,7 @@ _WAYS = {"pgserver": _via_pgserver, "system": _via_system, "dsn": _via_dsn}
 
 def start(why_not: list[str]) -> Server | None:
     """The first server that starts (see the module docstring), or None; reasons in ``why_not``."""
+    reap()
     forced = os.environ.get("AGENTWAL_PG")
     ways = [_WAYS[forced]] if forced in _WAYS else list(_WAYS.values())
     for way in ways:

@@ -33,3 +33,31 @@ def test_system_server_starts_and_stops(way: str, monkeypatch: pytest.MonkeyPatc
         srv.stop()
     host = srv.dsn.split("host=")[1]
     assert not os.path.exists(host)
+
+
+def test_a_killed_test_process_server_is_reaped() -> None:
+    """A server whose test process died (no finalizer ran) is stopped by the next start."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, '.'); from tests import pg; w = []; "
+            "s = pg.start(w); print(s.root if s else '', flush=True); "
+            "import time; time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "AGENTWAL_PG": os.environ.get("AGENTWAL_PG",
+                                                                               "pgserver")})
+    assert child.stdout is not None
+    root = child.stdout.readline().strip()
+    try:
+        if not root:
+            pytest.skip("the child could not start a server")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        assert os.path.isdir(root)
+        assert any(r == root for r in pg.reap())
+        assert not os.path.exists(root)
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
