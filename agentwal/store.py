@@ -88,6 +88,7 @@ from .effects import (
     carry_mark,
     decode_entry,
     derive_key,
+    effects_after,
     encode_entry,
     mark_committed,
     outbox_entries,
@@ -2274,9 +2275,7 @@ class Store:
 
     def _effects_after(self, run: str, cid: int) -> tuple[EffectRecord, ...]:
         """``run``'s ledger entries made after checkpoint ``cid`` that the world may hold."""
-        held = ("done", "resolved", "in_doubt", "failed", "pending")
-        return tuple(e for e in self.effects(run=run) if e.status in held and (
-            e.checkpoint > cid if e.deferred else e.checkpoint >= cid))
+        return effects_after(self.effects(run=run), cid)
 
     def _txn_base(self, txn: Transaction) -> int:
         head = self._head(txn._view, txn.run)

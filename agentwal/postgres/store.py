@@ -23,6 +23,7 @@ lists what is not there yet).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import random
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..codec import decode_stored
-from ..effects import STATUSES, EffectContext, EffectMode, EffectRecord
+from ..effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
 from ..errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -390,7 +391,7 @@ class PostgresStore:
         ckpt = self._b.commit(view, Change(run=run, writes=delta, prefixes=frozenset({""}),
                                            meta={"rollback_to": cid}))
         assert ckpt is not None
-        return ckpt
+        return dataclasses.replace(ckpt, effects_after=effects_after(self.effects(run=run), cid))
 
     def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
         """Start ``new_run`` from the state of ``run`` at ``checkpoint`` (its first checkpoint)."""
@@ -405,7 +406,7 @@ class PostgresStore:
         ckpt = self._b.commit(view, Change(run=new_run, writes=target, prefixes=frozenset({""}),
                                            origin=(run, cid)))
         assert ckpt is not None
-        return ckpt
+        return dataclasses.replace(ckpt, effects_after=effects_after(self.effects(run=run), cid))
 
     def delete_run(self, run: str) -> None:
         """Delete ``run``'s state and history durably, under this worker's lease."""

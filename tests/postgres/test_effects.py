@@ -84,3 +84,14 @@ def test_aeffect_is_fenced_like_effect(open_pg: Callable[..., PostgresStore]) ->
     with pytest.raises(LeaseLostError):
         asyncio.run(txn.aeffect("call", fn, mode="at_least_once"))
     assert a.effects() == []
+
+
+def test_rollback_to_and_fork_report_the_effects_made_since(pgstore: PostgresStore) -> None:
+    with pgstore.begin("r") as txn:
+        txn["k"] = 0
+    with pgstore.begin("r") as txn:  # positioned at checkpoint 1: after it
+        txn.effect("charge", lambda ctx: "ok", mode="at_least_once")
+    back = pgstore.rollback_to("r", 1)
+    assert [e.name for e in back.effects_after] == ["charge"]
+    first = pgstore.fork("r", 2, "f")
+    assert first.effects_after == ()  # nothing was made after checkpoint 2
