@@ -94,6 +94,14 @@ class Server:
     how: str
     _stop: Any = field(default=None, repr=False)
     root: str = ""  # the temporary directory it lives in (empty for $AGENTWAL_PG_DSN)
+    _restart: Any = field(default=None, repr=False)
+
+    def crash_restart(self) -> None:
+        """Stop the server at once (``pg_ctl stop -m immediate``: like a crash of
+        PostgreSQL, not of the machine) and start it again on the same data."""
+        if self._restart is None:
+            raise RuntimeError(f"a {self.how} server cannot be restarted by the tests")
+        self._restart()
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -191,6 +199,13 @@ def _via_system(why_not: list[str]) -> Server | None:
                        capture_output=True, cwd=root, **as_user)
         shutil.rmtree(root, ignore_errors=True)
 
+    def restart() -> None:
+        subprocess.run([f"{bindir}/pg_ctl", "-D", data, "-w", "-m", "immediate", "stop"],
+                       check=True, capture_output=True, cwd=root, **as_user)
+        subprocess.run([f"{bindir}/pg_ctl", "-D", data, "-w", "-l", f"{root}/log",
+                        "-o", f"-k {root} -c listen_addresses='' {opts}", "start"],
+                       check=True, capture_output=True, cwd=root, **as_user)
+
     dsn = f"postgresql://postgres@/postgres?host={root}"
     try:
         _check(dsn)
@@ -198,7 +213,7 @@ def _via_system(why_not: list[str]) -> Server | None:
         why_not.append(f"system: started but cannot connect: {exc}")
         stop()
         return None
-    return Server(dsn, f"system ({bindir})", stop, root)
+    return Server(dsn, f"system ({bindir})", stop, root, restart)
 
 
 def _via_dsn(why_not: list[str]) -> Server | None:

@@ -115,8 +115,8 @@ class Db:
         self.dsn = dsn
         options = (f"-c search_path={schema} "
                    f"-c idle_in_transaction_session_timeout={max(1, int(idle_timeout * 1000))}")
-        if not synchronous:
-            options += " -c synchronous_commit=off"
+        # Set either way: "sync" must not inherit a server or role default of off.
+        options += f" -c synchronous_commit={'on' if synchronous else 'off'}"
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "options": options,

@@ -224,3 +224,48 @@ def test_claim_runs_adopts_each_orphaned_run_exactly_once(
     with pytest.raises(LeaseLostError):
         stale.commit()  # begun under the old epoch: fenced
     assert dead.get(runs[0], "owner") == "dead"
+
+
+def test_acknowledged_sync_commits_survive_a_server_crash(tmp_path: Path) -> None:
+    """``pg_ctl stop -m immediate`` and a restart while a worker commits (a dedicated server)."""
+    from tests import pg
+
+    why: list[str] = []
+    if pg._system_bindir() is None:
+        if pg.required():
+            pytest.fail("no system initdb/pg_ctl (.ci/run installs Debian's postgresql)")
+        pytest.skip("no system initdb/pg_ctl to restart a server with")
+    server = pg._via_system(why)
+    assert server is not None, why
+    worker = Worker(server.dsn, "crash", "A", "durable", "run")
+    try:
+        acked: list[int] = []
+        while len(acked) < 5:
+            event = worker.event()
+            assert "commit" in event, event
+            acked.append(event["commit"])
+        server.crash_restart()
+        after = 0
+        while after < 5:  # the worker reconnects (seeing typed errors, if any) and carries on
+            event = worker.event()
+            if "error" in event:
+                assert event["error"] == "backend_unavailable"
+            else:
+                acked.append(event["commit"])
+                after += 1
+        worker.kill()
+        worker.proc.wait()
+        assert worker.proc.stdout is not None
+        for line in worker.proc.stdout:  # acknowledged before the kill, not yet read
+            event = json.loads(line)
+            if "commit" in event:
+                acked.append(event["commit"])
+        with psycopg.connect(server.dsn) as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT id FROM crash.checkpoints WHERE run = 'run' ORDER BY id").fetchall()]
+        assert ids == list(range(1, len(ids) + 1))
+        assert set(acked) <= set(ids)  # every acknowledged commit is there
+        assert acked == sorted(acked) and len(set(acked)) == len(acked)
+    finally:
+        worker.stop()
+        server.stop()

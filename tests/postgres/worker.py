@@ -4,6 +4,9 @@
 
 - ``loop RUN``: wait for the run's lease, then commit steps forever
   (``n`` += 1, ``last`` = worker id), printing ``{"commit": id}`` each time.
+- ``durable RUN``: ``durability="sync"``; commit steps forever, printing
+  ``{"commit": id}`` once each is acknowledged, and ``{"error": code}`` (then
+  trying again) while the server is away.
 - ``step RUN``: take the lease, begin, put ``who`` = worker id, print
   ``{"ready": epoch}``; on a ``commit`` line from stdin commit and print
   ``{"committed": id}`` or ``{"error": code}``.
@@ -57,6 +60,20 @@ def main() -> None:
                 txn["last"] = worker
             assert txn.checkpoint is not None
             say(commit=txn.checkpoint.id)
+    elif mode == "durable":
+        run = rest[0]
+        store.close()
+        store = open_postgres(dsn, schema=schema, worker_id=worker, lease_ttl=float(ttl),
+                              durability="sync", pool_size=2)
+        while True:
+            try:
+                with store.begin(run) as txn:
+                    txn["n"] = txn.get("n", 0) + 1
+                assert txn.checkpoint is not None
+                say(commit=txn.checkpoint.id)
+            except Error as exc:
+                say(error=exc.code)
+                time.sleep(0.1)
     elif mode == "step":
         run = rest[0]
         txn = store.begin(run)
