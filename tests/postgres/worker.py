@@ -41,6 +41,15 @@ def say(**event: Any) -> None:
     sys.stdout.flush()
 
 
+def commit_and_say(txn: Any) -> None:
+    """Commit ``txn``; print ``{"committed": id}`` or ``{"error": code}``."""
+    try:
+        ckpt = txn.commit()
+        say(committed=ckpt.id if ckpt else None)
+    except Error as exc:
+        say(error=exc.code)
+
+
 def main() -> None:
     dsn, schema, worker, ttl, mode, *rest = sys.argv[1:]
     store = open_postgres(dsn, schema=schema, worker_id=worker, lease_ttl=float(ttl),
@@ -80,11 +89,7 @@ def main() -> None:
         txn["who"] = worker
         say(ready=txn._view.fence.epoch)
         sys.stdin.readline()
-        try:
-            ckpt = txn.commit()
-            say(committed=ckpt.id if ckpt else None)
-        except Error as exc:
-            say(error=exc.code)
+        commit_and_say(txn)
     elif mode == "effect":
         run = rest[0]
         txn = store.begin(run)
@@ -96,10 +101,10 @@ def main() -> None:
 
         try:
             txn["result"] = txn.effect("send", call, mode="at_least_once", args={"to": "x"})
-            ckpt = txn.commit()
-            say(committed=ckpt.id if ckpt else None)
         except Error as exc:
             say(error=exc.code)
+        else:
+            commit_and_say(txn)
     elif mode == "frozen":
         run = rest[0]
         txn = store.begin(run)
@@ -110,11 +115,7 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
 
         failpoints.arm("pg_commit_before_commit", "call", fn=freeze)
-        try:
-            ckpt = txn.commit()
-            say(committed=ckpt.id if ckpt else None)
-        except Error as exc:
-            say(error=exc.code)
+        commit_and_say(txn)
     elif mode == "race":
         run = rest[0]
         say(ready=True)
