@@ -244,18 +244,23 @@ def test_a_cached_file_whose_blob_was_swept_is_read_again(store: agentwal.Store,
 # -- files changing during a snapshot ------------------------------------------------------
 
 
-def test_a_file_changing_while_read_is_read_again(store: agentwal.Store, src: str) -> None:
-    target = Path(src, "src/pkg/mod.py")
+def test_a_file_changing_while_read_is_read_again(store: agentwal.Store,
+                                                  tmp_path: Path) -> None:
+    src = tmp_path / "one"
+    build(str(src), {"mod.py": b"x = 1\n" * 1000})
+    target = src / "mod.py"
 
     def scribble(_name: str) -> None:
         with open(target, "ab") as f:
             f.write(b"# appended during the read\n")
 
-    failpoints.arm("blob_after_write", "call", fn=scribble, nth=4)  # mid-walk, once
-    put(store, src)
-    with store.open_tree_file("r", "ws", "src/pkg/mod.py") as f:
+    # the only blob written is this file's: the append lands while it is being read
+    failpoints.arm("blob_after_write", "call", fn=scribble, nth=1)
+    put(store, str(src))
+    with store.open_tree_file("r", "ws", "mod.py") as f:
         got = f.read()
     assert got == target.read_bytes()  # the whole new content, never half of it
+    assert got.endswith(b"# appended during the read\n")
 
 
 def test_a_file_that_keeps_changing_fails_the_call_and_commits_nothing(
