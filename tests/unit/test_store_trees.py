@@ -602,7 +602,7 @@ def test_snapshots_and_restores_race_sweeps_safely(store: agentwal.Store, tmp_pa
 
     def restores() -> None:
         try:
-            while not stop.is_set():
+            while not stop.wait(0.002):
                 if committed:
                     with contextlib.suppress(agentwal.CheckpointNotFoundError):
                         store.restore_tree("r", "ws", tmp_path / "out", at=committed[-1])
@@ -611,7 +611,7 @@ def test_snapshots_and_restores_race_sweeps_safely(store: agentwal.Store, tmp_pa
 
     def sweeps() -> None:
         try:
-            while not stop.is_set():
+            while not stop.wait(0.005):
                 store.compact(keep_last=2)
         except BaseException as exc:
             errors.append(exc)
