@@ -17,11 +17,15 @@ Example::
         print(store.head("run-42"))
 """
 
+import os
+from typing import Any, cast
+
 from . import errors
 from .backup import BackupReport
 from .blobs import BlobReader
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
+    BackendUnavailableError,
     BlobSourceError,
     CheckpointNotFoundError,
     ConflictError,
@@ -37,6 +41,8 @@ from .errors import (
     EffectSettledError,
     Error,
     InvalidKeyError,
+    LeaseHeldError,
+    LeaseLostError,
     MissingKeyError,
     NotABlobError,
     NotATreeError,
@@ -45,6 +51,7 @@ from .errors import (
     RestoreError,
     RunExistsError,
     RunNotFoundError,
+    SchemaVersionError,
     StoreBusyError,
     StoreClosedError,
     StoreLockedError,
@@ -58,7 +65,8 @@ from .errors import (
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
 from .retention import CompactReport, KeepFor, KeepLast
-from .store import Store, open
+from .store import Store
+from .store import open as _open_local
 from .tree import GITIGNORE
 from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
@@ -67,6 +75,28 @@ from .verify import Problem, VerifyReport
 from .workspace import Workspace
 
 __version__ = "0.1.0"
+
+#: DSN prefixes that open the PostgreSQL backend (``agentwal.postgres``).
+_PG_PREFIXES = ("postgresql://", "postgres://")
+
+
+def open(target: str | os.PathLike[str], **options: Any) -> Store:
+    """Open a store: a directory path (the local engine) or a PostgreSQL DSN.
+
+    ``agentwal.open("state.awal", ...)`` takes the options of
+    :func:`agentwal.store.open`; ``agentwal.open("postgresql://...", ...)``
+    (or ``postgres://``) those of :func:`agentwal.postgres.open_postgres`
+    (``schema``, ``worker_id``, ``lease_ttl``, ``durability``, ``readonly``,
+    ``pool_size``), and needs the ``postgres`` extra. That returns an
+    :class:`agentwal.postgres.PostgresStore`, which has the methods of
+    ``Store`` that backend supports (docs/postgres.md), until one facade
+    serves both backends.
+    """
+    if isinstance(target, str) and target.startswith(_PG_PREFIXES):
+        from .postgres import open_postgres
+
+        return cast("Store", open_postgres(target, **options))
+    return _open_local(target, **options)
 
 __all__ = [
     "NOT_APPLIED",
@@ -120,6 +150,10 @@ __all__ = [
     "PathExistsError",
     "Problem",
     "VerifyReport",
+    "BackendUnavailableError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "SchemaVersionError",
     "GITIGNORE",
     "NotATreeError",
     "RestoreError",

@@ -61,7 +61,7 @@ import dataclasses
 import enum
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,6 +238,20 @@ def outstanding(e: EffectRecord) -> bool:
     if e.status in SETTLED or e.status == "retired":
         return False
     return e.status != "not_applied" or e.mode is not EffectMode.AT_MOST_ONCE
+
+
+#: Statuses of entries whose effect the outside world may hold.
+HELD = ("done", "resolved", "in_doubt", "failed", "pending")
+
+
+def effects_after(entries: Iterable[EffectRecord], cid: int) -> tuple[EffectRecord, ...]:
+    """The entries made after checkpoint ``cid`` that the world may hold (``effects_after``).
+
+    ``txn.effect`` entries positioned at ``cid`` or later, and outbox entries
+    of commits after it; ``rollback_to`` and ``fork`` report them.
+    """
+    return tuple(e for e in entries if e.status in HELD and (
+        e.checkpoint > cid if e.deferred else e.checkpoint >= cid))
 
 
 def mark_committed(entry: EffectRecord, checkpoint: int) -> EffectRecord | None:

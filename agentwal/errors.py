@@ -12,6 +12,7 @@ This module imports nothing from the rest of the package.
 
 from __future__ import annotations
 
+import datetime
 import os
 
 __all__ = [
@@ -42,6 +43,10 @@ __all__ = [
     "BlobSourceError",
     "NotABlobError",
     "PathExistsError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "BackendUnavailableError",
+    "SchemaVersionError",
     "NotATreeError",
     "TreePathError",
     "TreeSourceError",
@@ -431,6 +436,103 @@ class PathExistsError(Error):
             reason or "already exists; nothing was written. Choose a path that does not exist "
             "(or remove it first)."))
 
+
+class LeaseHeldError(StoreLockedError):
+    """Another worker holds the run's lease (the PostgreSQL backend: one writer per run).
+
+    Nothing was changed. A ``StoreLockedError`` too, so code written for one
+    writer process per store handles it the same way.
+
+    Attributes:
+        run: the run. holder: the holding worker's id. expires: when its lease
+        ends unless renewed (seconds since the epoch, the server's clock), or
+        None when a commit of the holder is in flight.
+    """
+
+    code = "lease_held"
+
+    def __init__(self, run: str, holder: str | None, expires: float | None) -> None:
+        Error.__init__(self)  # StoreLockedError's message is about a path; this one is a run's
+        self.path = run
+        self.pid = None
+        self.run = run
+        self.holder = holder
+        self.expires = expires
+        if expires is None:
+            when = "a commit of the holder is in flight"
+        else:
+            stamp = datetime.datetime.fromtimestamp(expires, datetime.timezone.utc).isoformat()
+            when = f"its lease ends at {stamp} unless the holder renews it"
+        self.args = (f"run {run!r} is leased by worker {holder!r} ({when}); nothing was "
+                     "changed. Work on another run (store.claim_runs() adopts runs whose "
+                     "holder died), or try again after the lease ends.",)
+
+
+class LeaseLostError(ConflictError):
+    """This worker's lease on the run expired or was taken: its write was fenced off.
+
+    Nothing of the write was applied (the lease epoch is checked in the same
+    database transaction). A ``ConflictError`` too: the step must be redone,
+    by whichever worker holds the run now.
+
+    Attributes:
+        run: the run. epoch: the fencing token this worker held.
+    """
+
+    code = "lease_lost"
+
+    def __init__(self, run: str, epoch: int | None, reason: str) -> None:
+        super().__init__(run, reason=(
+            f"{reason}; this worker's lease (epoch {epoch}) is gone and nothing was "
+            "applied. Another worker may own the run now: leave it, or take it again with "
+            "store.lease(run) and redo the step from the run's head."))
+        self.epoch = epoch
+
+
+class BackendUnavailableError(Error):
+    """The storage server cannot be reached (refused, timed out, or the session ended).
+
+    Raised by an open or any later call. A call that was committing when the
+    connection failed reports this only when its outcome is known to be "not
+    applied"; the store resolves the others itself (a commit token).
+
+    Attributes:
+        where: the server (the DSN without its password). reason: what failed.
+    """
+
+    code = "backend_unavailable"
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"cannot reach the store's server {where}: {reason}. Check that the "
+                         "server runs and is reachable, then retry.")
+
+
+class SchemaVersionError(Error):
+    """The store's schema is newer than this agentwal (or older, on a read-only open).
+
+    Nothing was opened or changed.
+
+    Attributes:
+        where: the store. found: the schema version stored. supported: the
+        newest version this code knows.
+    """
+
+    code = "schema_version"
+
+    def __init__(self, where: str, found: int, supported: int) -> None:
+        self.where = where
+        self.found = found
+        self.supported = supported
+        if found > supported:
+            text = (f"store {where} has schema version {found}, newer than the {supported} "
+                    "this agentwal knows; nothing was changed. Upgrade agentwal to open it.")
+        else:
+            text = (f"store {where} has schema version {found}, older than the {supported} "
+                    "this agentwal needs, and a read-only open does not upgrade it; open it "
+                    "once without readonly=True.")
+        super().__init__(text)
 
 class TreeSourceError(Error):
     """``txn.put_tree`` could not read the directory: nothing was committed.

@@ -42,6 +42,9 @@ POINTS: dict[str, str] = {
     "fold_after_freeze": "the memtable is frozen, LMDB not yet written",
     "fold_before_commit": "the LMDB write transaction is built, not committed",
     "fold_after_commit": "LMDB holds the fold, the frozen memtable still in use",
+    # PostgreSQL backend (agentwal/postgres): one commit transaction
+    "pg_commit_before_commit": "a commit's run row is locked and checked; writes and COMMIT unsent",
+    "pg_commit_after_commit": "COMMIT returned, the committer has not yet seen its reply",
     # recovery
     "recovery_before_replay": "LMDB base loaded, WAL not yet read",
     "recovery_after_replay": "WAL replayed into the memtable, torn tail not yet repaired",

@@ -88,6 +88,7 @@ from .effects import (
     carry_mark,
     decode_entry,
     derive_key,
+    effects_after,
     encode_entry,
     mark_committed,
     outbox_entries,
@@ -1443,8 +1444,11 @@ class Store:
             self._check_at(v, run, cb)
             return self._raw_at(v, run, ca), self._raw_at(v, run, cb)
 
-        ra, rb = self._with_view(read)
+        with self._blobs.gate.shared():  # no sweep between the values and their trees
+            return self._diff(run, ca, cb, *self._with_view(read))
 
+    def _diff(self, run: str, ca: int, cb: int, ra: dict[str, bytes], rb: dict[str, bytes]
+              ) -> Diff:
         def dec(raw: bytes, k: str, cid: int) -> Any:
             return decode_stored(raw, self.path, f"{run!r}/{k!r} at {cid}")
 
@@ -1957,7 +1961,8 @@ class Store:
             store.restore_tree("agent", "workspace", "repo/", at=12)
         """
         self._check_open()
-        return self._trees.restore(self._tree_ref(run, key, at), dest)
+        with self._blobs.gate.shared():  # no sweep between reading the ref and the files
+            return self._trees.restore(self._tree_ref(run, key, at), dest)
 
     def open_tree_file(self, run: str, key: str, relpath: str, *,
                        at: int | None = None) -> BlobReader:
@@ -1988,7 +1993,8 @@ class Store:
             parts = split_relpath(relpath)
         except ValueError as exc:
             raise TreePathError(str(relpath), f"is not a path inside a tree ({exc})") from None
-        got = self._trees.open_file(self._tree_ref(run, key, at), parts, relpath)
+        with self._blobs.gate.shared():  # no sweep between reading the ref and the file
+            got = self._trees.open_file(self._tree_ref(run, key, at), parts, relpath)
         if isinstance(got, str):
             raise TreePathError(relpath, got)
         assert isinstance(got, BlobReader)
@@ -2010,7 +2016,8 @@ class Store:
                 print(f.path, f.size)
         """
         self._check_open()
-        return self._trees.files(self._tree_ref(run, key, at))
+        with self._blobs.gate.shared():  # no sweep between reading the ref and the objects
+            return self._trees.files(self._tree_ref(run, key, at))
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
                      exclude: Any) -> TreeDiff:
@@ -2274,9 +2281,7 @@ class Store:
 
     def _effects_after(self, run: str, cid: int) -> tuple[EffectRecord, ...]:
         """``run``'s ledger entries made after checkpoint ``cid`` that the world may hold."""
-        held = ("done", "resolved", "in_doubt", "failed", "pending")
-        return tuple(e for e in self.effects(run=run) if e.status in held and (
-            e.checkpoint > cid if e.deferred else e.checkpoint >= cid))
+        return effects_after(self.effects(run=run), cid)
 
     def _txn_base(self, txn: Transaction) -> int:
         head = self._head(txn._view, txn.run)

@@ -32,8 +32,9 @@ durable, every blob it wrote is garbage (``blobs.py``) and the store is at
 its *before* [``tree_after_file``, ``tree_after_dirs``]; the cache file is
 replaced by rename and is only a hint (a torn or stale one costs reads).
 
-*Restore* (``store.restore_tree``), holding the blob gate shared (no sweep
-removes a blob of the tree meanwhile): load and check every directory
+*Restore* (``store.restore_tree``), its caller holding the blob gate shared
+from reading the key's reference on (no sweep removes a blob of the tree
+meanwhile): load and check every directory
 object first (an unsafe name raises ``UnsafeTreeError`` before anything is
 written), then make ``dest`` equal to it, directory by directory through
 directory file descriptors opened with ``O_NOFOLLOW`` (so no link on disk,
@@ -455,6 +456,9 @@ class TreeStore:
     def restore(self, ref: BlobRef, dest: str | os.PathLike[str]) -> RestoreReport:
         """Make ``dest`` exactly the tree ``ref`` names; see the module's theory.
 
+        The caller holds the blob gate shared, from reading ``ref`` to the end
+        (so no sweep removes a blob of the tree meanwhile).
+
         Raises:
             UnsafeTreeError: the stored tree has an unsafe entry (nothing written).
             CorruptionError: a tree object or file blob is missing or damaged.
@@ -462,22 +466,21 @@ class TreeStore:
             DiskFullError: no room (run it again once there is).
         """
         counts = _Counts()
-        with self.blobs.gate.shared():  # no sweep removes a blob of the tree meanwhile
-            root, dirs = self.load(ref)
-            top = _make_dest(dest, self.store_dir)
-            cache = self._cache(top)
-            restorer = _Restorer(self, top, cache, dirs, root, counts)
-            try:
-                fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError as exc:
-                raise _restore_error(exc, top) from None
-            try:
-                restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
-                restorer.flush()
-            finally:
-                os.close(fd)
-                restorer.close()
-            cache.save(merge=True)
+        root, dirs = self.load(ref)
+        top = _make_dest(dest, self.store_dir)
+        cache = self._cache(top)
+        restorer = _Restorer(self, top, cache, dirs, root, counts)
+        try:
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise _restore_error(exc, top) from None
+        try:
+            restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
+            restorer.flush()
+        finally:
+            os.close(fd)
+            restorer.close()
+        cache.save(merge=True)
         return RestoreReport(counts.written, counts.removed, counts.unchanged, root.files)
 
     def open_file(self, ref: BlobRef, parts: list[str], relpath: str) -> Any:

@@ -1,9 +1,12 @@
-"""Shared fixtures: a fresh store directory per test, and failpoints always disarmed."""
+"""Shared fixtures: a fresh store directory per test, failpoints always disarmed, and a
+real PostgreSQL server (``pg_server``/``pg_dsn``/``pg_schema``, see tests/pg.py)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +31,38 @@ def store(path: str) -> Iterator[agentwal.Store]:
     s = agentwal.open(path, durability="none", segment_bytes=65536, wal_max_bytes=1 << 20)
     yield s
     s.close()
+
+
+# -- PostgreSQL (tests/pg.py): one real server per session, started on first use ----------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    from tests import pg
+
+    why_not: list[str] = []
+    srv = pg.start(why_not)
+    if srv is None:
+        reason = "no PostgreSQL server: " + "; ".join(why_not)
+        if pg.required():
+            pytest.fail(reason + " (required here: CI or AGENTWAL_REQUIRE_PG=1)")
+        pytest.skip(reason)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: Any) -> str:
+    """The session server's DSN."""
+    return str(pg_server.dsn)
+
+
+@pytest.fixture
+def pg_schema(pg_dsn: str) -> Iterator[str]:
+    """A fresh schema name for this test (created by the store's first open), dropped after."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')

@@ -11,7 +11,8 @@ PKG = Path(agentwal.__file__).parent
 
 # Lower ranks never import higher ones (STYLE.md: errors/types → io → wal →
 # snapshot/effects → txn → recovery → store → cli). history.py is pure
-# encoding logic beside the codec; retention.py pure planning beside it.
+# encoding logic beside the codec; retention.py pure planning beside it; postgres/
+# (the PostgreSQL backend) sits beside store.
 RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
     "types": 1, "codec": 1, "history": 1, "retention": 1, "tree": 1,
@@ -20,7 +21,7 @@ RANK = {
     "snapshot": 4, "memtable": 4, "effects": 4,
     "txn": 5, "commit": 5, "ledger": 5,
     "recovery": 6, "verify": 6, "backup": 6,
-    "store": 7,
+    "store": 7, "postgres": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
     "workspace": 8,
     "integrations": 9,

@@ -3,6 +3,7 @@ verify and backups, the way an agent's harness uses them."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tracemalloc
@@ -244,18 +245,23 @@ def test_a_cached_file_whose_blob_was_swept_is_read_again(store: agentwal.Store,
 # -- files changing during a snapshot ------------------------------------------------------
 
 
-def test_a_file_changing_while_read_is_read_again(store: agentwal.Store, src: str) -> None:
-    target = Path(src, "src/pkg/mod.py")
+def test_a_file_changing_while_read_is_read_again(store: agentwal.Store,
+                                                  tmp_path: Path) -> None:
+    src = tmp_path / "one"
+    build(str(src), {"mod.py": b"x = 1\n" * 1000})
+    target = src / "mod.py"
 
     def scribble(_name: str) -> None:
         with open(target, "ab") as f:
             f.write(b"# appended during the read\n")
 
-    failpoints.arm("blob_after_write", "call", fn=scribble, nth=4)  # mid-walk, once
-    put(store, src)
-    with store.open_tree_file("r", "ws", "src/pkg/mod.py") as f:
+    # the only blob written is this file's: the append lands while it is being read
+    failpoints.arm("blob_after_write", "call", fn=scribble, nth=1)
+    put(store, str(src))
+    with store.open_tree_file("r", "ws", "mod.py") as f:
         got = f.read()
     assert got == target.read_bytes()  # the whole new content, never half of it
+    assert got.endswith(b"# appended during the read\n")
 
 
 def test_a_file_that_keeps_changing_fails_the_call_and_commits_nothing(
@@ -570,3 +576,53 @@ def test_a_tree_entry_where_the_store_lives_is_refused(tmp_path: Path) -> None:
         put(store, str(ws), key="self")  # its own tree skips it: restoring it is fine
         store.restore_tree("r", "self", ws)
         assert (ws / ".agentwal").is_dir()
+
+
+def test_snapshots_and_restores_race_sweeps_safely(store: agentwal.Store, tmp_path: Path) -> None:
+    """One thread snapshots a changing tree, another restores old checkpoints, a third
+    compacts and sweeps; every committed tree stays whole."""
+    import threading
+
+    src = tmp_path / "src"
+    build(str(src), {f"d{i % 4}/f{i}": b"%d" % i * 200 for i in range(40)})
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    committed: list[int] = []
+
+    def snapshots() -> None:
+        try:
+            for n in range(12):
+                Path(src, f"d{n % 4}/f{n}").write_bytes(b"v%d" % n * 300)
+                Path(src, f"new{n % 5}").write_bytes(b"n%d" % n)
+                committed.append(put(store, str(src)).id)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def restores() -> None:
+        try:
+            while not stop.wait(0.002):
+                if committed:
+                    with contextlib.suppress(agentwal.CheckpointNotFoundError):
+                        store.restore_tree("r", "ws", tmp_path / "out", at=committed[-1])
+        except BaseException as exc:
+            errors.append(exc)
+
+    def sweeps() -> None:
+        try:
+            while not stop.wait(0.005):
+                store.compact(keep_last=2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f) for f in (snapshots, restores, sweeps)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    store.restore_tree("r", "ws", tmp_path / "final")
+    assert read(str(tmp_path / "final")) == read(str(src))
+    store.compact(keep_last=2)
+    assert store.verify().ok

@@ -1,0 +1,609 @@
+"""The PostgreSQL backend: views, reads, fenced commits, history and the ledger over tables.
+
+Theory of operation: the operations are those of the backend seam
+(``agentwal/backend.py`` on the ``seam`` branch: ``begin``/``read``/``scan``/
+``commit``/``end`` on a view of one run, ``head``/``checkpoints``/``state_at``/
+``runs``/``delete_run``, and the ledger with a compare-and-set
+``record_effect``), so the public facade can sit on either backend.
+
+*A view* is ``(run, base, epoch, fence)``: the run's head checkpoint id when
+it began, the run id's epoch (sequence number of its last deletion) and the
+worker's :class:`~agentwal.postgres.leases.Lease` on the run (None for a
+read-only view). Nothing is held open between ``begin`` and ``commit``: reads
+at the view go to ``deltas`` at ``ckpt <= base``, which later commits never
+change, so a view needs no snapshot on the server.
+
+*A commit* is one PostgreSQL transaction (schema: ``schema.py``)::
+
+    SELECT ... FROM runs WHERE run = $1 FOR UPDATE   -- serializes the run's committers
+    fence:  owner, lease epoch, not expired (server clock)   else LeaseLostError
+    epoch:  the run was not deleted since the view           else ConflictError(deleted)
+    OCC:    head moved → a newer delta on a key read/written
+            or under a scanned prefix                         else rebase onto the head
+    INSERT vals (sorted by digest), checkpoints, deltas; UPDATE runs head;
+    mark the step's effects committed_in; insert its outbox entries
+    COMMIT
+
+Anything refused rolls back, so nothing is applied. The checkpoint hash is
+``codec.checkpoint_hash`` over the parent's hash and the delta with keys in
+sorted order, as ``verify`` recomputes it from the rows. A session lost
+while COMMIT was in flight is resolved on a new session: lock the run's row
+(which waits for the lost transaction to end), then look the commit's
+``commit_token`` up: present means the checkpoint is returned, absent means
+nothing was applied.
+
+Ledger writes (``record_effect``) are their own short transactions, always
+``synchronous_commit = on`` (an intent must be durable before its call),
+compare-and-set on the stored entry and fenced by the lease when given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+import psycopg
+
+from .. import failpoints
+from ..codec import checkpoint_hash, decode_meta, encode_meta
+from ..effects import (
+    Deferred,
+    EffectRecord,
+    decode_entry,
+    encode_entry,
+    encode_outbox,
+    mark_committed,
+    outbox_entries,
+)
+from ..errors import (
+    BackendUnavailableError,
+    CheckpointNotFoundError,
+    ConflictError,
+    LeaseLostError,
+    ReadOnlyError,
+    RunExistsError,
+    RunNotFoundError,
+    StoreClosedError,
+)
+from ..types import Checkpoint
+from . import schema as schema_mod
+from .db import Db, session_gone
+from .leases import Lease, Leases
+
+__all__ = ["Change", "EffectRace", "PgView", "PostgresBackend"]
+
+_ZERO_HASH = bytes(32)
+_CKPT_COLS = "run, id, parent, seq, created_at, meta, hash, origin_run, origin_id"
+#: Retries of a commit the server aborted as a serialization failure or deadlock.
+_RETRIES = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """One step's change to one run (the seam's ``backend.Change``, field for field)."""
+
+    run: str
+    writes: Mapping[str, bytes | None]
+    reads: frozenset[str] = frozenset()
+    prefixes: frozenset[str] = frozenset()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    deferred: tuple[Deferred, ...] = ()
+    origin: tuple[str, int] | None = None
+    effects: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """True if committing it changes nothing (no writes, metadata, outbox or effects)."""
+        return not (self.writes or self.meta or self.deferred or self.effects
+                    or self.origin is not None)
+
+
+class _Retry(Exception):
+    """The server aborted a commit as a serialization failure or deadlock: run it again."""
+
+
+class EffectRace(Exception):
+    """``record_effect`` found another entry than expected (the seam's ``EffectRace``)."""
+
+    def __init__(self, key: str, found: EffectRecord | None) -> None:
+        self.key = key
+        self.found = found
+        super().__init__(f"the ledger entry {key!r} changed under its writer")
+
+
+@dataclass(frozen=True, slots=True)
+class PgView:
+    """A view of one run: ``base`` checkpoint, run ``epoch`` and the lease (``fence``)."""
+
+    run: str
+    base: int
+    epoch: int
+    fence: Lease | None = None
+
+
+def _checkpoint(row: tuple[Any, ...]) -> Checkpoint:
+    run, cid, parent, seq, created, meta, hsh, origin_run, origin_id = row
+    origin = (origin_run, int(origin_id)) if origin_run is not None else None
+    return Checkpoint(run, int(cid), None if parent is None else int(parent), int(seq),
+                      float(created), decode_meta(bytes(meta)), bytes(hsh).hex(), origin)
+
+
+def _value(inline: bytes | None, data: bytes | None) -> bytes | None:
+    if inline is not None:
+        return bytes(inline)
+    return None if data is None else bytes(data)
+
+
+class PostgresBackend:
+    """A store in one PostgreSQL schema, seen by one worker (``worker_id``)."""
+
+    def __init__(self, dsn: str, *, schema: str, worker_id: str, lease_ttl: float,
+                 synchronous: bool, readonly: bool, pool_size: int) -> None:
+        self.readonly = readonly
+        self.worker_id = worker_id
+        self.db = Db(dsn, schema, worker_id=worker_id, pool_size=pool_size,
+                     idle_timeout=lease_ttl / 2, synchronous=synchronous)
+        self.name = self.db.where
+        self.db.open()
+        try:
+            with self.db.connection() as conn:
+                if readonly:
+                    self.store_id = schema_mod.check(conn, schema, self.name)
+                else:
+                    self.store_id = schema_mod.install(conn, schema, self.name)
+        except BaseException:
+            self.db.close()
+            raise
+        self.leases = Leases(self.db, worker_id, lease_ttl)
+        self.closed = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StoreClosedError(self.name)
+
+    def _writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.name)
+
+    @contextlib.contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        self._check_open()
+        with self.db.connection() as conn:
+            yield conn
+
+    # -- views and reads -------------------------------------------------------------
+
+    def begin(self, run: str, *, lease: bool = True) -> PgView:
+        """A view of ``run`` as of now; with ``lease`` (writers) this worker's lease on it.
+
+        Raises:
+            LeaseHeldError: another worker holds the run's lease.
+            ReadOnlyError, StoreClosedError, BackendUnavailableError.
+        """
+        fence = None
+        if lease:
+            self._writable()
+            fence = self.leases.ensure(run)
+        with self._conn() as conn:
+            row = conn.execute("SELECT head, run_epoch FROM runs WHERE run = %s",
+                               (run,)).fetchone()
+        base, epoch = (int(row[0]), int(row[1])) if row is not None else (0, 0)
+        return PgView(run, base, epoch, fence)
+
+    def read(self, view: PgView, key: str) -> bytes | None:
+        """The stored bytes of ``key`` at the view (None: absent)."""
+        if view.base == 0:
+            return None
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT d.inline, v.data FROM deltas d LEFT JOIN vals v ON v.digest = d.digest "
+                "WHERE d.run = %s AND d.key = %s AND d.ckpt <= %s ORDER BY d.ckpt DESC LIMIT 1",
+                (view.run, key, view.base)).fetchone()
+        return None if row is None else _value(row[0], row[1])
+
+    def scan(self, view: PgView, prefix: str) -> dict[str, bytes]:
+        """``{key: stored bytes}`` of every key under ``prefix`` at the view."""
+        return self._state(view.run, view.base, prefix=prefix)
+
+    def _state(self, run: str, upto: int, *, prefix: str = "",
+               key: str | None = None) -> dict[str, bytes]:
+        if upto == 0:
+            return {}
+        where, args = "starts_with(key, %s)", [prefix]
+        if key is not None:
+            where, args = "key = %s", [key]
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT d.key, d.inline, v.data FROM (SELECT DISTINCT ON (key) key, inline, "
+                "digest FROM deltas WHERE run = %s AND ckpt <= %s AND " + where +
+                " ORDER BY key, ckpt DESC) d LEFT JOIN vals v ON v.digest = d.digest "
+                "ORDER BY d.key", [run, upto, *args]).fetchall()
+        out: dict[str, bytes] = {}
+        for k, inline, data in rows:
+            value = _value(inline, data)
+            if value is not None:
+                out[k] = value
+        return out
+
+    def end(self, view: PgView) -> None:
+        """Release the view: nothing is held on the server, so nothing to do."""
+
+    def abandon(self, view: PgView) -> None:
+        """As :meth:`end` (called from finalizers)."""
+
+    # -- committing ------------------------------------------------------------------
+
+    def commit(self, view: PgView, change: Change) -> Checkpoint | None:
+        """Apply ``change`` as the run's next checkpoint, fenced and validated (module doc).
+
+        Raises:
+            LeaseLostError: this worker's lease is gone (nothing applied).
+            ConflictError: the commit rule refused it (nothing applied).
+            RunExistsError: ``change.origin`` is set and the run has a checkpoint.
+            BackendUnavailableError: the server could not be reached; nothing was
+                applied, unless the message says the outcome is unknown.
+        """
+        self._writable()
+        if change.empty:
+            return self.head_at(view.run, view.base)
+        lease = view.fence
+        if lease is None:
+            raise ReadOnlyError(self.name)  # a read view cannot commit
+        if lease.lost is not None:
+            raise LeaseLostError(view.run, lease.epoch, lease.lost)
+        delta = {k: change.writes[k] for k in sorted(change.writes)}
+        digest = hashlib.sha256(cbor2.dumps(delta)).digest()
+        meta_raw = encode_meta(dict(change.meta))
+        deferred = list(change.deferred)
+        outbox = encode_outbox(deferred) if deferred else None
+        token = uuid.uuid4()
+        for attempt in range(_RETRIES + 1):
+            try:
+                return self._commit_once(view, lease, change, delta, digest, meta_raw,
+                                         deferred, outbox, token)
+            except _Retry:
+                if attempt == _RETRIES:
+                    raise ConflictError(view.run, reason=(
+                        "the server kept aborting the commit as a serialization failure; "
+                        "nothing was applied. Retry the step.")) from None
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _commit_once(self, view: PgView, lease: Lease, change: Change,
+                     delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
+                     deferred: list[Deferred], outbox: bytes | None,
+                     token: uuid.UUID) -> Checkpoint:
+        run = view.run
+        committing = False
+        with self._conn() as conn:
+            try:
+                with conn.pipeline():  # BEGIN and the row lock: one round trip
+                    conn.execute("BEGIN")
+                    row = self._lock_fenced(conn, run, lease, seq=True)
+                head, head_hash, run_epoch, seq = int(row[0]), row[1], int(row[2]), int(row[6])
+                if run_epoch != view.epoch:
+                    raise ConflictError(run, deleted=True)
+                if change.origin is not None and head > 0:
+                    raise RunExistsError(run)
+                if head != view.base:
+                    self._validate(conn, run, view.base, change)
+                created = time.time()
+                cid, parent = head + 1, (head or None)
+                hsh = checkpoint_hash(bytes(head_hash) if head_hash else _ZERO_HASH, run, cid,
+                                      parent, created, meta_raw, change.origin, digest, outbox)
+                self._mark_effects(conn, change.effects, cid)
+                failpoints.hit("pg_commit_before_commit")
+                committing = True  # from here a lost session leaves the outcome to resolve
+                with conn.pipeline():  # the writes and COMMIT: one round trip
+                    self._insert(conn, run, cid, parent, seq, created, meta_raw, hsh, digest,
+                                 outbox, change.origin, lease.epoch, token, delta)
+                    for entry in outbox_entries(self.store_id, run, cid, created, seq,
+                                                deferred, view.epoch):
+                        conn.execute(
+                            "INSERT INTO effects (key, run, ckpt, ordinal, entry) "
+                            "VALUES (%s, %s, %s, NULL, %s) ON CONFLICT (key) DO NOTHING",
+                            (entry.key, run, cid, encode_entry(entry)))
+                    conn.execute("COMMIT")
+                failpoints.hit("pg_commit_after_commit")
+            except BaseException as exc:
+                if committing and session_gone(exc, conn):
+                    return self._resolve(run, token, exc)
+                if not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                if isinstance(exc, LeaseLostError):
+                    self.leases.forget(lease, "the server refused the lease")
+                if isinstance(exc, (psycopg.errors.SerializationFailure,
+                                    psycopg.errors.DeadlockDetected)):
+                    raise _Retry from None  # not a psycopg error: passes translate() as is
+                raise
+        meta = decode_meta(meta_raw)
+        return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+
+    def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
+                     share: bool = False, seq: bool = False) -> tuple[Any, ...]:
+        """Lock ``run``'s row (``FOR UPDATE``, or ``FOR SHARE``) and check ``lease`` on it.
+
+        Returns ``(head, head_hash, run_epoch, owner, epoch, live)``, and with
+        ``seq`` a new commit sequence number last (taken under the row lock, so
+        a run's commits get increasing numbers; an aborted commit leaves a gap).
+        A steal of the lease waits for this transaction, or this one sees the
+        steal's epoch.
+
+        Raises:
+            LeaseLostError: the row shows another owner or epoch, or the lease expired.
+        """
+        row = conn.execute(
+            "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
+            "lease_expires > clock_timestamp()" + (", nextval('commit_seq')" if seq else "")
+            + " FROM runs WHERE run = %s " + ("FOR SHARE" if share else "FOR UPDATE"),
+            (run,)).fetchone()
+        self._fence(row, lease)
+        assert row is not None
+        return tuple(row)
+
+    def _fence(self, row: tuple[Any, ...] | None, lease: Lease) -> None:
+        """Raise LeaseLostError unless ``row`` (runs, locked) shows ``lease`` live."""
+        if row is None:
+            raise LeaseLostError(lease.run, lease.epoch, "the run has no lease")
+        owner, epoch, live = row[3], int(row[4]), bool(row[5])
+        if owner != self.worker_id or epoch != lease.epoch:
+            who = f"worker {owner!r} (epoch {epoch})" if owner else "nobody (released)"
+            raise LeaseLostError(lease.run, lease.epoch, f"the run's lease is now {who}'s")
+        if not live:
+            raise LeaseLostError(lease.run, lease.epoch, "the lease expired")
+
+    def _validate(self, conn: psycopg.Connection[Any], run: str, base: int,
+                  change: Change) -> None:
+        """The commit rule for a view behind the head: ConflictError on an overlap."""
+        keys = sorted(set(change.writes) | set(change.reads))
+        prefixes = sorted(change.prefixes)
+        row = conn.execute(
+            "SELECT key FROM deltas WHERE run = %s AND ckpt > %s AND (key = ANY(%s) OR "
+            "EXISTS (SELECT 1 FROM unnest(%s::text[]) p WHERE starts_with(key, p))) "
+            "ORDER BY ckpt, key LIMIT 1", (run, base, keys, prefixes)).fetchone()
+        if row is not None:
+            key = str(row[0])
+            raise ConflictError(run, key if key in keys else None)
+
+    def _insert(self, conn: psycopg.Connection[Any], run: str, cid: int, parent: int | None,
+                seq: int, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
+                outbox: bytes | None, origin: tuple[str, int] | None, epoch: int,
+                token: uuid.UUID, delta: dict[str, bytes | None]) -> None:
+        rows: list[tuple[str, int, str, bytes | None, bytes | None]] = []
+        vals: dict[bytes, bytes] = {}
+        for key, value in delta.items():
+            if value is None or len(value) <= schema_mod.INLINE_MAX:
+                rows.append((run, cid, key, value, None))
+            else:
+                d = hashlib.sha256(value).digest()
+                vals[d] = value
+                rows.append((run, cid, key, None, d))
+        with conn.cursor() as cur:
+            if vals:  # in digest order: two commits never lock vals rows in opposite orders
+                cur.executemany("INSERT INTO vals (digest, data) VALUES (%s, %s) "
+                                "ON CONFLICT (digest) DO NOTHING", sorted(vals.items()))
+            cur.execute(
+                "INSERT INTO checkpoints (run, id, parent, seq, created_at, meta, hash, "
+                "delta_digest, outbox, origin_run, origin_id, lease_epoch, commit_token) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (run, cid, parent, seq, created, meta_raw, hsh, digest, outbox,
+                 origin[0] if origin else None, origin[1] if origin else None, epoch, token))
+            if rows:
+                cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest) "
+                                "VALUES (%s, %s, %s, %s, %s)", rows)
+            cur.execute("UPDATE runs SET head = %s, head_hash = %s, steals = 0 WHERE run = %s",
+                        (cid, hsh, run))
+
+    def _mark_effects(self, conn: psycopg.Connection[Any], keys: tuple[str, ...],
+                      cid: int) -> None:
+        """Mark the step's ledger entries ``committed_in`` ``cid`` (in the commit's transaction)."""
+        for key in keys:
+            row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
+                               (key,)).fetchone()
+            if row is None:
+                continue
+            marked = mark_committed(decode_entry(bytes(row[0])), cid)
+            if marked is not None:
+                conn.execute("UPDATE effects SET entry = %s WHERE key = %s",
+                             (encode_entry(marked), key))
+
+    def _resolve(self, run: str, token: uuid.UUID, exc: BaseException) -> Checkpoint:
+        """The session died with COMMIT in flight: find out, on a new one, whether it landed."""
+        try:
+            with self.db.connection() as conn, conn.transaction():
+                # Waits until the lost transaction, which held this lock, has ended.
+                conn.execute("SELECT 1 FROM runs WHERE run = %s FOR UPDATE", (run,))
+                row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints "
+                                   "WHERE commit_token = %s", (token,)).fetchone()
+        except BackendUnavailableError as again:
+            raise BackendUnavailableError(self.name, (
+                f"the session ended while COMMIT was in flight ({exc}) and the server is "
+                f"still unreachable ({again.reason}): the outcome of this commit is unknown; "
+                f"look at store.head({run!r}) once the server is back")) from None
+        if row is None:
+            raise BackendUnavailableError(self.name, (
+                f"the session ended during the commit ({exc}); it was not applied"))
+        return _checkpoint(row)
+
+    # -- history ---------------------------------------------------------------------
+
+    def head(self, run: str) -> Checkpoint | None:
+        """The run's newest checkpoint, or None."""
+        with self._conn() as conn:
+            row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints c "
+                               "WHERE run = %s AND id = (SELECT head FROM runs WHERE run = %s)",
+                               (run, run)).fetchone()
+        return None if row is None else _checkpoint(row)
+
+    def head_at(self, run: str, cid: int) -> Checkpoint | None:
+        """Checkpoint ``cid`` of ``run`` (None for 0 or a deleted one)."""
+        if cid == 0:
+            return None
+        with self._conn() as conn:
+            row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id = %s",
+                               (run, cid)).fetchone()
+        return None if row is None else _checkpoint(row)
+
+    def checkpoints(self, run: str, *, limit: int | None = None,
+                    before: int | None = None) -> list[Checkpoint]:
+        """The run's checkpoints, newest first (ids below ``before`` if given)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id < %s "
+                "ORDER BY id DESC LIMIT %s",
+                (run, before if before is not None else 1 << 62, limit)).fetchall()
+        return [_checkpoint(r) for r in rows]
+
+    def state_at(self, run: str, checkpoint: int, *, key: str | None = None) -> dict[str, bytes]:
+        """``{key: stored bytes}`` of the run at ``checkpoint`` (only ``key`` if given).
+
+        Raises:
+            RunNotFoundError: the run has no checkpoint.
+            CheckpointNotFoundError: no such checkpoint.
+        """
+        self.check_at(run, checkpoint)
+        return self._state(run, checkpoint, key=key)
+
+    def check_at(self, run: str, checkpoint: int) -> Checkpoint:
+        """Checkpoint ``checkpoint`` of ``run``, or RunNotFoundError / CheckpointNotFoundError."""
+        ckpt = self.head_at(run, checkpoint) if checkpoint > 0 else None
+        if ckpt is None:
+            if self.head(run) is None:
+                raise RunNotFoundError(run)
+            raise CheckpointNotFoundError(run, checkpoint)
+        return ckpt
+
+    def runs(self) -> list[str]:
+        """Every run id with at least one checkpoint, sorted."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT run FROM runs WHERE head > 0 ORDER BY run").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def delete_run(self, run: str) -> None:
+        """Delete the run's checkpoints and history under this worker's lease, durably.
+
+        The ``runs`` row stays (its lease epoch must never go back); the run's
+        epoch becomes a new commit sequence number, so a view from before
+        cannot commit and a run made again under the id derives new effect keys.
+
+        Raises:
+            RunNotFoundError: the run has no checkpoint.
+            LeaseHeldError: another worker holds the run. LeaseLostError.
+        """
+        self._writable()
+        lease = self.leases.ensure(run)
+        with self._conn() as conn:
+            try:
+                conn.execute("BEGIN")
+                conn.execute("SET LOCAL synchronous_commit = on")
+                row = self._lock_fenced(conn, run, lease)
+                if int(row[0]) == 0:
+                    raise RunNotFoundError(run)
+                conn.execute("DELETE FROM checkpoints WHERE run = %s", (run,))
+                conn.execute("UPDATE runs SET head = 0, head_hash = NULL, "
+                             "run_epoch = nextval('commit_seq') WHERE run = %s", (run,))
+                conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+
+    # -- the effects ledger ----------------------------------------------------------
+
+    def effect(self, key: str) -> EffectRecord | None:
+        """The ledger entry with idempotency key ``key``, or None."""
+        with self._conn() as conn:
+            row = conn.execute("SELECT entry FROM effects WHERE key = %s", (key,)).fetchone()
+        return None if row is None else decode_entry(bytes(row[0]))
+
+    def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
+        """The key of the ``txn.effect`` entry at this position, or None."""
+        with self._conn() as conn:
+            row = conn.execute("SELECT key FROM effects WHERE run = %s AND ckpt = %s "
+                               "AND ordinal = %s LIMIT 1", (run, checkpoint, ordinal)).fetchone()
+        return None if row is None else str(row[0])
+
+    def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
+                      fence: Lease | None = None) -> EffectRecord:
+        """Store ``entry`` durably if the stored one is still ``expect`` (compare-and-set).
+
+        With ``fence``, the lease is checked in the same transaction: a
+        worker whose lease was taken cannot record an intent or an outcome.
+
+        Raises:
+            EffectRace: the stored entry is not ``expect`` (nothing written).
+            LeaseLostError: ``fence`` is no longer this worker's (nothing written).
+        """
+        self._writable()
+        raw = encode_entry(entry)
+        with self._conn() as conn, conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = on")
+            if fence is not None:
+                try:
+                    self._lock_fenced(conn, fence.run, fence, share=True)
+                except LeaseLostError:
+                    self.leases.forget(fence, "the server refused the lease")
+                    raise
+            row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
+                               (entry.key,)).fetchone()
+            found = None if row is None else decode_entry(bytes(row[0]))
+            if found != expect:
+                raise EffectRace(entry.key, found)
+            conn.execute(
+                "INSERT INTO effects (key, run, ckpt, ordinal, entry) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET entry = EXCLUDED.entry, run = EXCLUDED.run, "
+                "ckpt = EXCLUDED.ckpt, ordinal = EXCLUDED.ordinal",
+                (entry.key, entry.run, entry.checkpoint, entry.ordinal, raw))
+        return entry
+
+    def effects(self) -> list[EffectRecord]:
+        """Every ledger entry, in key order."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT entry FROM effects ORDER BY key").fetchall()
+        return [decode_entry(bytes(r[0])) for r in rows]
+
+    def outbox(self) -> list[EffectRecord]:
+        """The outbox entries not yet settled, in commit order."""
+        pending = [e for e in self.effects() if e.deferred and e.status == "pending"]
+        return sorted(pending, key=lambda e: e.order or (0, 0))
+
+    # -- maintenance -----------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make every acknowledged commit durable (a synchronous commit flushes the ones before)."""
+        self._check_open()
+        with self._conn() as conn, conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = on")
+            conn.execute("SELECT txid_current()")
+
+    def stats(self) -> dict[str, Any]:
+        """Row counts and on-disk sizes of the store's tables."""
+        out: dict[str, Any] = {"backend": "postgresql", "where": self.name,
+                               "worker_id": self.worker_id,
+                               "leases_held": sorted(r for r in self.leases._held)}
+        with self._conn() as conn:
+            for table in ("runs", "checkpoints", "deltas", "vals", "effects"):
+                row = conn.execute(f"SELECT count(*), pg_total_relation_size('{table}') "
+                                   f"FROM {table}").fetchone()
+                assert row is not None
+                out[f"{table}_rows"], out[f"{table}_bytes"] = int(row[0]), int(row[1])
+        out["runs"] = len(self.runs())
+        return out
+
+    def close(self) -> None:
+        """Release this worker's leases and close the sessions (idempotent)."""
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            self.leases.release_all()
+        self.leases.close()
+        self.closed = True
+        self.db.close()

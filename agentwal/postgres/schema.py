@@ -1,0 +1,163 @@
+"""The store's tables, and the migrations that create and upgrade them.
+
+Theory of operation: a store is one PostgreSQL schema. ``meta`` holds its
+identity and ``schema_version``; :data:`MIGRATIONS` is the ordered list of
+steps, step ``i`` taking version ``i`` to ``i + 1``. :func:`install` runs every
+missing step in one transaction under ``pg_advisory_xact_lock`` keyed by the
+schema name, so workers opening a new store at the same moment serialize
+there and exactly one creates it (the others find it made). A stored version
+newer than :data:`VERSION` is refused (:class:`SchemaVersionError`) before
+anything is touched; :func:`check` (read-only opens) never writes.
+
+Tables (version 1):
+
+- ``runs``: one row per run id ever leased or written, never deleted (its
+  ``lease_epoch``, the fencing token, must never go back): the head and the
+  hash-chain tip, ``run_epoch`` (the commit sequence number of the run id's
+  last deletion), and the lease (owner, epoch, expiry by the server's clock).
+  Commits and renewals rewrite it, so it has no index on those columns and
+  ``fillfactor = 50``: the updates stay HOT.
+- ``checkpoints``: one row per commit, with what ``codec.checkpoint_hash``
+  covers, the lease epoch that wrote it and a unique ``commit_token`` (a
+  commit whose reply was lost is looked up by it).
+- ``deltas`` + ``vals``: the keys each commit changed; values over
+  :data:`INLINE_MAX` bytes are stored once in ``vals`` by SHA-256, so storage is
+  O(delta) and equal values are shared across checkpoints, keys and runs.
+- ``effects``: the effects ledger (``effects.encode_entry`` bytes per key).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+
+from ..errors import CorruptionError, SchemaVersionError
+
+__all__ = ["INLINE_MAX", "MIGRATIONS", "VERSION", "check", "install"]
+
+#: Encoded values up to this many bytes are stored in the delta row itself.
+INLINE_MAX = 64
+
+_V1 = """
+CREATE TABLE meta (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    store_id       uuid NOT NULL,
+    schema_version integer NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE SEQUENCE commit_seq;
+CREATE TABLE runs (
+    run           text COLLATE "C" PRIMARY KEY,
+    head          bigint NOT NULL DEFAULT 0,
+    head_hash     bytea,
+    run_epoch     bigint NOT NULL DEFAULT 0,
+    lease_owner   text,
+    lease_epoch   bigint NOT NULL DEFAULT 0,
+    lease_expires timestamptz,
+    steals        integer NOT NULL DEFAULT 0
+) WITH (fillfactor = 50);
+CREATE TABLE vals (
+    digest bytea PRIMARY KEY,
+    data   bytea NOT NULL
+);
+CREATE TABLE checkpoints (
+    run           text COLLATE "C" NOT NULL REFERENCES runs,
+    id            bigint NOT NULL,
+    parent        bigint,
+    seq           bigint NOT NULL,
+    created_at    double precision NOT NULL,
+    meta          bytea NOT NULL,
+    hash          bytea NOT NULL,
+    delta_digest  bytea NOT NULL,
+    outbox        bytea,
+    origin_run    text,
+    origin_id     bigint,
+    lease_epoch   bigint NOT NULL,
+    commit_token  uuid NOT NULL UNIQUE,
+    PRIMARY KEY (run, id)
+);
+CREATE TABLE deltas (
+    run    text COLLATE "C" NOT NULL,
+    ckpt   bigint NOT NULL,
+    key    text COLLATE "C" NOT NULL,
+    inline bytea,
+    digest bytea REFERENCES vals,
+    PRIMARY KEY (run, ckpt, key),
+    FOREIGN KEY (run, ckpt) REFERENCES checkpoints ON DELETE CASCADE
+);
+CREATE INDEX deltas_by_key ON deltas (run, key, ckpt DESC);
+CREATE TABLE effects (
+    key     text COLLATE "C" PRIMARY KEY,
+    run     text COLLATE "C" NOT NULL,
+    ckpt    bigint NOT NULL,
+    ordinal integer,
+    entry   bytea NOT NULL
+);
+CREATE INDEX effects_by_position ON effects (run, ckpt, ordinal);
+"""
+
+#: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+#: The newest schema version this code knows.
+VERSION = len(MIGRATIONS)
+
+
+def _stored(conn: psycopg.Connection[Any], schema: str) -> tuple[int, uuid.UUID | None]:
+    """``(schema_version, store_id)`` as stored; ``(0, None)`` for no store."""
+    row = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".meta',)).fetchone()
+    if row is None or row[0] is None:
+        return 0, None
+    got = conn.execute(f'SELECT schema_version, store_id FROM "{schema}".meta').fetchone()
+    if got is None:
+        return 0, None
+    return int(got[0]), got[1]
+
+
+def _refuse_newer(where: str, version: int) -> None:
+    if version > VERSION:
+        raise SchemaVersionError(where, version, VERSION)
+
+
+def install(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID:
+    """Create or upgrade the store in ``schema``; returns its store id.
+
+    Raises:
+        SchemaVersionError: the stored schema is newer than this code (nothing changed).
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                     (f"agentwal-migrate:{schema}",))
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        version, store_id = _stored(conn, schema)
+        _refuse_newer(where, version)
+        conn.execute(f'SET LOCAL search_path = "{schema}"')
+        for step in range(version, VERSION):
+            conn.execute(MIGRATIONS[step])
+            if step == 0:
+                store_id = uuid.uuid4()
+                conn.execute("INSERT INTO meta (store_id, schema_version) VALUES (%s, %s)",
+                             (store_id, step + 1))
+            else:
+                conn.execute("UPDATE meta SET schema_version = %s", (step + 1,))
+    assert store_id is not None
+    return store_id
+
+
+def check(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID:
+    """The store id of the store in ``schema``, for a read-only open; writes nothing.
+
+    Raises:
+        CorruptionError: there is no store in ``schema``.
+        SchemaVersionError: the schema is newer than this code, or older (a
+            read-only open does not migrate).
+    """
+    version, store_id = _stored(conn, schema)
+    if store_id is None:
+        raise CorruptionError(where, None, "no store here",
+                              "Check the DSN and schema; a read-only open never creates one.")
+    _refuse_newer(where, version)
+    if version < VERSION:
+        raise SchemaVersionError(where, version, VERSION)
+    return store_id

@@ -1,0 +1,238 @@
+"""Commits on PostgreSQL: the chain, optimistic validation, reads at a view, history writes."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import cbor2
+import psycopg
+import pytest
+
+from agentwal import (
+    BackendUnavailableError,
+    CheckpointNotFoundError,
+    ConflictError,
+    RunExistsError,
+    RunNotFoundError,
+    failpoints,
+)
+from agentwal.codec import checkpoint_hash
+from agentwal.postgres import PostgresStore
+
+
+def _recompute_chain(dsn: str, schema: str, run: str) -> list[tuple[int, bool]]:
+    """``(id, hash ok)`` per checkpoint, recomputed from the rows alone."""
+    out = []
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f'SET search_path = "{schema}"')
+        rows = conn.execute("SELECT id, parent, created_at, meta, hash, outbox, origin_run, "
+                            "origin_id FROM checkpoints WHERE run = %s ORDER BY id",
+                            (run,)).fetchall()
+        prev = bytes(32)
+        for cid, parent, created, meta, hsh, outbox, orun, oid in rows:
+            deltas = conn.execute(
+                "SELECT d.key, coalesce(d.inline, v.data) FROM deltas d LEFT JOIN vals v "
+                "ON v.digest = d.digest WHERE run = %s AND ckpt = %s ORDER BY key",
+                (run, cid)).fetchall()
+            delta = {k: (bytes(v) if v is not None else None) for k, v in deltas}
+            digest = hashlib.sha256(cbor2.dumps(delta)).digest()
+            origin = (orun, oid) if orun is not None else None
+            want = checkpoint_hash(prev, run, cid, parent, created, bytes(meta), origin, digest,
+                                   bytes(outbox) if outbox is not None else None)
+            out.append((cid, want == bytes(hsh)))
+            prev = bytes(hsh)
+    return out
+
+
+def test_checkpoints_chain_like_the_local_engine(pgstore: PostgresStore, pg_dsn: str,
+                                                 pg_schema: str) -> None:
+    ids = []
+    for i in range(5):
+        with pgstore.begin("r") as txn:
+            txn["step"] = i
+            txn["big"] = "x" * (100 + i)  # stored once in vals, by digest
+            if i == 3:
+                del txn["big"]
+            txn.meta(node="n", i=i)
+        assert txn.checkpoint is not None
+        ids.append(txn.checkpoint.id)
+    assert ids == [1, 2, 3, 4, 5]
+    hist = pgstore.history("r")
+    assert [c.id for c in hist] == [5, 4, 3, 2, 1]
+    assert [c.parent for c in hist] == [4, 3, 2, 1, None]
+    assert [c.lsn for c in hist] == sorted((c.lsn for c in hist), reverse=True)
+    assert hist[0].meta == {"node": "n", "i": 4}
+    assert _recompute_chain(pg_dsn, pg_schema, "r") == [(i, True) for i in range(1, 6)]
+    assert pgstore.head("r") == hist[0]
+    assert pgstore.history("r", limit=2, before=4) == hist[2:4]
+
+
+def test_reads_at_checkpoints_and_diff(pgstore: PostgresStore) -> None:
+    with pgstore.begin("r") as txn:
+        txn["a"], txn["b/1"], txn["b/2"] = 1, [1, 2], {"x": "y" * 200}
+    with pgstore.begin("r") as txn:
+        txn["a"] = 2
+        del txn["b/1"]
+        txn["c"] = None
+    assert pgstore.state("r") == {"a": 2, "b/2": {"x": "y" * 200}, "c": None}
+    assert pgstore.state("r", at=1) == {"a": 1, "b/1": [1, 2], "b/2": {"x": "y" * 200}}
+    assert pgstore.get("r", "a", at=1) == 1 and pgstore.get("r", "b/1") is None
+    assert pgstore.get("r", "b/1", "gone") == "gone"
+    d = pgstore.diff("r", 1, 2)
+    assert d.added == {"c": None} and d.removed == {"b/1": [1, 2]}
+    assert d.changed == {"a": (1, 2)}
+    with pytest.raises(CheckpointNotFoundError):
+        pgstore.state("r", at=3)
+    with pytest.raises(RunNotFoundError):
+        pgstore.state("nope")
+    with pytest.raises(RunNotFoundError):
+        pgstore.get("nope", "a", at=1)
+    assert pgstore.runs() == ["r"]
+
+
+def test_a_transaction_reads_its_snapshot(pgstore: PostgresStore) -> None:
+    with pgstore.begin("r") as txn:
+        txn["a"], txn["p/1"] = "old", 1
+    reader = pgstore.begin("r")
+    with pgstore.begin("r") as txn:
+        txn["a"], txn["p/2"] = "new", 2
+    assert reader.get("a") == "old"
+    assert dict(reader.items("p/")) == {"p/1": 1}
+    reader.rollback()
+
+
+def test_disjoint_commits_rebase_and_overlaps_conflict(pgstore: PostgresStore) -> None:
+    with pgstore.begin("r") as txn:
+        txn["a"], txn["b"] = 0, 0
+    t1, t2, t3 = pgstore.begin("r"), pgstore.begin("r"), pgstore.begin("r")
+    t1["a"] = 1
+    t2["b"] = 2  # disjoint from t1: rebases onto it
+    t3.get("a")  # read what t1 writes: conflicts
+    t3["z"] = 3
+    assert t1.commit() is not None and t1.checkpoint is not None
+    c2 = t2.commit()
+    assert c2 is not None and (c2.id, c2.parent) == (3, 2)
+    with pytest.raises(ConflictError) as info:
+        t3.commit()
+    assert info.value.key == "a" and info.value.code == "conflict"
+    assert pgstore.state("r") == {"a": 1, "b": 2}
+    assert pgstore.head("r") == c2
+
+
+def test_a_scanned_prefix_conflicts(pgstore: PostgresStore) -> None:
+    with pgstore.begin("r") as txn:
+        txn["m/1"] = "a"
+    scanner = pgstore.begin("r")
+    assert scanner.keys("m/") == ["m/1"]
+    scanner["count"] = 1
+    with pgstore.begin("r") as txn:
+        txn["m/2"] = "b"
+    with pytest.raises(ConflictError) as info:
+        scanner.commit()
+    assert info.value.key is None
+    assert pgstore.get("r", "count") is None
+
+
+def test_an_empty_commit_makes_no_checkpoint(pgstore: PostgresStore) -> None:
+    txn = pgstore.begin("r")
+    assert txn.commit() is None
+    with pgstore.begin("r") as txn:
+        txn["a"] = 1
+    head = pgstore.head("r")
+    txn = pgstore.begin("r")
+    sp = txn.savepoint()
+    txn["b"] = 1
+    txn.rollback_to(sp)  # nothing left to write
+    assert txn.commit() == head
+
+
+def test_values_are_stored_once(pgstore: PostgresStore, pg_dsn: str, pg_schema: str) -> None:
+    big = {"text": "z" * 2000}
+    for run in ("r1", "r2"):
+        for i in range(3):
+            with pgstore.begin(run) as txn:
+                txn["doc"] = big
+                txn["i"] = i
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{pg_schema}".vals').fetchone()
+    assert row == (1,)
+
+
+def test_delete_run_then_a_stale_view_conflicts(pgstore: PostgresStore) -> None:
+    with pgstore.begin("r") as txn:
+        txn["a"] = 1
+    stale = pgstore.begin("r")
+    stale["a"] = 2
+    pgstore.delete_run("r")
+    assert pgstore.head("r") is None and pgstore.runs() == [] and pgstore.history("r") == []
+    with pytest.raises(ConflictError) as info:
+        stale.commit()
+    assert info.value.deleted
+    with pytest.raises(RunNotFoundError):
+        pgstore.delete_run("r")
+    with pgstore.begin("r") as txn:
+        assert txn.get("a") is None
+        txn["a"] = 3
+    assert txn.checkpoint is not None and txn.checkpoint.id == 1
+
+
+def test_rollback_to_and_fork(pgstore: PostgresStore, pg_dsn: str, pg_schema: str) -> None:
+    for i in range(3):
+        with pgstore.begin("r") as txn:
+            txn["i"] = i
+            txn[f"k{i}"] = i
+    back = pgstore.rollback_to("r", 1)
+    assert (back.id, back.parent, back.meta) == (4, 3, {"rollback_to": 1})
+    assert pgstore.state("r") == pgstore.state("r", at=1) == {"i": 0, "k0": 0}
+    first = pgstore.fork("r", 3, "f")
+    assert (first.id, first.parent, first.origin) == (1, None, ("r", 3))
+    assert pgstore.state("f") == pgstore.state("r", at=3)
+    with pytest.raises(RunExistsError):
+        pgstore.fork("r", 2, "f")
+    assert _recompute_chain(pg_dsn, pg_schema, "f") == [(1, True)]
+    assert all(ok for _, ok in _recompute_chain(pg_dsn, pg_schema, "r"))
+
+
+def test_a_lost_reply_to_commit_is_resolved_as_landed(pgstore: PostgresStore) -> None:
+    def lose_the_reply(_name: str) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    failpoints.arm("pg_commit_after_commit", "call", fn=lose_the_reply)
+    with pgstore.begin("r") as txn:
+        txn["a"] = 1
+    assert txn.checkpoint is not None and txn.checkpoint.id == 1
+    assert pgstore.head("r") == txn.checkpoint  # reported once, and it is there
+    with pgstore.begin("r") as txn:
+        txn["a"] = 2
+    assert txn.checkpoint is not None and txn.checkpoint.id == 2
+
+
+def test_a_session_lost_before_commit_is_reported_not_applied(
+        pgstore: PostgresStore, pg_dsn: str) -> None:
+    with pgstore.begin("r") as txn:
+        txn["a"] = 1
+
+    def kill_my_session(_name: str) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                         "application_name LIKE 'agentwal:%%' AND state = 'idle in transaction'")
+
+    failpoints.arm("pg_commit_before_commit", "call", fn=kill_my_session)
+    txn = pgstore.begin("r")
+    txn["a"] = 2
+    with pytest.raises(BackendUnavailableError, match="not applied"):
+        txn.commit()
+    assert pgstore.get("r", "a") == 1 and pgstore.head("r").id == 1  # type: ignore[union-attr]
+    with pgstore.begin("r") as txn:  # the store carries on with a new session
+        txn["a"] = 3
+    assert pgstore.get("r", "a") == 3
+
+
+def test_durable_modes_commit_the_same(open_pg: Callable[..., PostgresStore]) -> None:
+    store = open_pg(worker_id="w", durability="sync")
+    with store.begin("r") as txn:
+        txn["a"] = 1
+    store.sync()
+    assert store.get("r", "a") == 1
+    assert store.stats()["checkpoints_rows"] == 1
