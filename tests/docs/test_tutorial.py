@@ -31,6 +31,7 @@ MASKS = [
     re.compile(r"\b[0-9a-f]{12,}\b"),  # hashes
     re.compile(r"\d+\.\d+"),  # seconds, created_at
     re.compile(r"(?<=pid )\d+"),
+    re.compile(r"[─-]{3,}"),  # a table's rule: its length follows the widest cell
 ]
 BIN = Path(sys.executable).parent
 TIMEOUT = 120
@@ -56,8 +57,9 @@ class Reader:
 
     def __init__(self, work: Path) -> None:
         self.work = work
-        self.env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                    "PYTHONUNBUFFERED": "1"}
+        self.env = {name: value for name, value in os.environ.items()
+                    if name not in ("COLUMNS", "LINES")}  # the page's tables: no terminal
+        self.env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONUNBUFFERED="1")
         self.background: subprocess.Popen[bytes] | None = None
         self.background_log: Path | None = None
         self.last_rc = 0
