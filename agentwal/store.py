@@ -104,10 +104,10 @@ from .format import (
 )
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .ledger import DispatchReport, Ledger, Request
+from .local.snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .memtable import Memtable
 from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
-from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .txn import Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .verify import Problem, VerifyReport, check_control, read_wal
@@ -425,7 +425,7 @@ class Store:
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
             snap = self._snap
-            mem, heads = _replay(plan, self.store_id, lambda run: snap.epoch(ltxn, run))
+            mem, heads = _replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run))
         ended = None
         with self._lock:
             if self.readonly:
@@ -470,13 +470,13 @@ class Store:
         for attempt in range(attempts):
             ltxn = self._snap.begin_read()
             try:
-                applied, sid = self._snap.meta(ltxn)
+                applied, sid = self._snap.reader(ltxn).meta()
                 if sid is not None and sid != self.store_id:
                     raise CorruptionError(self._snap.directory, None,
                                           f"snapshot belongs to store {sid}, not {self.store_id}")
                 try:
                     plan = recover(self._fs, wal_dir, applied, self.store_id,
-                                   readonly=self.readonly, start=self._snap.log_pos(ltxn))
+                                   readonly=self.readonly, start=self._snap.reader(ltxn).log_pos())
                 except OSError as exc:
                     raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
                 return ltxn, applied, plan
@@ -565,7 +565,7 @@ class Store:
             if any(layer.masks(run, view.snap) for layer in view.layers):
                 view.infos[run] = None
             else:
-                view.infos[run] = self._lmdb(view, lambda t: snap.run_info(t, run))
+                view.infos[run] = self._lmdb(view, lambda t: snap.reader(t).run_info(run))
         return view.infos[run]
 
     def _layers(self, view: _View, run: str) -> tuple[Memtable, ...]:
@@ -585,7 +585,7 @@ class Store:
             return None
         assert self._snap is not None
         snap = self._snap
-        return self._lmdb(view, lambda t: snap.get(t, info.number, key))
+        return self._lmdb(view, lambda t: snap.reader(t).get(info.number, key))
 
     def _items(self, view: _View, run: str, prefix: str) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}
@@ -593,7 +593,7 @@ class Store:
         if info is not None:
             assert self._snap is not None
             snap = self._snap
-            out.update(self._lmdb(view, lambda t: snap.items(t, info, prefix)))
+            out.update(self._lmdb(view, lambda t: snap.reader(t).items(info, prefix)))
         for layer in reversed(self._layers(view, run)):
             for key, value in layer.visible(run, view.snap).items():
                 if key.startswith(prefix):
@@ -614,7 +614,7 @@ class Store:
             return None
         assert self._snap is not None
         snap = self._snap
-        head = self._lmdb(view, lambda t: snap.checkpoint(t, run, info.number, info.head))
+        head = self._lmdb(view, lambda t: snap.reader(t).checkpoint(run, info.number, info.head))
         if head is None:
             raise CorruptionError(os.path.join(snap.directory, "data.mdb"), None,
                                   f"run {run!r} names head checkpoint {info.head}, which is "
@@ -633,7 +633,7 @@ class Store:
         if info is not None and cid < info.head and info.count < info.head:
             assert self._snap is not None
             snap = self._snap
-            if not self._lmdb(view, lambda t: snap.retained(t, run, info.number, cid)):
+            if not self._lmdb(view, lambda t: snap.reader(t).retained(run, info.number, cid)):
                 raise CheckpointNotFoundError(run, cid)
         return head
 
@@ -649,13 +649,13 @@ class Store:
         info = self._info(view, run)
         folded = info.head if info is not None else 0
         if info is not None and cid < folded:
-            return self._lmdb(view, lambda t: snap.state_at(t, run, info, cid, key))
+            return self._lmdb(view, lambda t: snap.reader(t).state_at(run, info, cid, key))
         out: dict[str, bytes] = {}
         if info is not None and key is None:
-            got = self._lmdb(view, lambda t: snap.items(t, info, ""))
+            got = self._lmdb(view, lambda t: snap.reader(t).items(info, ""))
             out.update(got)
         elif info is not None and key is not None:
-            one = self._lmdb(view, lambda t: snap.get(t, info.number, key))
+            one = self._lmdb(view, lambda t: snap.reader(t).get(info.number, key))
             if one is not None:
                 out[key] = one
         for layer in reversed(self._layers(view, run)):  # oldest first
@@ -761,7 +761,7 @@ class Store:
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
-            info = self._snap.run_info(ltxn, run)
+            info = self._snap.reader(ltxn).run_info(run)
         finally:
             self._snap.end_read(ltxn)
         return (info.head, info.head_hash) if info is not None else None
@@ -1061,7 +1061,7 @@ class Store:
 
                 def folded(t: Any) -> list[Checkpoint]:
                     got: list[Checkpoint] = []
-                    for c in snap.checkpoints(t, run, info.number, upto):
+                    for c in snap.reader(t).checkpoints(run, info.number, upto):
                         if below is not None and c.id >= below:
                             continue
                         if want is not None and len(got) >= want:
@@ -1407,7 +1407,7 @@ class Store:
         def read(v: _View) -> list[str]:
             assert self._snap is not None
             snap = self._snap
-            names = set(self._lmdb(v, snap.runs))
+            names = set(self._lmdb(v, lambda t: snap.reader(t).runs()))
             for layer in v.layers:
                 names.update(r for r, rm in layer.runs.items()
                              if any(c.lsn <= v.snap for c, _h, _m in rm.checkpoints))
@@ -1541,7 +1541,7 @@ class Store:
         assert snap is not None
 
         def read(v: _View) -> set[bytes]:
-            found = self._lmdb(v, lambda t: snap.inline_values(t, BLOB_REF_PREFIX))
+            found = self._lmdb(v, lambda t: snap.reader(t).inline_values(BLOB_REF_PREFIX))
             with self._lock:  # the active table changes under publish
                 for layer in v.layers:
                     for rm in layer.runs.values():
@@ -1684,7 +1684,7 @@ class Store:
                 return rm.floor(v.snap)
         snap = self._snap
         assert snap is not None
-        return self._lmdb(v, lambda t: snap.epoch(t, run))
+        return self._lmdb(v, lambda t: snap.reader(t).epoch(run))
 
     def _epoch_at(self, run: str, lsn: int) -> int:
         """The run id's epoch for a commit at ``lsn`` being published; under ``_lock``."""
@@ -1695,7 +1695,7 @@ class Store:
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
-            return self._snap.epoch(ltxn, run)
+            return self._snap.reader(ltxn).epoch(run)
         finally:
             self._snap.end_read(ltxn)
 
@@ -1711,7 +1711,7 @@ class Store:
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
-            return self._snap.effect(ltxn, key)
+            return self._snap.reader(ltxn).effect(key)
         finally:
             self._snap.end_read(ltxn)
 
@@ -1728,7 +1728,7 @@ class Store:
                     return None
             snap = self._snap
             assert snap is not None
-            return self._lmdb(v, lambda t: snap.effect_key_at(t, run, checkpoint, ordinal))
+            return self._lmdb(v, lambda t: snap.reader(t).effect_key_at(run, checkpoint, ordinal))
 
         return self._with_view(read)
 
@@ -1753,7 +1753,7 @@ class Store:
         def read(v: _View) -> list[EffectRecord]:
             snap = self._snap
             assert snap is not None
-            out = {e.key: e for e in self._lmdb(v, lambda t: list(snap.effects(t)))}
+            out = {e.key: e for e in self._lmdb(v, lambda t: list(snap.reader(t).effects()))}
             for layer in reversed(self._effect_layers(v)):
                 out.update((k, decode_entry(raw)) for k, (_e, raw) in layer.items())
             return list(out.values())
@@ -1765,7 +1765,7 @@ class Store:
         def read(v: _View) -> list[EffectRecord]:
             snap = self._snap
             assert snap is not None
-            keys = set(self._lmdb(v, snap.outbox))
+            keys = set(self._lmdb(v, lambda t: snap.reader(t).outbox()))
             for layer in self._effect_layers(v):
                 keys.update(k for k, (e, _raw) in layer.items() if e.deferred)
             return [e for e in (self._effect_get_in(v, k) for k in keys)
@@ -1781,7 +1781,7 @@ class Store:
             return decode_entry(found[1])  # a fresh copy
         snap = self._snap
         assert snap is not None
-        return self._lmdb(v, lambda t: snap.effect(t, key))
+        return self._lmdb(v, lambda t: snap.reader(t).effect(key))
 
     # -- verify and backup -------------------------------------------------------------------
 
@@ -1834,7 +1834,7 @@ class Store:
                 # up to there is damage (after it, a torn tail may be a write in progress).
                 ltxn = snap.begin_read()
                 with contextlib.suppress(CorruptionError):
-                    limit = max(limit, snap.meta(ltxn)[0])
+                    limit = max(limit, snap.reader(ltxn).meta()[0])
                 snap.end_read(ltxn)
             try:
                 wal = read_wal(self._fs, os.path.join(self.path, WAL_DIR))

@@ -41,7 +41,7 @@ from .. import history
 from ..codec import CodecError, chain_hash, decode_meta, loads
 from ..effects import EffectRecord, decode_entry
 from ..errors import CorruptionError
-from ..snapshot import unseal
+from ..local.snapshot.layout import unseal
 from .report import Findings, Source
 
 __all__ = ["CACHE_BYTES", "SnapshotChecker"]

@@ -230,11 +230,11 @@ def test_kept_checkpoints_record_their_dropped_parents_hash(store: agentwal.Stor
     assert snap is not None
     txn = snap.begin_read()
     try:
-        info = snap.run_info(txn, "r")
+        info = snap.reader(txn).run_info("r")
         assert info is not None and info.count == 4
         for cid, parent_hash in ((10, hashes[9]), (38, hashes[37]), (39, None), (40, None)):
             k = U64.pack(info.number) + U64.pack(cid)
-            rec = cbor2.loads(bytes(txn.get(k, db=snap._ckpt))[4:])
+            rec = cbor2.loads(snap.raw(txn).get("ckpt", k)[4:])
             assert rec[5].hex() == hashes[cid]
             # [..., origin, outbox digest | None, the dropped parent's hash]
             assert (rec[8].hex() if len(rec) == 9 else None) == parent_hash, cid
@@ -351,9 +351,9 @@ def test_a_manifest_per_block_keeps_reads_bounded(store: agentwal.Store) -> None
     assert snap is not None
     txn = snap.begin_read()
     try:
-        info = snap.run_info(txn, "r")
+        info = snap.reader(txn).run_info("r")
         assert info is not None
-        got = [snap._manifest_before(txn, info.number, c) for c in (31, 33, 63, 100)]
+        got = [snap.reader(txn)._manifest_before(info.number, c) for c in (31, 33, 63, 100)]
     finally:
         snap.end_read(txn)
     assert got == [31, 32, 32, 96]
@@ -528,9 +528,9 @@ def _remove(store: agentwal.Store, db: str, run: str, cid: int) -> None:
     snap = store._snap
     assert snap is not None
     with snap.env.begin(write=True) as txn:
-        info = snap.run_info(txn, run)
+        info = snap.reader(txn).run_info(run)
         assert info is not None
-        assert txn.delete(U64.pack(info.number) + U64.pack(cid), db=getattr(snap, "_" + db))
+        assert txn.delete(U64.pack(info.number) + U64.pack(cid), db=getattr(snap._dbs, db))
 
 
 def test_a_missing_checkpoint_record_is_damage_not_a_gap(store: agentwal.Store) -> None:
@@ -565,7 +565,7 @@ def test_pages_lmdb_freed_unwritten_at_the_end_are_not_truncation(
     import random
     import shutil
 
-    from agentwal import snapshot
+    from agentwal.local.snapshot import lmdbfile as snapshot
 
     seen: list[tuple[int, bool]] = []
     real = snapshot._tail_is_free
