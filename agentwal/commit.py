@@ -75,7 +75,7 @@ from .format import (
     REC_DELETE_RUN,
     REC_EFFECT,
 )
-from .retention import encode_delete_run
+from .local.records import encode_delete_run
 from .types import Checkpoint, Durability
 from .wal import PendingRecord, Writer
 
