@@ -110,7 +110,7 @@ from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .txn import Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
-from .verify import Problem, VerifyReport, check_control, read_wal
+from .verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
 from .wal import Writer
 
@@ -1527,12 +1527,14 @@ class Store:
         """
         return {ref.sha256 for ref in self._blob_refs()}
 
-    def _blob_refs(self) -> set[BlobRef]:
+    def _blob_refs(self, damaged: list[str] | None = None) -> set[BlobRef]:
         """Every blob reference any retained state or checkpoint holds (for verify and backup).
 
         One view: the memtables' unfolded versions and deltas, and LMDB's
         ``state``, ``delta`` and ``manifest`` databases (whatever retention
         keeps there). The same hash may come with several media types.
+        With ``damaged``, a damaged LMDB record is described there and
+        skipped (see ``SnapshotReader.inline_values``).
 
         Raises:
             CorruptionError: a record or a blob reference is damaged.
@@ -1541,7 +1543,8 @@ class Store:
         assert snap is not None
 
         def read(v: _View) -> set[bytes]:
-            found = self._lmdb(v, lambda t: snap.reader(t).inline_values(BLOB_REF_PREFIX))
+            found = self._lmdb(v, lambda t: snap.reader(t).inline_values(BLOB_REF_PREFIX,
+                                                                          damaged=damaged))
             with self._lock:  # the active table changes under publish
                 for layer in v.layers:
                     for rm in layer.runs.values():
@@ -1854,12 +1857,25 @@ class Store:
     def _verify_blobs(self, report: VerifyReport) -> VerifyReport:
         """``report`` plus the blob files: each referenced one exists, with its size and SHA-256."""
         problems = list(report.problems)
+        notes = list(report.notes)
         checked = dict(report.checked)
+        # A damaged record the scan meets is one the snapshot checks reported
+        # at its entry: report each damage once, and check the blobs of the rest.
+        in_snapshot = any(p.file == LMDB_FILE for p in problems)
+        damaged: list[str] = []
         try:
-            refs = sorted(self._blob_refs(), key=lambda r: r.sha256)
+            refs = sorted(self._blob_refs(damaged), key=lambda r: r.sha256)
         except CorruptionError as exc:
-            problems.append(Problem("blob references", exc.reason, exc.path))
+            if not in_snapshot:
+                problems.append(Problem("blob references", exc.reason, exc.path))
+            else:
+                notes.append(f"blob files not checked: {exc.reason} (reported above)")
             refs = []
+        if damaged and not in_snapshot:
+            problems.extend(Problem("blob references", what, LMDB_FILE) for what in damaged)
+        elif damaged:
+            notes.append(f"{len(damaged)} damaged record(s) reported above were not "
+                         "scanned for blob references")
         for ref in refs:
             rel = os.path.relpath(blob_path(self._blobs.root, ref.sha256), self.path)
             try:
@@ -1872,7 +1888,7 @@ class Store:
                 problems.append(Problem(rel, exc.reason, rel, offset=exc.offset))
             checked["blobs"] = checked.get("blobs", 0) + 1
             checked["blob_bytes"] = checked.get("blob_bytes", 0) + ref.size
-        return VerifyReport(not problems, problems, checked, list(report.notes))
+        return VerifyReport(not problems, problems, checked, notes)
 
     def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.

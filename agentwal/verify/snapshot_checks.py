@@ -38,7 +38,7 @@ from typing import Any
 import cbor2
 
 from .. import history
-from ..codec import CodecError, chain_hash, decode_meta, loads
+from ..codec import CodecError, chain_hash, decode_meta, decode_value, loads
 from ..effects import EffectRecord, decode_entry
 from ..errors import CorruptionError
 from ..local.snapshot.layout import unseal
@@ -298,7 +298,7 @@ class SnapshotChecker(Findings):
             try:
                 k[8:].decode("utf-8")
                 value = history.head_value(self.objs, data)
-                loads(value)
+                decode_value(value)  # a blob reference is not plain CBOR
             except _Damaged:
                 damaged.add(n)
             except (UnicodeDecodeError, CodecError) as exc:

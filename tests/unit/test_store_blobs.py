@@ -565,3 +565,41 @@ def test_verify_checks_every_referenced_blob_file(tmp_path: Path) -> None:
         os.unlink(file)
         (p,) = store.verify().problems
         assert "missing" in p.what
+
+
+def test_a_damaged_delta_is_reported_once_and_the_other_blobs_are_still_checked(
+        tmp_path: Path) -> None:
+    """The blob-reference scan meets a damaged record the snapshot checks report at its
+    entry: verify says so once (no second "blob references" problem), skips that record
+    and still checks the blob files the other records reference."""
+    from tests.stores import Raw
+
+    path = str(tmp_path / "s")
+    with agentwal.open(path) as store:
+        with store.begin("r") as txn:
+            kept = txn.put_blob("kept", io.BytesIO(b"a kept artifact"))
+        with store.begin("r") as txn:
+            txn["note"] = "x" * 40
+        store.snapshot()
+    with Raw(path) as raw:
+        k, v = next((k, v) for k, v in raw.entries("delta") if b"x" * 40 in v)
+        raw.put_raw("delta", k, v[:-1] + bytes([v[-1] ^ 0x01]))
+    os.unlink(blob_path(os.path.join(path, "blobs"), kept.sha256))
+    with agentwal.open(path, readonly=True) as store:
+        report = store.verify()
+    assert [p.db for p in report.problems if p.db is not None] == ["delta"], report.problems
+    assert not [p for p in report.problems if p.where == "blob references"], report.problems
+    (missing,) = [p for p in report.problems if p.db is None]
+    assert "missing" in missing.what and kept.sha256 in missing.what
+    assert any("not scanned for blob references" in n for n in report.notes), report.notes
+
+
+def test_a_folded_blob_reference_verifies_ok(tmp_path: Path) -> None:
+    """A blob reference in LMDB's state is a value like any other (regression: verify
+    decoded it as plain CBOR and reported every folded one as damage)."""
+    with agentwal.open(str(tmp_path / "s")) as store:
+        with store.begin("r") as txn:
+            txn.put_blob("kept", io.BytesIO(b"a kept artifact"))
+        store.snapshot()
+        report = store.verify()
+    assert report.ok and report.checked["blobs"] == 1, report.problems

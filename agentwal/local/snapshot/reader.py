@@ -384,7 +384,7 @@ class SnapshotReader:
                 found = cur.next()
         return out
 
-    def inline_values(self, prefix: bytes) -> set[bytes]:
+    def inline_values(self, prefix: bytes, *, damaged: list[str] | None = None) -> set[bytes]:
         """Every value held inline whose bytes start with ``prefix``, in state and history.
 
         Scans the ``state``, ``delta`` and ``manifest`` databases whole
@@ -393,27 +393,46 @@ class SnapshotReader:
         delta and manifest. Values stored as objects (:data:`history.LARGE`
         bytes or more) are not looked at. Used to find blob references.
 
+        Args:
+            prefix: the leading bytes of the values wanted.
+            damaged: if given, a record that fails its checksum or does not
+                decode is described here and skipped instead of raising
+                (``verify``, which reports the record itself elsewhere).
+
         Raises:
-            CorruptionError: a record fails its checksum or does not decode.
+            CorruptionError: a record fails its checksum or does not decode
+                (without ``damaged``), or LMDB's pages are damaged.
         """
         out: set[bytes] = set()
+
+        def checked(k: bytes, v: Any, what: str, manifest: bool | None) -> Any:
+            try:
+                data = self._open(k, v, what)
+                if manifest is None or data is None or prefix not in data:
+                    return data
+                try:
+                    return history.decode_refs(data, manifest=manifest)
+                except CodecError as exc:
+                    raise self._corrupt(f"{what}: {exc}") from None
+            except CorruptionError as exc:
+                if damaged is None:
+                    raise
+                damaged.append(exc.reason)
+                return None
+
         with self._reading("values in state and history"):
             with self._txn.cursor(db=self._state) as cur:
                 for k, v in cur.iternext():
-                    data = self._open(bytes(k), v, "a state entry")
+                    data = checked(bytes(k), v, "a state entry", None)
                     if data is not None and data.startswith(prefix):
                         out.add(data)
             for db, manifest in ((self._delta, False), (self._manifest, True)):
                 what = "a manifest" if manifest else "a delta"
                 with self._txn.cursor(db=db) as cur:
                     for k, v in cur.iternext():
-                        data = self._open(bytes(k), v, what)
-                        if data is None or prefix not in data:
+                        refs = checked(bytes(k), v, what, manifest)
+                        if not isinstance(refs, dict):
                             continue
-                        try:
-                            refs = history.decode_refs(data, manifest=manifest)
-                        except CodecError as exc:
-                            raise self._corrupt(f"{what}: {exc}") from None
                         out.update(r for r in refs.values()
                                    if isinstance(r, bytes) and r.startswith(prefix))
         return out
