@@ -281,6 +281,10 @@ class CommitRecord:
     #: CBOR list of outbox entries ``[name, mode, args bytes, key | None,
     #: idempotent]`` (``txn.defer``), hashed as stored; None when there are none
     deferred: bytes | None = None
+    #: idempotency keys of the effects the committing transaction recorded
+    #: (``txn.effect``), in call order; the commit marks their ledger entries
+    #: ``committed_in`` this checkpoint. Not hashed (the ledger is not history).
+    effects: tuple[str, ...] = ()
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:
@@ -305,18 +309,21 @@ def encode_commit(rec: CommitRecord) -> bytes:
     """Encode a commit payload."""
     origin = list(rec.origin) if rec.origin is not None else None
     fields = [rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash, origin, rec.delta]
-    if rec.deferred is not None:
+    if rec.deferred is not None or rec.effects:
         fields.append(rec.deferred)
+    if rec.effects:
+        fields.append(list(rec.effects))
     return bytes(cbor2.dumps(fields))
 
 
 def decode_commit(payload: bytes) -> CommitRecord:
     """Decode a commit payload, checking every field's type (``meta`` stays encoded)."""
     obj = loads(payload)
-    if not isinstance(obj, list) or len(obj) not in (8, 9):
-        raise CodecError("commit payload is not an 8- or 9-element array")
+    if not isinstance(obj, list) or len(obj) not in (8, 9, 10):
+        raise CodecError("commit payload is not an 8-, 9- or 10-element array")
     run, cid, parent, created, meta, hsh, origin, delta = obj[:8]
-    deferred = obj[8] if len(obj) == 9 else None
+    deferred = obj[8] if len(obj) >= 9 else None
+    effects = obj[9] if len(obj) == 10 else []
     ok = (
         isinstance(run, str)
         and isinstance(cid, int)
@@ -328,6 +335,8 @@ def decode_commit(payload: bytes) -> CommitRecord:
         and len(hsh) == 32
         and isinstance(delta, bytes)
         and (deferred is None or isinstance(deferred, bytes))
+        and isinstance(effects, list)
+        and all(isinstance(k, str) for k in effects)
         and (
             origin is None
             or (isinstance(origin, list) and len(origin) == 2 and isinstance(origin[0], str)
@@ -337,7 +346,8 @@ def decode_commit(payload: bytes) -> CommitRecord:
     if not ok:
         raise CodecError("commit payload has a field of the wrong type")
     org = (origin[0], origin[1]) if origin is not None else None
-    return CommitRecord(run, cid, parent, float(created), meta, hsh, org, delta, deferred)
+    return CommitRecord(run, cid, parent, float(created), meta, hsh, org, delta, deferred,
+                        tuple(effects))
 
 
 def checkpoint_hash(

@@ -110,6 +110,9 @@ class Pending:
     #: SHA-256 of the commit's outbox field as hashed (None: no outbox); the
     #: snapshot keeps it so ``verify`` can recompute the checkpoint hash
     outbox_digest: bytes | None = None
+    #: keys of the effects the committing transaction recorded (``txn.effect``):
+    #: publishing marks their ledger entries ``committed_in`` this checkpoint
+    effect_keys: tuple[str, ...] = ()
 
 
 class CommitPipeline:
@@ -151,12 +154,16 @@ class CommitPipeline:
     def commit(self, run: str, snap: int, reads: set[str], prefixes: set[str],
                delta: dict[str, bytes | None], meta: dict[str, Any],
                deferred: list[Deferred] | None = None, *,
-               origin: tuple[str, int] | None = None) -> Checkpoint:
+               origin: tuple[str, int] | None = None,
+               effects: tuple[str, ...] = ()) -> Checkpoint:
         """Validate, assign, queue and drive one commit; returns its checkpoint.
 
         ``deferred`` outbox entries are logged (and hashed) with the commit.
         ``origin`` (a fork's ``(run, id)``) makes the commit the first
         checkpoint of ``run``: it is refused if ``run`` has one already.
+        ``effects`` are the keys of the ledger entries the transaction
+        recorded; the commit record carries them, so the commit and the
+        entries' ``committed_in`` mark are one atomic fact.
 
         Raises:
             ConflictError, UnencodableValueError, DiskFullError, DurabilityError,
@@ -192,14 +199,15 @@ class CommitPipeline:
                                   digest, outbox)
             lsn = self.next_lsn
             payload = encode_commit(CommitRecord(run, cid, parent, created, meta_raw, hsh, origin,
-                                                 blob, outbox))
+                                                 blob, outbox, effects))
             ckpt = Checkpoint(run, cid, parent, lsn, created, meta, hsh.hex(), origin)
             writes = self.last_write.setdefault(run, {})
             pc = Pending(lsn, ckpt, hsh, meta_raw, delta,
                          PendingRecord(lsn, REC_COMMIT, flags, payload),
                          self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta},
                          deferred=deferred or None,
-                         outbox_digest=hashlib.sha256(outbox).digest() if outbox else None)
+                         outbox_digest=hashlib.sha256(outbox).digest() if outbox else None,
+                         effect_keys=effects)
             for k in delta:
                 writes[k] = lsn
             self.heads[run] = (cid, hsh)

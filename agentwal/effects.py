@@ -16,6 +16,7 @@ Life of an entry (``status``)::
                           └─ resolve_effect(result=) ─▶ resolved
                              resolve_effect(not_applied=True) ─▶ not_applied
     (deferred, committed) pending ──dispatch──▶ in_doubt ──▶ ... as above
+    (any txn.effect entry) ──retire_effect──▶ retired (its position is free again)
 
 ``in_doubt`` is what an intent without an outcome is: if we die while ``fn``
 runs, recovery finds exactly that. A ``failed`` entry is treated like one at
@@ -29,6 +30,7 @@ status         at_most_once   at_least_once           exactly_once
 =============  =============  ======================  ===========================
 (none)         call           call                    call
 pending        call           call                    call
+retired        call (fresh)   call (fresh)            call (fresh)
 done/resolved  return result  return result           return result
 not_applied    raise NotAppl. call (attempt + 1)      call (attempt + 1)
 in_doubt/fail  probe, else    probe, else call        probe, else call if
@@ -40,9 +42,17 @@ it; ``NOT_APPLIED`` → at_most_once records ``not_applied`` and raises, the
 others call; ``UNKNOWN`` → at_least_once calls, exactly_once calls only if
 idempotent, at_most_once raises ``EffectInDoubtError``.
 
+A ``retired`` entry is checked first: it was set aside by
+``store.retire_effect`` (kept as history), so the request is a fresh call
+whatever its name or args; the executor first copies the old entry to an
+archive key (``archive_key``) so the fresh intent does not overwrite it.
+
 Keys are derived from (store id, run, position checkpoint, name, ordinal of
 that name) and never from the attempt, the clock or the process, so a step
-re-run from the same checkpoint meets the same keys and records.
+re-run from the same checkpoint meets the same keys and records. A step
+retried after a conflict (``store.transact``, ``begin(retry_of=)``) keeps the
+position checkpoint of its first attempt (its *anchor*), so it meets what
+that attempt recorded.
 """
 
 from __future__ import annotations
@@ -77,7 +87,7 @@ __all__ = [
 ]
 
 #: Every status an entry can have.
-STATUSES = ("pending", "in_doubt", "done", "failed", "not_applied", "resolved")
+STATUSES = ("pending", "in_doubt", "done", "failed", "not_applied", "resolved", "retired")
 #: Statuses after which an entry is never called again at its key.
 SETTLED = frozenset({"done", "resolved"})
 
@@ -162,6 +172,14 @@ class EffectRecord:
         resolved_at: when ``resolve_effect`` settled it (seconds since the epoch).
         keyed: the key is a business key (``key=``), not derived from the position.
         order: ``(lsn, index)`` of a deferred entry's commit: dispatch order.
+        committed_in: the checkpoint whose commit included this effect (the
+            first one, for a business key met by several steps); None while the
+            transaction that made it has not committed: still running, or
+            rolled back, lost to a conflict or to a crash (see
+            :attr:`uncommitted`). Deferred entries are made by their commit.
+        retired_from: for an archived copy of a retired entry, the key it was
+            retired from (its own key is an archive key); else None.
+        retired_status: the status a ``retired`` entry had when it was retired.
     """
 
     effect_id: str
@@ -185,6 +203,21 @@ class EffectRecord:
     order: tuple[int, int] | None = None
     resolved_at: float | None = None
     keyed: bool = False
+    committed_in: int | None = None
+    retired_from: str | None = None
+    retired_status: str | None = None
+
+    @property
+    def uncommitted(self) -> bool:
+        """True for an effect whose transaction has not committed (see ``committed_in``).
+
+        Such an effect reached the ledger (and perhaps the world) from a step
+        that did not commit. A retry of that step (``store.transact``,
+        ``store.begin(run, retry_of=txn)``) or a re-run from the same
+        checkpoint meets it and reuses its result; a new step from a later
+        checkpoint does not. ``docs/effects.md`` says how to settle one.
+        """
+        return not self.deferred and self.committed_in is None and self.status != "retired"
 
     @property
     def age(self) -> float:
@@ -199,9 +232,35 @@ class EffectRecord:
 
 def outstanding(e: EffectRecord) -> bool:
     """True if a later attempt (or dispatch) may still call this entry's effect."""
-    if e.status in SETTLED:
+    if e.status in SETTLED or e.status == "retired":
         return False
     return e.status != "not_applied" or e.mode is not EffectMode.AT_MOST_ONCE
+
+
+def mark_committed(entry: EffectRecord, checkpoint: int) -> EffectRecord | None:
+    """``entry`` marked as committed in ``checkpoint``, or None if there is nothing to mark.
+
+    A commit record lists the keys its transaction's effects used; applying
+    it (live or in replay) marks each entry once: the first commit wins, and
+    ``updated_at`` is kept, so replay rebuilds byte for byte what was live.
+    """
+    if entry.deferred or entry.committed_in is not None or entry.status == "retired":
+        return None
+    return entry.replace(committed_in=checkpoint, updated_at=entry.updated_at)
+
+
+def carry_mark(new: EffectRecord, old: EffectRecord | None) -> EffectRecord:
+    """``new`` (a ledger write) keeping the commit mark of the entry it replaces.
+
+    A write prepared from an entry read before its commit was published
+    would otherwise drop the mark. Only the same entry's later states carry
+    it (same key and creation time, not a fresh entry after a retirement).
+    """
+    if (old is None or new.committed_in is not None or old.committed_in is None
+            or old.status == "retired" or new.created_at != old.created_at
+            or new.status == "retired"):
+        return new
+    return new.replace(committed_in=old.committed_in, updated_at=new.updated_at)
 
 
 # -- keys ---------------------------------------------------------------------------
@@ -222,6 +281,12 @@ def derive_key(store_id: object, run: str, checkpoint: int, name: str, ordinal: 
         fields.append(epoch)
     body = cbor2.dumps(fields)
     return ("awd-" if deferred else "awe-") + hashlib.sha256(body).hexdigest()[:56]
+
+
+def archive_key(key: str, retired_at: float, attempts: int) -> str:
+    """The key an archived copy of the retired entry at ``key`` is kept under."""
+    body = cbor2.dumps(["retired", key, retired_at, attempts])
+    return "awr-" + hashlib.sha256(body).hexdigest()[:56]
 
 
 def effect_id_for(key: str) -> str:
@@ -262,7 +327,7 @@ CALL, RETURN, PROBE, IN_DOUBT, NOT_APPLIED_ERR, DIVERGED = (
 def decide(entry: EffectRecord | None, *, name: str, digest: str, mode: EffectMode,
            has_probe: bool, idempotent: bool) -> str:
     """The next step for a request at a key that has ``entry`` (see the table above)."""
-    if entry is None:
+    if entry is None or entry.status == "retired":
         return CALL
     if entry.name != name or entry.args_digest != digest or entry.mode != mode:
         return DIVERGED
@@ -360,6 +425,9 @@ def encode_entry(e: EffectRecord) -> bytes:
     out["order"] = list(e.order) if e.order is not None else None
     out["args"] = encode_value(f"args of effect {e.name!r}", e.args)
     out["result"] = encode_value(f"result of effect {e.name!r}", e.result)
+    for f in _SPARSE:
+        if getattr(e, f) is not None:
+            out[f] = getattr(e, f)
     return bytes(cbor2.dumps(out))
 
 
@@ -375,7 +443,12 @@ _TYPES: Mapping[str, tuple[type, ...]] = {
 _OPTIONAL: Mapping[str, tuple[tuple[type, ...], Any]] = {
     "resolved_at": ((int, float, type(None)), None),
     "keyed": ((bool,), False),
+    "committed_in": ((int, type(None)), None),
+    "retired_from": ((str, type(None)), None),
+    "retired_status": ((str, type(None)), None),
 }
+#: Optional fields written only when set, so entries without them encode as before.
+_SPARSE = ("committed_in", "retired_from", "retired_status")
 
 
 def decode_entry(data: bytes) -> EffectRecord:
@@ -407,4 +480,6 @@ def decode_entry(data: bytes) -> EffectRecord:
     fields["updated_at"] = float(obj["updated_at"])
     if obj["resolved_at"] is not None:
         fields["resolved_at"] = float(obj["resolved_at"])
+    for f in _SPARSE:
+        fields[f] = obj[f]
     return EffectRecord(**fields)

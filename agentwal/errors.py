@@ -58,25 +58,42 @@ class ConflictError(Error):
     """A concurrent commit on the same run overwrote what this transaction read or wrote.
 
     Nothing of the transaction was applied; begin a new one and redo the step.
+    Effects the transaction called stay recorded (``effects`` names them):
+    redo the step with ``store.transact`` or ``store.begin(run, retry_of=txn)``
+    so it meets their recorded results instead of calling them again.
+
+    Attributes:
+        run: the run. key: the key that changed (None: a key range or a whole run).
+        deleted: the run was deleted after the transaction began.
+        effects: names of the effects the failed transaction had recorded.
     """
 
     code = "conflict"
 
-    def __init__(self, run: str, key: str | None = None, *, deleted: bool = False) -> None:
+    def __init__(self, run: str, key: str | None = None, *, deleted: bool = False,
+                 reason: str | None = None, effects: tuple[str, ...] = ()) -> None:
         self.run = run
         self.key = key
         self.deleted = deleted
+        self.effects = tuple(effects)
         if deleted:
-            super().__init__(
-                f"run {run!r} was deleted (store.delete_run) after this transaction began; "
-                "nothing was applied. Begin a new transaction if the run should start afresh."
-            )
-            return
-        what = f"key {key!r}" if key is not None else "a key range"
-        super().__init__(
-            f"run {run!r}: {what} was changed by a concurrent commit after this "
-            "transaction began; nothing was applied. Begin a new transaction and retry."
-        )
+            text = (f"run {run!r} was deleted (store.delete_run) after this transaction began; "
+                    "nothing was applied. Begin a new transaction if the run should start "
+                    "afresh.")
+        elif reason is not None:
+            text = f"run {run!r}: {reason}"
+        else:
+            what = f"key {key!r}" if key is not None else "a key range"
+            text = (f"run {run!r}: {what} was changed by a concurrent commit after this "
+                    "transaction began; nothing was applied. Begin a new transaction and retry.")
+        if self.effects:
+            names = ", ".join(repr(n) for n in self.effects[:5])
+            more = f" and {len(self.effects) - 5} more" if len(self.effects) > 5 else ""
+            text += (f" The transaction had called effects ({names}{more}): they stay "
+                     "recorded. Retry with store.transact(run, step) or "
+                     "store.begin(run, retry_of=txn) to reuse their results; a plain new "
+                     "transaction starts from the new head and calls them again.")
+        super().__init__(text)
 
 
 class StoreLockedError(Error):

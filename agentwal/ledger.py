@@ -50,6 +50,7 @@ from .effects import (
     EffectMode,
     EffectRecord,
     after_probe,
+    archive_key,
     args_digest,
     decide,
     effect_id_for,
@@ -99,6 +100,9 @@ class Request:
     backoff: float = 0.1
     keyed: bool = False  # a business key (key=), not derived from the position
     digest: str = ""  # of args_raw unless given (an outbox entry keeps its own)
+    #: called under the position's lock before anything else: raises
+    #: ConflictError if the position is not the caller's to use (txn.effect)
+    claim: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -191,6 +195,8 @@ class Ledger:
         """
         pos = ("pos", req.run, str(req.checkpoint), str(req.ordinal))
         with self._locked(pos), self._locked(("key", req.key)):
+            if req.claim is not None:
+                req.claim()
             entry = self._engine._effect_get(req.key)
             if req.ordinal is not None:
                 self._check_position(req)
@@ -201,13 +207,18 @@ class Ledger:
         there = self._engine._effect_key_at(req.run, req.checkpoint, req.ordinal)
         if there is not None and there != req.key:
             other = self._engine._effect_get(there)
-            what = f"{other.name!r}" if other is not None else f"key {there!r}"
+            if other is not None and other.status == "retired":
+                return  # set aside by retire_effect: the position is free
+            what = (f"{other.name!r} ({other.effect_id}, args {_brief(other.args)})"
+                    if other is not None else f"key {there!r}")
             raise EffectDivergenceError(
-                None, req.key,
+                other.effect_id if other is not None else None, req.key,
                 f"effect #{req.ordinal} of run {req.run!r} from checkpoint {req.checkpoint} "
-                f"was recorded as {what}, and now {req.name!r} (key {req.key!r}) is asked "
-                "for there. The step is not deterministic: make it call the same effects in "
-                "the same order, or commit first so it runs from a new checkpoint.")
+                f"was recorded as {what}, and now {req.name!r} (key {req.key!r}, args "
+                f"{_brief(loads(req.args_raw))}) is asked for there; nothing was called. "
+                "The step is not deterministic: make it call the same effects in the same "
+                "order, or, if its code changed on purpose, set the recorded effect aside "
+                "with store.retire_effect(effect_id) (`agentwal retire`).")
 
     def _drive(self, req: Request, entry: EffectRecord | None) -> Any:
         digest = req.digest
@@ -265,6 +276,9 @@ class Ledger:
         it is recorded), so retries never catch the engine's own errors.
         """
         now = time.time()
+        if entry is not None and entry.status == "retired":
+            self._archive(entry)
+            entry = None
         if entry is None:
             entry = EffectRecord(
                 effect_id_for(req.key), req.key, req.name, req.mode, req.run, req.checkpoint,
@@ -291,6 +305,13 @@ class Ledger:
             raise
         failpoints.hit("effect_after_outcome")
         return done.result
+
+    def _archive(self, entry: EffectRecord) -> None:
+        """Keep a retired entry under an archive key before its key is reused."""
+        akey = archive_key(entry.key, entry.updated_at, entry.attempts)
+        self._engine._effect_write(entry.replace(
+            key=akey, effect_id=effect_id_for(akey), ordinal=None, retired_from=entry.key,
+            updated_at=entry.updated_at))
 
     def _outcome(self, entry: EffectRecord) -> EffectRecord:
         """Record the outcome of a call that happened; a store failure leaves it in doubt."""
@@ -379,6 +400,22 @@ class Ledger:
             self._engine._effect_write(settled)
             return settled
 
+    def retire(self, effect_id: str, *, by: str | None) -> EffectRecord:
+        """Set an entry aside, keeping it as history (see ``Store.retire_effect``)."""
+        entry = self.find(effect_id)
+        with self._locked(("key", entry.key)):
+            entry = self._engine._effect_get(entry.key) or entry
+            if entry.status == "retired":
+                raise EffectSettledError(effect_id, entry.status)
+            if entry.deferred:
+                raise ValueError(
+                    f"{effect_id} is an outbox entry (txn.defer): it holds no step's position. "
+                    "Settle it with store.resolve_effect(effect_id, result=...) or "
+                    "(effect_id, not_applied=True) instead.")
+            retired = entry.replace(status="retired", retired_status=entry.status,
+                                    resolved_by=by or _who(), resolved_at=time.time())
+            return self._engine._effect_write(retired)
+
     def find(self, effect_id: str) -> EffectRecord:
         """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""
         if not isinstance(effect_id, str):
@@ -397,10 +434,18 @@ def _diverged(entry: EffectRecord, req: Request, digest: str) -> str:
         what.append("different args")
     if entry.mode != req.mode:
         what.append(f"mode {entry.mode.value} -> {req.mode.value}")
+    recorded = f"recorded {entry.name!r} ({entry.mode.value}) with args {_brief(entry.args)}"
+    asked = f"asked {req.name!r} ({req.mode.value}) with args {_brief(loads(req.args_raw))}"
     return (f"effect {entry.effect_id} (key {entry.key!r}) was recorded with other inputs "
-            f"({', '.join(what)}); nothing was called. Re-run the step with the same inputs, "
-            "or commit first so the step runs from a new checkpoint (new positions and keys); "
-            "a business key= must name one request.")
+            f"({', '.join(what)}: {recorded}; {asked}); nothing was called. Re-run the step "
+            "with the same inputs; if its code changed on purpose, set the recorded effect "
+            "aside with store.retire_effect(effect_id) (`agentwal retire`), which keeps it as "
+            "history and frees its position; a business key= must name one request.")
+
+
+def _brief(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _in_doubt(entry: EffectRecord) -> str:

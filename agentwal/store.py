@@ -55,7 +55,9 @@ import dataclasses
 import datetime
 import gc
 import hashlib
+import inspect
 import os
+import random
 import sys
 import threading
 import time
@@ -75,13 +77,16 @@ from .effects import (
     Deferred,
     EffectContext,
     EffectRecord,
+    carry_mark,
     decode_entry,
     encode_entry,
+    mark_committed,
     outbox_entries,
     outstanding,
 )
 from .errors import (
     CheckpointNotFoundError,
+    ConflictError,
     CorruptionError,
     DiskFullError,
     DurabilityError,
@@ -282,6 +287,23 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         lock.release()
 
 
+def _check_retry_of(store: Store, run: str, prev: object) -> None:
+    """Refuse a ``retry_of`` that is not a finished, uncommitted attempt of ``run`` here."""
+    if not isinstance(prev, Transaction):
+        raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
+                        f"not {type(prev).__name__}")
+    if prev._engine is not store:
+        raise ValueError("retry_of is a transaction of another store")
+    if prev.run != run:
+        raise ValueError(f"retry_of is a transaction of run {prev.run!r}, not {run!r}")
+    if prev.state == "active":
+        raise ValueError("retry_of is still active: roll it back (or let its ConflictError "
+                         "end it) before retrying the step")
+    if prev.state == "committed":
+        raise ValueError("retry_of committed: its step is done, so the next step begins "
+                         "with a plain store.begin(run)")
+
+
 def _checkpoint_id(cid: object) -> int:
     """``cid`` if it can be a checkpoint id (an int, not a bool), else TypeError."""
     if isinstance(cid, bool) or not isinstance(cid, int):
@@ -289,9 +311,15 @@ def _checkpoint_id(cid: object) -> int:
     return cid
 
 
-def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambda _r: 0
+def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambda _r: 0,
+            folded_effect: Callable[[str], EffectRecord | None] = lambda _k: None,
             ) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
     """A memtable holding the replayed records, and each replayed run's head.
+
+    ``folded_effect(key)`` is LMDB's ledger entry for ``key``: a replayed
+    commit marks the entries its effects made (``_mark_committed``), and a
+    replayed ledger write keeps that mark (``carry_mark``), exactly as
+    publishing did live.
 
     ``folded_epoch(run)`` is the run id's epoch LMDB holds (outbox keys of a
     replayed commit derive from the epoch the live store had: a deletion
@@ -299,9 +327,14 @@ def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lamb
     """
     mem = Memtable()
     heads: dict[str, tuple[int, bytes]] = {}
+
+    def lookup(key: str) -> EffectRecord | None:
+        found = mem.effects.get(key)
+        return found[0] if found is not None else folded_effect(key)
+
     for r in plan.records:
         if isinstance(r, ReplayedEffect):
-            mem.apply_effect(r.lsn, r.entry, r.raw)
+            _apply_effect(mem, r.lsn, r.entry, r.raw, lookup)
             continue
         if isinstance(r, ReplayedDelete):
             mem.apply_delete(r.lsn, r.run)
@@ -312,6 +345,7 @@ def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lamb
                           rec.hash.hex(), rec.origin)
         mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn,
                   None if rec.deferred is None else hashlib.sha256(rec.deferred).digest())
+        _mark_committed(mem, r.lsn, rec.id, rec.effects, lookup)
         if r.deferred:
             rm = mem.runs[rec.run]
             epoch = rm.floor(r.lsn) if rm.deleted else 0
@@ -320,6 +354,23 @@ def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lamb
     if plan.records and plan.resume is not None:
         mem.log_pos = (plan.resume[0].first_lsn, plan.resume[2])
     return mem, heads
+
+
+def _apply_effect(mem: Memtable, lsn: int, entry: EffectRecord, raw: bytes,
+                  lookup: Callable[[str], EffectRecord | None]) -> None:
+    """Publish one ledger write, keeping the commit mark of the entry it replaces."""
+    kept = carry_mark(entry, lookup(entry.key))
+    mem.apply_effect(lsn, kept, raw if kept is entry else encode_entry(kept))
+
+
+def _mark_committed(mem: Memtable, lsn: int, checkpoint: int, keys: tuple[str, ...],
+                    lookup: Callable[[str], EffectRecord | None]) -> None:
+    """Mark the entries a commit's effects made as committed in ``checkpoint``."""
+    for key in keys:
+        found = lookup(key)
+        marked = mark_committed(found, checkpoint) if found is not None else None
+        if marked is not None:
+            mem.apply_effect(lsn, marked, encode_entry(marked))
 
 
 def _add_outbox(mem: Memtable, store_id: Any, ckpt: Checkpoint,
@@ -363,13 +414,16 @@ class Store:
         self._ro_lock = threading.Lock()  # reads through a shared LMDB txn, one at a time
         self._refresh_lock = threading.Lock()
         self._dead: collections.deque[_View] = collections.deque()  # from Transaction.__del__
+        #: (run, checkpoint) -> the live transaction whose step uses the effect
+        #: positions there (``_effect_claim``); under ``_lock``
+        self._pos_owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
         self._fold_wanted = False
         self._fold_error: BaseException | None = None
         self._fold_retry_at = 0.0  # after a failed fold, the next try waits until then
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._fold_mark = 0
         self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0,
-                          "retention_passes": 0}
+                          "retention_passes": 0, "retries": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
         self._ledger = Ledger(self)
@@ -425,7 +479,8 @@ class Store:
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
             snap = self._snap
-            mem, heads = _replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run))
+            mem, heads = _replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run),
+                                 lambda key: snap.reader(ltxn).effect(key))
         ended = None
         with self._lock:
             if self.readonly:
@@ -689,23 +744,156 @@ class Store:
 
     # -- transactions -----------------------------------------------------------------
 
-    def begin(self, run: str) -> Transaction:
+    def begin(self, run: str, *, retry_of: Transaction | None = None) -> Transaction:
         """Begin a write transaction on ``run`` (created by its first commit).
 
         The transaction reads a consistent snapshot taken now; use it as a
         context manager (commit on clean exit, roll back on exception) or call
         ``commit()`` / ``rollback()``.
 
+        Args:
+            run: the run id.
+            retry_of: the transaction of an earlier attempt of the same step
+                that did not commit (it raised ``ConflictError``, or was rolled
+                back): the new transaction reads the run as it is now, but its
+                effects are positioned where that attempt's were, so they meet
+                what it recorded (results reused, never a second call under a
+                new key). ``store.transact`` does this for you.
+
         Raises:
             InvalidKeyError: ``run`` is not a valid id.
+            ValueError: ``retry_of`` is still active, committed, of another
+                run or of another store. TypeError: it is not a Transaction.
             ReadOnlyError: the store is read-only.
             StoreClosedError: the store is closed.
+
+        Example::
+
+            txn = store.begin("run-42")
+            while True:
+                try:
+                    with txn:
+                        step(txn)
+                    break
+                except agentwal.ConflictError:
+                    txn = store.begin("run-42", retry_of=txn)
         """
         check_key(run, "run id")
         self._check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
-        return Transaction(self, run, self._view())
+        if retry_of is not None:
+            _check_retry_of(self, run, retry_of)
+        return Transaction(self, run, self._view(), retry_of=retry_of)
+
+    def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
+        """Run one step, ``fn(txn)``, and commit it, redoing it on ``ConflictError``.
+
+        Each attempt gets a new transaction that reads the run as it is then;
+        its effects are positioned at the first attempt's base checkpoint, so
+        an effect an earlier attempt already made returns its recorded result
+        (or raises ``EffectDivergenceError`` if the retry asks for it with
+        other args) and is never called a second time under a new key.
+        ``fn`` may commit or roll back the transaction itself; otherwise a
+        normal return commits it and an exception rolls it back.
+
+        Args:
+            run: the run id.
+            fn: the step, called as ``fn(txn)`` once per attempt; must be safe
+                to call again (its effects are, through the ledger).
+            retries: attempts after the first (>= 0).
+
+        Returns:
+            What ``fn`` returned on the attempt that committed.
+
+        Raises:
+            ConflictError: the last attempt still conflicted (after
+                ``retries`` retries); nothing of any attempt was committed.
+            Whatever ``fn`` raised (the attempt is rolled back, not retried).
+            ValueError: bad ``retries``. TypeError: ``fn`` is a coroutine
+                function (use ``store.abegin`` and ``txn.aeffect``).
+            And what ``begin`` and ``commit`` raise.
+
+        Example::
+
+            def step(txn):
+                inbox = txn.get("inbox", [])
+                receipt = txn.effect("charge", charge, mode="exactly_once",
+                                     args={"amount": 4900}, idempotent=True)
+                txn["receipt"] = receipt
+                return receipt
+
+            receipt = store.transact("run-42", step)
+        """
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(txn)")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("store.transact runs a synchronous step; for an async step use "
+                            "`async with store.abegin(run) as txn` and `await txn.aeffect(...)`")
+        prev: Transaction | None = None
+        for attempt in range(retries + 1):
+            txn = self.begin(run, retry_of=prev)
+            try:
+                result = fn(txn)
+                if txn.state == "active":
+                    txn.commit()
+                return result
+            except ConflictError:
+                if txn.state == "active":
+                    txn.rollback()
+                if txn.state == "committed" or attempt == retries:
+                    raise
+                self._counters["retries"] += 1
+                prev = txn
+                time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
+            except BaseException:
+                if txn.state == "active":
+                    txn.rollback()
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _effect_claim(self, txn: Transaction, base: int) -> None:
+        """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
+
+        Called by the ledger under the position's lock before an effect runs.
+        Positions at a checkpoint belong to one step: a second live
+        transaction from the same checkpoint, or one begun before the run
+        moved on that is not a retry anchored there, would otherwise meet
+        (and silently reuse) another step's recorded results. Such a
+        transaction gets ``ConflictError`` before anything is called or
+        recorded, and its retry (``store.transact``) runs from the new head.
+
+        Raises:
+            ConflictError: as above.
+        """
+        run = txn.run
+        with self._lock:
+            ref = self._pos_owners.get((run, base))
+            other = ref() if ref is not None else None
+            if (other is not None and other is not txn and other.state == "active"
+                    and other._chain is not txn._chain):
+                raise ConflictError(run, reason=(
+                    f"another transaction on this run, begun from checkpoint {base}, is "
+                    "calling effects there; nothing was called or recorded. Two steps cannot "
+                    "run from one checkpoint: retry once it commits (store.transact does)."))
+            if not txn._anchored and other is not txn:
+                pipe = self._pipe
+                assert pipe is not None
+                head = pipe.heads.get(run) or self._folded_head(run)
+                if (head[0] if head is not None else 0) != base:
+                    raise ConflictError(run, reason=(
+                        f"the run moved on from checkpoint {base} (where this transaction "
+                        f"began) to {head[0] if head is not None else 'nothing'}; its effect "
+                        "positions there belong to the step that committed. Nothing was "
+                        "called or recorded; retry the step from the new head "
+                        "(store.transact does)."))
+            if other is not txn:
+                if len(self._pos_owners) > 4096:
+                    self._pos_owners = {k: r for k, r in self._pos_owners.items()
+                                        if (t := r()) is not None and t.state == "active"}
+                self._pos_owners[(run, base)] = weakref.ref(txn)
 
     def _txn_read(self, txn: Transaction, key: str) -> bytes | None:
         self._check_open()
@@ -732,7 +920,7 @@ class Store:
         if pipe is None:
             raise ReadOnlyError(self.path)
         failpoints.hit("commit_before_validate")
-        if not txn._writes and not txn._meta and not txn._deferred:
+        if not txn._writes and not txn._meta and not txn._deferred and not txn._effect_keys:
             return self._head(view, run)
         delta = dict(txn._writes)
         if self._split_commits_for_test and len(delta) > 1:
@@ -745,7 +933,7 @@ class Store:
             return pipe.commit(run, 1 << 62, set(), set(), {k: delta[k] for k in keys[half:]},
                                dict(txn._meta))
         return pipe.commit(run, view.snap, txn._reads, txn._prefixes, delta, dict(txn._meta),
-                           list(txn._deferred))
+                           list(txn._deferred), effects=tuple(txn._effect_keys))
 
     def _folded_head(self, run: str) -> tuple[int, bytes] | None:
         """Latest published head of ``run`` (memtables, then LMDB); under ``_lock``."""
@@ -778,10 +966,13 @@ class Store:
                 self._active.apply_delete(p.lsn, p.drop)
             elif p.ckpt is None:
                 assert p.effect is not None
-                self._active.apply_effect(p.lsn, *p.effect)
+                _apply_effect(self._active, p.lsn, *p.effect, self._effect_recorded)
             else:
                 self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest,
                                    p.outbox_digest)
+                if p.effect_keys:
+                    _mark_committed(self._active, p.lsn, p.ckpt.id, p.effect_keys,
+                                    self._effect_recorded)
                 if p.deferred:
                     _add_outbox(self._active, self.store_id, p.ckpt, p.deferred,
                                 self._epoch_at(p.ckpt.run, p.lsn))
@@ -1121,6 +1312,12 @@ class Store:
         its metadata is ``{"rollback_to": checkpoint}``. It is an ordinary
         commit: durable as the store's mode says, and visible once it returns.
 
+        State is restored; the world is not. The returned checkpoint's
+        ``effects_after`` lists the effects made after ``checkpoint`` that the
+        outside world may still hold; steps re-run from the new checkpoint
+        meet new effect keys and call again, unless they use a business
+        ``key=`` (see ``docs/effects.md``).
+
         Raises:
             RunNotFoundError / CheckpointNotFoundError: no such run or checkpoint.
             ConflictError: a commit on the run raced this one; nothing was
@@ -1144,9 +1341,10 @@ class Store:
                                                   if current.get(k) != v}
                 delta.update((k, None) for k in current.keys() - target.keys())
                 # The whole run was read: any commit on it since the view conflicts.
-                return pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
+                ckpt = pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
             finally:
                 self._release(view)
+        return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
         """Start ``new_run`` from the state of ``run`` at ``checkpoint``.
@@ -1156,7 +1354,9 @@ class Store:
         runs are independent.
 
         Returns:
-            The new run's first checkpoint.
+            The new run's first checkpoint; its ``effects_after`` lists the
+            source run's effects made after ``checkpoint`` that the outside
+            world may still hold (the fork's steps meet new effect keys).
 
         Raises:
             RunNotFoundError / CheckpointNotFoundError: no such run or checkpoint.
@@ -1178,10 +1378,11 @@ class Store:
                 if self._head(view, new_run) is not None:
                     raise RunExistsError(new_run)
                 target: dict[str, bytes | None] = dict(self._raw_at(view, run, cid))
-                return pipe.commit(new_run, view.snap, set(), {""}, target, {},
+                ckpt = pipe.commit(new_run, view.snap, set(), {""}, target, {},
                                    origin=(run, cid))
             finally:
                 self._release(view)
+        return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     # -- deletion and retention -----------------------------------------------------
 
@@ -1672,6 +1873,39 @@ class Store:
             raise ValueError("give exactly one of result=... or not_applied=True")
         return self._ledger.resolve(effect_id, result=None if result is _UNSET else result,
                                     not_applied=not_applied, by=by)
+
+    def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
+        """Set a recorded effect aside, keeping it as history, and free its position.
+
+        For a step whose code changed on purpose: the effect recorded at its
+        position (or under its business key) now raises
+        ``EffectDivergenceError``, and no outcome settles that. A retired entry
+        keeps everything it recorded (status ``retired``, the old status in
+        ``retired_status``, who and when in ``resolved_by``/``resolved_at``);
+        the next call at its position or key is a fresh call (when that call
+        reuses the key, the old entry is first copied to an archive key with
+        ``retired_from`` naming it). Retire only what you have checked at the
+        downstream: the fresh call really runs.
+
+        Raises:
+            EffectNotFoundError: no such entry. EffectSettledError: already retired.
+            ValueError: an outbox entry (settle those with ``resolve_effect``).
+            ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
+
+        Example::
+
+            store.retire_effect("ef-3f2a...")
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        return self._ledger.retire(effect_id, by=by)
+
+    def _effects_after(self, run: str, cid: int) -> tuple[EffectRecord, ...]:
+        """``run``'s ledger entries made after checkpoint ``cid`` that the world may hold."""
+        held = ("done", "resolved", "in_doubt", "failed", "pending")
+        return tuple(e for e in self.effects(run=run) if e.status in held and (
+            e.checkpoint > cid if e.deferred else e.checkpoint >= cid))
 
     def _txn_base(self, txn: Transaction) -> int:
         head = self._head(txn._view, txn.run)

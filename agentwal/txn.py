@@ -19,6 +19,17 @@ A finished transaction is dead: every method raises
 :class:`TransactionClosedError`. As a context manager, a clean exit commits
 and an exception rolls back and propagates. A transaction is used by one
 thread; the store it came from may be shared by many.
+
+Effect positions: the n-th ``effect`` of a transaction is positioned at its
+base checkpoint (the run's head at ``begin``), or, for a retry of a step
+whose earlier attempt recorded effects (``store.transact``,
+``store.begin(run, retry_of=txn)``), at that first attempt's base: the
+*anchor*, shared by every attempt of the step (its *chain*), so a retry meets
+what the earlier attempts recorded. Before an effect runs, the engine checks
+that its position is still this step's to use (``Store._effect_claim``). A
+commit carries the keys of the effects the transaction recorded, and a
+commit of a transaction that recorded an effect always makes a checkpoint,
+so the next step starts from new positions.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from .effects import Deferred, EffectContext, EffectMode, derive_key
 from .errors import (
     ConflictError,
     DiskFullError,
+    EffectDivergenceError,
     MissingKeyError,
     RunExistsError,
     StoreClosedError,
@@ -64,6 +76,7 @@ class _Engine(Protocol):
     def _txn_base(self, txn: Transaction) -> int: ...
     def _txn_epoch(self, txn: Transaction) -> int: ...
     def _txn_effect(self, txn: Transaction, req: Request) -> Any: ...
+    def _effect_claim(self, txn: Transaction, base: int) -> None: ...
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
 
@@ -100,7 +113,8 @@ class Transaction:
         print(txn.checkpoint.id)
     """
 
-    def __init__(self, engine: _Engine, run: str, view: Any) -> None:
+    def __init__(self, engine: _Engine, run: str, view: Any, *,
+                 retry_of: Transaction | None = None) -> None:
         self._engine = engine
         self.run = run
         self._view = view
@@ -116,6 +130,19 @@ class Transaction:
         self.checkpoint: Checkpoint | None = None
         self._blob_pins: list[str] = []  # hashes put_blob pinned for this transaction
         self._blobs_in_doubt = False  # a commit failed with an unknown outcome: keep them
+        self._effect_keys: list[str] = []  # keys of the effects recorded, in call order
+        self._effect_names_made: list[str] = []
+        #: (base checkpoint, run epoch) effects are positioned at; None: not yet chosen
+        self._anchor: tuple[int, int] | None = None
+        self._chain: object = object()  # shared by every attempt of one step
+        self._anchored = False  # the anchor came from an earlier attempt (a retry)
+        #: 1 for a step's first transaction, 2 for its first retry, ...
+        self.attempt = 1
+        if retry_of is not None:
+            self._chain = retry_of._chain
+            self._anchor = retry_of._anchor
+            self._anchored = retry_of._anchor is not None
+            self.attempt = retry_of.attempt + 1
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -131,8 +158,10 @@ class Transaction:
     def commit(self) -> Checkpoint | None:
         """Validate, log and publish the change; returns the new checkpoint.
 
-        A transaction that changed nothing and set no meta makes no checkpoint
-        and returns the run's head as it was (None for a new run).
+        A transaction that changed nothing, set no meta, deferred nothing and
+        called no effect makes no checkpoint and returns the run's head as it
+        was (None for a new run). One that called an effect always makes a
+        checkpoint, so the next step meets new effect positions.
 
         Raises:
             ConflictError: a concurrent commit changed what this one read or
@@ -148,6 +177,10 @@ class Transaction:
             if not isinstance(exc, _NOT_APPLIED):
                 self._blobs_in_doubt = True  # the log may hold the commit: keep its blobs
             self._finish("rolled_back")
+            if isinstance(exc, ConflictError) and self._effect_names_made and not exc.effects:
+                raise ConflictError(exc.run, exc.key, deleted=exc.deleted,
+                                    reason=_conflict_reason(exc),
+                                    effects=tuple(self._effect_names_made)) from None
             raise
         self._finish("committed")
         return self.checkpoint
@@ -401,18 +434,39 @@ class Transaction:
         if key is not None:
             check_key(key, "effect key")
         args_raw = encode_value(f"args of effect {name!r}", args)
-        base = self._engine._txn_base(self)
+        if self._anchor is None:
+            self._anchor = (self._engine._txn_base(self), self._engine._txn_epoch(self))
+        base, epoch = self._anchor
         ordinal = self._effects_made
         nth = self._effect_names.get(name, 0)
         self._effects_made += 1
         self._effect_names[name] = nth + 1
         keyed = key is not None
         if key is None:
-            key = derive_key(self._engine.store_id, self.run, base, name, nth,
-                             epoch=self._engine._txn_epoch(self))
+            key = derive_key(self._engine.store_id, self.run, base, name, nth, epoch=epoch)
         req = Request(name, fn, req_mode, args_raw, key, self.run, base, ordinal, probe,
                       bool(idempotent), retries, tuple(retry_on), float(backoff), keyed)
-        return self._engine._txn_effect(self, req)
+        if not keyed:  # a business key is shared on purpose; a position is one step's
+            req.claim = lambda: self._engine._effect_claim(self, base)
+        try:
+            result = self._engine._txn_effect(self, req)
+        except (EffectDivergenceError, ConflictError):
+            # Refused before anything of this step was recorded at the key; a step
+            # that recorded nothing yet has no positions to hand to its retry.
+            if not self._effect_keys and not self._anchored:
+                self._anchor = None
+            raise
+        except BaseException:
+            self._made(name, key)
+            raise
+        self._made(name, key)
+        return result
+
+    def _made(self, name: str, key: str) -> None:
+        """Note that an effect of this step reached the ledger at ``key``."""
+        if key not in self._effect_keys:
+            self._effect_keys.append(key)
+        self._effect_names_made.append(name)
 
     def defer(self, name: str, *, mode: EffectMode | str, args: Any = None,
               key: str | None = None, idempotent: bool = False) -> None:
@@ -460,3 +514,12 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"<agentwal.Transaction run={self.run!r} {self._state} writes={len(self._writes)}>"
+
+
+def _conflict_reason(exc: ConflictError) -> str | None:
+    """``exc``'s own message without its run prefix, to re-raise it with more said."""
+    if exc.deleted:
+        return None
+    text = str(exc)
+    prefix = f"run {exc.run!r}: "
+    return text[len(prefix):] if text.startswith(prefix) else text

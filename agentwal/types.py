@@ -51,6 +51,13 @@ class Checkpoint:
         hash: hex SHA-256 covering the parent's hash, this checkpoint's fields
             and its change, so history is tamper-evident.
         origin: ``(run, id)`` the first checkpoint of a fork starts from, else None.
+        effects_after: only on the checkpoint ``rollback_to`` or ``fork``
+            returns: the effects-ledger entries made after the target checkpoint
+            that the outside world may still hold (done, resolved, in doubt,
+            failed, pending), oldest first. Restoring state does not undo them,
+            and the steps re-run from the new checkpoint meet new effect keys
+            (a business ``key=`` dedups across such re-runs). Empty elsewhere;
+            not part of equality.
     """
 
     run: str
@@ -61,6 +68,7 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
     hash: str = ""
     origin: tuple[str, int] | None = None
+    effects_after: tuple[Any, ...] = field(default=(), hash=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,12 +86,20 @@ def test_not_applied_per_mode() -> None:
     assert go(entry("not_applied", EO), EO, idempotent=True) == CALL
 
 
-@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("status", [s for s in STATUSES if s != "retired"])
 def test_divergence_wins_over_every_status(status: str) -> None:
     e = entry(status, ALO)
     assert go(e, ALO, name="other") == DIVERGED
     assert go(e, ALO, digest=args_digest(encode_value("a", {"n": 2}))) == DIVERGED
     assert go(e, EO, idempotent=True) == DIVERGED  # the mode is part of the record
+
+
+@pytest.mark.parametrize("mode", list(EffectMode))
+def test_a_retired_entry_is_a_fresh_call_whatever_was_recorded(mode: EffectMode) -> None:
+    e = entry("retired", ALO)  # set aside by retire_effect: its position is free
+    assert go(e, mode, name="other", probe=True, idempotent=True) == CALL
+    assert go(e, mode, digest=args_digest(encode_value("a", {"n": 2})), probe=True,
+              idempotent=True) == CALL
 
 
 def test_after_probe_table() -> None:
