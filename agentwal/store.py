@@ -1467,7 +1467,9 @@ class Store:
             StoreBusyError: ``vacuum`` could not get the file to itself (the
                 compaction is done; call again with ``vacuum=True``).
             ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError,
-            CorruptionError: as for ``snapshot()``; nothing was dropped.
+            CorruptionError: as for ``snapshot()``; nothing was dropped (except
+                when ``vacuum``'s copy raised them: the compaction is done, the
+                file is as it was).
 
         Example::
 
@@ -1494,10 +1496,7 @@ class Store:
             before = self._file_bytes()
             tally = self._compact_locked(selected, keep_last, cutoff, keep_fork_origins)
             failpoints.hit("compact_after_commit")
-            # Blob storage sweeps what no kept checkpoint names here (blobs branch):
-            sweep = getattr(self, "_sweep_blobs", None)
-            if sweep is not None:
-                sweep()
+            self._sweep_blobs()  # the blob files no kept checkpoint names any more
             if vacuum:
                 self._vacuum()
             after = self._file_bytes()
@@ -1588,9 +1587,7 @@ class Store:
         try:
             with self._fold_lock:
                 self._compact_locked(None, keep_last, cutoff, True)
-                sweep = getattr(self, "_sweep_blobs", None)
-                if sweep is not None:
-                    sweep()
+                self._sweep_blobs()
             self._counters["retention_passes"] += 1
             self._retain_error = None
         except Error as exc:
@@ -2217,7 +2214,11 @@ class Store:
                 out["fold_error"] = str(self._fold_error)
             if self._retain_error is not None:
                 out["retention_error"] = str(self._retain_error)
-        out.update(self._snap.stats())
+            # Its read is no view: wait out a vacuum's file swap as a view does, and
+            # keep the vacuum's check for open reads true until it swaps.
+            while self._swapping:
+                self._wake.wait()
+            out.update(self._snap.stats())
         return out
 
     def close(self) -> None:

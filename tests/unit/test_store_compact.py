@@ -753,3 +753,56 @@ def test_compaction_and_deletion_free_the_blob_files_nothing_kept_references(
     assert blob_files() == {refs[0].sha256[2:]}
     with store.open_blob("other", "weights") as f:
         assert f.read() == b"weights v1" * 500
+
+
+def test_stats_waits_out_a_vacuums_file_swap(store: agentwal.Store,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """stats() reads LMDB outside the store's views, so it must wait out the vacuum's file
+    swap as a view does (regression: called while the vacuum waited for open reads, it
+    could begin its read after the vacuum's last check; the swap then raised RuntimeError
+    out of compact())."""
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 30, model)
+    store.snapshot()
+    snap = store._snap
+    assert snap is not None
+    txn = store.begin("r")  # holds an LMDB read: the vacuum waits for it
+    assert txn.get("step") == 30
+    threading.Timer(0.3, txn.rollback).start()
+    checked, began = threading.Event(), threading.Event()
+    real_begin, real_swap, real_readers = snap.begin_read, snap.swap_in, snap.readers
+    threads: list[threading.Thread] = []
+    got: list[Any] = []
+
+    def stats() -> None:
+        try:
+            got.append(store.stats()["folded_runs"])
+        except BaseException as exc:  # reported below
+            got.append(exc)
+
+    def readers() -> int:  # the vacuum waits for reads to end: call stats() now
+        if not threads:
+            threads.append(threading.Thread(target=stats))
+            threads[0].start()
+        return real_readers()
+
+    def begin_read() -> Any:  # stats() begins its read only after the vacuum's last check
+        if not threads or threading.current_thread() is not threads[0]:
+            return real_begin()
+        checked.wait(2)
+        t = real_begin()
+        began.set()
+        return t
+
+    def swap_in(tmp: str) -> bool:
+        checked.set()
+        began.wait(2)  # with the fix, stats() is still waiting for the swap here
+        return real_swap(tmp)
+
+    monkeypatch.setattr(snap, "readers", readers)
+    monkeypatch.setattr(snap, "begin_read", begin_read)
+    monkeypatch.setattr(snap, "swap_in", swap_in)
+    assert store.compact(keep_last=5, vacuum=True).vacuumed
+    threads[0].join()
+    assert got == [1], got
+    check(store, "r", model, set(range(26, 31)))
