@@ -4,7 +4,7 @@
 deletes, reads (read-your-writes, prefix scans), meta, savepoints, commits,
 rollbacks, folds (``snapshot()``, and the background fold: ``wal_max_bytes``
 is small and some values are large, so segments rotate and get removed),
-``close()`` + reopen, and a process crash + reopen (``_release_all()``
+``close()`` + reopen, and a process crash + reopen (``testing.crash()``
 closes every handle without writing; with durability ``"none"`` what went
 to the OS survives, so every committed transaction must still be there).
 After every step the store's state, head and history equal the model's.
@@ -64,6 +64,7 @@ from agentwal import (
     UnencodableValueError,
     failpoints,
 )
+from agentwal.testing import crash as crash_store
 
 RUNS = ("r1", "r2", "r3")
 KEYS = ("a", "ab", "b/1", "b/2", "c", "ü/ключ")
@@ -433,11 +434,11 @@ class StoreMachine(_Base):
 
     @rule(crash=st.booleans())
     def reopen(self, crash: bool) -> None:
-        """``close()`` and open again, or crash (``_release_all()``: nothing more is
+        """``close()`` and open again, or crash (``testing.crash()``: nothing more is
         written; durability "none" keeps what reached the OS) and open again."""
         self._note_stats()
         if crash:
-            self.store._release_all()
+            crash_store(self.store)
             self.counts["crashes"] += 1
         else:
             self.store.close()
@@ -724,7 +725,7 @@ def _meta_then_reopen(path: Path, bad: Any, how: str) -> None:
         store.close()
         return  # refusing it up front is fine
     if how == "crash":
-        store._release_all()
+        crash_store(store)
     else:
         store.close()
     store = agentwal.open(path, **OPTIONS)

@@ -18,6 +18,7 @@ import agentwal
 from agentwal import blobs, failpoints
 from agentwal.blobs import blob_path
 from agentwal.testing import SimulatedDisk
+from agentwal.testing import crash as crash_store
 from tests.helpers import Generated
 
 
@@ -150,7 +151,7 @@ def test_blobs_survive_folds_and_reopen(path: str) -> None:
         assert read_blob(s, "r", "w") == data
         with s.begin("r") as txn:
             txn.put_blob("w", io.BytesIO(b"new"))
-        s._release_all()  # a crash: the commit is only in the WAL
+        crash_store(s)  # a crash: the commit is only in the WAL
     with agentwal.open(path) as s:
         assert read_blob(s, "r", "w") == b"new"
         assert read_blob(s, "r", "w", at=1) == data
@@ -212,7 +213,7 @@ def test_a_commit_of_unknown_outcome_keeps_its_blob_pinned(path: str) -> None:
         with pytest.raises(agentwal.DurabilityError):
             s._sweep_blobs()  # and a stopped writer sweeps nothing
     finally:
-        s._release_all()
+        crash_store(s)
     with agentwal.open(path) as s:
         if s.head("r") is not None:  # the record made it: the blob did too
             assert read_blob(s, "r", "w") == b"maybe committed"
@@ -310,7 +311,7 @@ def test_disk_full_during_put_blob(tmp_path: Path, small_chunks: None) -> None:
             txn.put_blob("big", io.BytesIO(b"fits now"))
         assert read_blob(store, "r", "big") == b"fits now"
     finally:
-        store._release_all()
+        crash_store(store)
 
 
 def test_a_failed_blob_fsync_stops_the_writer(tmp_path: Path) -> None:
@@ -327,7 +328,7 @@ def test_a_failed_blob_fsync_stops_the_writer(tmp_path: Path) -> None:
         with pytest.raises(agentwal.DurabilityError), store.begin("r") as t2:
             t2.put_blob("w", io.BytesIO(b"y"))
     finally:
-        store._release_all()
+        crash_store(store)
 
 
 # -- corruption --------------------------------------------------------------------------

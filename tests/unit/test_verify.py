@@ -25,6 +25,7 @@ import pytest
 import agentwal
 from agentwal.codec import decode_commit, encode_commit
 from agentwal.io import OsFileSystem
+from agentwal.testing import crash as crash_store
 from agentwal.verify import LMDB_FILE, Problem, VerifyReport, read_wal
 from agentwal.verify import verify as verify_store
 from agentwal.wal.frame import encode_frame, parse_header
@@ -527,7 +528,7 @@ def test_a_missing_segment_is_found(path: str) -> None:
     for i in range(60):
         with s.begin("r") as txn:
             txn["v"] = hashlib.sha256(str(i).encode()).hexdigest() * 10
-    s._release_all()
+    crash_store(s)
     wal = os.path.join(path, "wal")
     names = sorted(os.listdir(wal))
     assert len(names) >= 3
