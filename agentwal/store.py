@@ -1910,8 +1910,10 @@ class Store:
 
     def _txn_epoch(self, txn: Transaction) -> int:
         """The run id's epoch as the transaction sees it (``effects.derive_key``)."""
-        v: _View = txn._view
-        run = txn.run
+        return self._view_epoch(txn._view, txn.run)
+
+    def _view_epoch(self, v: _View, run: str) -> int:
+        """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
         for layer in v.layers:
             rm = layer.runs.get(run)
             if rm is not None and rm.deleted and rm.floor(v.snap):
