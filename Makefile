@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo example test test-all torture bench bench-compare lint format clean
+.PHONY: docs demo example test test-all torture bench bench-compare lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ example: $(STAMP)
 	$(PY) examples/effects_agent.py
 
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider -rs
 
 # The whole suite with the crash tiers' timed loops stretched (about 5 extra minutes).
 test-all: $(STAMP)
@@ -47,3 +47,7 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal build dist *.egg-info
+
+# docs/cli.md's reference part, from each command's --help.
+docs: $(STAMP)
+	$(PY) -m agentwal.cli.docs docs/cli.md

@@ -31,6 +31,7 @@ __all__ = [
     "MissingKeyError",
     "ReadOnlyError",
     "RunExistsError",
+    "EffectNotRetirableError",
     "RunNotFoundError",
     "StoreClosedError",
     "StoreLockedError",
@@ -91,8 +92,8 @@ class ConflictError(Error):
             more = f" and {len(self.effects) - 5} more" if len(self.effects) > 5 else ""
             text += (f" The transaction had called effects ({names}{more}): they stay "
                      "recorded. Retry with store.transact(run, step) or "
-                     "store.begin(run, retry_of=txn) to reuse their results; a plain new "
-                     "transaction starts from the new head and calls them again.")
+                     "store.begin(run, retry_of=txn) to reuse their results (a plain new "
+                     "transaction reuses them only if it asks for the same effects first).")
         super().__init__(text)
 
 
@@ -306,6 +307,16 @@ class EffectSettledError(Error):
         super().__init__(f"effect {effect_id} is already {status}; nothing was changed. Only "
                          "pending, in_doubt and failed entries can be resolved, and "
                          "not_applied ones with result=.")
+
+
+class EffectNotRetirableError(Error, ValueError):
+    """``retire_effect`` on an entry that cannot be retired: nothing was changed."""
+
+    code = "effect_not_retirable"
+
+    def __init__(self, effect_id: str, reason: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"effect {effect_id} cannot be retired: {reason}; nothing was changed.")
 
 
 class TooManyReadersError(Error):

@@ -52,6 +52,8 @@ POINTS: dict[str, str] = {
     "after_effect_call": "the effect returned or raised, its outcome not yet recorded",
     "effect_after_outcome": "the outcome is durable, the transaction not yet committed",
     "effect_before_retry": "an attempt failed and was recorded; the retry not yet begun",
+    # store.transact (a step redone after ConflictError)
+    "step_before_retry": "a step's attempt conflicted and rolled back; the next not begun",
     # delete_run (the record goes through the group-commit points above too)
     "delete_run_after_record": "a delete record is durable and visible, LMDB still has the run",
     "delete_run_fold_before_commit": "a fold that removes a deleted run is about to be written",

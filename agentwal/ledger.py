@@ -63,6 +63,7 @@ from .errors import (
     EffectInDoubtError,
     EffectNotAppliedError,
     EffectNotFoundError,
+    EffectNotRetirableError,
     EffectSettledError,
     StoreClosedError,
     UnencodableValueError,
@@ -387,7 +388,7 @@ class Ledger:
         entry = self.find(effect_id)
         with self._locked(("key", entry.key)):
             entry = self._engine._effect_get(entry.key) or entry
-            if entry.status in ("done", "resolved") or (
+            if entry.status in ("done", "resolved", "retired") or (
                     entry.status == "not_applied" and not_applied):
                 raise EffectSettledError(effect_id, entry.status)
             if not_applied:
@@ -406,12 +407,12 @@ class Ledger:
         with self._locked(("key", entry.key)):
             entry = self._engine._effect_get(entry.key) or entry
             if entry.status == "retired":
-                raise EffectSettledError(effect_id, entry.status)
+                raise EffectNotRetirableError(effect_id, "it is retired already")
             if entry.deferred:
-                raise ValueError(
-                    f"{effect_id} is an outbox entry (txn.defer): it holds no step's position. "
-                    "Settle it with store.resolve_effect(effect_id, result=...) or "
-                    "(effect_id, not_applied=True) instead.")
+                raise EffectNotRetirableError(
+                    effect_id, "it is an outbox entry (txn.defer), which holds no step's "
+                    "position. Settle it with store.resolve_effect(effect_id, result=...) or "
+                    "(effect_id, not_applied=True) instead")
             retired = entry.replace(status="retired", retired_status=entry.status,
                                     resolved_by=by or _who(), resolved_at=time.time())
             return self._engine._effect_write(retired)

@@ -76,9 +76,11 @@ from .effects import (
     STATUSES,
     Deferred,
     EffectContext,
+    EffectMode,
     EffectRecord,
     carry_mark,
     decode_entry,
+    derive_key,
     encode_entry,
     mark_committed,
     outbox_entries,
@@ -285,6 +287,10 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         snap.close()
     if lock is not None:
         lock.release()
+
+
+#: How many checkpoints back a step looks for an uncommitted attempt of itself.
+_ADOPT_WALK = 32
 
 
 def _check_retry_of(store: Store, run: str, prev: object) -> None:
@@ -846,6 +852,7 @@ class Store:
                 if txn.state == "committed" or attempt == retries:
                     raise
                 self._counters["retries"] += 1
+                failpoints.hit("step_before_retry")
                 prev = txn
                 time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
             except BaseException:
@@ -853,6 +860,58 @@ class Store:
                     txn.rollback()
                 raise
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
+                      mode: EffectMode, epoch: int) -> int | None:
+        """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
+
+        A step that conflicted, or whose process died, after it called an
+        effect leaves entries that no commit marked; if the run moved on
+        meanwhile (other transactions committed without effects: a message
+        arriving through a web handler), a plain retry begins from a later
+        head and would derive new keys. So before the first positional effect
+        of a step, walk back from its base checkpoint through the run's
+        checkpoints (at most ``_ADOPT_WALK``): the first checkpoint whose
+        position 0 holds an entry decides. A committed entry there means the
+        positions since were used and the step is new (None). An uncommitted
+        one is the same step's earlier attempt if it asked for the same effect
+        (name, args, mode) first: its checkpoint is returned, and the
+        transaction's effects are positioned there. The walk never crosses a
+        ``rollback_to`` checkpoint or a fork's first checkpoint (steps re-run
+        from those are new positions by design) and ignores retired entries.
+        """
+        run = txn.run
+        head = self.head(run)
+        if base == 0 or head is None or head.id != base:
+            return None  # a first step; or a stale one, which _effect_claim refuses
+        for cid in self._adopt_walk(run):
+            key0 = self._effect_key_at(run, cid, 0)
+            e0 = self._effect_get(key0) if key0 is not None else None
+            if e0 is None or e0.status == "retired":
+                continue
+            if cid == base or e0.committed_in is not None:
+                return None  # this step's own positions, or a step that committed
+            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
+                    and not e0.keyed
+                    and e0.key == derive_key(self.store_id, run, cid, name, 0, epoch=epoch))
+            return cid if same else None
+        return None
+
+    def _adopt_walk(self, run: str) -> Iterator[int]:
+        """Checkpoint ids from the head back, for ``_effect_adopt``; 0 is a run's start."""
+        last, seen = None, 0
+        page = self.history(run, limit=4)  # the usual walk ends at the parent
+        while page:
+            for c in page:
+                yield c.id
+                if "rollback_to" in c.meta or c.origin is not None:
+                    return
+                last, seen = c.id, seen + 1
+            if seen >= _ADOPT_WALK or last == 1:
+                break
+            page = self.history(run, limit=_ADOPT_WALK - seen, before=last)
+        if last == 1:
+            yield 0  # before the first checkpoint: a first step's positions
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
@@ -878,7 +937,7 @@ class Store:
                     f"another transaction on this run, begun from checkpoint {base}, is "
                     "calling effects there; nothing was called or recorded. Two steps cannot "
                     "run from one checkpoint: retry once it commits (store.transact does)."))
-            if not txn._anchored and other is not txn:
+            if not txn._inherited and other is not txn:
                 pipe = self._pipe
                 assert pipe is not None
                 head = pipe.heads.get(run) or self._folded_head(run)
@@ -1885,8 +1944,9 @@ class Store:
         downstream: the fresh call really runs.
 
         Raises:
-            EffectNotFoundError: no such entry. EffectSettledError: already retired.
-            ValueError: an outbox entry (settle those with ``resolve_effect``).
+            EffectNotFoundError: no such entry.
+            EffectNotRetirableError (a ValueError): already retired, or an outbox
+                entry (settle those with ``resolve_effect``).
             ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
 
         Example::

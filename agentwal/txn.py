@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import decode_stored, encode_blob_ref, encode_value
-from .effects import Deferred, EffectContext, EffectMode, derive_key
+from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
     ConflictError,
     DiskFullError,
@@ -77,6 +77,8 @@ class _Engine(Protocol):
     def _txn_epoch(self, txn: Transaction) -> int: ...
     def _txn_effect(self, txn: Transaction, req: Request) -> Any: ...
     def _effect_claim(self, txn: Transaction, base: int) -> None: ...
+    def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
+                      mode: EffectMode, epoch: int) -> int | None: ...
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
 
@@ -136,6 +138,7 @@ class Transaction:
         self._anchor: tuple[int, int] | None = None
         self._chain: object = object()  # shared by every attempt of one step
         self._anchored = False  # the anchor came from an earlier attempt (a retry)
+        self._adopted = False  # the anchor is an uncommitted attempt's, found by the engine
         #: 1 for a step's first transaction, 2 for its first retry, ...
         self.attempt = 1
         if retry_of is not None:
@@ -435,7 +438,13 @@ class Transaction:
             check_key(key, "effect key")
         args_raw = encode_value(f"args of effect {name!r}", args)
         if self._anchor is None:
-            self._anchor = (self._engine._txn_base(self), self._engine._txn_epoch(self))
+            base, epoch = self._engine._txn_base(self), self._engine._txn_epoch(self)
+            if key is None and self._effects_made == 0:
+                found = self._engine._effect_adopt(self, base, name, args_digest(args_raw),
+                                                   req_mode, epoch)
+                if found is not None:
+                    base, self._adopted = found, True
+            self._anchor = (base, epoch)
         base, epoch = self._anchor
         ordinal = self._effects_made
         nth = self._effect_names.get(name, 0)
@@ -454,13 +463,18 @@ class Transaction:
             # Refused before anything of this step was recorded at the key; a step
             # that recorded nothing yet has no positions to hand to its retry.
             if not self._effect_keys and not self._anchored:
-                self._anchor = None
+                self._anchor, self._adopted = None, False
             raise
         except BaseException:
             self._made(name, key)
             raise
         self._made(name, key)
         return result
+
+    @property
+    def _inherited(self) -> bool:
+        """True if this step's effect positions were an earlier attempt's (retry or adoption)."""
+        return self._anchored or self._adopted
 
     def _made(self, name: str, key: str) -> None:
         """Note that an effect of this step reached the ledger at ``key``."""

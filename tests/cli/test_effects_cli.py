@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 import agentwal
-from agentwal.cli import _age, main
+from agentwal.cli import main
+from agentwal.cli.common import age as _age
 from agentwal.effects import STATUSES
 
 WHEN = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
@@ -96,7 +97,7 @@ def test_effects_json_has_every_field(ledger: tuple[str, dict[str, str]]) -> Non
     assert {r["status"] for r in rows.values()} == set(STATUSES)
     fields = {f.name for f in dataclasses.fields(agentwal.EffectRecord)}
     for r in rows.values():
-        assert fields | {"age"} == set(r), r["name"]
+        assert fields | {"age", "uncommitted"} == set(r), r["name"]
         assert r["effect_id"] == ids[r["name"]] and r["age"] >= 0
     llm = rows["llm"]
     assert llm["status"] == "done" and llm["mode"] == "at_least_once"
@@ -119,7 +120,7 @@ def test_effects_table_shortens_keys_and_errors(ledger: tuple[str, dict[str, str
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["id", "run", "name", "mode", "status", "attempts", "age",
-                                "key", "last", "error"]
+                                "committed", "key", "last", "error"]
     assert len(lines) == 2 + len(ids)
     charge = next(line for line in lines if "charge" in line)
     assert ids["charge"] in charge and "failed" in charge and "ValueError: the card" in charge
@@ -127,6 +128,8 @@ def test_effects_table_shortens_keys_and_errors(ledger: tuple[str, dict[str, str
     llm = next(line for line in lines if " llm " in line)
     assert "awe-" in llm and "..." in llm  # the 60-character derived key, shortened
     assert "order-17-payment" in out  # a short business key stays whole
+    assert "uncommitted" in charge  # the failed step rolled back: no commit holds it
+    assert " 1 " in llm  # run-a's step committed it in checkpoint 1
 
 
 def test_effects_filters(ledger: tuple[str, dict[str, str]]) -> None:
@@ -354,3 +357,44 @@ def test_wal_dumps_effect_records(ledger: tuple[str, dict[str, str]]) -> None:
         (ids["llm"], "in_doubt"), (ids["llm"], "done"), (ids["ship"], "resolved")}
     code, out, _ = run("wal", path)
     assert code == 0 and "send-email" in out and "-> not_applied" in out
+
+
+# -- retire, and what rollback and fork leave standing ---------------------------------------
+
+
+def test_retire_sets_an_entry_aside_and_refuses_twice(tmp_path: Path) -> None:
+    path = str(tmp_path / "r.awal")
+    with agentwal.open(path) as s:
+        with s.begin("run-a") as txn:
+            txn.effect("charge", lambda ctx: "ch_1", mode="at_least_once", args={"amount": 1})
+            txn.rollback()
+        (e,) = s.effects()
+    code, out, _ = run("retire", path, e.effect_id, "--by", "alice", "--json")
+    assert code == 0
+    row = json.loads(out)
+    assert row["status"] == "retired" and row["retired_status"] == "done"
+    assert row["resolved_by"] == "alice"
+    code, out, err = run("retire", path, e.effect_id, "--json")
+    assert code == 1 and json.loads(out)["error"]["code"] == "effect_not_retirable"
+    assert "retired already" in err
+    code, _, err = run("retire", path, "ef-nope")
+    assert code == 1 and "effect_not_found" in err
+
+
+def test_rollback_and_fork_say_which_effects_still_stand(tmp_path: Path) -> None:
+    path = str(tmp_path / "b.awal")
+    with agentwal.open(path) as s:
+        with s.begin("run-a") as txn:
+            txn["plan"] = 1
+        with s.begin("run-a") as txn:
+            txn.effect("charge", lambda ctx: "ch_1", mode="at_least_once")
+        (e,) = s.effects()
+    code, out, err = run("rollback", path, "run-a", "1")
+    assert code == 0 and "1 effect(s) made after checkpoint 1 still stand" in err
+    assert e.effect_id in err and "business key" in err
+    code, out, err = run("fork", path, "run-a", "1", "run-b", "--json")
+    assert code == 0 and not err
+    doc = json.loads(out)
+    assert [x["effect_id"] for x in doc["effects_after"]] == [e.effect_id]
+    code, out, err = run("rollback", path, "run-a", "3")  # nothing made after 3
+    assert code == 0 and "still stand" not in err

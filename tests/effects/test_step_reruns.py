@@ -17,7 +17,7 @@ import pytest
 
 import agentwal
 from agentwal import ConflictError, EffectDivergenceError, EffectSettledError
-from agentwal.errors import EffectNotFoundError
+from agentwal.errors import EffectNotFoundError, EffectNotRetirableError
 
 from .downstream import Downstream
 
@@ -137,7 +137,7 @@ def test_a_hand_written_retry_loop_with_retry_of_charges_once(
     assert shop.calls() == 1 and shop.applications() == 1
 
 
-def test_a_plain_re_begin_after_a_conflict_is_a_new_step_and_the_old_effect_shows_uncommitted(
+def test_an_effect_of_a_conflicted_attempt_shows_uncommitted_until_a_retry_meets_it(
         store: agentwal.Store, shop: Shop) -> None:
     step = inbox_step(store, shop, "exactly_once", kw_for("exactly_once", shop), [True])
     with pytest.raises(ConflictError) as info, store.begin("r") as txn:
@@ -145,11 +145,11 @@ def test_a_plain_re_begin_after_a_conflict_is_a_new_step_and_the_old_effect_show
     assert info.value.effects == ("charge",)
     (orphan,) = store.effects()
     assert orphan.uncommitted and orphan.committed_in is None and orphan.status == "done"
-    with store.begin("r") as txn:  # documented: a new step, from the new head, new keys
+    with store.begin("r") as txn:  # a plain retry asking for the same effect meets it
         step(txn)
-    assert shop.applications() == 2
-    first, second = store.effects()
-    assert first.uncommitted and not second.uncommitted and first.key != second.key
+    assert shop.applications() == 1
+    (e,) = store.effects()
+    assert e.key == orphan.key and not e.uncommitted and e.committed_in == txn.checkpoint.id
 
 
 def test_a_retry_that_asks_with_other_args_diverges_naming_both(
@@ -399,8 +399,10 @@ def test_retire_effect_frees_a_diverged_position_and_keeps_the_old_entry(
     entries = {e.args["amount"]: e for e in store.effects()}
     assert entries[4900].status == "retired" and entries[4900].retired_from == old.key
     assert entries[5900].status == "done" and entries[5900].key == old.key
-    with pytest.raises(EffectSettledError):
+    with pytest.raises(EffectNotRetirableError, match="retired already"):
         store.retire_effect(entries[4900].effect_id)
+    with pytest.raises(EffectSettledError):  # nor resolved: it is history
+        store.resolve_effect(entries[4900].effect_id, result="x")
 
 
 def test_retire_effect_frees_a_position_held_by_another_name(
@@ -420,7 +422,80 @@ def test_retire_effect_refuses_outbox_entries_and_unknown_ids(store: agentwal.St
     with store.begin("r") as txn:
         txn.defer("mail", mode="at_least_once")
     (e,) = store.effects()
-    with pytest.raises(ValueError, match="resolve_effect"):
+    with pytest.raises(EffectNotRetirableError, match="resolve_effect"):
         store.retire_effect(e.effect_id)
     with pytest.raises(EffectNotFoundError):
         store.retire_effect("ef-nope")
+
+
+# -- 7. a plain retry, and a crash, after the run moved on -----------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_plain_re_begin_after_a_conflict_meets_the_uncommitted_attempts_effect(
+        store: agentwal.Store, shop: Shop, mode: str) -> None:
+    # The tutorial's loop: on ConflictError, begin again and redo the step.
+    kw = kw_for(mode, shop)
+    step = inbox_step(store, shop, mode, kw, [True])
+    while True:
+        try:
+            with store.begin("r") as txn:
+                step(txn)
+            break
+        except ConflictError:
+            continue
+    assert shop.calls() == 1 and shop.applications() == 1
+    (e,) = store.effects()
+    assert e.committed_in == 2 and not e.uncommitted
+
+
+def test_a_new_step_with_other_args_does_not_adopt_an_uncommitted_attempt(
+        store: agentwal.Store, shop: Shop) -> None:
+    with store.begin("r") as txn:
+        txn["x"] = 0
+    with pytest.raises(ConflictError), store.begin("r") as txn:
+        txn.get("inbox")
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
+        with store.begin("r") as web:
+            web["inbox"] = ["hi"]
+    with store.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 2})
+    assert shop.calls() == 2
+    orphan, fresh = store.effects()
+    assert orphan.uncommitted and not fresh.uncommitted
+
+
+def test_an_uncommitted_attempt_is_not_adopted_across_a_committed_effect_step_or_a_rollback(
+        store: agentwal.Store, shop: Shop) -> None:
+    with store.begin("r") as txn:
+        txn["x"] = 0
+    with store.begin("r") as txn:  # an attempt from 1 that never commits
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
+        txn.rollback()
+    with store.begin("r") as txn:  # the run moves on without effects: 2
+        txn["x"] = 1
+    store.rollback_to("r", 1)  # 3: re-runs from here are new positions
+    with store.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
+    assert shop.calls() == 2
+    with store.begin("r") as txn:  # an effect step from 4 committed: 5
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
+    assert shop.calls() == 3
+
+
+def test_a_read_only_store_sees_commit_marks_after_refresh(tmp_path: Path, shop: Shop) -> None:
+    path = tmp_path / "ro"
+    writer = agentwal.open(path)
+    reader = agentwal.open(path, readonly=True)
+    with pytest.raises(agentwal.ReadOnlyError):
+        reader.begin("r")
+    with writer.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_least_once")
+        txn.rollback()
+    reader.refresh()
+    assert [e.uncommitted for e in reader.effects()] == [True]
+    with writer.begin("r") as txn:  # re-run from the same checkpoint: meets and commits it
+        txn.effect("charge", shop.call, mode="at_least_once")
+    reader.refresh()
+    assert [e.committed_in for e in reader.effects()] == [1] and shop.calls() == 1
+    reader.close()
+    writer.close()

@@ -1,6 +1,8 @@
 """Effect guarantees under any schedule a Hypothesis state machine finds.
 
-Steps run effects of every mode on a few runs, defer outbox entries (some with
+Steps run effects of every mode on a few runs (some writing no key, some made
+to conflict by a concurrent writer and redone through ``store.transact``,
+``begin(retry_of=)`` or a plain re-begin), defer outbox entries (some with
 business keys shared across runs) and dispatch them, commit or roll back, get cut
 off by a simulated process crash in any effect window (a failpoint raising a
 ``BaseException``, then ``testing.crash()`` and a reopen: what reached the OS
@@ -10,7 +12,9 @@ in doubt. After every step:
 - at_most_once: every key was called at most once, ever;
 - exactly_once: every key was applied at most once, and exactly once when
   the ledger says it is done;
-- every mode: a key is never called more often than the ledger counts attempts.
+- every mode: a key is never called more often than the ledger counts attempts;
+- per *logical* effect of a redone step (whatever keys its attempts derived):
+  at_most_once called at most once, exactly_once applied at most once.
 """
 
 from __future__ import annotations
@@ -54,14 +58,24 @@ class EffectsMachine(RuleBasedStateMachine):
         self.calls: Counter[str] = Counter()
         self.applied: Counter[str] = Counter()
         self.modes: dict[str, str] = {}
+        # per logical effect of retried steps (whatever keys their attempts used)
+        self.logical_calls: Counter[str] = Counter()
+        self.logical_applied: Counter[str] = Counter()
+        self.logical_modes: dict[str, str] = {}
 
     # -- the downstream ----------------------------------------------------------
 
     def call(self, ctx: agentwal.EffectContext) -> str:
         self.calls[ctx.key] += 1
         self.modes[ctx.key] = ctx.mode.value
+        logical = ctx.args.get("logical") if isinstance(ctx.args, dict) else None
+        if logical is not None:
+            self.logical_calls[logical] += 1
+            self.logical_modes[logical] = ctx.mode.value
         if not (ctx.name == "eo_idem" and self.applied[ctx.key]):  # it dedups by key
             self.applied[ctx.key] += 1
+            if logical is not None:
+                self.logical_applied[logical] += 1
         return f"{ctx.name}:{ctx.key}"
 
     def probe(self, ctx: agentwal.EffectContext) -> Any:
@@ -98,6 +112,54 @@ class EffectsMachine(RuleBasedStateMachine):
             event(type(exc).__name__)
         finally:
             failpoints.disarm()
+
+    @rule(run=st.sampled_from(["r1", "r2"]), write=st.booleans(),
+          interfere=st.integers(0, 2), how=st.sampled_from(["transact", "retry_of", "plain"]))
+    def retried_step(self, run: str, write: bool, interfere: int, how: str) -> None:
+        # One logical step (its effects fixed by where its first attempt began), which
+        # a concurrent writer (a web handler adding to the inbox the step read) makes
+        # conflict ``interfere`` times; redone through store.transact, begin(retry_of=)
+        # or a plain re-begin. Each of its effects must reach the world as its mode says,
+        # counted per logical effect, whatever keys the attempts derived.
+        head = self.store.head(run)
+        start = head.id if head else 0
+        pick = random.Random(f"{run}/{start}/retried")
+        names = pick.sample(sorted(EFFECTS), pick.randint(1, 3))
+        left = [interfere]
+
+        def body(txn: agentwal.Transaction) -> None:
+            txn.get("inbox")
+            for i, name in enumerate(names):
+                mode, probe, idem = EFFECTS[name]
+                txn.effect(name, self.call, mode=mode, probe=self.probe if probe else None,
+                           idempotent=idem, args={"logical": f"{run}/{start}/{i}/{name}"})
+            if left[0] > 0:
+                left[0] -= 1
+                with self.store.begin(run) as web:
+                    web["inbox"] = web.get("inbox", 0) + 1
+            if write:
+                txn["n"] = txn.get("n", 0) + 1
+
+        try:
+            if how == "transact":
+                self.store.transact(run, body)
+            else:
+                txn = self.store.begin(run)
+                while True:
+                    try:
+                        with txn:
+                            body(txn)
+                        break
+                    except agentwal.ConflictError:
+                        txn = (self.store.begin(run, retry_of=txn) if how == "retry_of"
+                               else self.store.begin(run))
+        except (agentwal.EffectInDoubtError, agentwal.EffectNotAppliedError,
+                agentwal.EffectDivergenceError) as exc:
+            event(type(exc).__name__)
+            return
+        after = self.store.head(run)
+        assert after is not None and after.id == start + interfere + 1  # a checkpoint always
+        event(f"retried step ({how}) after {interfere} conflicts")
 
     @rule(run=st.sampled_from(["r1", "r2"]), what=st.sampled_from(["mail", "sms"]),
           key=st.none() | st.sampled_from(["b1", "b2"]))
@@ -161,6 +223,12 @@ class EffectsMachine(RuleBasedStateMachine):
             assert n <= e.attempts, (key, n, e)
             if e.status in ("done", "resolved") and mode == "exactly_once":
                 assert self.applied[key] == 1
+        for logical, n in self.logical_calls.items():
+            mode = self.logical_modes[logical]
+            if mode == "at_most_once":
+                assert n <= 1, (logical, n)
+            if mode == "exactly_once":
+                assert self.logical_applied[logical] <= 1, (logical, self.logical_applied)
 
     def teardown(self) -> None:
         failpoints.disarm()

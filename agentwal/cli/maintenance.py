@@ -1,0 +1,157 @@
+"""Commands that look after a store: verify, backup, compact."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+from typing import Any
+
+import click
+
+from .app import main
+from .common import (
+    emit,
+    examples,
+    json_option,
+    open_ro,
+    open_rw,
+    reports_errors,
+    store_argument,
+    table,
+    usage,
+    working,
+)
+
+# -- verify and backup ------------------------------------------------------------------
+
+
+@main.command(epilog=examples("agentwal verify state.awal",
+                              "agentwal verify state.awal --json | jq .problems"))
+@store_argument
+@json_option
+@reports_errors
+def verify(path: str, as_json: bool) -> None:
+    """Check every checksum, hash chain and cross-reference of a store; exit 1 on a problem.
+
+    Reads every LMDB entry and WAL frame, recomputes each run's checkpoint
+    hashes, and compares the head state, manifests and reference counts with
+    the history. Lists each problem with its place (database and key, or file
+    and offset), then what was checked. Opens the store read-only, so it works
+    while an agent writes to it; changes nothing.
+    """
+    with open_ro(path) as store, working("verifying every checksum and hash chain"):
+        report = store.verify()
+    data = {"ok": report.ok, "problems": [dataclasses.asdict(p) for p in report.problems],
+            "checked": report.checked, "notes": report.notes}
+
+    def human() -> None:
+        if report.problems:
+            table([(p.where, p.what) for p in report.problems], ("where", "problem"))
+            click.echo("")
+        for note in report.notes:
+            click.echo(f"note: {note}")
+        counts = ", ".join(f"{n} {k}" for k, n in report.checked.items())
+        click.echo(f"checked: {counts}")
+        click.echo("ok" if report.ok else f"{len(report.problems)} problem(s) found")
+
+    emit(as_json, data, human)
+    if not report.ok:
+        click.echo(f"{len(report.problems)} problem(s) found; the store is damaged. Restore "
+                   "it from a backup, or copy out what still reads (agentwal show).", err=True)
+        sys.exit(1)
+
+
+@main.command(epilog=examples("agentwal backup state.awal /backups/state-$(date +%F).awal"))
+@store_argument
+@click.argument("dest", type=click.Path(file_okay=False))
+@json_option
+@reports_errors
+def backup(path: str, dest: str, as_json: bool) -> None:
+    """Copy a store to DEST (a new directory) consistently, while agents keep writing.
+
+    The copy holds every commit acknowledged before the command started, with
+    the whole history and effects ledger, and opens as the same store. It is
+    written to DEST.tmp and renamed to DEST once every file is on disk. Opens
+    the store read-only. Exits 1 if DEST (or DEST.tmp) exists.
+    """
+    real_src, real_dest = os.path.realpath(path), os.path.realpath(dest)
+    if os.path.commonpath([real_src, real_dest]) == real_src:
+        raise usage(f"DEST {dest!r} is inside the store {path!r}; back up to a directory "
+                    "outside it.")
+    with open_ro(path) as store, working(f"copying {path} to {dest}"):
+        rep = store.backup(dest)
+    data = dataclasses.asdict(rep)
+    emit(as_json, data, lambda: click.echo(
+        f"backed up {path} to {rep.path}: {rep.files} files, {rep.bytes} bytes, every commit "
+        f"up to LSN {rep.lsn}, in {rep.seconds:.2f} s"))
+
+
+# -- compact ----------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _duration(_ctx: Any, _param: Any, value: str | None) -> Any:
+    """``--older-than``: a number and a unit (s, m, h, d, w), e.g. ``30d`` or ``12h``."""
+
+    if value is None:
+        return None
+    text = value.strip().lower()
+    try:
+        n = float(text[:-1])
+        unit = _UNITS[text[-1:]]
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{value!r} is not a duration such as 30d, 12h, 90m or 45s"
+                                 ) from None
+    if n < 0:
+        raise click.BadParameter("a duration is not negative")
+    try:
+        return datetime.timedelta(seconds=n * unit)
+    except OverflowError:
+        raise click.BadParameter(f"{value!r} is longer than any date can reach; use at most "
+                                 f"{datetime.timedelta.max.days}d") from None
+
+
+@main.command(epilog=examples("agentwal compact state.awal --keep-last 50",
+                              "agentwal compact state.awal --older-than 30d --run run-42 --vacuum"))
+@store_argument
+@click.option("--keep-last", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep each run's last N checkpoints.")
+@click.option("--older-than", callback=_duration, default=None, metavar="AGE",
+              help="Drop only checkpoints older than AGE (30d, 12h, 90m, 45s).")
+@click.option("--run", "runs", multiple=True, metavar="RUN",
+              help="Compact only this run (repeatable; default: every run).")
+@click.option("--vacuum", is_flag=True, help="Also rewrite the LMDB file so it shrinks.")
+@click.option("--drop-fork-origins", is_flag=True,
+              help="Allow dropping checkpoints that forks started from.")
+@json_option
+@reports_errors
+def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, ...],
+            vacuum: bool, drop_fork_origins: bool, as_json: bool) -> None:
+    """Drop old checkpoints and free the history only they used (store.compact).
+
+    Keeps each run's head, its last N checkpoints (--keep-last) and those
+    younger than AGE (--older-than): a checkpoint either keeps is kept; with
+    neither, nothing is dropped. Checkpoints forks started from are kept
+    unless --drop-fork-origins. --vacuum then rewrites the LMDB file so it
+    shrinks on disk. Prints what was dropped and freed. Opens the store for
+    writing, so it fails with store_locked while an agent has it open (use
+    agentwal.open(..., retain=agentwal.KeepLast(n)) there instead).
+    """
+    with open_rw(path) as store, working("compacting"):
+        rep = store.compact(keep_last=keep_last, older_than=older_than,
+                            runs=list(runs) if runs else None, vacuum=vacuum,
+                            keep_fork_origins=not drop_fork_origins)
+    data = dataclasses.asdict(rep)
+
+    def human() -> None:
+        if rep.runs:
+            table(sorted(rep.runs.items()), ("run", "dropped"))
+        click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {rep.bytes_freed} bytes "
+                   f"of LMDB values freed, {rep.objects_freed} object(s) freed; data.mdb "
+                   f"{rep.file_bytes_before} -> {rep.file_bytes_after} bytes"
+                   + (" (vacuumed)" if rep.vacuumed else ""))
+
+    emit(as_json, data, human)

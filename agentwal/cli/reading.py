@@ -1,0 +1,382 @@
+"""Commands that read a store: inspect, runs, history, show, and wal (the raw log)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import click
+from rich.text import Text
+from rich.tree import Tree
+
+from ..errors import RunNotFoundError
+from ..views import (
+    effect_counts,
+    fork_map,
+    graph_rows,
+    outbox,
+    problems_by_run,
+    to_json,
+)
+from .app import main
+from .common import (
+    age,
+    checkpoint_row,
+    checkpoint_table,
+    clip,
+    console,
+    emit,
+    examples,
+    json_option,
+    open_ro,
+    print_renderable,
+    reports_errors,
+    store_argument,
+    table,
+    usage,
+    when,
+)
+
+_MIB = 1 << 20
+
+
+def size(n: int | None) -> str:
+    """Bytes for a person: 512 B, 60.0 KiB, 3.2 MiB."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@main.command(epilog=examples("agentwal inspect state.awal",
+                              "agentwal inspect state.awal --json | jq .effects"))
+@store_argument
+@click.option("--wal-max-bytes", type=click.IntRange(min=1), default=64 * _MIB,
+              show_default=True, metavar="N",
+              help="The writer's wal_max_bytes: a log over twice this needs attention.")
+@json_option
+@reports_errors
+def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
+    """Summarize a store: what needs attention first, then store, log, snapshot,
+    history, effects and the last recovery.
+
+    Needs attention: effects in doubt or failed, outbox entries not yet
+    dispatched, a write-ahead log over twice --wal-max-bytes (the writer is
+    not folding), a failed fold. Labels are the field names of --json,
+    which prints every raw field. Opens the store read-only, so it works
+    while a writer has it open.
+    """
+    with open_ro(path) as store:
+        st = store.stats()
+        runs = store.runs()
+        entries = store.effects()
+        heads = [h for h in (store.head(r) for r in runs) if h is not None]
+        st["runs"] = len(runs)
+        st["effects"] = effect_counts(entries)
+        st["outbox_pending"] = len(outbox(entries))
+        st["wal_bytes"], st["wal_segments"] = _wal_size(path)
+        st["last_commit_at"] = max((h.created_at for h in heads), default=None)
+    st["attention"] = _attention(path, st, wal_max_bytes)
+    emit(as_json, st, lambda: _inspect_human(st))
+
+
+def _wal_size(path: str) -> tuple[int, int]:
+    """Bytes of records in the log's segments (not their preallocated length), and segments."""
+    from ..format import WAL_DIR
+    from ..io import OsFileSystem
+    from ..wal import list_segments
+
+    segs = list_segments(OsFileSystem(), os.path.join(path, WAL_DIR))
+    return sum(s.scan().end for s in segs if s.header is not None), len(segs)
+
+
+def _attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
+    """What a person should look at, most urgent first, each with the command to run."""
+    out = []
+    eff = st["effects"]
+    if eff["in_doubt"] or eff["failed"]:
+        out.append(f"{eff['in_doubt']} effect(s) in doubt, {eff['failed']} failed: check the "
+                   f"downstream, then `agentwal effects {path} --check` and `agentwal resolve`")
+    if st["outbox_pending"]:
+        out.append(f"{st['outbox_pending']} outbox entr(ies) not yet dispatched: "
+                   f"`agentwal effects {path} --status pending`")
+    if st["wal_bytes"] > 2 * wal_max_bytes:
+        out.append(f"the write-ahead log holds {size(st['wal_bytes'])}, over twice "
+                   f"wal_max_bytes ({size(wal_max_bytes)}): is the writer folding?")
+    for field in ("fold_error", "retention_error"):
+        if st.get(field):
+            out.append(f"the last {field.split('_')[0]} failed: {st[field]}")
+    if st.get("recovery", {}).get("torn_bytes"):
+        out.append(f"opening found {st['recovery']['torn_bytes']} torn bytes at the log's end "
+                   "(a write cut short by a crash; nothing acknowledged was lost)")
+    return out
+
+
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "store": ("path", "store_id", "readonly", "durability", "last_commit_at"),
+    "log": ("visible_lsn", "applied_lsn", "wal_bytes", "wal_segments", "memtable_commits",
+            "memtable_bytes", "segments_removed"),
+    "snapshot": ("lmdb_bytes", "lmdb_page_size", "lmdb_last_page", "state_keys", "folds",
+                 "map_grows"),
+    "history": ("runs", "checkpoints", "deltas", "manifests", "objects", "folded_runs",
+                "retention_passes"),
+    "effects": ("effect_index_entries", "outbox_pending"),
+}
+
+
+def _field(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if name.endswith("_bytes"):
+        return f"{size(value)} ({value:,} bytes)"
+    if name.endswith("_at"):
+        return f"{when(value)} ({age(time.time() - value)} ago)"
+    return str(value)
+
+
+def _inspect_human(st: dict[str, Any]) -> None:
+    attention = st["attention"]
+    if attention:
+        table([("!", a) for a in attention], ("", "needs attention"))
+    else:
+        click.echo("needs attention: nothing")
+    placed = {"attention", "effects", "recovery"}
+    for section, fields in _SECTIONS.items():
+        rows = [(f, _field(f, st[f])) for f in fields if f in st]
+        placed.update(fields)
+        if section == "effects":
+            eff = st["effects"]
+            by_status = ", ".join(f"{n} {s}" for s, n in eff.items() if s != "total" and n)
+            rows.insert(0, ("effects", f"effects: {eff['total']} ledger entries"
+                            + (f" ({by_status})" if by_status else "")))
+        click.echo("")
+        table(rows, (section, ""))
+    rest = [(k, _field(k, v)) for k, v in sorted(st.items()) if k not in placed]
+    if rest:
+        click.echo("")
+        table(rest, ("other", ""))
+    rec = st.get("recovery", {})
+    click.echo("")
+    table([("replayed", f"{rec.get('replayed')} record(s) after LSN {rec.get('applied_lsn')}"),
+           ("torn_bytes", rec.get("torn_bytes")), ("seconds", rec.get("seconds")),
+           ("actions", ", ".join(map(str, rec.get("actions") or [])) or "-")],
+          ("last recovery", ""))
+
+
+@main.command(epilog=examples("agentwal runs state.awal", "agentwal runs state.awal --json"))
+@store_argument
+@json_option
+@reports_errors
+def runs(path: str, as_json: bool) -> None:
+    """List the runs with their head checkpoint, last commit time and effects in doubt."""
+    with open_ro(path) as store:
+        doubt = problems_by_run(store.effects())
+        rows = []
+        for run in store.runs():
+            head = store.head(run)
+            rows.append({"run": run, "head": head.id if head else None,
+                         "lsn": head.lsn if head else None,
+                         "updated": when(head.created_at) if head else None,
+                         "in_doubt_or_failed": doubt.get(run, 0)})
+    emit(as_json, rows, lambda: table(
+        [(r["run"], r["head"], r["lsn"], r["updated"], r["in_doubt_or_failed"]) for r in rows],
+        ("run", "head", "lsn", "updated", "in doubt/failed")))
+
+
+@main.command(epilog=examples("agentwal history state.awal run-42 --limit 20",
+                              "agentwal history state.awal run-42 --graph",
+                              "agentwal history state.awal run-42 --json | jq '.[0].meta'"))
+@store_argument
+@click.argument("run")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="Show at most this many checkpoints (newest first).")
+@click.option("--before", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="Only checkpoints older than checkpoint ID (to page back).")
+@click.option("--graph", is_flag=True,
+              help="Draw the checkpoint tree: forks with their origins, rollbacks, the head.")
+@json_option
+@reports_errors
+def history(path: str, run: str, limit: int | None, before: int | None, graph: bool,
+            as_json: bool) -> None:
+    """List a run's checkpoints, newest first (or draw them as a tree with --graph).
+
+    With --graph each checkpoint is a node on the run's line; a rollback
+    says which checkpoint's state it restored, a checkpoint other runs were
+    forked from lists them, and a fork's first checkpoint names its origin.
+    With --graph --json the rows carry rollback_to, forks and head.
+    """
+    with open_ro(path) as store:
+        hist = store.history(run, limit=limit, before=before)
+        if not hist and run not in store.runs():
+            raise RunNotFoundError(run)
+        if not graph:
+            rows = [checkpoint_row(c) for c in hist]
+            emit(as_json, rows, lambda: checkpoint_table(rows))
+            return
+        head = store.head(run)
+        grows = graph_rows(hist, fork_map(store), run, head.id if head else None)
+    emit(as_json, grows, lambda: _draw_graph(run, grows))
+
+
+def _draw_graph(run: str, rows: list[dict[str, Any]]) -> None:
+    out = console()
+    tree = Tree(Text(f"run {run}", style="bold"), guide_style="dim")
+    for r in rows:
+        label = Text(f"#{r['id']}", style="bold cyan" if r["head"] else "cyan")
+        if r["head"]:
+            label.append("  HEAD", style="bold green")
+        label.append(f"  lsn {r['lsn']}  {r['created']}")
+        if r["rollback_to"] is not None:
+            label.append(f"  rollback to #{r['rollback_to']}", style="yellow")
+        meta = {k: v for k, v in (r["meta"] or {}).items() if k != "rollback_to"} \
+            if isinstance(r["meta"], dict) else r["meta"]
+        if meta:
+            label.append(f"  {clip(to_json(meta), 60)}", style="dim")
+        node = tree.add(label)
+        for f in r["forks"]:
+            node.add(Text(f"fork -> run {f}", style="magenta"))
+        if r["origin"]:
+            node.add(Text(f"forked from run {r['origin'][0]} #{r['origin'][1]}",
+                          style="magenta"))
+    print_renderable(out, tree)
+
+
+@main.command(epilog=examples("agentwal show state.awal run-42",
+                              "agentwal show state.awal run-42 plan --at 7",
+                              "agentwal show state.awal run-42 messages --json | jq length"))
+@store_argument
+@click.argument("run")
+@click.argument("key", required=False)
+@click.option("--key", "keys", multiple=True, help="Show only this key (repeatable).")
+@click.option("--at", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="The state as of checkpoint ID instead of the latest.")
+@json_option
+@reports_errors
+def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | None,
+         as_json: bool) -> None:
+    """Show a run's latest committed state, or its state at a checkpoint (values as JSON).
+
+    With KEY, only that value: plain JSON (the value itself with --json). A
+    KEY or --key the state does not hold is a usage error (exit 2).
+    """
+    with open_ro(path) as store:
+        state = store.state(run, at=at)
+    wanted = ([key] if key is not None else []) + list(keys)
+    missing = [k for k in wanted if k not in state]
+    if missing:
+        where = f"checkpoint {at}" if at else "its latest commit"
+        raise usage(f"run {run!r} has no key {missing[0]!r} at {where}. List its keys with "
+                    f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
+    if key is not None and not keys:
+        value = state[key]
+        emit(as_json, value, lambda: click.echo(to_json(value)))
+        return
+    if wanted:
+        state = {k: state[k] for k in wanted}
+
+    def human() -> None:
+        for k, v in state.items():
+            click.echo(f"{k}: {to_json(v)}")
+
+    emit(as_json, state, human)
+
+
+@main.command(epilog=examples("agentwal wal state.awal --limit 20",
+                              "agentwal wal state.awal --from-lsn 1200 --run run-42 --json"))
+@store_argument
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help="Show at most this many records (oldest first).")
+@click.option("--from-lsn", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Only records with LSN N or later.")
+@click.option("--run", default=None, help="Only records of this run.")
+@json_option
+@reports_errors
+def wal(path: str, limit: int | None, from_lsn: int | None, run: str | None,
+        as_json: bool) -> None:
+    """Dump the records of the write-ahead log (those not yet folded into LMDB, and older).
+
+    Reads the segments directly; changes nothing. A torn tail is reported,
+    damage in the middle of the log exits with status 1. --from-lsn and
+    --run are filters: a run with no records lists none.
+    """
+    rows, notes = _wal_records(path, limit, from_lsn, run)
+
+    def human() -> None:
+        table([(r["lsn"], r["type"], r["segment"], r["offset"], r["run"],
+                 "-" if r["id"] is None else r["id"], r["size"], _wal_what(r)) for r in rows],
+               ("lsn", "type", "segment", "offset", "run", "ckpt", "bytes", "what"))
+        for n in notes:
+            click.echo(n, err=True)
+
+    emit(as_json, {"records": rows, "notes": notes}, human)
+
+
+def _wal_what(r: dict[str, Any]) -> str:
+    """The table's summary of a record: keys written (and outbox), or the effect entry."""
+    if r["type"] == "delete_run":
+        return f"run deleted (its head was checkpoint {r['id']})"
+    if r["type"] == "effect":
+        return clip(f"{r['name']} {r['effect_id']} -> {r['status']} "
+                     f"(attempt {r['attempts']})", 60)
+    what = ",".join(r["keys"])
+    if r["deferred"]:
+        what += f" +outbox {','.join(r['deferred'])}"
+    return clip(what, 60)
+
+
+def _wal_records(path: str, limit: int | None, from_lsn: int | None = None,
+                 run: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Decoded records of every segment (those the filters keep), and notes about torn tails."""
+    from ..errors import CorruptionError
+    from ..format import WAL_DIR
+    from ..io import OsFileSystem
+    from ..wal import list_segments
+
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for seg in list_segments(OsFileSystem(), os.path.join(path, WAL_DIR)):
+        if seg.header is None:
+            raise CorruptionError(seg.path, 0, seg.problem)
+        scan = seg.scan()
+        for f in scan.frames:
+            if limit is not None and len(rows) >= limit:
+                break
+            if from_lsn is not None and f.lsn < from_lsn:
+                continue
+            row = {"lsn": f.lsn, "segment": seg.name, "offset": f.offset,
+                   "size": len(f.payload), "synced_lsn": f.synced_lsn}
+            row.update(_wal_record(seg.path, f))
+            if run is None or row["run"] == run:
+                rows.append(row)
+        if scan.state == "corrupt":
+            raise CorruptionError(seg.path, scan.end, scan.reason)
+        if scan.state == "torn":
+            notes.append(f"{seg.name}: torn tail at offset {scan.end} ({scan.reason})")
+    return rows, notes
+
+
+def _wal_record(seg_path: str, f: Any) -> dict[str, Any]:
+    """The type-specific columns of one frame: a commit, a ledger entry or a deletion."""
+    from ..codec import CodecError
+    from ..errors import CorruptionError
+    from ..local.records import ReplayedDelete, ReplayedEffect, decode_record
+
+    try:
+        r = decode_record(f.lsn, f.type, f.flags, f.payload)
+    except CodecError as exc:
+        raise CorruptionError(seg_path, f.offset, f"record LSN {f.lsn}: {exc}") from None
+    if isinstance(r, ReplayedDelete):
+        return {"type": "delete_run", "run": r.run, "id": r.head, "keys": [], "deferred": []}
+    if isinstance(r, ReplayedEffect):
+        e = r.entry
+        return {"type": "effect", "run": e.run, "id": None, "keys": [],
+                "effect_id": e.effect_id, "name": e.name, "status": e.status,
+                "attempts": e.attempts}
+    return {"type": "commit", "run": r.record.run, "id": r.record.id,
+            "keys": [k if v is not None else f"-{k}" for k, v in r.delta.items()],
+            "deferred": [d[0] for d in r.deferred or []]}

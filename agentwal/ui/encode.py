@@ -1,0 +1,69 @@
+"""Stored values as the page draws them: bounded trees and short previews.
+
+Theory of operation: state is untrusted and may be huge, so nothing is sent
+whole. :func:`tree` turns a value into nested nodes the page renders as a
+collapsible tree: text past :data:`TEXT_CHARS` and containers past
+:data:`ITEMS` entries are cut, each cut node saying its full size; bytes
+show a short preview; a blob reference becomes a link to download it.
+:func:`preview` is one line of JSON, abbreviated the same way. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from ..types import BlobRef
+from ..views import jsonable, to_json
+
+#: Characters of text a node shows before it is cut.
+TEXT_CHARS = 2000
+#: Entries of a list or dict a node shows before it is cut.
+ITEMS = 200
+#: How deep the tree goes before the rest is a preview.
+DEPTH = 12
+#: Bytes of a bytes value shown (as base64).
+BYTES_SHOWN = 48
+
+
+def tree(value: Any, blob_url: str, depth: int = 0) -> dict[str, Any]:
+    """A node for ``value``: ``{"type", ...}`` with sizes wherever something was left out."""
+    if isinstance(value, BlobRef):
+        return {"type": "blob", "sha256": value.sha256, "size": value.size,
+                "media_type": value.media_type, "url": blob_url}
+    if isinstance(value, dict):
+        if depth >= DEPTH:
+            return _cut_preview(value)
+        keys = list(value)
+        return {"type": "dict", "length": len(keys), "truncated": len(keys) > ITEMS,
+                "items": [[str(k), tree(value[k], blob_url, depth + 1)] for k in keys[:ITEMS]]}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if depth >= DEPTH:
+            return _cut_preview(value)
+        items = list(value) if isinstance(value, (list, tuple)) else jsonable(value)
+        return {"type": "list", "length": len(items), "truncated": len(items) > ITEMS,
+                "items": [tree(v, blob_url, depth + 1) for v in items[:ITEMS]]}
+    if isinstance(value, str):
+        return {"type": "str", "value": value[:TEXT_CHARS], "length": len(value),
+                "truncated": len(value) > TEXT_CHARS}
+    if isinstance(value, bytes):
+        return {"type": "bytes", "length": len(value), "truncated": len(value) > BYTES_SHOWN,
+                "base64": base64.b64encode(value[:BYTES_SHOWN]).decode("ascii")}
+    if value is None or isinstance(value, (bool, int, float)):
+        encoded = jsonable(value)
+        return {"type": "null" if value is None else type(value).__name__,
+                "value": encoded if not isinstance(encoded, int) or abs(encoded) < 2**53
+                else str(encoded)}
+    return {"type": "other", "value": str(jsonable(value))[:TEXT_CHARS]}
+
+
+def _cut_preview(value: Any) -> dict[str, Any]:
+    text = to_json(value)
+    return {"type": "preview", "value": text[:TEXT_CHARS], "length": len(text),
+            "truncated": len(text) > TEXT_CHARS}
+
+
+def preview(value: Any) -> dict[str, Any]:
+    """One line of JSON for ``value``: ``{"json": text, "length": n, "truncated": bool}``."""
+    text = to_json(value)
+    return {"json": text[:TEXT_CHARS], "length": len(text), "truncated": len(text) > TEXT_CHARS}

@@ -1,0 +1,228 @@
+"""The CLI as people and scripts use it: one value, the tree, log filters, errors, pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import agentwal
+from agentwal.cli import main
+
+
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click < 8.2
+    except TypeError:
+        return CliRunner()
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of one command; never a traceback."""
+    result = _runner().invoke(main, list(args), env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.stdout + result.stderr
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _interrupted(ctx: agentwal.EffectContext) -> Any:
+    raise KeyboardInterrupt  # no outcome recorded: the intent stays in doubt, as after a crash
+
+
+def in_doubt(path: str, run: str, name: str) -> None:
+    """Leave one at-most-once effect of ``run`` in doubt."""
+    with agentwal.open(path) as s, pytest.raises(KeyboardInterrupt), s.begin(run) as txn:
+        txn.effect(name, _interrupted, mode="at_most_once")
+
+
+@pytest.fixture
+def forked(tmp_path: Path) -> str:
+    """run-a: 5 checkpoints growing ``messages``, a rollback to 2; run-b forked from a#3."""
+    path = str(tmp_path / "f.awal")
+    with agentwal.open(path, durability="none") as s:
+        for i in range(5):
+            with s.begin("run-a") as txn:
+                txn["messages"] = [f"message {j} " + "x" * 2048 for j in range(i + 1)]
+                txn["step"] = i
+                txn["when"] = b"\x00\xff"
+        s.fork("run-a", 3, "run-b")
+        s.rollback_to("run-a", 2)
+    return path
+
+
+def test_show_one_value(forked: str) -> None:
+    code, out, _ = run("show", forked, "run-a", "step")
+    assert code == 0 and out.strip() == "1"  # the rollback restored checkpoint 2's state
+    code, out, _ = run("show", forked, "run-a", "step", "--at", "5", "--json")
+    assert code == 0 and json.loads(out) == 4
+    code, out, _ = run("show", forked, "run-a", "when", "--json")
+    assert json.loads(out) == {"$bytes": "AP8="}
+
+
+def test_show_a_missing_key_is_a_usage_error_naming_the_list_command(forked: str) -> None:
+    code, out, err = run("show", forked, "run-a", "nope")
+    assert code == 2 and out == "" and f"agentwal show {forked} run-a" in err
+    code, out, _ = run("show", forked, "run-a", "nope", "--json")
+    assert code == 2 and json.loads(out)["error"]["code"] == "usage"
+
+
+def test_an_unknown_run_exits_1_with_the_list_command(forked: str) -> None:
+    for args in (["show", forked, "nope"], ["history", forked, "nope"],
+                 ["diff", forked, "nope", "1", "2"]):
+        code, out, err = run(*args)
+        assert out == ""
+        assert code == 1 and "run_not_found" in err and f"agentwal runs {forked}" in err, args
+        assert "store.runs()" not in err  # the library's hint is replaced by the command
+    code, _, err = run("history", forked, "run-a", "--before", "99")
+    assert code == 1 and f"agentwal history {forked} run-a" in err
+
+
+def test_history_graph_shows_forks_rollbacks_and_head(forked: str) -> None:
+    code, out, _ = run("history", forked, "run-a", "--graph")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "run run-a"
+    assert "#6" in lines[1] and "HEAD" in lines[1] and "rollback to #2" in lines[1]
+    three = next(i for i, line in enumerate(lines) if "#3 " in line)
+    assert "fork -> run run-b" in lines[three + 1]
+    code, out, _ = run("history", forked, "run-b", "--graph")
+    assert "forked from run run-a #3" in out
+    code, out, _ = run("history", forked, "run-a", "--graph", "--json")
+    rows = json.loads(out)
+    assert [r["id"] for r in rows] == [6, 5, 4, 3, 2, 1]
+    assert rows[0]["head"] and rows[0]["rollback_to"] == 2
+    assert rows[3]["forks"] == ["run-b"] and not any(r["forks"] for r in rows if r["id"] != 3)
+
+
+def test_wal_filters(forked: str) -> None:
+    code, out, _ = run("wal", forked, "--json")
+    every = json.loads(out)["records"]
+    code, out, _ = run("wal", forked, "--from-lsn", "3", "--json")
+    assert [r["lsn"] for r in json.loads(out)["records"]] == [r["lsn"] for r in every
+                                                             if r["lsn"] >= 3]
+    code, out, _ = run("wal", forked, "--run", "run-b", "--json")
+    assert code == 0 and {r["run"] for r in json.loads(out)["records"]} == {"run-b"}
+
+
+def test_diff_of_a_growing_list_shows_the_appended_item_abbreviated(forked: str) -> None:
+    code, out, _ = run("diff", forked, "run-a", "4", "5")
+    assert code == 0 and "~ messages:" in out and "1 item(s) appended at [4]" in out
+    assert "message 4" in out and "message 0" not in out and "--full shows all" in out
+    assert len(out) < 1500  # not both whole lists
+    code, full, _ = run("diff", forked, "run-a", "4", "5", "--full")
+    assert "x" * 2048 in full and "--full shows all" not in full
+    code, out, _ = run("diff", forked, "run-a", "5", "4")
+    assert "1 item(s) removed at [4]" in out
+
+
+def test_inspect_puts_attention_first(forked: str) -> None:
+    in_doubt(forked, "run-a", "pay")
+    code, out, _ = run("inspect", forked)
+    assert code == 0 and out.splitlines()[0].split() == ["needs", "attention"]
+    assert "1 effect(s) in doubt" in out.splitlines()[2]
+    for section in ("store", "log", "snapshot", "history", "effects", "last recovery"):
+        assert any(line.strip() == section for line in out.splitlines()), section
+    code, out, _ = run("inspect", forked, "--json")
+    data = json.loads(out)
+    assert data["effects"]["in_doubt"] == 1 and data["attention"] and "visible_lsn" in data
+
+
+def test_errors_with_json_are_a_json_document(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = run("verify", str(empty), "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["error"]["code"] == "corruption" and doc["error"]["exit_code"] == 1
+    assert "corruption" in err
+    code, out, _ = run("verify", str(tmp_path / "missing"), "--json")
+    assert code == 2 and json.loads(out)["error"]["code"] == "usage"
+
+
+def test_escaping_tracebacks_are_gone(forked: str, tmp_path: Path) -> None:
+    code, _, err = run("backup", forked, os.path.join(forked, "inside"))
+    assert code == 2 and "inside the store" in err and not os.path.exists(
+        os.path.join(forked, "inside"))
+    code, _, err = run("compact", forked, "--older-than", "10000000000d")
+    assert code == 2 and "--older-than" in err
+
+
+def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "agentwal", *args], capture_output=True,
+                          text=True, timeout=120, env=env, **kw)
+
+
+def test_python_dash_m_is_the_console_script(forked: str) -> None:
+    child = _cli("history", forked, "run-a", "--json")
+    assert child.returncode == 0 and len(json.loads(child.stdout)) == 6
+    assert _cli("--help").stdout.startswith("Usage: agentwal ")
+    bad = _cli("histroy", forked)
+    assert bad.returncode == 2 and "No such command" in bad.stderr
+
+
+def test_a_closed_pipe_is_a_quiet_normal_end(forked: str) -> None:
+    with agentwal.open(forked, durability="none") as s:
+        for i in range(400):
+            with s.begin("run-a") as txn:
+                txn["step"] = i
+    child = subprocess.Popen([sys.executable, "-m", "agentwal", "history", forked, "run-a"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.readline()
+    child.stdout.close()  # like `| head -1`
+    err = child.stderr.read()
+    assert child.wait(timeout=120) == 0 and err == b""
+
+
+def test_no_colour_into_a_pipe_or_with_no_color(forked: str) -> None:
+    child = _cli("history", forked, "run-a", "--graph")
+    assert child.returncode == 0 and "\x1b[" not in child.stdout
+
+
+def test_json_round_trips_values_through_resolve(forked: str) -> None:
+    in_doubt(forked, "run-a", "pay")
+    code, out, _ = run("effects", forked, "--status", "in_doubt", "--json")
+    eid = json.loads(out)[0]["effect_id"]
+    value = {"receipt": {"$bytes": "AAE="}, "n": [1, 2.5, None], "s": "<b>"}
+    code, out, _ = run("resolve", forked, eid, "--result", json.dumps(value), "--json")
+    assert code == 0 and json.loads(out)["result"] == value
+    with agentwal.open(forked, readonly=True) as s:
+        assert next(e for e in s.effects() if e.effect_id == eid).result["receipt"] == b"\x00\x01"
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
+    """What the command prints when its stdout is a terminal (a pseudo-terminal here)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args], stdout=follower,
+                             stderr=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert child.wait(timeout=120) == 0
+    return b"".join(chunks).decode()
+
+
+def test_colour_on_a_terminal_but_never_with_no_color(forked: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm-256color"
+    args = ["history", forked, "run-a", "--graph"]
+    coloured = _on_a_terminal(args, env)
+    assert "\x1b[" in coloured and "HEAD" in coloured
+    plain = _on_a_terminal(args, {**env, "NO_COLOR": "1"})
+    colour_codes = [c for c in ("\x1b[3", "\x1b[9", "\x1b[38;") if c in plain]
+    assert "HEAD" in plain and not colour_codes

@@ -1,0 +1,162 @@
+"""The viewer's JSON API (docs/ui.md), through starlette's test client: no browser needed."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+import agentwal
+from agentwal.cli import main
+from agentwal.cli.ui import is_loopback
+from agentwal.ui import create_app
+from agentwal.ui.encode import ITEMS, TEXT_CHARS, tree
+
+from .stores import HTML, fill
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> str:
+    path = str(tmp_path / "ui.awal")
+    fill(path)
+    return path
+
+
+@pytest.fixture
+def client(filled: str) -> Iterator[TestClient]:
+    with agentwal.open(filled, readonly=True) as store:
+        yield TestClient(create_app(store, filled))
+
+
+def get(client: TestClient, url: str, status: int = 200) -> Any:
+    res = client.get(url)
+    assert res.status_code == status, res.text
+    assert res.headers["content-type"].startswith("application/json")
+    return res.json()
+
+
+def test_store_summary_counts_what_needs_attention(client: TestClient, filled: str) -> None:
+    s = get(client, "/api/store")
+    assert s["path"] == filled and s["runs"] == 2 and s["outbox"] == 1
+    assert s["effects"]["in_doubt"] == 1 and s["effects"]["pending"] == 1
+
+
+def test_runs_list_and_search(client: TestClient) -> None:
+    rows = {r["run"]: r for r in get(client, "/api/runs")}
+    assert rows["run-a"]["head"] == 6 and rows["run-a"]["checkpoints"] == 6
+    assert rows["run-b"]["origin"] == ["run-a", 3] and rows["run-b"]["in_doubt"] == 1
+    assert [r["run"] for r in get(client, "/api/runs?q=B")] == ["run-b"]
+
+
+def test_checkpoint_tree_has_forks_rollbacks_head_and_pages(client: TestClient) -> None:
+    page = get(client, "/api/runs/run-a/checkpoints")
+    rows = {r["id"]: r for r in page["rows"]}
+    assert page["head"] == 6 and rows[6]["head"] and rows[6]["rollback_to"] == 2
+    assert rows[3]["forks"] == ["run-b"] and page["next_before"] is None
+    assert get(client, "/api/runs/run-b/checkpoints")["rows"][-1]["origin"] == ["run-a", 3]
+    older = get(client, "/api/runs/run-a/checkpoints?before=3")
+    assert [r["id"] for r in older["rows"]] == [2, 1]
+
+
+def test_paging_a_long_run(tmp_path: Path) -> None:
+    path = str(tmp_path / "long.awal")
+    with agentwal.open(path, durability="none") as s:
+        for i in range(120):
+            with s.begin("r") as txn:
+                txn["i"] = i
+    with agentwal.open(path, readonly=True) as store:
+        client = TestClient(create_app(store, path))
+        first = get(client, "/api/runs/r/checkpoints")
+        assert len(first["rows"]) == 50 and first["next_before"] == 71
+        second = get(client, f"/api/runs/r/checkpoints?before={first['next_before']}")
+        assert second["rows"][0]["id"] == 70
+
+
+def test_checkpoint_state_is_a_bounded_tree(client: TestClient) -> None:
+    data = get(client, "/api/runs/run-a/checkpoints/5")
+    state = data["state"]
+    assert data["checkpoint"]["id"] == 5 and data["checkpoint"]["meta"] == {"step": 4}
+    assert state["html"] == {"type": "str", "value": HTML, "length": len(HTML),
+                             "truncated": False}
+    assert state["long"]["truncated"] and state["long"]["length"] == 5000
+    assert len(state["long"]["value"]) == TEXT_CHARS
+    assert state["messages"]["type"] == "list" and state["messages"]["length"] == 5
+    blob = get(client, "/api/runs/run-b/checkpoints/2")["state"]["report"]
+    assert blob["type"] == "blob" and blob["media_type"] == "application/pdf"
+    res = client.get(blob["url"])
+    assert res.status_code == 200 and res.content == b"%PDF-1.4 fake"
+    assert res.headers["content-type"].startswith("application/pdf")
+    assert hashlib.sha256(res.content).hexdigest() == blob["sha256"]
+    assert "attachment" in res.headers["content-disposition"]
+
+
+def test_tree_cuts_big_containers_and_says_how_big() -> None:
+    node = tree(list(range(ITEMS + 5)), "")
+    assert node["length"] == ITEMS + 5 and node["truncated"] and len(node["items"]) == ITEMS
+    node = tree({"b": b"\x00" * 100}, "")
+    assert node["items"][0][1] == {"type": "bytes", "length": 100, "truncated": True,
+                                   "base64": "A" * 64}
+
+
+def test_diff_of_a_growing_list_is_the_appended_item(client: TestClient) -> None:
+    d = get(client, "/api/runs/run-a/diff?a=4&b=5")
+    [change] = d["changed"]["messages"]
+    assert change["op"] == "appended" and change["at"] == 4 and change["items_total"] == 1
+    assert "message 4" in change["items"][0]["json"]
+    assert d["changed"]["step"][0]["op"] == "changed"
+
+
+def test_effects_put_problems_first_with_the_resolve_command(client: TestClient,
+                                                             filled: str) -> None:
+    rows = get(client, "/api/effects")
+    assert rows[0]["status"] == "in_doubt" and rows[0]["name"] == "charge-card"
+    assert rows[0]["resolve"].startswith(f"agentwal resolve {filled} {rows[0]['effect_id']} ")
+    assert HTML in rows[0]["args"]["json"]
+    assert [r["status"] for r in get(client, "/api/effects?status=pending")] == ["pending"]
+    assert get(client, "/api/effects?run=run-a") == []
+    [entry] = get(client, "/api/outbox")
+    assert entry["name"] == "send-email"
+
+
+def test_not_found_and_bad_requests(client: TestClient) -> None:
+    assert get(client, "/api/runs/nope/checkpoints", 404)["error"]["code"] == "run_not_found"
+    err = get(client, "/api/runs/run-a/checkpoints/99", 404)["error"]
+    assert err["code"] == "checkpoint_not_found"
+    assert get(client, "/api/runs/run-a/diff?a=x&b=2", 400)["error"]["code"] == "bad_request"
+    assert get(client, "/api/runs/run-a/diff?a=1", 400)["error"]["code"] == "bad_request"
+    assert get(client, "/api/runs/run-a/blob?key=step", 400)["error"]["code"] == "not_a_blob"
+
+
+def test_it_only_reads(client: TestClient) -> None:
+    for url in ("/api/store", "/api/runs", "/api/effects", "/api/runs/run-a/checkpoints"):
+        assert client.post(url).status_code == 405
+        assert client.delete(url).status_code == 405
+
+
+def test_the_page_forbids_inline_script(client: TestClient) -> None:
+    res = client.get("/")
+    assert res.status_code == 200 and "app.js" in res.text
+    assert "script-src 'self'" in res.headers["content-security-policy"]
+    assert client.get("/static/app.js").status_code == 200
+
+
+def test_it_follows_a_writer(filled: str) -> None:
+    with agentwal.open(filled, readonly=True) as store:
+        client = TestClient(create_app(store, filled, refresh_seconds=0))
+        before = get(client, "/api/store")["visible_lsn"]
+        with agentwal.open(filled) as writer, writer.begin("run-new") as txn:
+            txn["x"] = 1
+        assert get(client, "/api/store")["visible_lsn"] > before
+        assert "run-new" in {r["run"] for r in get(client, "/api/runs")}
+
+
+def test_loopback_only_unless_host_is_explicit(filled: str) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1")
+    result = CliRunner().invoke(main, ["ui", filled], env={"AGENTWAL_UI_HOST": "0.0.0.0"})
+    assert result.exit_code == 2 and "not a loopback address" in result.output
