@@ -18,8 +18,6 @@ Example::
 """
 
 from . import errors
-from .backup import BackupReport
-from .blobs import BlobReader
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
     BlobSourceError,
@@ -52,11 +50,13 @@ from .errors import (
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
+from .local.backup import BackupReport
+from .local.blobs import BlobReader
+from .local.verify import Problem, VerifyReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
 from .txn import Savepoint, Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability
-from .verify import Problem, VerifyReport
 
 __version__ = "0.1.0"
 

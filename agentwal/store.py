@@ -67,11 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
-from .backup import BackupReport, Copier, check_destination
-from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
-from .commit import CommitPipeline, Pending
-from .control import create_control, read_control
 from .effects import (
     STATUSES,
     Deferred,
@@ -111,15 +107,19 @@ from .format import (
 )
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .ledger import DispatchReport, Ledger, Request
+from .local.backup import BackupReport, Copier, check_destination
+from .local.blobs import BlobMissing, BlobReader, BlobStore, blob_path
+from .local.commit import CommitPipeline, Pending
+from .local.control import create_control, read_control
+from .local.memtable import Memtable
+from .local.recovery import Plan, ReplayedDelete, ReplayedEffect, recover
 from .local.snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
-from .memtable import Memtable
-from .recovery import Plan, ReplayedDelete, ReplayedEffect, recover
+from .local.verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
+from .local.verify import verify as verify_store
+from .local.wal import Writer
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .txn import Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, check_key
-from .verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
-from .verify import verify as verify_store
-from .wal import Writer
 
 __all__ = ["Store", "open"]
 

@@ -89,7 +89,7 @@ def _wal_size(path: str) -> tuple[int, int]:
     """Bytes of records in the log's segments (not their preallocated length), and segments."""
     from ..format import WAL_DIR
     from ..io import OsFileSystem
-    from ..wal import list_segments
+    from ..local.wal import list_segments
 
     segs = list_segments(OsFileSystem(), os.path.join(path, WAL_DIR))
     return sum(s.scan().end for s in segs if s.header is not None), len(segs)
@@ -335,7 +335,7 @@ def _wal_records(path: str, limit: int | None, from_lsn: int | None = None,
     from ..errors import CorruptionError
     from ..format import WAL_DIR
     from ..io import OsFileSystem
-    from ..wal import list_segments
+    from ..local.wal import list_segments
 
     rows: list[dict[str, Any]] = []
     notes: list[str] = []

@@ -77,8 +77,8 @@ from ..format import (
     WAL_DIR,
     parse_segment_name,
 )
-from ..wal.frame import parse_header
-from ..wal.reader import scan_segment
+from ..local.wal.frame import parse_header
+from ..local.wal.reader import scan_segment
 from .hooks import crash as crash_store
 from .tiers import Result
 from .workload import Oracle, Workload, drive, read_all

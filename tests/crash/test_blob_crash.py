@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import blobs
+from agentwal.local import blobs
 from agentwal.testing import SimulatedCrash, SimulatedDisk
 from agentwal.testing import crash as crash_store
 from tests.helpers import Generated
@@ -46,7 +46,8 @@ CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 import agentwal
-from agentwal import blobs, failpoints
+from agentwal import failpoints
+from agentwal.local import blobs
 from tests.helpers import Generated
 from tests.crash.test_blob_crash import seed, size
 blobs.CHUNK = 64 << 10

@@ -34,9 +34,9 @@ from typing import Any
 import cbor2
 import pytest
 
+from agentwal.local.wal.frame import parse_header
+from agentwal.local.wal.reader import scan_segment
 from agentwal.testing.corrupt import lmdb_pages
-from agentwal.wal.frame import parse_header
-from agentwal.wal.reader import scan_segment
 from tests.stores import U64, Built, Raw, build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -57,10 +57,10 @@ from agentwal.format import (
     WAL_DIR,
     segment_name,
 )
-from agentwal.recovery import plan
+from agentwal.local.recovery import plan
+from agentwal.local.wal.frame import SegmentHeader, encode_frame, encode_header, parse_header
+from agentwal.local.wal.reader import SegmentFile, scan_segment
 from agentwal.testing import crash as crash_store
-from agentwal.wal.frame import SegmentHeader, encode_frame, encode_header, parse_header
-from agentwal.wal.reader import SegmentFile, scan_segment
 
 # -- value strategies ---------------------------------------------------------------
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import blobs, failpoints
-from agentwal.blobs import blob_path
+from agentwal import failpoints
+from agentwal.local import blobs
+from agentwal.local.blobs import blob_path
 from agentwal.testing import SimulatedDisk
 from agentwal.testing import crash as crash_store
 from tests.helpers import Generated

@@ -42,16 +42,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from . import failpoints
-from .codec import CodecError
-from .errors import CorruptionError
-from .format import (
+from .. import failpoints
+from ..codec import CodecError
+from ..errors import CorruptionError
+from ..format import (
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
     TMP_SUFFIX,
 )
-from .io import FileSystem, write_all
-from .local.records import Record, Replayed, ReplayedDelete, ReplayedEffect, decode_record
+from ..io import FileSystem, write_all
+from .records import Record, Replayed, ReplayedDelete, ReplayedEffect, decode_record
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
 

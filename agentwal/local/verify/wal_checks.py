@@ -27,9 +27,9 @@ import contextlib
 import hashlib
 from typing import Any
 
-from ..codec import CodecError, checkpoint_hash
-from ..format import REC_DELETE_RUN, WAL_DIR, parse_segment_name
-from ..local.records import Replayed, ReplayedDelete, decode_delete_run, decode_record
+from ...codec import CodecError, checkpoint_hash
+from ...format import REC_DELETE_RUN, WAL_DIR, parse_segment_name
+from ..records import Replayed, ReplayedDelete, decode_delete_run, decode_record
 from ..wal import scan_segment
 from ..wal.frame import parse_header
 from .report import Problem, WalFile
