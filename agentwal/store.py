@@ -365,6 +365,9 @@ def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lamb
 def _apply_effect(mem: Memtable, lsn: int, entry: EffectRecord, raw: bytes,
                   lookup: Callable[[str], EffectRecord | None]) -> None:
     """Publish one ledger write, keeping the commit mark of the entry it replaces."""
+    if entry.attempts == 1 and entry.status == "in_doubt" and entry.created_at == entry.updated_at:
+        mem.apply_effect(lsn, entry, raw)  # a new entry's first intent: nothing to keep
+        return
     kept = carry_mark(entry, lookup(entry.key))
     mem.apply_effect(lsn, kept, raw if kept is entry else encode_entry(kept))
 
@@ -881,37 +884,39 @@ class Store:
         from those are new positions by design) and ignores retired entries.
         """
         run = txn.run
-        head = self.head(run)
-        if base == 0 or head is None or head.id != base:
-            return None  # a first step; or a stale one, which _effect_claim refuses
-        for cid in self._adopt_walk(run):
-            key0 = self._effect_key_at(run, cid, 0)
-            e0 = self._effect_get(key0) if key0 is not None else None
-            if e0 is None or e0.status == "retired":
-                continue
-            if cid == base or e0.committed_in is not None:
-                return None  # this step's own positions, or a step that committed
-            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                    and not e0.keyed
-                    and e0.key == derive_key(self.store_id, run, cid, name, 0, epoch=epoch))
-            return cid if same else None
-        return None
+        pipe = self._pipe
+        if base == 0 or pipe is None:
+            return None  # a run's first step has no earlier positions
+        with self._lock:
+            head = pipe.heads.get(run) or self._folded_head(run)
+        if head is None or head[0] != base:
+            return None  # a stale step, which _effect_claim refuses
 
-    def _adopt_walk(self, run: str) -> Iterator[int]:
-        """Checkpoint ids from the head back, for ``_effect_adopt``; 0 is a run's start."""
-        last, seen = None, 0
-        page = self.history(run, limit=4)  # the usual walk ends at the parent
-        while page:
-            for c in page:
-                yield c.id
-                if "rollback_to" in c.meta or c.origin is not None:
-                    return
-                last, seen = c.id, seen + 1
-            if seen >= _ADOPT_WALK or last == 1:
-                break
-            page = self.history(run, limit=_ADOPT_WALK - seen, before=last)
-        if last == 1:
-            yield 0  # before the first checkpoint: a first step's positions
+        def find(v: _View) -> int | None:
+            # Checkpoint ids are consecutive (a commit's id is its parent's + 1), so the
+            # steps before this one began at base - 1, base - 2, ...
+            for cid in range(base, max(base - _ADOPT_WALK, 0) - 1, -1):
+                key0 = self._effect_key_in(v, run, cid, 0)
+                e0 = self._effect_get_in(v, key0) if key0 is not None else None
+                if e0 is None or e0.status == "retired":
+                    continue
+                if cid == base or e0.committed_in is not None:
+                    return None  # this step's own positions, or a step that committed
+                same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
+                        and not e0.keyed
+                        and e0.key == derive_key(self.store_id, run, cid, name, 0, epoch=epoch))
+                return cid if same else None
+            return None
+
+        found = self._with_view(find)
+        if found is None:
+            return None
+        # The stretch walked over must not cross a rollback_to (steps re-run from one
+        # are new by design) nor, back to a run's start, a fork's first checkpoint.
+        for c in self.history(run, limit=base - found):
+            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
+                return None
+        return found
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
@@ -2015,18 +2020,19 @@ class Store:
         return self._with_view(lambda v: self._effect_get_in(v, key))
 
     def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        def read(v: _View) -> str | None:
-            for layer in v.layers:
-                found = layer.effect_pos.get((run, checkpoint, ordinal))
-                if found is not None:
-                    return found
-                if layer.masks(run, v.snap):  # older positions belong to a deleted run
-                    return None
-            snap = self._snap
-            assert snap is not None
-            return self._lmdb(v, lambda t: snap.reader(t).effect_key_at(run, checkpoint, ordinal))
+        return self._with_view(lambda v: self._effect_key_in(v, run, checkpoint, ordinal))
 
-        return self._with_view(read)
+    def _effect_key_in(self, v: _View, run: str, checkpoint: int, ordinal: int) -> str | None:
+        """The key recorded at a position, as ``v`` sees the ledger."""
+        for layer in v.layers:
+            found = layer.effect_pos.get((run, checkpoint, ordinal))
+            if found is not None:
+                return found
+            if layer.masks(run, v.snap):  # older positions belong to a deleted run
+                return None
+        snap = self._snap
+        assert snap is not None
+        return self._lmdb(v, lambda t: snap.reader(t).effect_key_at(run, checkpoint, ordinal))
 
     def _effect_write(self, entry: EffectRecord) -> EffectRecord:
         """Log ``entry`` durably; returns it as recorded (decoded from its encoding,
