@@ -54,7 +54,6 @@ import contextlib
 import dataclasses
 import datetime
 import gc
-import hashlib
 import inspect
 import os
 import random
@@ -70,16 +69,12 @@ from . import failpoints
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
 from .effects import (
     STATUSES,
-    Deferred,
     EffectContext,
     EffectMode,
     EffectRecord,
-    carry_mark,
     decode_entry,
     derive_key,
     encode_entry,
-    mark_committed,
-    outbox_entries,
     outstanding,
 )
 from .errors import (
@@ -107,12 +102,13 @@ from .format import (
 )
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .ledger import DispatchReport, Ledger, Request
+from .local.apply import apply_record, epoch_at, from_pending, replay
 from .local.backup import BackupReport, Copier, check_destination
 from .local.blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .local.commit import CommitPipeline, Pending
 from .local.control import create_control, read_control
 from .local.memtable import Memtable
-from .local.recovery import Plan, ReplayedDelete, ReplayedEffect, recover
+from .local.recovery import Plan, recover
 from .local.snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .local.verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
 from .local.verify import verify as verify_store
@@ -317,79 +313,6 @@ def _checkpoint_id(cid: object) -> int:
     return cid
 
 
-def _replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambda _r: 0,
-            folded_effect: Callable[[str], EffectRecord | None] = lambda _k: None,
-            ) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
-    """A memtable holding the replayed records, and each replayed run's head.
-
-    ``folded_effect(key)`` is LMDB's ledger entry for ``key``: a replayed
-    commit marks the entries its effects made (``_mark_committed``), and a
-    replayed ledger write keeps that mark (``carry_mark``), exactly as
-    publishing did live.
-
-    ``folded_epoch(run)`` is the run id's epoch LMDB holds (outbox keys of a
-    replayed commit derive from the epoch the live store had: a deletion
-    replayed before it, else LMDB's).
-    """
-    mem = Memtable()
-    heads: dict[str, tuple[int, bytes]] = {}
-
-    def lookup(key: str) -> EffectRecord | None:
-        found = mem.effects.get(key)
-        return found[0] if found is not None else folded_effect(key)
-
-    for r in plan.records:
-        if isinstance(r, ReplayedEffect):
-            _apply_effect(mem, r.lsn, r.entry, r.raw, lookup)
-            continue
-        if isinstance(r, ReplayedDelete):
-            mem.apply_delete(r.lsn, r.run)
-            heads.pop(r.run, None)
-            continue
-        rec = r.record
-        ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
-                          rec.hash.hex(), rec.origin)
-        mem.apply(r.lsn, ckpt, rec.hash, rec.meta, r.delta, r.lsn,
-                  None if rec.deferred is None else hashlib.sha256(rec.deferred).digest())
-        _mark_committed(mem, r.lsn, rec.id, rec.effects, lookup)
-        if r.deferred:
-            rm = mem.runs[rec.run]
-            epoch = rm.floor(r.lsn) if rm.deleted else 0
-            _add_outbox(mem, store_id, ckpt, r.deferred, epoch or folded_epoch(rec.run))
-        heads[rec.run] = (rec.id, rec.hash)
-    if plan.records and plan.resume is not None:
-        mem.log_pos = (plan.resume[0].first_lsn, plan.resume[2])
-    return mem, heads
-
-
-def _apply_effect(mem: Memtable, lsn: int, entry: EffectRecord, raw: bytes,
-                  lookup: Callable[[str], EffectRecord | None]) -> None:
-    """Publish one ledger write, keeping the commit mark of the entry it replaces."""
-    if entry.attempts == 1 and entry.status == "in_doubt" and entry.created_at == entry.updated_at:
-        mem.apply_effect(lsn, entry, raw)  # a new entry's first intent: nothing to keep
-        return
-    kept = carry_mark(entry, lookup(entry.key))
-    mem.apply_effect(lsn, kept, raw if kept is entry else encode_entry(kept))
-
-
-def _mark_committed(mem: Memtable, lsn: int, checkpoint: int, keys: tuple[str, ...],
-                    lookup: Callable[[str], EffectRecord | None]) -> None:
-    """Mark the entries a commit's effects made as committed in ``checkpoint``."""
-    for key in keys:
-        found = lookup(key)
-        marked = mark_committed(found, checkpoint) if found is not None else None
-        if marked is not None:
-            mem.apply_effect(lsn, marked, encode_entry(marked))
-
-
-def _add_outbox(mem: Memtable, store_id: Any, ckpt: Checkpoint,
-                deferred: list[Deferred], epoch: int = 0) -> None:
-    """Ledger entries for a committed outbox (the commit dropped known business keys)."""
-    for entry in outbox_entries(store_id, ckpt.run, ckpt.id, ckpt.created_at, ckpt.lsn,
-                                deferred, epoch):
-        mem.apply_effect(ckpt.lsn, entry, encode_entry(entry))
-
-
 class Store:
     """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
 
@@ -488,7 +411,7 @@ class Store:
         with _gc_paused():  # replay makes many objects that all live on: skip the scans
             ltxn, applied, plan = self._read_base(wal_dir)
             snap = self._snap
-            mem, heads = _replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run),
+            mem, heads = replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run),
                                  lambda key: snap.reader(ltxn).effect(key))
         ended = None
         with self._lock:
@@ -1025,21 +948,9 @@ class Store:
     def _publish(self, batch: list[Pending], pos: tuple[int, int] | None) -> None:
         """Make a durable batch visible, in LSN order; under ``_lock``."""
         oldest = self._oldest_snapshot()
-        for p in batch:
-            if p.drop is not None:
-                self._active.apply_delete(p.lsn, p.drop)
-            elif p.ckpt is None:
-                assert p.effect is not None
-                _apply_effect(self._active, p.lsn, *p.effect, self._effect_recorded)
-            else:
-                self._active.apply(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, oldest,
-                                   p.outbox_digest)
-                if p.effect_keys:
-                    _mark_committed(self._active, p.lsn, p.ckpt.id, p.effect_keys,
-                                    self._effect_recorded)
-                if p.deferred:
-                    _add_outbox(self._active, self.store_id, p.ckpt, p.deferred,
-                                self._epoch_at(p.ckpt.run, p.lsn))
+        for p in batch:  # the same mapping replay uses (local/apply.py)
+            apply_record(self._active, from_pending(p), store_id=self.store_id, oldest=oldest,
+                         lookup=self._effect_recorded, epoch=self._epoch_at)
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
@@ -1979,20 +1890,17 @@ class Store:
 
     def _view_epoch(self, v: _View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
-        for layer in v.layers:
-            rm = layer.runs.get(run)
-            if rm is not None and rm.deleted and rm.floor(v.snap):
-                return rm.floor(v.snap)
         snap = self._snap
         assert snap is not None
-        return self._lmdb(v, lambda t: snap.reader(t).epoch(run))
+        return epoch_at(v.layers, run, v.snap,
+                        lambda r: self._lmdb(v, lambda t: snap.reader(t).epoch(r)))
 
     def _epoch_at(self, run: str, lsn: int) -> int:
         """The run id's epoch for a commit at ``lsn`` being published; under ``_lock``."""
-        for layer in (self._active, self._frozen):
-            rm = layer.runs.get(run) if layer is not None else None
-            if rm is not None and rm.deleted and rm.floor(lsn):
-                return rm.floor(lsn)
+        return epoch_at((self._active, self._frozen), run, lsn, self._folded_epoch)
+
+    def _folded_epoch(self, run: str) -> int:
+        """LMDB's epoch of run id ``run`` (0: never deleted)."""
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:

@@ -27,7 +27,7 @@ RANK = {
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,
-    "local.recovery": 6, "local.verify": 6, "local.backup": 6,
+    "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
     "store": 7, "local.backend": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
     "snapshot": 8,
