@@ -1,31 +1,18 @@
-"""The backends the conformance suite runs against (today: the embedded engine).
-
-A new backend adds an entry to ``BACKENDS``: a function that opens a fresh,
-empty store in a temporary directory (or database) and returns it as a
-``backend.Backend`` that is also a ``backend.Maintenance``.
-"""
+"""A fixture per backend kind (``kinds.KINDS``) for the Protocol-level conformance suite."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import agentwal
-from agentwal.local.backend import LocalBackend
+from tests.conformance.kinds import KINDS
 
 
-def _local(tmp: Path) -> Any:
-    return LocalBackend(agentwal.open(str(tmp / "store.awal"), durability="none"))
-
-
-BACKENDS: dict[str, Callable[[Path], Any]] = {"local": _local}
-
-
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=sorted(KINDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    b = BACKENDS[request.param](tmp_path)
+    b = KINDS[request.param].open_backend(str(tmp_path))
     yield b
     b.close()
