@@ -62,7 +62,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import failpoints
@@ -102,12 +101,13 @@ from .format import (
 )
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .ledger import DispatchReport, Ledger, Request
-from .local.apply import apply_record, epoch_at, from_pending, replay
+from .local.apply import apply_record, from_pending, replay
 from .local.backup import BackupReport, Copier, check_destination
 from .local.blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .local.commit import CommitPipeline, Pending
 from .local.control import create_control, read_control
 from .local.memtable import Memtable
+from .local.reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .local.recovery import Plan, recover
 from .local.snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
 from .local.verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
@@ -129,29 +129,8 @@ _UNSET: Any = object()
 T = TypeVar("T")
 
 
-@dataclass
-class _Pin:
-    """A read-only store's LMDB read transaction, shared by the views taken on it.
-
-    ``refresh()`` retires it; it ends when its last view is released.
-    """
-
-    txn: Any
-    users: int = 0
-    retired: bool = False
-
-
-@dataclass
-class _View:
-    """A consistent read view: everything with LSN <= ``snap``."""
-
-    snap: int
-    layers: tuple[Memtable, ...]  # newest first
-    ltxn: Any
-    lock: threading.Lock | None  # read-only stores share one LMDB txn
-    pin: _Pin | None = None
-    infos: dict[str, RunInfo | None] = field(default_factory=dict)
-    live: bool = True
+_Pin = Pin  # the old names, used throughout the engine's body below
+_View = View
 
 
 def open(
@@ -539,133 +518,33 @@ class Store:
             self._snap.end_read(ended)
 
     def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
-        if view.lock is None:
-            return fn(view.ltxn)
-        with view.lock:
-            return fn(view.ltxn)
+        return in_txn(view, fn)
+
+    def _reads(self, view: _View) -> LayeredReader:
+        assert self._snap is not None
+        return LayeredReader(self._snap, view)
 
     def _info(self, view: _View, run: str) -> RunInfo | None:
-        """LMDB's record of ``run`` in ``view``; None if none, or if a deletion hides it."""
-        if run not in view.infos:
-            assert self._snap is not None
-            snap = self._snap
-            if any(layer.masks(run, view.snap) for layer in view.layers):
-                view.infos[run] = None
-            else:
-                view.infos[run] = self._lmdb(view, lambda t: snap.reader(t).run_info(run))
-        return view.infos[run]
+        return self._reads(view).info(run)
 
     def _layers(self, view: _View, run: str) -> tuple[Memtable, ...]:
-        """The memtables ``view`` reads ``run`` from, newest first: none below a deletion."""
-        for i, layer in enumerate(view.layers):
-            if layer.masks(run, view.snap):
-                return view.layers[: i + 1]
-        return view.layers
+        return self._reads(view).layers(run)
 
     def _read(self, view: _View, run: str, key: str) -> bytes | None:
-        for layer in view.layers:
-            found, value = layer.lookup(run, key, view.snap)
-            if found:
-                return value
-        info = self._info(view, run)
-        if info is None:
-            return None
-        assert self._snap is not None
-        snap = self._snap
-        return self._lmdb(view, lambda t: snap.reader(t).get(info.number, key))
+        return self._reads(view).value(run, key)
 
     def _items(self, view: _View, run: str, prefix: str) -> dict[str, bytes | None]:
-        out: dict[str, bytes | None] = {}
-        info = self._info(view, run)
-        if info is not None:
-            assert self._snap is not None
-            snap = self._snap
-            out.update(self._lmdb(view, lambda t: snap.reader(t).items(info, prefix)))
-        for layer in reversed(self._layers(view, run)):
-            for key, value in layer.visible(run, view.snap).items():
-                if key.startswith(prefix):
-                    out[key] = value
-        return out
+        return self._reads(view).items(run, prefix)
 
     def _head(self, view: _View, run: str) -> Checkpoint | None:
-        for layer in view.layers:
-            rm = layer.runs.get(run)
-            if rm is not None:
-                found = rm.head(view.snap)
-                if found is not None:
-                    return found
-                if rm.floor(view.snap):  # deleted, and nothing committed since
-                    return None
-        info = self._info(view, run)
-        if info is None:
-            return None
-        assert self._snap is not None
-        snap = self._snap
-        head = self._lmdb(view, lambda t: snap.reader(t).checkpoint(run, info.number, info.head))
-        if head is None:
-            raise CorruptionError(os.path.join(snap.directory, "data.mdb"), None,
-                                  f"run {run!r} names head checkpoint {info.head}, which is "
-                                  "missing")
-        return head
+        return self._reads(view).head(run)
 
     def _check_at(self, view: _View, run: str, cid: int) -> Checkpoint:
-        """The run's head in ``view``, once ``cid`` is known to be one of its checkpoints."""
-        head = self._head(view, run)
-        if head is None:
-            raise RunNotFoundError(run)
-        if not 1 <= cid <= head.id:
-            raise CheckpointNotFoundError(run, cid)
-        info = self._info(view, run)
-        # Compaction leaves LMDB with fewer checkpoints than the head's id.
-        if info is not None and cid < info.head and info.count < info.head:
-            assert self._snap is not None
-            snap = self._snap
-            if not self._lmdb(view, lambda t: snap.reader(t).retained(run, info.number, cid)):
-                raise CheckpointNotFoundError(run, cid)
-        return head
+        return self._reads(view).check_at(run, cid)
 
     def _raw_at(self, view: _View, run: str, cid: int,
                 key: str | None = None) -> dict[str, bytes]:
-        """``{key: value bytes}`` of ``run`` at checkpoint ``cid`` (checked), or of ``key`` only.
-
-        A folded checkpoint older than LMDB's head is rebuilt from history;
-        a newer one is LMDB's head state plus the memtables' deltas up to it.
-        """
-        assert self._snap is not None
-        snap = self._snap
-        info = self._info(view, run)
-        folded = info.head if info is not None else 0
-        if info is not None and cid < folded:
-            return self._lmdb(view, lambda t: snap.reader(t).state_at(run, info, cid, key))
-        out: dict[str, bytes] = {}
-        if info is not None and key is None:
-            got = self._lmdb(view, lambda t: snap.reader(t).items(info, ""))
-            out.update(got)
-        elif info is not None and key is not None:
-            one = self._lmdb(view, lambda t: snap.reader(t).get(info.number, key))
-            if one is not None:
-                out[key] = one
-        for layer in reversed(self._layers(view, run)):  # oldest first
-            rm = layer.runs.get(run)
-            if rm is None:
-                continue
-            # While a fold commits, LMDB may already hold the frozen table's
-            # checkpoints: only those after LMDB's head apply. The active table
-            # may gain a checkpoint (then its delta) meanwhile: not strict.
-            # Checkpoints of a deleted incarnation (before the floor) or of a
-            # later one (after the view) share ids with this one: skip them.
-            floor = rm.floor(view.snap) if rm.deleted else 0
-            for (c, _h, _m), delta in zip(rm.checkpoints, rm.deltas, strict=False):
-                if c.id <= folded or c.id > cid or not floor < c.lsn <= view.snap:
-                    continue
-                for k, value in delta.items():
-                    if key is not None and k != key:
-                        continue
-                    if value is None:
-                        out.pop(k, None)
-                    else:
-                        out[k] = value
-        return out
+        return self._reads(view).state_at(run, cid, key)
 
     def _with_view(self, fn: Callable[[_View], T]) -> T:
         view = self._view()
@@ -1890,10 +1769,7 @@ class Store:
 
     def _view_epoch(self, v: _View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
-        snap = self._snap
-        assert snap is not None
-        return epoch_at(v.layers, run, v.snap,
-                        lambda r: self._lmdb(v, lambda t: snap.reader(t).epoch(r)))
+        return self._reads(v).epoch(run)
 
     def _epoch_at(self, run: str, lsn: int) -> int:
         """The run id's epoch for a commit at ``lsn`` being published; under ``_lock``."""
@@ -1932,15 +1808,7 @@ class Store:
 
     def _effect_key_in(self, v: _View, run: str, checkpoint: int, ordinal: int) -> str | None:
         """The key recorded at a position, as ``v`` sees the ledger."""
-        for layer in v.layers:
-            found = layer.effect_pos.get((run, checkpoint, ordinal))
-            if found is not None:
-                return found
-            if layer.masks(run, v.snap):  # older positions belong to a deleted run
-                return None
-        snap = self._snap
-        assert snap is not None
-        return self._lmdb(v, lambda t: snap.reader(t).effect_key_at(run, checkpoint, ordinal))
+        return self._reads(v).effect_key_at(run, checkpoint, ordinal)
 
     def _effect_write(self, entry: EffectRecord) -> EffectRecord:
         """Log ``entry`` durably; returns it as recorded (decoded from its encoding,

@@ -12,7 +12,7 @@ what the live store did"):
 - a commit (:class:`Commit`) adds its checkpoint and delta; the ledger
   entries its effects made are marked ``committed_in`` it; its outbox
   becomes ledger entries whose keys derive from the run id's epoch at the
-  commit (:func:`epoch_at`: the newest deletion of the run in the tables,
+  commit (``reads.epoch_at``: the newest deletion of the run in the tables,
   else LMDB's);
 - a ledger write keeps the commit mark of the entry it replaces;
 - a deletion is a tombstone.
@@ -24,7 +24,7 @@ the store's ``_lock`` live; replay runs before anything else can read).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -39,10 +39,11 @@ from ..effects import (
 from ..types import Checkpoint
 from .commit import Pending
 from .memtable import Memtable
+from .reads import epoch_at
 from .records import Replayed, ReplayedDelete, ReplayedEffect
 from .recovery import Plan
 
-__all__ = ["Applied", "Commit", "apply_record", "epoch_at", "from_pending", "replay"]
+__all__ = ["Applied", "Commit", "apply_record", "from_pending", "replay"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +84,6 @@ def from_pending(p: Pending) -> Applied:
                   p.effect_keys)
 
 
-def epoch_at(tables: Iterable[Memtable | None], run: str, lsn: int,
-             folded: Callable[[str], int]) -> int:
-    """The run id's epoch for a commit at ``lsn``: its newest deletion in ``tables``
-    (newest table first) at or before ``lsn``, else ``folded(run)`` (LMDB's)."""
-    for mem in tables:
-        rm = mem.runs.get(run) if mem is not None else None
-        if rm is not None and rm.deleted and rm.floor(lsn):
-            return rm.floor(lsn)
-    return folded(run)
-
-
 def apply_record(mem: Memtable, rec: Applied, *, store_id: Any, oldest: int,
                  lookup: Callable[[str], EffectRecord | None],
                  epoch: Callable[[str, int], int]) -> None:
@@ -105,7 +95,7 @@ def apply_record(mem: Memtable, rec: Applied, *, store_id: Any, oldest: int,
         store_id: the store's id (outbox keys derive from it).
         oldest: the oldest snapshot LSN a reader may still read at (version pruning).
         lookup: the newest published ledger entry of a key (tables, then LMDB).
-        epoch: the run id's epoch for a commit at an LSN (:func:`epoch_at`);
+        epoch: the run id's epoch for a commit at an LSN (``reads.epoch_at``);
             called after the commit is applied.
     """
     if isinstance(rec, ReplayedDelete):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import agentwal
-from agentwal.local.apply import epoch_at
 from agentwal.local.memtable import Memtable
+from agentwal.local.reads import epoch_at
 
 
 def dump(mem: Memtable) -> dict[str, Any]:

@@ -25,6 +25,7 @@ RANK = {
     "io": 2,
     "local.control": 3, "local.wal": 3, "local.blobs": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
+    "local.reads": 4,
     "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
