@@ -4,12 +4,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: docs demo example test test-all torture bench bench-compare lint format clean
+.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,langgraph]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,6 +25,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	AGENTWAL_TORTURE_SECONDS=$${AGENTWAL_TORTURE_SECONDS:-60} $(PY) -m pytest tests -p no:cacheprovider
 
+# LangGraph's own checkpointer-parametrised tests (from its sdist) with AgentWALSaver injected
+# as the sync and the async checkpointer; SAVERS=agentwal,sqlite runs SqliteSaver beside it.
+# Downloads the sdist and its test dependencies; takes several minutes, so not part of `test`.
+SAVERS ?= agentwal
+test-langgraph-upstream: $(STAMP)
+	$(PY) tests/langgraph/run_upstream.py --savers $(SAVERS)
+
 # Every fault-injection tier for TORTURE_SECONDS (default 600) in .torture/.
 TORTURE_SECONDS ?= 600
 torture: $(STAMP)
@@ -37,6 +44,9 @@ bench: $(STAMP)
 bench-compare: $(STAMP)
 	$(PY) bench/compare.py
 
+bench-langgraph: $(STAMP)
+	$(PY) bench/langgraph_compare.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agentwal tests bench
 	$(VENV)/bin/mypy agentwal
@@ -46,7 +56,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix agentwal tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal build dist *.egg-info
+	rm -rf $(VENV) .langgraph-upstream .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal build dist *.egg-info
 
 # docs/cli.md's reference part, from each command's --help.
 docs: $(STAMP)

@@ -37,8 +37,10 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     NotABlobError,
+    NotATreeError,
     PathExistsError,
     ReadOnlyError,
+    RestoreError,
     RunExistsError,
     RunNotFoundError,
     StoreBusyError,
@@ -46,7 +48,10 @@ from .errors import (
     StoreLockedError,
     TooManyReadersError,
     TransactionClosedError,
+    TreePathError,
+    TreeSourceError,
     UnencodableValueError,
+    UnsafeTreeError,
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
@@ -55,8 +60,11 @@ from .local.blobs import BlobReader
 from .local.verify import Problem, VerifyReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store, open
+from .tree import GITIGNORE
+from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability
+from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeFile, TreeRef
+from .workspace import Workspace
 
 __version__ = "0.1.0"
 
@@ -112,4 +120,15 @@ __all__ = [
     "PathExistsError",
     "Problem",
     "VerifyReport",
+    "GITIGNORE",
+    "NotATreeError",
+    "RestoreError",
+    "RestoreReport",
+    "TreeDiff",
+    "TreeFile",
+    "TreePathError",
+    "TreeRef",
+    "TreeSourceError",
+    "UnsafeTreeError",
+    "Workspace",
 ]

@@ -48,8 +48,9 @@ from .format import (
     FLAG_ZSTD,
     MAX_CBOR_DEPTH,
     MAX_DECOMPRESSED,
+    TREE_MEDIA_TYPE,
 )
-from .types import BlobRef
+from .types import BlobRef, TreeRef
 
 __all__ = [
     "CodecError",
@@ -148,6 +149,9 @@ def check_value(key: str, value: object) -> None:
                 raise UnencodableValueError(key, "Decimal -0 (its sign would be lost)")
         elif isinstance(obj, bytearray):
             continue
+        elif isinstance(obj, TreeRef):
+            raise UnencodableValueError(key, "a TreeRef is stored only as a whole value, by "
+                                        "txn.put_tree(key, path)")
         elif isinstance(obj, BlobRef):
             raise UnencodableValueError(key, "a BlobRef is stored only as a whole value, by "
                                         "txn.put_blob(key, ref), never with put or inside "
@@ -207,9 +211,11 @@ def loads(data: bytes) -> Any:
 
 
 def decode_value(data: bytes) -> Any:
-    """Decode one stored value (a blob reference as a :class:`~agentwal.types.BlobRef`)."""
+    """Decode one stored value (a blob reference as a :class:`~agentwal.types.BlobRef`,
+    a tree's as a :class:`~agentwal.types.TreeRef`)."""
     if data[:5] == BLOB_REF_PREFIX:
-        return decode_blob_ref(data)
+        ref = decode_blob_ref(data)
+        return TreeRef(ref.sha256, ref.size) if ref.media_type == TREE_MEDIA_TYPE else ref
     return loads(data)
 
 

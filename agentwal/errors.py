@@ -42,6 +42,11 @@ __all__ = [
     "BlobSourceError",
     "NotABlobError",
     "PathExistsError",
+    "NotATreeError",
+    "TreePathError",
+    "TreeSourceError",
+    "UnsafeTreeError",
+    "RestoreError",
 ]
 
 
@@ -425,3 +430,97 @@ class PathExistsError(Error):
         super().__init__(f"{path!r} " + (
             reason or "already exists; nothing was written. Choose a path that does not exist "
             "(or remove it first)."))
+
+
+class TreeSourceError(Error):
+    """``txn.put_tree`` could not read the directory: nothing was committed.
+
+    The directory is missing or is not one, a file cannot be read, or a file
+    kept changing while it was read. The transaction is still active and the
+    key keeps its value.
+
+    Attributes:
+        path: the directory or file.
+        reason: what went wrong.
+    """
+
+    code = "tree_source"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot snapshot {path!r}: {reason}; nothing was committed. "
+                         "Fix the file (or exclude it) and call put_tree again.")
+
+
+class UnsafeTreeError(CorruptionError):
+    """A stored tree holds an entry that could escape its destination: nothing is written for it.
+
+    A name that is empty, ``.``, ``..``, absolute, or holds ``/`` or NUL, or
+    a name listed twice in one directory. Trees ``put_tree`` writes never
+    have one: the tree object was damaged or forged.
+
+    Attributes:
+        path: the entry's path inside the tree, as far as it is known.
+        reason: what is wrong with it.
+    """
+
+    code = "unsafe_tree"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, None, f"unsafe tree entry: {reason}",
+                         "Nothing was written for it. The stored tree was damaged or forged; "
+                         "restore another checkpoint, or the store from a backup.")
+
+
+class NotATreeError(Error, TypeError):
+    """A tree operation on a key whose value was not stored with ``txn.put_tree``."""
+
+    code = "not_a_tree"
+
+    def __init__(self, run: str, key: str, kind: str) -> None:
+        self.run = run
+        self.key = key
+        self.kind = kind
+        super().__init__(f"{run!r}/{key!r} holds a {kind}, not a tree. Tree operations "
+                         "(restore_tree, open_tree_file) read only values stored with "
+                         "txn.put_tree.")
+
+
+class TreePathError(Error, LookupError):
+    """``store.open_tree_file``: the path is not a regular file of the stored tree.
+
+    Attributes:
+        path: the relative path asked for.
+        reason: what it is instead (missing, a directory, a link, malformed).
+    """
+
+    code = "tree_path"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path!r} {reason}. Give the path of a regular file of the tree, "
+                         "relative to its root, with '/' between names.")
+
+
+class RestoreError(Error):
+    """``store.restore_tree`` could not write the destination directory.
+
+    A file or directory could not be created, written, renamed or removed
+    (permissions, a path that is not a directory). Every file already
+    written is whole (old or new content, never a mix); running the restore
+    again, once the cause is fixed, finishes it.
+
+    Attributes:
+        path: the file or directory.
+        reason: what went wrong.
+    """
+
+    code = "restore"
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot restore {path!r}: {reason}. The files written so far are "
+                         "whole; fix the cause and run restore_tree again to finish.")

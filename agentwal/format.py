@@ -107,3 +107,21 @@ BLOB_REF_PREFIX = b"\xda" + BLOB_TAG.to_bytes(4, "big")
 #: Longest media type a blob reference may carry, in UTF-8 bytes.
 MAX_MEDIA_TYPE_BYTES = 255
 
+
+# -- trees (txn.put_tree) ----------------------------------------------------------------
+
+#: Media type of the blob reference a key put with ``txn.put_tree`` holds: the
+#: reference names the tree's *root object* (itself a blob). Reserved: put_blob
+#: refuses it. See docs/format.md, "Trees".
+TREE_MEDIA_TYPE = "application/vnd.agentwal.tree"
+#: First field of a directory object: ``["awtree", TREE_VERSION, entries]``.
+TREE_MAGIC = "awtree"
+#: First field of a root object: ``["awroot", TREE_VERSION, dir sha, dir size,
+#: files, bytes, exclude patterns, gitignore flag]``.
+TREE_ROOT_MAGIC = "awroot"
+#: Version of the tree and root object encodings.
+TREE_VERSION = 1
+#: Entry kinds in a directory object.
+TREE_FILE, TREE_LINK, TREE_DIR = 0, 1, 2
+#: Directory of caches under the store (not state: deleting it only costs time).
+CACHE_DIR = "cache"

@@ -23,21 +23,34 @@ Every record goes through the commit pipeline as a ``REC_EFFECT`` WAL record,
 fsynced whatever the store's durability mode, and is visible once durable.
 The module does no I/O of its own; it talks to the store through
 :class:`_Engine`.
+
+The decisions are one generator (``Ledger._steps``, sans-IO like h11's
+state machine): it yields the operations it needs (read an entry, write
+one, call ``fn``, call ``probe``, sleep before a retry) and is sent their
+results, or has their exceptions thrown in. ``_drive`` runs it in the
+calling thread (``txn.effect``, dispatch); ``_adrive`` runs it for asyncio
+(``txn.aeffect``): reads and writes in executor threads, ``fn``/``probe``
+awaited, ``asyncio.sleep``. Both hold the same per-position and per-key
+locks (``aio.OwnerLock``: a thread or a task is the holder), so a sync and
+an async step meeting one key take turns.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
+import inspect
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from . import failpoints
+from .aio import OwnerLock, discard, off_loop
 from .codec import encode_value, loads
 from .effects import (
     CALL,
@@ -135,6 +148,72 @@ class DispatchReport:
         return not (self.failed or self.in_doubt or self.skipped)
 
 
+class _Read(NamedTuple):
+    """Op: the ledger entry at ``key`` (answer: EffectRecord or None)."""
+
+    key: str
+
+
+class _Write(NamedTuple):
+    """Op: make ``entry`` durable (answer: the entry as recorded)."""
+
+    entry: EffectRecord
+
+
+class _Call(NamedTuple):
+    """Op: call ``fn(ctx)`` (answer: its result; its exception is thrown in)."""
+
+    ctx: EffectContext
+
+
+class _Probe(NamedTuple):
+    """Op: call ``probe(ctx)`` (answer: what it said)."""
+
+    ctx: EffectContext
+
+
+class _Sleep(NamedTuple):
+    """Op: wait ``seconds`` before a retry (answer: None)."""
+
+    seconds: float
+
+
+class _Done(NamedTuple):
+    """Not an op: the driver finished with ``value``."""
+
+    value: Any
+
+
+_Op = _Read | _Write | _Call | _Probe | _Sleep
+_Steps = Generator[_Op, Any, Any]
+
+
+def _resume(steps: _Steps, answer: Any, error: BaseException | None) -> _Op | _Done:
+    """Send ``answer`` (or throw ``error``) into the driver; its next op, or what it returned."""
+    try:
+        return steps.send(answer) if error is None else steps.throw(error)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
+def _refuse_awaitable(value: Any, req: Request, what: str) -> None:
+    """Raise TypeError if a sync ``fn``/``probe`` returned an awaitable (closing a coroutine)."""
+    if not inspect.isawaitable(value):
+        return
+    discard(value)
+    if what == "fn":
+        left = (f"This attempt's intent (key {req.key!r}) stays in doubt, as the function "
+                "that returned it did run: an at_least_once or idempotent exactly_once step "
+                "calls it again through aeffect; otherwise settle it with "
+                "store.resolve_effect.")
+    else:
+        left = "The entry is as it was; nothing was recorded."
+    raise TypeError(
+        f"{what} of effect {req.name!r} returned {type(value).__name__} {value!r}, which "
+        "txn.effect cannot await (a coroutine is closed, so none of it ran). In async code "
+        f"call `await txn.aeffect(...)`. {left}")
+
+
 class _FnFailed(Exception):
     """``fn`` raised ``exc`` (already recorded as ``failed``)."""
 
@@ -161,24 +240,49 @@ class Ledger:
     def __init__(self, engine: _Engine) -> None:
         self._engine = engine
         self._guard = threading.Lock()
-        self._locks: dict[tuple[str, ...], tuple[threading.RLock, int]] = {}
+        self._locks: dict[tuple[str, ...], tuple[OwnerLock, int]] = {}
+
+    def _lock(self, name: tuple[str, ...]) -> OwnerLock:
+        """The lock named ``name`` (a key or a position), counted as used until ``_unlock``."""
+        with self._guard:
+            lock, users = self._locks.get(name, (None, 0))
+            lock = lock or OwnerLock()
+            self._locks[name] = (lock, users + 1)
+        return lock
+
+    def _unlock(self, name: tuple[str, ...]) -> None:
+        with self._guard:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
 
     @contextlib.contextmanager
     def _locked(self, name: tuple[str, ...]) -> Iterator[None]:
-        """Hold the lock named ``name`` (a key or a position); reentrant in one thread."""
-        with self._guard:
-            lock, users = self._locks.get(name, (threading.RLock(), 0))
-            self._locks[name] = (lock, users + 1)
+        """Hold the lock named ``name`` in this thread; reentrant in one thread."""
+        lock = self._lock(name)
         try:
-            with lock:
+            owner = lock.acquire()
+            try:
                 yield
+            finally:
+                lock.release(owner)
         finally:
-            with self._guard:
-                lock, users = self._locks[name]
-                if users == 1:
-                    del self._locks[name]
-                else:
-                    self._locks[name] = (lock, users - 1)
+            self._unlock(name)
+
+    @contextlib.asynccontextmanager
+    async def _alocked(self, name: tuple[str, ...]) -> AsyncIterator[None]:
+        """Hold the lock named ``name`` in this task, waiting without blocking the loop."""
+        lock = self._lock(name)
+        try:
+            owner = await lock.aacquire()
+            try:
+                yield
+            finally:
+                lock.release(owner)
+        finally:
+            self._unlock(name)
 
     # -- running ------------------------------------------------------------------
 
@@ -196,12 +300,31 @@ class Ledger:
         """
         pos = ("pos", req.run, str(req.checkpoint), str(req.ordinal))
         with self._locked(pos), self._locked(("key", req.key)):
-            if req.claim is not None:
-                req.claim()
-            entry = self._engine._effect_get(req.key)
-            if req.ordinal is not None:
-                self._check_position(req)
-            return self._drive(req, entry)
+            return self._drive(req, self._prepare(req))
+
+    async def arun(self, req: Request) -> Any:
+        """:meth:`run` for asyncio code: ``fn`` and ``probe`` may be async, and every
+        ledger read and write runs in an executor thread, so no fsync stalls the loop.
+
+        The locks are the same ones :meth:`run` takes, held by the awaiting
+        task; a task waiting for one does not block the loop.
+
+        Raises:
+            What :meth:`run` raises, and ``CancelledError`` (see ``docs/effects.md``
+            for what a cancelled call leaves in the ledger).
+        """
+        pos = ("pos", req.run, str(req.checkpoint), str(req.ordinal))
+        async with self._alocked(pos), self._alocked(("key", req.key)):
+            return await self._adrive(req, await off_loop(self._prepare, req))
+
+    def _prepare(self, req: Request) -> EffectRecord | None:
+        """Under the locks: claim the position, read the key's entry, check the position."""
+        if req.claim is not None:
+            req.claim()
+        entry = self._engine._effect_get(req.key)
+        if req.ordinal is not None:
+            self._check_position(req)
+        return entry
 
     def _check_position(self, req: Request) -> None:
         assert req.ordinal is not None
@@ -221,7 +344,61 @@ class Ledger:
                 "order, or, if its code changed on purpose, set the recorded effect aside "
                 "with store.retire_effect(effect_id) (`agentwal retire`).")
 
+    # -- the driver: one generator of decisions, two runners (module docstring) --
+    # Whatever a runner sends back, the crash windows, records and errors are
+    # the same: the runners only carry out the ops.
+
     def _drive(self, req: Request, entry: EffectRecord | None) -> Any:
+        """Run ``req`` from ``entry`` in this thread (the sync runner)."""
+        steps = self._steps(req, entry)
+        op = _resume(steps, None, None)
+        while not isinstance(op, _Done):
+            try:
+                if isinstance(op, _Read):
+                    answer: Any = self._engine._effect_get(op.key)
+                elif isinstance(op, _Write):
+                    answer = self._engine._effect_write(op.entry)
+                elif isinstance(op, _Call):
+                    answer = req.fn(op.ctx)
+                elif isinstance(op, _Probe):
+                    assert req.probe is not None
+                    answer = req.probe(op.ctx)
+                else:
+                    time.sleep(op.seconds)
+                    answer = None
+            except BaseException as exc:
+                op = _resume(steps, None, exc)
+            else:
+                op = _resume(steps, answer, None)
+        return op.value
+
+    async def _adrive(self, req: Request, entry: EffectRecord | None) -> Any:
+        """Run ``req`` from ``entry`` for asyncio code (the async runner)."""
+        steps = self._steps(req, entry)
+        op = _resume(steps, None, None)
+        while not isinstance(op, _Done):
+            try:
+                if isinstance(op, _Read):
+                    answer: Any = await off_loop(self._engine._effect_get, op.key)
+                elif isinstance(op, _Write):
+                    answer = await off_loop(self._engine._effect_write, op.entry)
+                elif isinstance(op, (_Call, _Probe)):
+                    call = req.fn if isinstance(op, _Call) else req.probe
+                    assert call is not None
+                    answer = call(op.ctx)
+                    while inspect.isawaitable(answer):
+                        answer = await answer
+                else:
+                    await asyncio.sleep(op.seconds)
+                    answer = None
+            except BaseException as exc:
+                op = _resume(steps, None, exc)
+            else:
+                op = _resume(steps, answer, None)
+        return op.value
+
+    def _steps(self, req: Request, entry: EffectRecord | None) -> _Steps:
+        """The decisions for ``req`` met with ``entry`` (``effects.decide`` step by step)."""
         digest = req.digest
         retries_left = req.retries
         step = decide(entry, name=req.name, digest=digest, mode=req.mode,
@@ -240,7 +417,7 @@ class Ledger:
             if step == NOT_APPLIED_ERR:
                 assert entry is not None
                 if entry.status != "not_applied":
-                    self._engine._effect_write(entry.replace(status="not_applied"))
+                    yield _Write(entry.replace(status="not_applied"))
                 raise EffectNotAppliedError(
                     entry.effect_id, entry.key,
                     f"effect {entry.name!r} ({entry.effect_id}, key {entry.key!r}) was not "
@@ -249,36 +426,38 @@ class Ledger:
                     "result=...).")
             if step == PROBE:
                 assert entry is not None and req.probe is not None
-                answer = req.probe(self._context(req, entry, entry.attempts))
+                answer = yield _Probe(self._context(req, entry, entry.attempts))
+                _refuse_awaitable(answer, req, "probe")
                 step = after_probe(answer, req.mode, req.idempotent)
                 if step == RETURN:
                     encode_value(f"probe result of effect {req.name!r}", answer)
-                    entry = self._engine._effect_write(
-                        entry.replace(status="done", result=answer, error=None))
+                    entry = yield _Write(entry.replace(status="done", result=answer, error=None))
                 continue
             assert step == CALL
             try:
-                return self._call(req, entry, digest)
+                return (yield from self._call(req, entry, digest))
             except _FnFailed as failed:
                 exc = failed.exc
                 if retries_left <= 0 or not isinstance(exc, req.retry_on):
                     raise exc from None
                 retries_left -= 1
-                time.sleep(min(req.backoff * 2 ** (req.retries - retries_left - 1), 30.0))
+                yield _Sleep(min(req.backoff * 2 ** (req.retries - retries_left - 1), 30.0))
                 failpoints.hit("effect_before_retry")
-                entry = self._engine._effect_get(req.key)
+                entry = yield _Read(req.key)
                 step = decide(entry, name=req.name, digest=digest, mode=req.mode,
                               has_probe=req.probe is not None, idempotent=req.idempotent)
 
-    def _call(self, req: Request, entry: EffectRecord | None, digest: str) -> Any:
+    def _call(self, req: Request, entry: EffectRecord | None, digest: str) -> _Steps:
         """One attempt: durable intent, the call, durable outcome.
 
         An exception from ``fn`` comes out wrapped in :class:`_FnFailed` (after
-        it is recorded), so retries never catch the engine's own errors.
+        it is recorded), so retries never catch the engine's own errors. An
+        awaitable returned to the sync runner is refused with no outcome: the
+        intent stays in doubt, as the plain function that made it did run.
         """
         now = time.time()
         if entry is not None and entry.status == "retired":
-            self._archive(entry)
+            yield from self._archive(entry)
             entry = None
         if entry is None:
             entry = EffectRecord(
@@ -289,35 +468,38 @@ class Ledger:
         else:
             entry = entry.replace(status="in_doubt", attempts=entry.attempts + 1)
         failpoints.hit("effect_before_intent")
-        self._engine._effect_write(entry)
+        yield _Write(entry)
         failpoints.hit("effect_after_intent")
         try:
-            result = req.fn(self._context(req, entry, entry.attempts))
+            result = yield _Call(self._context(req, entry, entry.attempts))
         except Exception as exc:
             failpoints.hit("after_effect_call")
-            self._outcome(entry.replace(status="failed", error=_describe(exc)))
+            yield from self._outcome(entry.replace(status="failed", error=_describe(exc)))
             raise _FnFailed(exc) from exc
+        _refuse_awaitable(result, req, "fn")
         failpoints.hit("after_effect_call")
         try:
-            done = self._outcome(entry.replace(status="done", result=result, error=None))
+            done = yield from self._outcome(entry.replace(status="done", result=result,
+                                                          error=None))
         except UnencodableValueError as exc:
             # The call happened; its result cannot be kept. Record that, loudly.
-            self._outcome(entry.replace(status="failed", error=_describe(exc)))
+            yield from self._outcome(entry.replace(status="failed", error=_describe(exc)))
             raise
         failpoints.hit("effect_after_outcome")
         return done.result
 
-    def _archive(self, entry: EffectRecord) -> None:
+    def _archive(self, entry: EffectRecord) -> _Steps:
         """Keep a retired entry under an archive key before its key is reused."""
         akey = archive_key(entry.key, entry.updated_at, entry.attempts)
-        self._engine._effect_write(entry.replace(
+        yield _Write(entry.replace(
             key=akey, effect_id=effect_id_for(akey), ordinal=None, retired_from=entry.key,
             updated_at=entry.updated_at))
 
-    def _outcome(self, entry: EffectRecord) -> EffectRecord:
+    def _outcome(self, entry: EffectRecord) -> Generator[_Op, Any, EffectRecord]:
         """Record the outcome of a call that happened; a store failure leaves it in doubt."""
         try:
-            return self._engine._effect_write(entry)
+            recorded: EffectRecord = yield _Write(entry)
+            return recorded
         except (DiskFullError, DurabilityError, StoreClosedError) as exc:
             raise EffectInDoubtError(
                 entry.effect_id, entry.key,

@@ -36,7 +36,13 @@ Crash windows: see ``recovery.py`` (the log), ``wal/writer.py`` (segments),
 ``snapshot.py`` (LMDB) and ``blobs.py`` (blob files); the store itself keeps
 no state on disk of its own beyond what those write.
 
-*Blobs*: ``txn.put_blob`` writes through :class:`~agentwal.blobs.BlobStore`
+*Trees* (``txn.put_tree``, ``restore_tree``, ``open_tree_file``) are blobs
+too: :class:`~agentwal.treeio.TreeStore` snapshots and restores them, and
+:meth:`Store._blob_refs` expands every tree reference into the objects and
+files it names, so sweeps, verify and backups cover trees with no code of
+their own.
+
+*Blobs*: ``txn.put_blob`` writes through :class:`~agentwal.local.blobs.BlobStore`
 (durable before the commit that names it); ``open_blob`` resolves a key's
 reference in a view and opens the file; ``_sweep_blobs`` removes the files
 no retained state or history references (:meth:`Store._blob_references`),
@@ -49,6 +55,7 @@ read transaction, and for the file swap of a vacuum (a few milliseconds).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -61,10 +68,10 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from . import failpoints
+from . import aio, failpoints
 from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
 from .effects import (
     STATUSES,
@@ -85,11 +92,13 @@ from .errors import (
     Error,
     MissingKeyError,
     NotABlobError,
+    NotATreeError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
     StoreBusyError,
     StoreClosedError,
+    TreePathError,
 )
 from .format import (
     BLOB_REF_PREFIX,
@@ -97,6 +106,7 @@ from .format import (
     DEFAULT_SEGMENT_BYTES,
     MIN_SEGMENT_BYTES,
     SNAPSHOT_DIR,
+    TREE_MEDIA_TYPE,
     WAL_DIR,
 )
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
@@ -114,8 +124,19 @@ from .local.verify import LMDB_FILE, Problem, VerifyReport, check_control, read_
 from .local.verify import verify as verify_store
 from .local.wal import Writer
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
-from .txn import Transaction
-from .types import BlobRef, Checkpoint, Diff, Durability, check_key
+from .tree import exclude_spec, split_relpath
+from .treeio import RestoreReport, TreeStore
+from .txn import Begin, Transaction
+from .types import (
+    BlobRef,
+    Checkpoint,
+    Diff,
+    Durability,
+    TreeDiff,
+    TreeFile,
+    TreeRef,
+    check_key,
+)
 
 __all__ = ["Store", "open"]
 
@@ -264,8 +285,49 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         lock.release()
 
 
+def _tree_blob(value: Any) -> BlobRef | None:
+    """The blob reference of a TreeRef value (None for anything else)."""
+    return BlobRef(value.sha256, value.size, TREE_MEDIA_TYPE) if isinstance(value, TreeRef) \
+        else None
+
+
 #: How many checkpoints back a step looks for an uncommitted attempt of itself.
 _ADOPT_WALK = 32
+
+
+class _StepAttempts:
+    """The bookkeeping of ``transact``/``atransact``: one step's attempts, one at a time."""
+
+    def __init__(self, store: Store, run: str, fn: object, retries: int) -> None:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(txn)")
+        self.store, self.run, self.retries = store, run, retries
+        self.prev: Transaction | None = None
+        self.attempt = 0
+
+    def begin(self) -> Transaction:
+        """The next attempt's transaction, a retry of the last one."""
+        self.attempt += 1
+        return self.store.begin(self.run, retry_of=self.prev)
+
+    def conflicted(self, txn: Transaction, exc: ConflictError) -> float:
+        """``txn`` raised ``exc``: raise it if the retries are spent, else the pause to take."""
+        if txn.state == "active":
+            txn.rollback()
+        if txn.state == "committed" or self.attempt > self.retries:
+            raise exc
+        self.store._counters["retries"] += 1
+        failpoints.hit("step_before_retry")
+        self.prev = txn
+        return random.random() * min(0.001 * 2.0 ** (self.attempt - 1), 0.05)
+
+    @staticmethod
+    def abort(txn: Transaction) -> None:
+        """Any other exception: roll the attempt back (the caller re-raises)."""
+        if txn.state == "active":
+            txn.rollback()
 
 
 def _check_retry_of(store: Store, run: str, prev: object) -> None:
@@ -347,6 +409,7 @@ class Store:
         self._retain_error: BaseException | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
+        self._trees = TreeStore(self._blobs, path, readonly=readonly)
 
     # -- opening --------------------------------------------------------------------
 
@@ -622,7 +685,7 @@ class Store:
                 ``retries`` retries); nothing of any attempt was committed.
             Whatever ``fn`` raised (the attempt is rolled back, not retried).
             ValueError: bad ``retries``. TypeError: ``fn`` is a coroutine
-                function (use ``store.abegin`` and ``txn.aeffect``).
+                function (use ``await store.atransact(run, fn)``).
             And what ``begin`` and ``commit`` raise.
 
         Example::
@@ -636,35 +699,61 @@ class Store:
 
             receipt = store.transact("run-42", step)
         """
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if not callable(fn):
-            raise TypeError("fn must be callable as fn(txn)")
         if inspect.iscoroutinefunction(fn):
             raise TypeError("store.transact runs a synchronous step; for an async step use "
-                            "`async with store.abegin(run) as txn` and `await txn.aeffect(...)`")
-        prev: Transaction | None = None
-        for attempt in range(retries + 1):
-            txn = self.begin(run, retry_of=prev)
+                            "`await store.atransact(run, step)`")
+        steps = _StepAttempts(self, run, fn, retries)
+        while True:
+            txn = steps.begin()
             try:
                 result = fn(txn)
                 if txn.state == "active":
                     txn.commit()
                 return result
-            except ConflictError:
-                if txn.state == "active":
-                    txn.rollback()
-                if txn.state == "committed" or attempt == retries:
-                    raise
-                self._counters["retries"] += 1
-                failpoints.hit("step_before_retry")
-                prev = txn
-                time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
+            except ConflictError as exc:
+                time.sleep(steps.conflicted(txn, exc))
             except BaseException:
-                if txn.state == "active":
-                    txn.rollback()
+                steps.abort(txn)
                 raise
-        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
+                        retries: int = 10) -> T:
+        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``.
+
+        The same contract as ``transact`` (a redone step's effects meet what
+        its first attempt recorded, through ``await txn.aeffect(...)`` or
+        ``txn.effect``); the commit's write and fsync run off the event loop
+        and the pause between attempts is an ``asyncio.sleep``.
+
+        Raises:
+            What ``transact`` raises. TypeError: ``fn`` is not a coroutine
+            function (use ``transact``).
+
+        Example::
+
+            async def step(txn):
+                reply = await txn.aeffect("llm", ask, mode="at_least_once")
+                txn["reply"] = reply
+                return reply
+
+            reply = await store.atransact("run-42", step)
+        """
+        if not inspect.iscoroutinefunction(fn) and not aio.is_async_callable(fn):
+            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
+                            "for a synchronous one use store.transact(run, step)")
+        steps = _StepAttempts(self, run, fn, retries)
+        while True:
+            txn = steps.begin()
+            try:
+                result = await fn(txn)
+                if txn.state == "active":
+                    await txn.acommit()
+                return result
+            except ConflictError as exc:
+                await asyncio.sleep(steps.conflicted(txn, exc))
+            except BaseException:
+                steps.abort(txn)
+                raise
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
@@ -1157,7 +1246,18 @@ class Store:
                 old, new = dec(ra[k], k, ca), dec(rb[k], k, cb)
                 if old != new:  # equal values may encode differently (dict order)
                     changed[k] = (old, new)
-        return Diff(added, removed, changed)
+        return Diff(added, removed, changed, self._tree_diffs(added, removed, changed))
+
+    def _tree_diffs(self, added: dict[str, Any], removed: dict[str, Any],
+                    changed: dict[str, tuple[Any, Any]]) -> dict[str, TreeDiff]:
+        """The file-level diff of each key whose old or new value is a tree."""
+        pairs = {**{k: (None, v) for k, v in added.items()},
+                 **{k: (v, None) for k, v in removed.items()}, **changed}
+        out: dict[str, TreeDiff] = {}
+        for k, (old, new) in sorted(pairs.items()):
+            if isinstance(old, TreeRef) or isinstance(new, TreeRef):
+                out[k] = self._trees.diff(_tree_blob(old), _tree_blob(new))
+        return out
 
     def rollback_to(self, run: str, checkpoint: int) -> Checkpoint:
         """Make a new checkpoint whose state equals the state at ``checkpoint``.
@@ -1510,7 +1610,7 @@ class Store:
             verify: check the content's SHA-256 as it is read to the end.
 
         Returns:
-            A :class:`~agentwal.blobs.BlobReader` (a ``io.RawIOBase``; ``.ref``
+            A :class:`~agentwal.local.blobs.BlobReader` (a ``io.RawIOBase``; ``.ref``
             is the BlobRef); close it, or use it as a context manager.
 
         Raises:
@@ -1528,32 +1628,13 @@ class Store:
             with store.open_blob("train", "weights", at=12) as f:
                 shutil.copyfileobj(f, out)
         """
-        check_key(run, "run id")
-        check_key(key)
-        cid = None if at is None else _checkpoint_id(at)
-
-        def read(v: _View) -> bytes | None:
-            if cid is None:
-                if self._head(v, run) is None:
-                    raise RunNotFoundError(run)
-                return self._read(v, run, key)
-            self._check_at(v, run, cid)
-            return self._raw_at(v, run, cid, key).get(key)
-
-        where = f"{run!r}/{key!r}" + ("" if cid is None else f" at {cid}")
+        where = f"{run!r}/{key!r}" + ("" if at is None else f" at {at}")
         missing: BlobMissing | None = None
         for _attempt in range(2):
-            raw = self._with_view(read)
-            if raw is None:
-                raise MissingKeyError(run, key)
-            if not is_blob_ref(raw):
-                value = decode_stored(raw, self.path, where)
-                raise NotABlobError(run, key, type(value).__name__)
-            try:
-                ref = decode_blob_ref(raw)
-            except CodecError as exc:
-                raise CorruptionError(self.path, None, f"blob reference of {where}: {exc}"
-                                      ) from None
+            raw, ref = self._stored_ref(run, key, at, where)
+            if ref is None or ref.media_type == TREE_MEDIA_TYPE:
+                kind = type(decode_stored(raw, self.path, where)).__name__
+                raise NotABlobError(run, key, kind)
             try:
                 return self._blobs.open(ref, verify=verify)
             except BlobMissing as exc:
@@ -1568,6 +1649,165 @@ class Store:
                 "artifact again.")
         raise CorruptionError(missing.path, None, f"the blob file of {where} is missing", hint)
 
+    def _stored_raw(self, run: str, key: str, at: int | None) -> bytes:
+        """The stored bytes of ``key`` (latest, or at checkpoint ``at``), in one view.
+
+        Raises:
+            RunNotFoundError, CheckpointNotFoundError, MissingKeyError, InvalidKeyError.
+        """
+        check_key(run, "run id")
+        check_key(key)
+        cid = None if at is None else _checkpoint_id(at)
+
+        def read(v: _View) -> bytes | None:
+            if cid is None:
+                if self._head(v, run) is None:
+                    raise RunNotFoundError(run)
+                return self._read(v, run, key)
+            self._check_at(v, run, cid)
+            return self._raw_at(v, run, cid, key).get(key)
+
+        raw = self._with_view(read)
+        if raw is None:
+            raise MissingKeyError(run, key)
+        return raw
+
+    def _stored_ref(self, run: str, key: str, at: int | None, where: str
+                    ) -> tuple[bytes, BlobRef | None]:
+        """The stored bytes of ``key`` and the blob reference they are (trees too), if one."""
+        raw = self._stored_raw(run, key, at)
+        if not is_blob_ref(raw):
+            return raw, None
+        try:
+            return raw, decode_blob_ref(raw)
+        except CodecError as exc:
+            raise CorruptionError(self.path, None, f"blob reference of {where}: {exc}"
+                                  ) from None
+
+    # -- trees ----------------------------------------------------------------------
+
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+                      ) -> tuple[BlobRef, list[str]]:
+        patterns, gitignore = exclude_spec(exclude)
+        pipe = self._writable()
+        if pipe.writer.broken is not None:
+            raise pipe.writer.stopped()
+        old = None
+        if is_blob_ref(base):
+            with contextlib.suppress(CodecError):
+                old = decode_blob_ref(base)
+        try:
+            got = self._trees.snapshot(path, patterns, gitignore, base=old)
+        except DurabilityError as exc:
+            pipe.writer.broken = exc
+            raise
+        return got.ref, got.pins
+
+    def _tree_ref(self, run: str, key: str, at: int | None) -> BlobRef:
+        where = f"{run!r}/{key!r}" + ("" if at is None else f" at {at}")
+        raw, ref = self._stored_ref(run, key, at, where)
+        if ref is None or ref.media_type != TREE_MEDIA_TYPE:
+            raise NotATreeError(run, key, type(decode_stored(raw, self.path, where)).__name__)
+        return ref
+
+    def restore_tree(self, run: str, key: str, dest: str | os.PathLike[str], *,
+                     at: int | None = None) -> RestoreReport:
+        """Make directory ``dest`` exactly the tree ``key`` holds (latest, or at checkpoint ``at``).
+
+        Changed files are written atomically (temp file, fsync, rename) with
+        their permission bits; links are recreated as links; entries the tree
+        lacks are removed, except paths its exclude rules match and the
+        store's own directory. No link on disk is ever followed, and a tree
+        holding a name that could escape ``dest`` is refused before anything
+        is written. A restore interrupted by a crash (or an error) is
+        finished by running it again.
+
+        Args:
+            run: the run id.
+            key: a key whose value was stored with ``txn.put_tree``.
+            dest: the directory to restore into (created if missing).
+            at: a checkpoint id of the run; None restores the latest commit's tree.
+
+        Returns:
+            A :class:`~agentwal.treeio.RestoreReport` (files written, removed, unchanged).
+
+        Raises:
+            RunNotFoundError, CheckpointNotFoundError, MissingKeyError.
+            NotATreeError: the value was not stored with ``put_tree``.
+            UnsafeTreeError: the stored tree could escape ``dest``; nothing written.
+            CorruptionError: a tree object or file is missing or damaged.
+            RestoreError, DiskFullError: ``dest`` cannot be written; run again once fixed.
+            InvalidKeyError, StoreClosedError.
+
+        Example::
+
+            store.restore_tree("agent", "workspace", "repo/", at=12)
+        """
+        self._check_open()
+        return self._trees.restore(self._tree_ref(run, key, at), dest)
+
+    def open_tree_file(self, run: str, key: str, relpath: str, *,
+                       at: int | None = None) -> BlobReader:
+        """A read-only binary stream of one file of the tree ``key`` holds.
+
+        Args:
+            run: the run id.
+            key: a key whose value was stored with ``txn.put_tree``.
+            relpath: the file's path from the tree's root, ``/``-separated.
+            at: a checkpoint id of the run; None reads the latest commit.
+
+        Returns:
+            A :class:`~agentwal.local.blobs.BlobReader`, checked against the file's
+            SHA-256 as it is read to the end.
+
+        Raises:
+            TreePathError: ``relpath`` is not a regular file of the tree.
+            NotATreeError, RunNotFoundError, CheckpointNotFoundError,
+            MissingKeyError, CorruptionError, InvalidKeyError, StoreClosedError.
+
+        Example::
+
+            with store.open_tree_file("agent", "workspace", "src/app.py", at=3) as f:
+                old = f.read().decode()
+        """
+        self._check_open()
+        try:
+            parts = split_relpath(relpath)
+        except ValueError as exc:
+            raise TreePathError(str(relpath), f"is not a path inside a tree ({exc})") from None
+        got = self._trees.open_file(self._tree_ref(run, key, at), parts, relpath)
+        if isinstance(got, str):
+            raise TreePathError(relpath, got)
+        assert isinstance(got, BlobReader)
+        return got
+
+    def list_tree(self, run: str, key: str, *, at: int | None = None) -> list[TreeFile]:
+        """Every file and link of the tree ``key`` holds (latest, or at checkpoint ``at``).
+
+        Returns:
+            :class:`~agentwal.TreeFile` s sorted by path (directories are implied).
+
+        Raises:
+            NotATreeError, RunNotFoundError, CheckpointNotFoundError,
+            MissingKeyError, CorruptionError, InvalidKeyError, StoreClosedError.
+
+        Example::
+
+            for f in store.list_tree("agent", "workspace"):
+                print(f.path, f.size)
+        """
+        self._check_open()
+        return self._trees.files(self._tree_ref(run, key, at))
+
+    def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
+                     exclude: Any) -> TreeDiff:
+        """What differs on disk at ``path`` from the run's latest tree at ``key`` (Workspace)."""
+        try:
+            ref: BlobRef | None = self._tree_ref(run, key, None)
+        except (MissingKeyError, RunNotFoundError):
+            ref = None
+        return self._trees.status(ref, path, *exclude_spec(exclude))
+
     def _blob_references(self) -> set[str]:
         """The SHA-256 of every blob any retained state or checkpoint references.
 
@@ -1579,17 +1819,23 @@ class Store:
         """
         return {ref.sha256 for ref in self._blob_refs()}
 
-    def _blob_refs(self, damaged: list[str] | None = None) -> set[BlobRef]:
+    def _blob_refs(self, problems: list[tuple[str, str]] | None = None,
+                   damaged: list[str] | None = None) -> set[BlobRef]:
         """Every blob reference any retained state or checkpoint holds (for verify and backup).
 
         One view: the memtables' unfolded versions and deltas, and LMDB's
         ``state``, ``delta`` and ``manifest`` databases (whatever retention
-        keeps there). The same hash may come with several media types.
-        With ``damaged``, a damaged LMDB record is described there and
-        skipped (see ``SnapshotReader.inline_values``).
+        keeps there), each tree expanded into its objects and files. The
+        same hash may come with several media types.
+
+        Args:
+            problems: None raises at a damaged tree object; a list collects
+                ``(path, reason)`` of each one and goes on (verify).
+            damaged: if given, a damaged LMDB record is described there and
+                skipped (see ``SnapshotReader.inline_values``; verify).
 
         Raises:
-            CorruptionError: a record or a blob reference is damaged.
+            CorruptionError: a record, a blob reference or a tree object is damaged.
         """
         snap = self._snap
         assert snap is not None
@@ -1612,7 +1858,7 @@ class Store:
                 out.add(decode_blob_ref(raw))
             except CodecError as exc:
                 raise CorruptionError(self.path, None, f"a blob reference: {exc}") from None
-        return out
+        return self._trees.expand(out, problems)
 
     def _sweep_blobs(self, keep: set[str] | frozenset[str] = frozenset()) -> tuple[int, int]:
         """Remove every blob file no retained state or history references.
@@ -1938,8 +2184,9 @@ class Store:
         # at its entry: report each damage once, and check the blobs of the rest.
         in_snapshot = any(p.file == LMDB_FILE for p in problems)
         damaged: list[str] = []
+        trees: list[tuple[str, str]] = []
         try:
-            refs = sorted(self._blob_refs(damaged), key=lambda r: r.sha256)
+            refs = sorted(self._blob_refs(trees, damaged), key=lambda r: r.sha256)
         except CorruptionError as exc:
             if not in_snapshot:
                 problems.append(Problem("blob references", exc.reason, exc.path))
@@ -1951,6 +2198,9 @@ class Store:
         elif damaged:
             notes.append(f"{len(damaged)} damaged record(s) reported above were not "
                          "scanned for blob references")
+        for path, reason in trees:
+            rel = os.path.relpath(path, self.path)
+            problems.append(Problem(rel, reason, rel))
         for ref in refs:
             rel = os.path.relpath(blob_path(self._blobs.root, ref.sha256), self.path)
             try:
@@ -2123,3 +2373,30 @@ class Store:
         state = "closed" if self._closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
+    # -- asyncio (agentwal/aio.py) -----------------------------------------------------
+
+    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
+        """:meth:`begin` for asyncio code; use as ``async with store.abegin(run) as txn:``.
+
+        Takes the arguments of :meth:`begin` (``retry_of=`` positions a retried
+        step's effects where its first attempt's were). A clean exit commits
+        with ``await txn.acommit()`` (validation, write and fsync off the
+        event loop); an exception rolls back and propagates.
+        ``txn = await store.abegin(run)`` gives the transaction, to finish by
+        hand or with ``async with txn:``. Beginning takes no I/O (a snapshot
+        of memory and an LMDB read transaction), nor do ``txn.get`` and the
+        other reads, so they stay synchronous.
+
+        Raises:
+            What :meth:`begin` raises, at the call.
+
+        Example::
+
+            async with store.abegin("run-42") as txn:
+                txn["step"] = txn.get("step", 0) + 1
+        """
+        return Begin(self.begin(run, retry_of=retry_of))
+
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
+        self._check_open()
+        return await self._ledger.arun(req)

@@ -18,7 +18,10 @@ the life of the process when a commit fails with an unknown outcome.
 A finished transaction is dead: every method raises
 :class:`TransactionClosedError`. As a context manager, a clean exit commits
 and an exception rolls back and propagates. A transaction is used by one
-thread; the store it came from may be shared by many.
+thread (or one asyncio task); the store it came from may be shared by many.
+For asyncio code, ``acommit`` runs ``commit`` in the loop's default executor
+(``async with txn:`` uses it) and ``aeffect`` runs an effect whose ledger
+writes happen there too (``aio.py``, ``Ledger.arun``); reads stay synchronous.
 
 Effect positions: the n-th ``effect`` of a transaction is positioned at its
 base checkpoint (the run's head at ``begin``), or, for a retry of a step
@@ -35,9 +38,11 @@ so the next step starts from new positions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .aio import is_async_callable, off_loop
 from .codec import decode_stored, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
@@ -50,13 +55,14 @@ from .errors import (
     TransactionClosedError,
     UnencodableValueError,
 )
+from .format import TREE_MEDIA_TYPE
 from .ledger import Request
-from .types import BlobRef, Checkpoint, check_key, check_media_type
+from .types import BlobRef, Checkpoint, TreeRef, check_key, check_media_type
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["Savepoint", "Transaction"]
+__all__ = ["Begin", "Savepoint", "Transaction"]
 
 _MISSING: Any = object()
 #: What a failed commit raises when it certainly applied nothing (its blobs may be unpinned).
@@ -79,8 +85,12 @@ class _Engine(Protocol):
     def _effect_claim(self, txn: Transaction, base: int) -> None: ...
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None: ...
+    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any: ...
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
+
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+                      ) -> tuple[BlobRef, list[str]]: ...
 
 
 def _check_mode(mode: object) -> EffectMode:
@@ -346,10 +356,62 @@ class Transaction:
         check_key(key)
         if media_type is not None:
             check_media_type(media_type)
+        if TREE_MEDIA_TYPE in (media_type, getattr(source, "media_type", None)):
+            raise ValueError(f"media_type {TREE_MEDIA_TYPE!r} is reserved for trees; store a "
+                             "directory with put_tree")
         ref = self._engine._txn_put_blob(self, source, media_type)
         self._blob_pins.append(ref.sha256)
         self._writes[key] = encode_blob_ref(ref)
         return ref
+
+    def put_tree(self, key: str, path: str | os.PathLike[str], *, exclude: Any = None
+                 ) -> TreeRef:
+        """Snapshot the directory tree at ``path`` and set ``key`` to its :class:`TreeRef`.
+
+        Regular files (with their permission bits), symbolic links (as
+        links) and directories, empty ones too, are stored through the blob
+        store: each file's content once, each directory as a small
+        content-addressed object, so an unchanged file or subdirectory adds
+        nothing. A file whose size, mtime, ctime and inode match the store's
+        stat cache is not read again. A file that changes while it is read is
+        read again (:class:`~agentwal.errors.TreeSourceError` after three
+        tries). Everything is durable when this returns; the reference
+        commits with the transaction. The store's own directory, if inside
+        ``path``, is skipped. Sockets, FIFOs and devices are skipped.
+
+        Args:
+            key: the key.
+            path: the directory.
+            exclude: gitignore-style patterns (a str or a list of them),
+                relative to ``path``; :data:`agentwal.GITIGNORE` (alone or in
+                the list) also honours the ``.gitignore`` files in the tree
+                and skips ``.git``. A restore leaves the same paths alone.
+
+        Returns:
+            The reference now buffered for ``key``.
+
+        Raises:
+            InvalidKeyError: a bad key. TypeError: a bad ``exclude``.
+            TreeSourceError: ``path`` is not a directory, or a file cannot be
+                read or kept changing; nothing is committed.
+            DiskFullError, DurabilityError, ReadOnlyError, TransactionClosedError:
+                as for :meth:`put_blob`.
+            Whatever is raised, ``key`` keeps its value and the transaction
+            stays usable (except after DurabilityError).
+
+        Example::
+
+            with store.begin("agent") as txn:
+                txn.put_tree("workspace", "repo/", exclude=agentwal.GITIGNORE)
+        """
+        self._check()
+        check_key(key)
+        # The key's value now (committed, or put earlier in this transaction): files of
+        # that tree need no pin (a commit that replaced it would make this one conflict).
+        ref, pins = self._engine._txn_put_tree(self, path, exclude, self._raw(key))
+        self._blob_pins.extend(pins)
+        self._writes[key] = encode_blob_ref(ref)
+        return TreeRef(ref.sha256, ref.size)
 
     def __delitem__(self, key: str) -> None:
         self._check()
@@ -416,6 +478,18 @@ class Transaction:
             receipt = txn.effect("charge-card", charge, mode="exactly_once",
                                  args={"amount": 4900}, idempotent=True)
         """
+        req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
+                                   idempotent=idempotent, retries=retries, retry_on=retry_on,
+                                   backoff=backoff, allow_async=False)
+        with self._recording(req):
+            return self._engine._txn_effect(self, req)
+
+    def _effect_request(self, name: str, fn: Callable[[EffectContext], Any], *,
+                        mode: EffectMode | str, args: Any, key: str | None,
+                        probe: Callable[[EffectContext], Any] | None, idempotent: bool,
+                        retries: int, retry_on: tuple[type[BaseException], ...],
+                        backoff: float, allow_async: bool) -> Request:
+        """Check the arguments of ``effect``/``aeffect`` and take the next position."""
         self._check()
         req_mode = _check_mode(mode)
         check_key(name, "effect name")
@@ -423,6 +497,13 @@ class Transaction:
             raise TypeError("fn must be callable as fn(ctx)")
         if probe is not None and not callable(probe):
             raise TypeError("probe must be callable as probe(ctx)")
+        if not allow_async:
+            for what, f in (("fn", fn), ("probe", probe)):
+                if is_async_callable(f):
+                    raise TypeError(
+                        f"{what} of effect {name!r} is async ({f!r}); txn.effect calls it "
+                        "synchronously and could not await it. In async code use "
+                        "`await txn.aeffect(...)`. Nothing was recorded.")
         if req_mode is EffectMode.EXACTLY_ONCE and probe is None and not idempotent:
             raise ValueError("exactly_once needs probe= (to ask the downstream whether an "
                              "attempt in doubt was applied) or idempotent=True (the downstream "
@@ -457,8 +538,13 @@ class Transaction:
                       bool(idempotent), retries, tuple(retry_on), float(backoff), keyed)
         if not keyed:  # a business key is shared on purpose; a position is one step's
             req.claim = lambda: self._engine._effect_claim(self, base)
+        return req
+
+    @contextlib.contextmanager
+    def _recording(self, req: Request) -> Iterator[None]:
+        """Around running ``req``: note its key as this step's, or give the anchor back."""
         try:
-            result = self._engine._txn_effect(self, req)
+            yield
         except (EffectDivergenceError, ConflictError):
             # Refused before anything of this step was recorded at the key; a step
             # that recorded nothing yet has no positions to hand to its retry.
@@ -466,10 +552,9 @@ class Transaction:
                 self._anchor, self._adopted = None, False
             raise
         except BaseException:
-            self._made(name, key)
+            self._made(req.name, req.key)
             raise
-        self._made(name, key)
-        return result
+        self._made(req.name, req.key)
 
     @property
     def _inherited(self) -> bool:
@@ -529,6 +614,79 @@ class Transaction:
     def __repr__(self) -> str:
         return f"<agentwal.Transaction run={self.run!r} {self._state} writes={len(self._writes)}>"
 
+    # -- asyncio ---------------------------------------------------------------------
+
+    async def aeffect(self, name: str, fn: Callable[[EffectContext], Any], *,
+                      mode: EffectMode | str, args: Any = None, key: str | None = None,
+                      probe: Callable[[EffectContext], Any] | None = None,
+                      idempotent: bool = False, retries: int = 0,
+                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
+                                                                   TimeoutError),
+                      backoff: float = 0.1) -> Any:
+        """:meth:`effect` for asyncio code: ``fn`` and ``probe`` may be ``async def``.
+
+        Same arguments, positions, keys, records and errors as :meth:`effect`
+        (a sync and an async step meeting the same position see the same
+        entry). ``fn(ctx)`` and ``probe(ctx)`` are called on the event loop
+        and awaited when they return an awaitable; every ledger read and
+        write (intent, outcome, probe result) runs in the loop's default
+        executor, so its fsync never stalls other tasks; retries wait with
+        ``asyncio.sleep``. The arguments are checked before anything is
+        recorded, as for :meth:`effect`.
+
+        Cancelling the awaiting task while ``fn`` runs leaves the intent
+        without an outcome: the entry is ``in_doubt``, exactly as if the
+        process had died during the call, and the next attempt follows its
+        mode's rule. A cancellation that arrives during a ledger write takes
+        effect once that write has finished.
+
+        Raises:
+            What :meth:`effect` raises, and ``asyncio.CancelledError``.
+
+        Example::
+
+            async with store.abegin("run-42") as txn:
+                answer = await txn.aeffect("llm-call", ask_model, mode="at_least_once",
+                                           args={"prompt": prompt})
+                txn["answer"] = answer
+        """
+        # On the loop, before the first await: effects started together (asyncio.gather)
+        # take their positions in the order they were started, the same on every re-run.
+        # (A step's first effect reads a few ledger positions here: memory and LMDB reads.)
+        req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
+                                   idempotent=idempotent, retries=retries, retry_on=retry_on,
+                                   backoff=backoff, allow_async=True)
+        with self._recording(req):
+            return await self._engine._txn_aeffect(self, req)
+
+    async def acommit(self) -> Checkpoint | None:
+        """:meth:`commit` for asyncio code: validation, write and fsync run off the loop.
+
+        The whole commit runs in the loop's default executor; concurrent
+        ``acommit`` calls share fsyncs (group commit) like threads do. A
+        cancellation of the awaiting task takes effect once the commit has
+        finished one way or the other: ``state`` and ``checkpoint`` then say
+        which.
+
+        Raises:
+            What :meth:`commit` raises, and ``asyncio.CancelledError``.
+        """
+        self._check()
+        return await off_loop(self.commit)
+
+    async def __aenter__(self) -> Transaction:
+        return self.__enter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        """Like ``__exit__``, committing with :meth:`acommit` (``async with txn:``)."""
+        if self._state != "active":
+            return
+        if et is None:
+            await self.acommit()
+        else:
+            self.rollback()
+
 
 def _conflict_reason(exc: ConflictError) -> str | None:
     """``exc``'s own message without its run prefix, to re-raise it with more said."""
@@ -537,3 +695,31 @@ def _conflict_reason(exc: ConflictError) -> str | None:
     text = str(exc)
     prefix = f"run {exc.run!r}: "
     return text[len(prefix):] if text.startswith(prefix) else text
+
+
+class Begin:
+    """A transaction begun for asyncio code (``store.abegin``).
+
+    ``async with store.abegin(run) as txn:`` commits with ``await
+    txn.acommit()`` on a clean exit and rolls back on an exception;
+    ``txn = await store.abegin(run)`` gives the transaction itself (which
+    ``async with txn:`` finishes the same way).
+    """
+
+    __slots__ = ("_txn",)
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    def __await__(self) -> Generator[Any, None, Transaction]:
+        return self._ready().__await__()
+
+    async def _ready(self) -> Transaction:
+        return self._txn
+
+    async def __aenter__(self) -> Transaction:
+        return await self._txn.__aenter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._txn.__aexit__(et, ev, tb)

@@ -3,7 +3,8 @@
 Theory of operation: nothing here does I/O or holds locks. ``Checkpoint`` is
 what the public API returns for a commit; ``Durability`` names the three
 acknowledgement policies; ``check_key`` is the one place key rules live. ``BlobRef`` is what a key
-put with ``txn.put_blob`` reads back as.
+put with ``txn.put_blob`` reads back as, ``TreeRef`` one put with ``txn.put_tree``; ``TreeDiff``
+is the file-level change between two trees.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .errors import InvalidKeyError
 from .format import MAX_MEDIA_TYPE_BYTES
 
 __all__ = ["MAX_KEY_BYTES", "Checkpoint", "Diff", "Durability", "check_key", "BlobRef",
-           "check_media_type"]
+           "TreeDiff", "TreeFile", "TreeRef", "check_media_type"]
 
 #: Longest key or run id, in UTF-8 bytes.
 MAX_KEY_BYTES = 400
@@ -79,11 +80,15 @@ class Diff:
         added: keys present at ``b`` but not at ``a``, with their value at ``b``.
         removed: keys present at ``a`` but not at ``b``, with their value at ``a``.
         changed: keys present at both with different values: ``(value at a, value at b)``.
+        trees: file-level changes of the keys above that hold trees.
     """
 
     added: dict[str, Any]
     removed: dict[str, Any]
     changed: dict[str, tuple[Any, Any]]
+    #: For each key above whose value is a tree (at ``a``, at ``b`` or both):
+    #: the file-level :class:`TreeDiff` from its old tree (or none) to its new one.
+    trees: dict[str, TreeDiff] = field(default_factory=dict, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.changed)
@@ -154,3 +159,71 @@ def check_media_type(media_type: object) -> str:
     if n > MAX_MEDIA_TYPE_BYTES:
         raise ValueError(f"media_type is {n} UTF-8 bytes, over {MAX_MEDIA_TYPE_BYTES}")
     return media_type
+
+
+@dataclass(frozen=True, slots=True)
+class TreeRef:
+    """A directory tree stored with ``txn.put_tree``: what reading its key returns.
+
+    The tree is content-addressed: ``sha256`` names its root object (a small
+    blob listing the top directory's object, the file count and the exclude
+    patterns), which names the directory objects, which name the files'
+    blobs. Equal trees have equal refs. Restore it with
+    ``store.restore_tree(run, key, dest)``; read one file with
+    ``store.open_tree_file(run, key, relpath)``.
+
+    Attributes:
+        sha256: the SHA-256 of the root object, 64 lowercase hex digits.
+        size: the root object's length in bytes (not the tree's).
+
+    Example::
+
+        ref = store.get("run-42", "workspace")   # TreeRef(sha256='3a7b...', size=97)
+    """
+
+    sha256: str
+    size: int
+
+    def __post_init__(self) -> None:
+        BlobRef(self.sha256, self.size)  # the same checks
+
+
+@dataclass(frozen=True, slots=True)
+class TreeDiff:
+    """File-level changes from one tree to another (paths relative to the root, ``/``-separated).
+
+    Attributes:
+        added: paths only in the new tree, with their size (a link's size is
+            its target's length).
+        removed: paths only in the old tree, with their size.
+        modified: paths in both whose content, mode or kind differs:
+            ``(old size, new size)``.
+    """
+
+    added: dict[str, int]
+    removed: dict[str, int]
+    modified: dict[str, tuple[int, int]]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.modified)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFile:
+    """One file or link of a stored tree (``store.list_tree``).
+
+    Attributes:
+        path: its path from the tree's root, ``/``-separated.
+        kind: ``"file"`` or ``"link"``.
+        mode: a file's permission bits (``0o644``); 0 for a link.
+        size: a file's length, or a link target's.
+        sha256: a file's content hash (hex); "" for a link.
+        target: a link's target; "" for a file.
+    """
+
+    path: str
+    kind: str
+    mode: int
+    size: int
+    sha256: str = ""
+    target: str = ""

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .effects import STATUSES, outstanding
-from .types import BlobRef
+from .types import BlobRef, TreeFile, TreeRef
 
 #: Ledger statuses a person must look at: listed first, and counted as attention items.
 PROBLEM_STATUSES = ("in_doubt", "failed")
@@ -31,7 +31,8 @@ def jsonable(value: Any) -> Any:
     """A JSON-friendly copy of a stored value.
 
     ``bytes`` become ``{"$bytes": "<base64>"}``, a blob reference
-    ``{"$blob": {"sha256", "size", "media_type"}}``, datetimes ISO 8601 text,
+    ``{"$blob": {"sha256", "size", "media_type"}}``, a tree reference
+    ``{"$tree": sha256}``, datetimes ISO 8601 text,
     ``Decimal`` and ``UUID`` text, sets sorted lists, NaN and infinities text.
     """
     if isinstance(value, dict):
@@ -45,6 +46,8 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, BlobRef):
         return {"$blob": {"sha256": value.sha256, "size": value.size,
                           "media_type": value.media_type}}
+    if isinstance(value, TreeRef):
+        return {"$tree": value.sha256}
     if isinstance(value, (datetime.datetime, datetime.date)):
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, uuid.UUID)):
@@ -220,3 +223,20 @@ def abbreviate(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit:,} more characters; --full shows all)"
+
+
+def tree_file_row(f: TreeFile) -> dict[str, Any]:
+    """One file or link of a stored tree (``store.list_tree``) as JSON."""
+    out: dict[str, Any] = {"path": f.path, "kind": f.kind, "size": f.size}
+    if f.kind == "file":
+        out.update(mode=f"{f.mode:04o}", sha256=f.sha256)
+    else:
+        out["target"] = f.target
+    return out
+
+
+def tree_file_line(f: TreeFile) -> str:
+    """One file or link of a stored tree, for people: mode (or "link"), path, size or target."""
+    if f.kind == "link":
+        return f"link {f.path}  -> {f.target}"
+    return f"{f.mode:04o} {f.path}  {f.size} B"

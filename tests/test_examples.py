@@ -40,3 +40,15 @@ def test_effects_agent_cleans_up_its_temporary_directory() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     store = done.stdout.split("store ", 1)[1].split(",", 1)[0]
     assert not Path(store).exists()
+
+
+def test_coding_agent_rolls_files_back_with_its_state(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLES / "coding_agent.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "rolled back to 2: calc.py says 'return a - b', 1 message(s)" in out
+    assert "tests pass: True; the original still fails: True" in out
+    assert (tmp_path / "repo" / "calc.py").read_text().endswith("return a - b\n")
+    assert (tmp_path / "repo-2" / "calc.py").read_text().endswith("return a + b\n")
+    assert "store verified" in out

@@ -1,11 +1,13 @@
-"""Commands over a run's history: diff, rollback, fork."""
+"""Commands over a run's history: diff, rollback, fork, restore."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
 
+from ..types import TreeRef
 from ..views import abbreviate, effect_row, to_json, value_changes
 from .app import main
 from .common import (
@@ -52,6 +54,10 @@ def diff(path: str, run: str, a: int, b: int, full: bool, as_json: bool) -> None
         d = store.diff(run, a, b)
     data = {"added": d.added, "removed": d.removed,
             "changed": {k: {"from": old, "to": new} for k, (old, new) in d.changed.items()}}
+    if d.trees:  # only then, so diffs of plain values read as before
+        data["trees"] = {k: {"added": t.added, "removed": t.removed,
+                             "modified": {p: {"from": o, "to": n} for p, (o, n)
+                                          in t.modified.items()}} for k, t in d.trees.items()}
     limit = None if full else _VALUE_CHARS
 
     def human() -> None:
@@ -60,6 +66,9 @@ def diff(path: str, run: str, a: int, b: int, full: bool, as_json: bool) -> None
         for k, v in d.removed.items():
             click.echo(f"- {k}: {_js(v, limit)}")
         for k, (old, new) in d.changed.items():
+            if isinstance(old, TreeRef) or isinstance(new, TreeRef):
+                click.echo(f"~ {k}: {_tree(old)} -> {_tree(new)}")
+                continue
             changes = list(value_changes(old, new))
             if len(changes) == 1 and changes[0]["op"] == "changed" and not changes[0]["path"]:
                 click.echo(f"~ {k}: {_js(old, limit)} -> {_js(new, limit)}")
@@ -68,10 +77,23 @@ def diff(path: str, run: str, a: int, b: int, full: bool, as_json: bool) -> None
             for c in changes:
                 for line in _change_lines(c, limit):
                     click.echo(f"    {line}")
+        for k, t in d.trees.items():
+            click.echo(f"files of {k}: {len(t.added)} added, {len(t.removed)} removed, "
+                       f"{len(t.modified)} modified")
+            for p, size in t.added.items():
+                click.echo(f"    + {p} ({size} B)")
+            for p, size in t.removed.items():
+                click.echo(f"    - {p} ({size} B)")
+            for p, (o, n) in t.modified.items():
+                click.echo(f"    ~ {p} ({o} -> {n} B)")
         if not d:
             click.echo(f"no change from checkpoint {a} to {b}")
 
     emit(as_json, data, human)
+
+
+def _tree(value: Any) -> str:
+    return f"tree {value.sha256[:12]}" if isinstance(value, TreeRef) else to_json(value)
 
 
 def _js(value: Any, limit: int | None) -> str:
@@ -160,3 +182,35 @@ def fork(path: str, run: str, checkpoint: int, new_run: str, as_json: bool) -> N
     emit(as_json, row, lambda: checkpoint_table([row]))
     if not as_json:
         effects_after_note(c.effects_after, checkpoint)
+
+
+@main.command(epilog=examples("agentwal restore state.awal agent workspace ./repo",
+                              "agentwal restore state.awal agent workspace ./repo --at 12",
+                              "agentwal restore state.awal agent workspace ./repo --json"))
+@store_argument
+@click.argument("run")
+@click.argument("key")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--at", type=click.IntRange(min=1), default=None, metavar="ID",
+              help="Restore the tree of checkpoint ID instead of the latest.")
+@json_option
+@reports_errors
+def restore(path: str, run: str, key: str, dest: str, at: int | None, as_json: bool) -> None:
+    """Make directory DEST exactly the tree KEY of RUN holds (stored with txn.put_tree).
+
+    Changed files are written atomically, with their modes; links are
+    recreated; files the tree lacks are removed, except paths its exclude
+    rules match. Opens the store read-only, so it works while an agent has
+    it open. Run it again to finish a restore that was interrupted. Exits 1
+    with not_a_tree, missing_key, unsafe_tree (nothing written), corruption
+    or restore (DEST cannot be written).
+    """
+    with open_ro(path) as store:
+        report = store.restore_tree(run, key, dest, at=at)
+    data = dataclasses.asdict(report)
+
+    def human() -> None:
+        click.echo(f"restored {report.files} files into {dest}: {report.written} written, "
+                   f"{report.removed} removed, {report.unchanged} unchanged")
+
+    emit(as_json, data, human)

@@ -11,6 +11,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ..errors import RunNotFoundError
+from ..types import TreeRef
 from ..views import (
     effect_counts,
     fork_map,
@@ -18,6 +19,8 @@ from ..views import (
     outbox,
     problems_by_run,
     to_json,
+    tree_file_line,
+    tree_file_row,
 )
 from .app import main
 from .common import (
@@ -266,13 +269,17 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
     """
     with open_ro(path) as store:
         state = store.state(run, at=at)
+        trees = {k: store.list_tree(run, k, at=at) for k, v in state.items()
+                 if isinstance(v, TreeRef)}
+    for k, files in trees.items():  # a tree value shows as its file listing
+        state[k] = {"$tree": state[k].sha256, "files": [tree_file_row(f) for f in files]}
     wanted = ([key] if key is not None else []) + list(keys)
     missing = [k for k in wanted if k not in state]
     if missing:
         where = f"checkpoint {at}" if at else "its latest commit"
         raise usage(f"run {run!r} has no key {missing[0]!r} at {where}. List its keys with "
                     f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
-    if key is not None and not keys:
+    if key is not None and not keys and key not in trees:
         value = state[key]
         emit(as_json, value, lambda: click.echo(to_json(value)))
         return
@@ -281,7 +288,14 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
 
     def human() -> None:
         for k, v in state.items():
-            click.echo(f"{k}: {to_json(v)}")
+            if k not in trees:
+                click.echo(f"{k}: {to_json(v)}")
+                continue
+            files = trees[k]
+            click.echo(f"{k}: tree {v['$tree'][:12]}, {len(files)} files, "
+                       f"{sum(f.size for f in files if f.kind == 'file')} bytes")
+            for f in files:
+                click.echo(f"  {tree_file_line(f)}")
 
     emit(as_json, state, human)
 

@@ -405,6 +405,8 @@ class BlobStore:
         self._writing: set[str] = set()
         self._dead: collections.deque[list[str]] = collections.deque()
         self._ready: set[str] = set()  # directories made durable by this process
+        self._unsynced: collections.Counter[str] = collections.Counter()  # named, name not durable
+        self._synced_fans: set[str] = set()  # fan-out directories this process fsynced
 
     # -- writing ---------------------------------------------------------------------
 
@@ -500,8 +502,11 @@ class BlobStore:
                     with contextlib.suppress(OSError):
                         fs.unlink(tmp)  # stored once; a left-over temp file is garbage
                 else:  # missing, or damaged to another size: ours replaces it
+                    with self._lock:
+                        self._unsynced[sha] += 1
                     fs.rename(tmp, final)
             except OSError as exc:
+                self._synced(sha)
                 raise self._fs_error(exc, final, "cannot name a blob file") from None
             self._pin(sha)
         try:
@@ -511,10 +516,72 @@ class BlobStore:
             except OSError as exc:
                 raise self._fs_error(exc, fan, "cannot sync a blob directory",
                                      sync=True) from None
+            finally:
+                self._synced(sha)
+            self._synced_fans.add(fan)  # every name in it now is durable
             failpoints.hit("blob_after_sync")
         except BaseException:
             self.unpin([sha])
             raise
+
+    def _synced(self, sha: str) -> None:
+        with self._lock:
+            if self._unsynced[sha] > 0:
+                self._unsynced[sha] -= 1
+            if self._unsynced[sha] <= 0:
+                del self._unsynced[sha]
+
+    def put_bytes(self, data: bytes) -> BlobRef:
+        """Store small ``data`` (a tree object) and pin it; nothing is written if it is present.
+
+        Raises:
+            As :meth:`put`.
+        """
+        sha = hashlib.sha256(data).hexdigest()
+        if self.pin_present([(sha, len(data))]) == [True]:
+            return BlobRef(sha, len(data))
+        return self.put(io.BytesIO(data))
+
+    def pin_present(self, refs: Iterable[tuple[str, int]]) -> list[bool]:
+        """Pin each ``(sha256, size)`` whose blob file is present.
+
+        What is pinned is durable when this returns: each fan-out directory
+        is fsynced once per process (a name another process made, then died,
+        may not have been), and again for a name whose own fsync is still
+        under way. Returns, in order, which ones were pinned; the caller
+        :meth:`unpin` s those.
+
+        Raises:
+            DurabilityError: a directory fsync failed (nothing stays pinned).
+        """
+        refs = list(refs)
+        fans: set[str] = set()
+        with self.gate.shared():
+            got = []
+            for sha, _size in refs:
+                try:  # presence only (one stat): sizes are checked when read, and by verify
+                    got.append(self.fs.exists(blob_path(self.root, sha)))
+                except OSError:
+                    got.append(False)
+            pinned = [sha for (sha, _size), ok in zip(refs, got, strict=True) if ok]
+            with self._lock:
+                for sha in pinned:
+                    self._pins[sha] += 1
+                    fan = os.path.join(self.root, sha[:2])
+                    if sha in self._unsynced or fan not in self._synced_fans:
+                        fans.add(fan)
+        try:
+            for fan in sorted(fans):
+                try:
+                    self.fs.fsync_dir(fan)
+                except OSError as exc:
+                    raise self._fs_error(exc, fan, "cannot sync a blob directory",
+                                         sync=True) from None
+                self._synced_fans.add(fan)
+        except BaseException:
+            self.unpin(pinned)
+            raise
+        return got
 
     def _link(self, ref: BlobRef, media_type: str | None) -> BlobRef:
         """Pin a blob already in the store (a BlobRef source): nothing is copied."""

@@ -24,7 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import CheckpointNotFoundError, Error, RunNotFoundError
-from ..types import BlobRef
+from ..types import BlobRef, TreeRef
 from ..views import (
     checkpoint_row,
     effect_counts,
@@ -120,6 +120,12 @@ class Viewer:
         if c.id != cid:
             raise CheckpointNotFoundError(run, cid)
         blob_url = f"/api/runs/{_q(run)}/blob?at={cid}&key="
+        for k, v in state.items():  # a tree (txn.put_tree) shows as its file listing
+            if isinstance(v, TreeRef):
+                state[k] = {"$tree": v.sha256, "files": {
+                    f.path: (f"-> {f.target}" if f.kind == "link" else
+                             f"{f.mode:04o}, {f.size} bytes")
+                    for f in s.list_tree(run, k, at=cid)}}
         row = checkpoint_row(c)
         row["created_at"] = c.created_at
         return {"checkpoint": row, "state": {k: tree(v, blob_url + _q(k)) for k, v in

@@ -22,7 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CHILD = r"""
+#: What every child does first: arm the kill, open the store, reach the downstream.
+CHILD_HEAD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import agentwal
@@ -36,6 +37,9 @@ if kill != "-":
     failpoints.arm(name, "kill", nth=int(nth))
 store = agentwal.open(path, durability=spec["durability"])
 down = Downstream(journal, **spec["down"])
+"""
+
+CHILD = CHILD_HEAD + r"""
 kw = {}
 if spec.get("probe"):
     kw["probe"] = down.probe
@@ -103,9 +107,10 @@ EXPECT: dict[str, dict[str, tuple[int, int, tuple[str, ...]]]] = {
 }
 
 
-def child(tmp: Path, spec: dict[str, Any], kill: str = "-") -> subprocess.CompletedProcess[str]:
+def child(tmp: Path, spec: dict[str, Any], kill: str = "-", *,
+          script: str = CHILD) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), str(tmp / "store"), str(tmp / "journal"),
+        [sys.executable, "-c", script, str(ROOT), str(tmp / "store"), str(tmp / "journal"),
          json.dumps(spec), kill], capture_output=True, text=True, timeout=60)
 
 

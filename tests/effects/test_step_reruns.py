@@ -203,7 +203,7 @@ def test_transact_returns_what_the_step_returns_and_lets_other_errors_through(
 def test_transact_and_retry_of_check_their_arguments(store: agentwal.Store) -> None:
     async def astep(txn: agentwal.Transaction) -> None: ...
 
-    with pytest.raises(TypeError, match="abegin"):
+    with pytest.raises(TypeError, match="atransact"):
         store.transact("r", astep)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="retries"):
         store.transact("r", lambda t: None, retries=-1)
@@ -499,3 +499,32 @@ def test_a_read_only_store_sees_commit_marks_after_refresh(tmp_path: Path, shop:
     assert [e.committed_in for e in reader.effects()] == [1] and shop.calls() == 1
     reader.close()
     writer.close()
+
+
+# -- 8. the same for asyncio steps --------------------------------------------------------
+
+def test_atransact_retries_a_conflicted_async_step_without_charging_twice(
+        store: agentwal.Store, shop: Shop) -> None:
+    import asyncio
+
+    shop.dedup = True
+    interfere = [True]
+
+    async def step(txn: agentwal.Transaction) -> Any:
+        txn.get("inbox")
+        receipt = await txn.aeffect("charge", shop.call, mode="exactly_once",
+                                    args={"amount": 4900}, idempotent=True)
+        if interfere:
+            interfere.pop()
+            with store.begin("r") as web:
+                web["inbox"] = ["hello"]
+        txn["receipt"] = receipt
+        return receipt
+
+    receipt = asyncio.run(store.atransact("r", step))
+    assert shop.calls() == 1 and store.get("r", "receipt") == receipt
+    assert store.stats()["retries"] == 1
+    with pytest.raises(TypeError, match=r"store\.transact"):
+        asyncio.run(store.atransact("r", lambda txn: None))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="atransact"):
+        store.transact("r", step)  # type: ignore[arg-type]

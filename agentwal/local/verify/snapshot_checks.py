@@ -298,7 +298,7 @@ class SnapshotChecker(Findings):
             try:
                 k[8:].decode("utf-8")
                 value = history.head_value(self.objs, data)
-                decode_value(value)  # a blob reference is not plain CBOR
+                decode_value(value)  # a blob (or tree) reference is a value too
             except _Damaged:
                 damaged.add(n)
             except (UnicodeDecodeError, CodecError) as exc:

@@ -1,0 +1,1121 @@
+"""Snapshotting and restoring directory trees on top of the blob store.
+
+Theory of operation: :class:`TreeStore` is the I/O half of ``tree.py``. It
+is the one module that touches the *user's* directories (``io.py`` owns the
+store's own files); every file it stores or reads goes through
+:class:`~agentwal.local.blobs.BlobStore`, so trees share the blobs' durability,
+pins, sweeps, verification and backups.
+
+*Snapshot* (``txn.put_tree``): walk the directory (never following links),
+skip excluded paths and the store's own directory, and build the tree
+bottom-up. A regular file whose ``(size, mtime, ctime, inode)`` match the
+*stat cache* (``<store>/cache/stat-<hash of the directory's path>``) is not
+read: its hash comes from the cache and its blob is pinned if it is still
+present. Every other file is streamed into the blob store with ``fstat``
+before and after; a file whose stat changed, or (when its mtime is within
+:data:`RACY_NS` of now, where one clock tick could hide a write) whose
+content hashes differently on a second read, is read again, up to
+:data:`READ_ATTEMPTS` times, then :class:`~agentwal.errors.TreeSourceError`.
+A cache entry is trusted only when its mtime was :data:`RACY_NS` older
+than the moment it was recorded (git's "racy clean" rule), so a write in
+the same clock tick as a snapshot is never missed. Directory objects and
+the root object are stored with ``put_bytes`` (nothing is written for one
+already present). Everything the tree holds is pinned for the transaction,
+except what the key's current tree (as the transaction sees it) already
+reaches: that stays referenced by the run's state, and a commit that
+replaced it would make this transaction's commit conflict, so no sweep can
+leave the new tree dangling. If the walk fails, the pins are dropped and
+nothing is committed.
+
+Crash windows of a snapshot (failpoints in brackets): before the commit is
+durable, every blob it wrote is garbage (``blobs.py``) and the store is at
+its *before* [``tree_after_file``, ``tree_after_dirs``]; the cache file is
+replaced by rename and is only a hint (a torn or stale one costs reads).
+
+*Restore* (``store.restore_tree``), holding the blob gate shared (no sweep
+removes a blob of the tree meanwhile): load and check every directory
+object first (an unsafe name raises ``UnsafeTreeError`` before anything is
+written), then make ``dest`` equal to it, directory by directory through
+directory file descriptors opened with ``O_NOFOLLOW`` (so no link on disk,
+planted or stale, is ever followed). A file whose stat-cache entry or
+content already matches is left alone; entries the tree lacks are removed
+unless excluded [``restore_after_remove``]; the other files are queued and
+written in the thread pool, each to ``.awtmp-<random>`` in its directory,
+fsynced, and renamed over the name [``restore_after_write``,
+``restore_after_rename``]; then each changed directory is fsynced. A crash
+leaves every file whole (its old or its new content) and temp files that
+the next restore removes: running the restore again finishes it.
+
+Snapshots read files, and restores write them, :data:`THREADS` at a time:
+concurrent fsyncs share the file system's journal commits, which is what
+makes a durable snapshot of thousands of small files as fast as git's
+unsynced one (``docs/benchmarks.md``).
+
+It must not decide what is committed, nor touch LMDB or the WAL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import os
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+
+from . import failpoints
+from .codec import CodecError, loads
+from .errors import (
+    BlobSourceError,
+    CorruptionError,
+    DiskFullError,
+    Error,
+    RestoreError,
+    TreeSourceError,
+)
+from .format import CACHE_DIR, TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
+from .io import DISK_FULL_ERRNOS
+from .local.blobs import CHUNK, BlobMissing, BlobStore
+from .tree import (
+    Entry,
+    IgnoreRules,
+    Leaf,
+    Root,
+    decode_dir,
+    decode_root,
+    diff_listings,
+    encode_dir,
+    encode_root,
+    join,
+    leaf,
+    walk_entries,
+)
+from .types import BlobRef, TreeDiff, TreeFile
+
+__all__ = ["READ_ATTEMPTS", "RACY_NS", "THREADS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
+           "TreeStore"]
+
+#: A file modified less than this before it was looked at may change again
+#: within the same timestamp tick (2 s covers the coarsest file systems).
+RACY_NS = 2_000_000_000
+#: Reads of a file that keeps changing before put_tree gives up.
+READ_ATTEMPTS = 3
+#: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
+#: and memory stays under THREADS blob chunks.
+THREADS = 16
+#: Decoded directory objects a store keeps in memory (a few hundred bytes each).
+_OBJECT_CACHE = 8192
+#: A restore writes its queued files once this many directories (or files) wait.
+_QUEUED_DIRS, _QUEUED_FILES = 64, 256
+#: Name prefix of restore's temp files (removed by the next restore).
+TMP_PREFIX = ".awtmp-"
+_GITIGNORE_FILE = ".gitignore"
+_CACHE_MAGIC = "awstat"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
+    os, "O_NOCTTY", 0)
+
+
+def _key(rel: str) -> bytes:
+    """A stat-cache key: the path's bytes (as ``os.fsencode`` gives them on POSIX, faster)."""
+    return rel.encode("utf-8", "surrogateescape")
+
+
+def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+# -- the stat cache --------------------------------------------------------------------
+
+
+class StatCache:
+    """``relpath -> (size, mtime, ctime, inode, sha256, recorded)`` for one directory.
+
+    A hint, never state: a missing, torn or stale file is an empty cache.
+    The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
+    """
+
+    def __init__(self, path: str | None, top: str) -> None:
+        self.path = path
+        self.top = top
+        self.entries: dict[bytes, list[Any]] = {}
+        self.seen: dict[bytes, list[Any]] = {}
+        if path is not None:
+            self._load()
+
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return
+        body = data[16:]
+        if hashlib.sha256(body).digest()[:16] != data[:16]:
+            return
+        try:
+            obj = loads(body)
+        except CodecError:
+            return
+        if (isinstance(obj, list) and len(obj) == 3 and obj[0] == _CACHE_MAGIC
+                and obj[1] == self.top and isinstance(obj[2], dict)):
+            self.entries = obj[2]
+
+    def lookup(self, rel: str, st: os.stat_result) -> tuple[str, bool] | None:
+        """``(sha256, trusted)`` if the entry matches ``st`` (trusted: not racy).
+
+        A trusted entry is carried over to the next save as it is.
+        """
+        key = _key(rel)
+        e = self.entries.get(key)
+        if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size
+                or e[1] != st.st_mtime_ns or e[2] != st.st_ctime_ns or e[3] != st.st_ino
+                or not isinstance(e[4], bytes) or len(e[4]) != 32
+                or not isinstance(e[5], int)):
+            return None
+        trusted = e[5] - st.st_mtime_ns >= RACY_NS
+        if trusted:
+            self.seen[key] = e
+        return e[4].hex(), trusted
+
+    def record(self, rel: str, st: os.stat_result, sha: str, now: int) -> None:
+        self.seen[_key(rel)] = [*_sig(st), bytes.fromhex(sha), now]
+
+    def save(self, *, merge: bool = False) -> None:
+        """Write what was recorded (``merge``: over the loaded entries) ; errors are ignored."""
+        if self.path is None:
+            return
+        entries = {**self.entries, **self.seen} if merge else self.seen
+        body = bytes(cbor2.dumps([_CACHE_MAGIC, self.top, entries]))
+        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(hashlib.sha256(body).digest()[:16] + body)
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SnapshotResult:
+    """What a snapshot stored: the root's reference, the pins to drop after the commit."""
+
+    ref: BlobRef
+    root: Root
+    pins: list[str]
+    files_read: int = 0
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What ``store.restore_tree`` did.
+
+    Attributes:
+        written: files and links written (new or changed content).
+        removed: entries removed (files, links, directories).
+        unchanged: files and links already right (a mode may have been fixed).
+        files: files and links in the tree.
+    """
+
+    written: int
+    removed: int
+    unchanged: int
+    files: int
+
+
+@dataclass(slots=True)
+class _Counts:
+    written: int = 0
+    removed: int = 0
+    unchanged: int = 0
+
+
+# -- the engine ------------------------------------------------------------------------
+
+
+class TreeStore:
+    """Trees of one store: snapshot, load, restore, expand (for sweeps and verify), diff.
+
+    Args:
+        blobs: the store's blob store.
+        store_dir: the store directory (never snapshotted, never removed by a restore).
+        readonly: a read-only store writes no cache.
+    """
+
+    def __init__(self, blobs: BlobStore, store_dir: str, *, readonly: bool = False) -> None:
+        self.blobs = blobs
+        self.store_dir = os.path.realpath(store_dir)
+        self.readonly = readonly
+        # Decoded directory objects by hash: immutable, checked when first read.
+        self._objects: dict[str, list[Entry]] = {}
+        self._objects_lock = threading.Lock()
+
+    def _cache(self, top: str) -> StatCache:
+        if self.readonly:
+            return StatCache(None, top)
+        name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
+        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top)
+
+    # -- snapshot --------------------------------------------------------------------
+
+    def snapshot(self, path: str | os.PathLike[str], patterns: tuple[str, ...],
+                 gitignore: bool, *, base: BlobRef | None = None) -> SnapshotResult:
+        """Store the tree at ``path`` and pin all of it; see the module's theory.
+
+        ``base`` is the key's value as the transaction sees it: what its tree
+        reaches needs no pin (it stays referenced, or a commit that replaced
+        it makes this transaction's commit conflict).
+
+        Raises:
+            TreeSourceError: ``path`` is not a readable directory, a file
+                cannot be read or kept changing.
+            DiskFullError, DurabilityError: from the blob store.
+        """
+        top = _top(path, self.store_dir)
+        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
+                        known=self.reachable(base))
+        try:
+            root = snap.snapshot(top, patterns)
+            data = encode_root(root)
+            ref = BlobRef(hashlib.sha256(data).hexdigest(), len(data))
+            failpoints.hit("tree_after_dirs")
+        except BaseException:
+            self.blobs.unpin(snap.pins)
+            raise
+        snap.cache.save()
+        return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), root, snap.pins,
+                              snap.files_read, snap.bytes_read)
+
+    # -- loading ---------------------------------------------------------------------
+
+    def read_object(self, sha: str, size: int) -> bytes:
+        """The bytes of one tree object, hash-checked.
+
+        Raises:
+            CorruptionError: missing, damaged, or unreadable.
+        """
+        try:
+            with self.blobs.open(BlobRef(sha, size)) as r:
+                return r.readall()
+        except BlobMissing as exc:
+            raise CorruptionError(exc.path, None, f"the tree object {sha} is missing",
+                                  "Restore the blob file from a backup (its name is its "
+                                  "SHA-256).") from None
+
+    def load(self, ref: BlobRef) -> tuple[Root, dict[str, list[Entry]]]:
+        """The root and every directory object of the tree ``ref`` names, all checked.
+
+        Raises:
+            UnsafeTreeError: an entry could escape its directory.
+            CorruptionError: an object is missing, damaged or malformed.
+        """
+        root = self._root(ref)
+        dirs: dict[str, list[Entry]] = {}
+        todo = [(root.sha256, root.size, "")]
+        while todo:
+            sha, size, where = todo.pop()
+            if sha in dirs:
+                continue
+            dirs[sha] = entries = self._dir(sha, size, where)
+            todo.extend((e.sha256, e.size, join(where, e.name)) for e in entries
+                        if e.kind == TREE_DIR)
+        return root, dirs
+
+    def _root(self, ref: BlobRef) -> Root:
+        data = self.read_object(ref.sha256, ref.size)
+        try:
+            return decode_root(data)
+        except CodecError as exc:
+            raise CorruptionError(self._path(ref.sha256), None, str(exc)) from None
+
+    def _dir(self, sha: str, size: int, where: str) -> list[Entry]:
+        got = self._objects.get(sha)
+        if got is not None:
+            return got
+        data = self.read_object(sha, size)
+        try:
+            entries = decode_dir(data, where)
+        except CodecError as exc:
+            raise CorruptionError(self._path(sha), None, str(exc)) from None
+        self.remember(sha, entries)
+        return entries
+
+    def remember(self, sha: str, entries: list[Entry]) -> None:
+        """Keep a directory object's entries (read and checked, or just encoded)."""
+        with self._objects_lock:
+            if len(self._objects) >= _OBJECT_CACHE:
+                self._objects.pop(next(iter(self._objects)))  # the oldest
+            self._objects[sha] = entries
+
+    def _path(self, sha: str) -> str:
+        return os.path.join(self.blobs.root, sha[:2], sha[2:])
+
+    def listing(self, ref: BlobRef) -> dict[str, Leaf]:
+        """``{path: (kind, perm, sha256 or target, size)}`` of every file and link of a tree."""
+        root, dirs = self.load(ref)
+        return {p: leaf(e) for p, e in walk_entries(dirs, root.sha256)}
+
+    def files(self, ref: BlobRef) -> list[TreeFile]:
+        """Every file and link of a tree, sorted by path."""
+        root, dirs = self.load(ref)
+        return sorted((TreeFile(p, "link", 0, e.size, target=os.fsdecode(e.target))
+                       if e.kind == TREE_LINK else TreeFile(p, "file", e.perm, e.size, e.sha256)
+                       for p, e in walk_entries(dirs, root.sha256)), key=lambda f: f.path)
+
+    def diff(self, old: BlobRef | None, new: BlobRef | None) -> TreeDiff:
+        """File-level changes from tree ``old`` (None: empty) to tree ``new``."""
+        return diff_listings({} if old is None else self.listing(old),
+                             {} if new is None else self.listing(new))
+
+    def reachable(self, ref: BlobRef | None) -> frozenset[str]:
+        """The hashes a tree reference reaches (its objects and files); empty for
+        anything else, or if the tree cannot be read."""
+        if ref is None or ref.media_type != TREE_MEDIA_TYPE:
+            return frozenset()
+        try:
+            root = self._root(ref)
+            out = {ref.sha256, root.sha256}
+            todo = [(root.sha256, root.size)]
+            while todo:
+                sha, size = todo.pop()
+                for e in self._dir(sha, size, ""):
+                    if e.kind == TREE_LINK:
+                        continue
+                    if e.kind == TREE_DIR and e.sha256 not in out:
+                        todo.append((e.sha256, e.size))
+                    out.add(e.sha256)
+        except CorruptionError:
+            return frozenset()
+        return frozenset(out)
+
+    def expand(self, refs: Iterable[BlobRef], problems: list[tuple[str, str]] | None = None
+               ) -> set[BlobRef]:
+        """``refs`` plus every object and file blob the trees among them name.
+
+        Args:
+            refs: blob references; those with the tree media type are expanded.
+            problems: None raises at the first damaged object (a sweep must
+                not guess); a list collects ``(path, reason)`` and goes on.
+
+        Raises:
+            CorruptionError: (``problems`` None) a tree object is missing or damaged.
+        """
+        out: set[BlobRef] = set()
+        seen: set[str] = set()
+        for ref in refs:
+            out.add(ref)
+            if ref.media_type != TREE_MEDIA_TYPE or ref.sha256 in seen:
+                continue
+            seen.add(ref.sha256)
+            try:
+                root = self._root(ref)
+            except CorruptionError as exc:
+                if problems is None:
+                    raise
+                problems.append((exc.path, exc.reason))
+                continue
+            todo = [(root.sha256, root.size, "")]
+            while todo:
+                sha, size, where = todo.pop()
+                out.add(BlobRef(sha, size))
+                if sha in seen:
+                    continue
+                seen.add(sha)
+                try:
+                    entries = self._dir(sha, size, where)
+                except CorruptionError as exc:
+                    if problems is None:
+                        raise
+                    problems.append((exc.path, exc.reason))
+                    continue
+                for e in entries:
+                    if e.kind == TREE_DIR:
+                        todo.append((e.sha256, e.size, join(where, e.name)))
+                    elif e.kind == TREE_FILE:
+                        out.add(BlobRef(e.sha256, e.size))
+        return out
+
+    # -- restore ---------------------------------------------------------------------
+
+    def restore(self, ref: BlobRef, dest: str | os.PathLike[str]) -> RestoreReport:
+        """Make ``dest`` exactly the tree ``ref`` names; see the module's theory.
+
+        Raises:
+            UnsafeTreeError: the stored tree has an unsafe entry (nothing written).
+            CorruptionError: a tree object or file blob is missing or damaged.
+            RestoreError: ``dest`` cannot be written (run it again once fixed).
+            DiskFullError: no room (run it again once there is).
+        """
+        counts = _Counts()
+        with self.blobs.gate.shared():  # no sweep removes a blob of the tree meanwhile
+            root, dirs = self.load(ref)
+            top = _make_dest(dest, self.store_dir)
+            cache = self._cache(top)
+            restorer = _Restorer(self, top, cache, dirs, root, counts)
+            try:
+                fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                raise _restore_error(exc, top) from None
+            try:
+                restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
+                restorer.flush()
+            finally:
+                os.close(fd)
+                restorer.close()
+            cache.save(merge=True)
+        return RestoreReport(counts.written, counts.removed, counts.unchanged, root.files)
+
+    def open_file(self, ref: BlobRef, parts: list[str], relpath: str) -> Any:
+        """A verified reader of the file at ``parts`` in tree ``ref``; None if it is not one."""
+        root = self._root(ref)
+        sha, size, where = root.sha256, root.size, ""
+        for i, name in enumerate(parts):
+            entries = self._dir(sha, size, where)
+            want = os.fsencode(name)
+            e = next((e for e in entries if e.name == want), None)
+            last = i == len(parts) - 1
+            if e is None:
+                return "is not in the tree"
+            if not last:
+                if e.kind != TREE_DIR:
+                    return f"is not in the tree ({join(where, name)!r} is not a directory)"
+                sha, size, where = e.sha256, e.size, join(where, name)
+                continue
+            if e.kind == TREE_DIR:
+                return "is a directory of the tree"
+            if e.kind == TREE_LINK:
+                return f"is a symbolic link to {os.fsdecode(e.target)!r} in the tree"
+            try:
+                return self.blobs.open(BlobRef(e.sha256, e.size))
+            except BlobMissing as exc:
+                raise CorruptionError(exc.path, None, f"the blob file of {relpath!r} is "
+                                      "missing", "Restore the blob file from a backup (its "
+                                      "name is its SHA-256).") from None
+        return "is not in the tree"
+
+    def status(self, ref: BlobRef | None, path: str | os.PathLike[str],
+               patterns: tuple[str, ...], gitignore: bool) -> TreeDiff:
+        """What differs on disk at ``path`` from tree ``ref``, storing nothing."""
+        top = _top(path, self.store_dir)
+        if ref is not None:
+            root = self._root(ref)
+            patterns, gitignore = root.exclude, root.gitignore
+        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
+                        store=False)
+        snap.directory(top, "", snap.rules)
+        return diff_listings({} if ref is None else self.listing(ref), snap.listing)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether real path ``path`` is ``directory`` or below it."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _top(path: str | os.PathLike[str], store_dir: str) -> str:
+    try:
+        top = os.path.realpath(os.fspath(path))
+    except (TypeError, ValueError) as exc:
+        raise TreeSourceError(repr(path), str(exc)) from None
+    if not os.path.isdir(top):
+        raise TreeSourceError(top, "it is not a directory" if os.path.exists(top)
+                              else "it does not exist")
+    if _inside(top, store_dir):
+        raise TreeSourceError(top, "it is the store's own directory, or inside it")
+    return top
+
+
+def _make_dest(dest: str | os.PathLike[str], store_dir: str) -> str:
+    try:
+        top = os.path.realpath(os.fspath(dest))
+    except (TypeError, ValueError) as exc:
+        raise RestoreError(repr(dest), str(exc)) from None
+    if _inside(top, store_dir):
+        raise RestoreError(top, "it is the store's own directory, or inside it; nothing was "
+                           "written")
+    try:
+        os.makedirs(top, exist_ok=True)
+    except OSError as exc:
+        raise _restore_error(exc, os.fspath(dest)) from None
+    return top
+
+
+def _restore_error(exc: OSError, path: str) -> Error:
+    if exc.errno in DISK_FULL_ERRNOS:
+        return DiskFullError(path, f"no room to restore {path!r} ({exc.strerror or exc}); the "
+                             "files written so far are whole. Free some space and run "
+                             "restore_tree again.")
+    return RestoreError(path, exc.strerror or str(exc))
+
+
+def _read_lines(data: bytes) -> list[str]:
+    return data.decode("utf-8", "surrogateescape").splitlines()
+
+
+# -- walking a directory (snapshot and status) -----------------------------------------
+
+
+@dataclass(slots=True)
+class _Node:
+    """One directory of a snapshot's walk, its entries filled in as the phases run."""
+
+    rel: str
+    depth: int
+    entries: list[Entry] = field(default_factory=list)
+    subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
+    pending: list[tuple[bytes, str, str]] = field(default_factory=list)  # name, path, rel
+    cached: list[tuple[bytes, str, str, os.stat_result, str]] = field(default_factory=list)
+    sha: str = ""
+    size: int = 0
+
+
+class _Snapper:
+    """A snapshot in four phases: walk (stat, links, cache lookups), pin the cache's
+    files, read the others (in a thread pool: their fsyncs overlap), then encode
+    every directory object deepest first and store them all at once (in the pool)."""
+
+    def __init__(self, trees: TreeStore, top: str, cache: StatCache, rules: IgnoreRules,
+                 gitignore: bool, *, store: bool = True, known: frozenset[str] = frozenset()
+                 ) -> None:
+        self.trees = trees
+        self.known = known  # hashes the key's current tree reaches: no pin needed
+        self.blobs = trees.blobs
+        self.top = top
+        self.cache = cache
+        self.rules = rules
+        self.gitignore = gitignore
+        self.store = store  # False: only hash (status), keep a listing
+        self.pins: list[str] = []
+        self.listing: dict[str, Leaf] = {}
+        self.files = self.bytes = self.files_read = self.bytes_read = 0
+        self.root: Root | None = None
+        self._lock = threading.Lock()
+
+    def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
+        """Store the tree at ``top`` with its root object; returns the root."""
+        self.directory(top, "", self.rules, patterns)
+        assert self.root is not None
+        return self.root
+
+    def directory(self, path: str, rel: str, rules: IgnoreRules,
+                  patterns: tuple[str, ...] = ()) -> tuple[str, int]:
+        """Walk, read and store the directory ``path`` (and, storing, the root object
+        naming it, in the same batch); returns its object's ``(sha256, size)``."""
+        nodes: list[_Node] = []
+        top = self._walk(path, rel, rules, 0, nodes)
+        self._pin_cached(nodes)
+        jobs = [(node, item) for node in nodes for item in node.pending]
+        with ThreadPoolExecutor(THREADS) as pool:
+            for (node, _item), e in zip(jobs, pool.map(lambda j: self._file(*j[1]), jobs),
+                                        strict=True):
+                if e is not None:
+                    node.entries.append(e)
+            # Every object's hash is known from its children's: encode them all, deepest
+            # first, in memory, then store them at once (their fsyncs overlap too).
+            objects = [self._encode_dir(n) for n in sorted(nodes, key=lambda n: -n.depth)]
+            if self.store:
+                self.root = Root(top.sha, top.size, self.files, self.bytes, patterns,
+                                 self.gitignore)
+                objects.append(encode_root(self.root))
+                self._put_objects(pool, objects)
+        return top.sha, top.size
+
+    def _walk(self, path: str, rel: str, rules: IgnoreRules, depth: int,
+              nodes: list[_Node]) -> _Node:
+        node = _Node(rel, depth)
+        nodes.append(node)
+        try:
+            with os.scandir(path) as it:
+                items = list(it)  # encode_dir puts the entries in order
+        except OSError as exc:
+            raise TreeSourceError(path, f"cannot list it: {exc.strerror or exc}") from None
+        if self.gitignore:
+            rules = self._gitignore(items, rules, rel)
+        for d in items:
+            crel = join(rel, d.name)
+            try:
+                st = d.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed meanwhile: not in this snapshot
+            except OSError as exc:
+                raise TreeSourceError(d.path, f"cannot stat it: {exc.strerror or exc}"
+                                      ) from None
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if ((self.gitignore and d.name == ".git") or (rules and rules.ignored(crel, is_dir))
+                    or (is_dir and os.path.join(path, d.name) == self.trees.store_dir)):
+                continue
+            name = os.fsencode(d.name)
+            if is_dir:
+                node.subdirs.append((name, self._walk(d.path, crel, rules, depth + 1, nodes)))
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(os.fsencode(d.path))
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise TreeSourceError(d.path, f"cannot read the link: "
+                                          f"{exc.strerror or exc}") from None
+                e = Entry(name, TREE_LINK, 0, "", len(target), target)
+                self._count(crel, e)
+                node.entries.append(e)
+            elif stat.S_ISREG(st.st_mode):
+                hit = self.cache.lookup(crel, st)
+                if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
+                    node.cached.append((name, d.path, crel, st, hit[0]))
+                else:
+                    node.pending.append((name, d.path, crel))
+            # sockets, FIFOs and devices are not stored
+        return node
+
+    def _gitignore(self, items: list[os.DirEntry[str]], rules: IgnoreRules,
+                   rel: str) -> IgnoreRules:
+        gi = next((d for d in items if d.name == _GITIGNORE_FILE), None)
+        if gi is None or not gi.is_file(follow_symlinks=False):
+            return rules
+        try:
+            with open(gi.path, "rb") as f:
+                return rules.extended(_read_lines(f.read()), rel)
+        except OSError as exc:
+            raise TreeSourceError(gi.path, f"cannot read it: {exc.strerror or exc}") from None
+
+    def _pin_cached(self, nodes: list[_Node]) -> None:
+        """Entries of the files the cache vouched for (to be read if their blob is gone)."""
+        cached = [(node, item) for node in nodes for item in node.cached]
+        if not cached:
+            return
+        present = [True] * len(cached)
+        if self.store:  # pin what the key's current tree does not already hold
+            ask = [i for i, (_n, item) in enumerate(cached) if item[4] not in self.known]
+            got = self.blobs.pin_present([(cached[i][1][4], cached[i][1][3].st_size)
+                                          for i in ask])
+            for i, ok in zip(ask, got, strict=True):
+                present[i] = ok
+        now = time.time_ns()
+        seen = self.cache.seen
+        for (node, (name, path, rel, st, sha)), ok in zip(cached, present, strict=True):
+            if not ok:
+                node.pending.append((name, path, rel))
+                seen.pop(_key(rel), None)
+                continue
+            if self.store and sha not in self.known:
+                self.pins.append(sha)
+            e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
+            if _key(rel) not in seen:  # a racy entry, hashed again just now
+                self.cache.record(rel, st, sha, now)
+            self.files += 1
+            self.bytes += st.st_size
+            if not self.store:
+                self.listing[rel] = leaf(e)
+            node.entries.append(e)
+
+    def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
+        """Pin the objects already stored (most of them, usually), write the others."""
+        refs = [(hashlib.sha256(data).hexdigest(), len(data)) for data in objects]
+        ask = [i for i, (sha, _n) in enumerate(refs) if sha not in self.known]
+        present = [True] * len(refs)
+        for i, ok in zip(ask, self.blobs.pin_present([refs[i] for i in ask]), strict=True):
+            present[i] = ok
+        with self._lock:
+            self.pins.extend(refs[i][0] for i in ask if present[i])
+        missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
+                   if not ok}
+        for ref in pool.map(self.blobs.put_bytes, missing.values()):
+            with self._lock:
+                self.pins.append(ref.sha256)
+
+    def _encode_dir(self, node: _Node) -> bytes:
+        """The node's directory object (its subdirectories' are encoded already)."""
+        entries = sorted(node.entries + [Entry(name, TREE_DIR, 0, sub.sha, sub.size)
+                                         for name, sub in node.subdirs], key=lambda e: e.name)
+        data = encode_dir(entries)
+        node.sha, node.size = hashlib.sha256(data).hexdigest(), len(data)
+        if self.store:
+            self.trees.remember(node.sha, entries)  # what a restore or a listing reads next
+        return data
+
+    def _count(self, rel: str, e: Entry, size_read: int | None = None) -> None:
+        with self._lock:
+            self.files += 1
+            self.bytes += e.size if e.kind == TREE_FILE else 0
+            if size_read is not None:
+                self.files_read += 1
+                self.bytes_read += size_read
+            if not self.store:
+                self.listing[rel] = leaf(e)
+
+    def _file(self, name: bytes, path: str, rel: str) -> Entry | None:
+        """Read one file into the blob store (or only hash it), consistently; None if gone."""
+        for _attempt in range(READ_ATTEMPTS):
+            try:
+                fd = os.open(path, _READ_FLAGS)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return None  # became a link meanwhile: seen at the next snapshot
+                raise TreeSourceError(path, f"cannot open it: {exc.strerror or exc}") from None
+            try:
+                got = self._read_once(fd, path)
+            finally:
+                os.close(fd)
+            if got is None:
+                continue
+            sha, st = got
+            self.cache.record(rel, st, sha, time.time_ns())
+            e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
+            self._count(rel, e, st.st_size)
+            failpoints.hit("tree_after_file")
+            return e
+        raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
+                              "attempts)")
+
+    def _read_once(self, fd: int, path: str) -> tuple[str, os.stat_result] | None:
+        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed."""
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise TreeSourceError(path, "it is no longer a regular file")
+        try:
+            if self.store:
+                sha, size = self._put(io.FileIO(fd, closefd=False), path)
+            else:
+                sha, size = _hash_fd(fd)
+        except OSError as exc:
+            raise TreeSourceError(path, f"cannot read it: {exc.strerror or exc}") from None
+        after = os.fstat(fd)
+        ok = _sig(before) == _sig(after) and size == after.st_size
+        if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
+            ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
+        if not ok and self.store:
+            with self._lock:
+                self.pins.remove(sha)
+            self.blobs.unpin([sha])
+        return (sha, after) if ok else None
+
+    def _put(self, stream: io.FileIO, path: str) -> tuple[str, int]:
+        try:
+            ref = self.blobs.put(stream)
+        except BlobSourceError as exc:
+            raise TreeSourceError(path, exc.reason) from None
+        with self._lock:
+            self.pins.append(ref.sha256)  # dropped by _read_once if the read was inconsistent
+        return ref.sha256, ref.size
+
+
+def _hash_fd(fd: int) -> tuple[str, int]:
+    h = hashlib.sha256()
+    offset = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, offset)
+        if not chunk:
+            return h.hexdigest(), offset
+        h.update(chunk)
+        offset += len(chunk)
+
+
+def _hashes_to(path: str, sha: str) -> bool:
+    """Whether the file at ``path`` has content hash ``sha`` (a racy cache entry's check)."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return False
+    try:
+        return _hash_fd(fd)[0] == sha
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+# -- restoring a directory -------------------------------------------------------------
+
+
+class _Restorer:
+    def __init__(self, trees: TreeStore, top: str, cache: StatCache,
+                 dirs: dict[str, list[Entry]], root: Root, counts: _Counts) -> None:
+        self.trees = trees
+        self.top = top
+        self.cache = cache
+        self.dirs = dirs
+        self.gitignore = root.gitignore
+        self.counts = counts
+        self._lock = threading.Lock()
+        # directories with files still to write: (their own fd, rel, [(name, rel, entry)])
+        self._queue: list[tuple[int, str, list[tuple[str, str, Entry]]]] = []
+
+    def flush(self) -> None:
+        """Write the queued files (in a thread pool), then fsync their directories."""
+        queue, self._queue = self._queue, []
+        try:
+            jobs = [(dfd, name, crel, e) for dfd, _rel, writes in queue
+                    for name, crel, e in writes]
+            with ThreadPoolExecutor(THREADS) as pool:
+                futures = [pool.submit(self._write, *job) for job in jobs]
+                errors = [exc for f in futures if (exc := f.exception()) is not None]
+                if not errors:
+                    futures = [pool.submit(self._fsync_dir, dfd, rel) for dfd, rel, _w in queue]
+                    errors = [exc for f in futures if (exc := f.exception()) is not None]
+            if errors:
+                raise errors[0]
+        finally:
+            for dfd, _rel, _writes in queue:
+                os.close(dfd)
+
+    def close(self) -> None:
+        """Close what a failed restore left queued (nothing is written)."""
+        queue, self._queue = self._queue, []
+        for dfd, _rel, _writes in queue:
+            os.close(dfd)
+
+    def _fsync_dir(self, fd: int, rel: str) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+
+    def directory(self, fd: int, rel: str, sha: str, rules: IgnoreRules) -> None:
+        entries = self.dirs[sha]
+        if self.gitignore:
+            gi = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
+                      None)
+            if gi is not None:
+                rules = rules.extended(_read_lines(self.trees.read_object(gi.sha256, gi.size)),
+                                       rel)
+        try:
+            with os.scandir(fd) as it:
+                present = {d.name: d for d in it}
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        changed = False
+        wanted = {os.fsdecode(e.name) for e in entries}
+        for name, d in present.items():
+            if name in wanted:
+                continue
+            crel = join(rel, name)
+            if name.startswith(TMP_PREFIX):
+                changed |= self._remove(fd, name, crel, None)
+                continue
+            is_dir = d.is_dir(follow_symlinks=False)
+            if self._kept(crel, name, is_dir, rules):
+                continue
+            changed |= self._remove(fd, name, crel, rules)
+        writes: list[tuple[str, str, Entry]] = []
+        for e in entries:
+            name = os.fsdecode(e.name)
+            crel = join(rel, name)
+            if os.path.join(self.top, crel) == self.trees.store_dir:
+                raise RestoreError(self._abs(crel), "the tree has an entry where the store "
+                                   "itself lives; restore it somewhere else")
+            try:
+                st: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            except OSError as exc:
+                raise _restore_error(exc, self._abs(crel)) from None
+            if e.kind == TREE_DIR:
+                changed |= self._dir(fd, name, crel, e, st, rules)
+            elif e.kind == TREE_LINK:
+                changed |= self._link(fd, name, crel, e, st)
+            elif self._file(fd, name, crel, e, st):
+                writes.append((name, crel, e))
+        if writes:  # written later, many at once; the directory is fsynced after them
+            self._queue.append((os.dup(fd), rel, writes))
+            if len(self._queue) >= _QUEUED_DIRS or sum(len(w) for *_x, w in self._queue) \
+                    >= _QUEUED_FILES:
+                self.flush()
+        elif changed:
+            self._fsync_dir(fd, rel)
+
+    def _abs(self, rel: str) -> str:
+        return os.path.join(self.top, rel) if rel else self.top
+
+    def _kept(self, rel: str, name: str, is_dir: bool, rules: IgnoreRules) -> bool:
+        """An entry the tree lacks that the restore leaves alone (excluded, or the store)."""
+        if (self.gitignore and name == ".git") or rules.ignored(rel, is_dir):
+            return True
+        return is_dir and os.path.join(self.top, rel) == self.trees.store_dir
+
+    def _dir(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None,
+             rules: IgnoreRules) -> bool:
+        changed = False
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            changed |= self._remove(fd, name, rel, None)
+            st = None
+        try:
+            if st is None:
+                os.mkdir(name, 0o777, dir_fd=fd)
+                changed = True
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        try:
+            self.directory(sub, rel, e.sha256, rules)
+        finally:
+            os.close(sub)
+        return changed
+
+    def _link(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
+        bname = os.fsencode(name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                if os.readlink(bname, dir_fd=fd) == e.target:
+                    self.counts.unchanged += 1
+                    return False
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            self._remove(fd, name, rel, None)
+        tmp = TMP_PREFIX + uuid.uuid4().hex
+        try:
+            os.symlink(e.target, os.fsencode(tmp), dir_fd=fd)
+            failpoints.hit("restore_after_write")
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise _restore_error(exc, self._abs(rel)) from None
+        failpoints.hit("restore_after_rename")
+        self.counts.written += 1
+        return True
+
+    def _file(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
+        """Whether file ``name`` must be written (a mode is fixed, a directory removed, here)."""
+        same = self._same(fd, name, rel, e, st) if st is not None and stat.S_ISREG(
+            st.st_mode) else None
+        if same is not None and st is not None:
+            if st.st_mode & 0o777 != e.perm:
+                self._chmod(fd, name, rel, e.perm)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                same = "hash"  # the ctime moved: record it again
+            if same == "hash":  # (a trusted cache entry is carried over as it is)
+                self.cache.record(rel, st, e.sha256, time.time_ns())
+            self.counts.unchanged += 1
+            return False
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            self._remove(fd, name, rel, None)
+        return True
+
+    def _write(self, fd: int, name: str, rel: str, e: Entry) -> None:
+        """Write one file atomically: a temp file, its content and mode, fsync, rename."""
+        tmp = TMP_PREFIX + uuid.uuid4().hex
+        try:
+            wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=fd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        try:
+            try:
+                self._copy_into(wfd, e)
+                failpoints.hit("restore_after_write")
+                os.fchmod(wfd, e.perm)
+                os.fsync(wfd)
+            finally:
+                os.close(wfd)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            if isinstance(exc, OSError):
+                raise _restore_error(exc, self._abs(rel)) from None
+            raise
+        failpoints.hit("restore_after_rename")
+        with contextlib.suppress(OSError):
+            self.cache.record(rel, os.stat(name, dir_fd=fd, follow_symlinks=False), e.sha256,
+                              time.time_ns())
+        with self._lock:
+            self.counts.written += 1
+
+    def _copy_into(self, wfd: int, e: Entry) -> None:
+        try:
+            reader = self.trees.blobs.open(BlobRef(e.sha256, e.size))
+        except BlobMissing as exc:
+            raise CorruptionError(exc.path, None, "a file blob of the tree is missing") from None
+        with reader:
+            while True:
+                chunk = reader.read(CHUNK)  # CorruptionError at the end if damaged
+                if not chunk:
+                    return
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(wfd, view):]
+
+    def _same(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result) -> str | None:
+        """How the file on disk is known to have the entry's content ("cache" or "hash"),
+        or None if it has not."""
+        if st.st_size != e.size:
+            return None
+        hit = self.cache.lookup(rel, st)
+        if hit is not None and hit[1]:
+            if hit[0] == e.sha256:
+                return "cache"
+            self.cache.seen.pop(_key(rel), None)  # about to be rewritten
+            return None
+        try:
+            rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
+        except OSError:
+            return None
+        try:
+            return "hash" if _hash_fd(rfd)[0] == e.sha256 else None
+        except OSError:
+            return None
+        finally:
+            os.close(rfd)
+
+    def _chmod(self, fd: int, name: str, rel: str, perm: int) -> None:
+        try:
+            rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
+            try:
+                os.fchmod(rfd, perm)
+            finally:
+                os.close(rfd)
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+
+    def _remove(self, fd: int, name: str, rel: str, rules: IgnoreRules | None) -> bool:
+        """Remove ``name`` (a directory: what it holds that is not excluded, then itself)."""
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=fd)
+                failpoints.hit("restore_after_remove")
+                self.counts.removed += 1
+                return True
+            if os.path.join(self.top, rel) == self.trees.store_dir:
+                return False  # the store itself is never removed
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                with os.scandir(sub) as it:
+                    inner = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+                kept = False
+                for child, is_dir in inner:
+                    crel = join(rel, child)
+                    if rules is not None and self._kept(crel, child, is_dir, rules):
+                        kept = True
+                    else:
+                        self._remove(sub, child, crel, rules)
+                if inner:
+                    os.fsync(sub)
+            finally:
+                os.close(sub)
+            if kept:
+                return False
+            os.rmdir(name, dir_fd=fd)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+        failpoints.hit("restore_after_remove")
+        self.counts.removed += 1
+        return True
+

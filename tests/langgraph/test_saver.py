@@ -1,0 +1,505 @@
+"""AgentWALSaver beyond the conformance suite: versions, write order, rich values, sharing,
+concurrency, copies, serializers, reopen, the CLI's view of a thread, the async family."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.base import Checkpoint
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from pydantic import BaseModel
+
+import agentwal
+from agentwal.cli import main as cli
+from agentwal.integrations.langgraph import AgentWALSaver
+from agentwal.integrations.langgraph import _layout as L
+
+
+class Order(BaseModel):
+    sku: str
+    qty: int
+    placed: datetime.datetime
+
+
+def cfg(thread: str, ns: str = "", cid: str | None = None) -> dict[str, Any]:
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
+    if cid is not None:
+        conf["checkpoint_id"] = cid
+    return {"configurable": conf}
+
+
+def checkpoint(values: dict[str, Any], versions: dict[str, Any]) -> Checkpoint:
+    return {"v": 4, "id": str(uuid6(clock_seq=1)),
+            "ts": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "channel_values": values, "channel_versions": versions, "versions_seen": {},
+            "updated_channels": list(values)}
+
+
+class Chat:
+    """Drives a saver like the Pregel loop does for a one-node chat graph."""
+
+    def __init__(self, saver: AgentWALSaver, thread: str, ns: str = "") -> None:
+        self.saver, self.thread, self.ns = saver, thread, ns
+        self.config: dict[str, Any] = cfg(thread, ns)
+        self.messages: list[Any] = []
+        self.version: str | None = None
+
+    def step(self, message: Any, *, step: int = 0, **meta: Any) -> dict[str, Any]:
+        if self.config["configurable"].get("checkpoint_id"):
+            self.saver.put_writes(self.config, [("messages", [message])], str(uuid.uuid4()))
+        self.messages = [*self.messages, message]
+        self.version = self.saver.get_next_version(self.version, None)
+        cp = checkpoint({"messages": self.messages}, {"messages": self.version})
+        self.config = self.saver.put(self.config, cp, {"source": "loop", "step": step, **meta},
+                                     {"messages": self.version})
+        return self.config
+
+
+def big(i: int) -> AIMessage:
+    return AIMessage(content=f"message {i} " + "x" * 1000, id=f"m{i}")
+
+
+# -- versions ---------------------------------------------------------------------------
+
+
+def test_next_version_increases_from_none_int_and_str(saver: AgentWALSaver) -> None:
+    v1 = saver.get_next_version(None, None)
+    v2 = saver.get_next_version(v1, None)
+    assert v1 < v2 and int(v2.split(".")[0]) == 2
+    assert int(saver.get_next_version(7, None).split(".")[0]) == 8  # an int from another saver
+    versions = [v1]
+    for _ in range(50):
+        versions.append(saver.get_next_version(versions[-1], None))
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+
+
+def test_two_branches_of_one_thread_never_share_a_version_slot(saver: AgentWALSaver) -> None:
+    base = saver.get_next_version(None, None)
+    a, b = saver.get_next_version(base, None), saver.get_next_version(base, None)
+    assert a != b and L.value_key("root", "c", a) != L.value_key("root", "c", b)
+
+
+# -- writes -----------------------------------------------------------------------------
+
+
+def test_writes_come_back_in_writes_sort_key_order(saver: AgentWALSaver) -> None:
+    stored = saver.put(cfg("t"), checkpoint({}, {}), {"step": 0}, {})
+    saver.put_writes(stored, [("b", 1), ("a", 2)], "task-z", "~p, 2")
+    saver.put_writes(stored, [("c", 3)], "task-a", "~p, 1")
+    saver.put_writes(stored, [("d", 4)], "task-m", "")
+    tup = saver.get_tuple(stored)
+    assert tup is not None
+    assert tup.pending_writes == [("task-m", "d", 4), ("task-a", "c", 3),
+                                  ("task-z", "b", 1), ("task-z", "a", 2)]
+
+
+def test_special_writes_overwrite_and_regular_writes_keep_the_first(
+        saver: AgentWALSaver) -> None:
+    stored = saver.put(cfg("t"), checkpoint({}, {}), {"step": 0}, {})
+    saver.put_writes(stored, [("x", "first"), ("__error__", "e1")], "task")
+    saver.put_writes(stored, [("x", "second"), ("__error__", "e2")], "task")
+    saver.put_writes(stored, [("__interrupt__", ["i1"])], "task")
+    saver.put_writes(stored, [("__interrupt__", ["i2"])], "task")
+    tup = saver.get_tuple(stored)
+    assert tup is not None
+    got = sorted((c, repr(v)) for _, c, v in tup.pending_writes or [])
+    assert got == [("__error__", "'e2'"), ("__interrupt__", "['i2']"), ("x", "'first'")]
+
+
+def test_put_writes_without_a_checkpoint_id_is_refused(saver: AgentWALSaver) -> None:
+    with pytest.raises(ValueError, match="checkpoint_id"):
+        saver.put_writes(cfg("t"), [("x", 1)], "task")
+    assert saver.store.head("t") is None
+
+
+# -- listing ----------------------------------------------------------------------------
+
+
+def test_list_across_threads_and_namespaces_with_filter_before_and_limit(
+        saver: AgentWALSaver) -> None:
+    ids: dict[tuple[str, str], list[str]] = {}
+    for thread in ("t1", "t2"):
+        for ns in ("", "sub:1"):
+            conf = cfg(thread, ns)
+            for step in range(3):
+                conf = saver.put(conf, checkpoint({}, {}), {"step": step, "source": "loop",
+                                                            "owner": thread}, {})
+                ids.setdefault((thread, ns), []).append(conf["configurable"]["checkpoint_id"])
+    assert len(list(saver.list(None))) == 12
+    assert len(list(saver.list(None, filter={"owner": "t2", "step": 1}))) == 2
+    assert len(list(saver.list(None, limit=5))) == 5
+    every_ns = [t.config["configurable"]["checkpoint_id"] for t in saver.list(cfg("t1") | {
+        "configurable": {"thread_id": "t1"}})]
+    assert sorted(every_ns, reverse=True) == every_ns and len(every_ns) == 6
+    root = [t.config["configurable"]["checkpoint_id"] for t in saver.list(cfg("t1", ""))]
+    assert root == ids[("t1", "")][::-1]
+    before = list(saver.list(cfg("t1", ""), before=cfg("t1", "", ids[("t1", "")][2])))
+    assert [t.config["configurable"]["checkpoint_id"] for t in before] == ids[("t1", "")][1::-1]
+    one = list(saver.list(cfg("t1", "sub:1", ids[("t1", "sub:1")][1])))
+    assert [t.checkpoint["id"] for t in one] == [ids[("t1", "sub:1")][1]]
+    assert list(saver.list(None, filter={"owner": "nobody"})) == []
+
+
+def test_other_runs_of_the_store_are_not_threads(saver: AgentWALSaver) -> None:
+    with saver.store.begin("my-own-run") as txn:
+        txn.put("x", 1)
+    saver.put(cfg("t"), checkpoint({}, {}), {"step": 0}, {})
+    assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"t"}
+    saver.delete_thread("my-own-run")
+    saver.prune(["my-own-run"])
+    with pytest.raises(agentwal.RunExistsError):
+        saver.copy_thread("t", "my-own-run")
+    assert saver.store.state("my-own-run") == {"x": 1}
+
+
+# -- values -----------------------------------------------------------------------------
+
+RICH = {
+    "messages": [HumanMessage("hi", id="1"), AIMessage("hello", id="2"),
+                 ToolMessage("42", tool_call_id="c1", id="3")],
+    "order": Order(sku="A-1", qty=2, placed=datetime.datetime(2026, 1, 2, 3, 4, 5,
+                                                              tzinfo=datetime.timezone.utc)),
+    "blob": b"\x00\xffbytes",
+    "when": datetime.datetime(2026, 12, 1, 9, 30),
+    "mixed": {"set": {1, 2}, "tuple": (1, "a"), "decimal": Decimal("1.25"), "none": None,
+              "uuid": uuid.UUID(int=7)},
+    "count": 3,
+}
+
+
+def test_rich_values_round_trip(saver: AgentWALSaver) -> None:
+    versions = {k: saver.get_next_version(None, None) for k in RICH}
+    stored = saver.put(cfg("t"), checkpoint(dict(RICH), versions), {"step": 1}, versions)
+    tup = saver.get_tuple(stored)
+    assert tup is not None
+    # exactly what the serializer itself gives back (msgpack makes a tuple a list)
+    assert tup.checkpoint["channel_values"] == {
+        k: saver.serde.loads_typed(saver.serde.dumps_typed(v)) for k, v in RICH.items()}
+    assert tup.checkpoint["channel_values"]["order"] == RICH["order"]
+    assert tup.checkpoint["channel_versions"] == versions
+    assert tup.metadata["step"] == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.text(max_size=300), max_size=20), min_size=1, max_size=6))
+def test_any_sequence_of_list_versions_reads_back(tmp_path_factory: Any,
+                                                  versions: list[list[str]]) -> None:
+    """Lists that grow, shrink, change in the middle or repeat all read back exactly."""
+    store = agentwal.open(str(tmp_path_factory.mktemp("s") / "s.awal"), durability="none")
+    saver = AgentWALSaver(store)
+    chat = Chat(saver, "t")
+    configs = []
+    for texts in versions:
+        chat.messages = []
+        msgs = [HumanMessage(t * 8, id=str(i)) for i, t in enumerate(texts)]
+        chat.version = saver.get_next_version(chat.version, None)
+        cp = checkpoint({"messages": msgs}, {"messages": chat.version})
+        chat.config = saver.put(chat.config, cp, {"step": 0}, {"messages": chat.version})
+        configs.append((chat.config, msgs))
+    for conf, msgs in configs:
+        tup = saver.get_tuple(conf)
+        assert tup is not None and tup.checkpoint["channel_values"]["messages"] == msgs
+    store.close()
+
+
+def test_an_append_stores_the_new_message_and_a_small_record(saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    for i in range(40):
+        chat.step(big(i), step=i)
+    store = saver.store
+    head = store.head("t")
+    assert head is not None
+    step = store.diff("t", head.id - 2, head.id)  # the last step: put_writes, then put
+    new_keys = set(step.added) | set(step.changed)
+    assert len([k for k in new_keys if k.startswith("e/")]) == 1  # the new message, once
+    put = store.diff("t", head.id - 1, head.id)
+    assert not [k for k in put.added if k.startswith("e/")]  # shared with the task's write
+    record = store.get("t", next(k for k in new_keys if k.startswith("v/")))
+    assert record["t"] == "list" and len(record["add"]) <= L.MAX_DEPTH
+    assert len(json.dumps(record)) < 1000  # a chain link or a digest list, no text
+    write = store.get("t", next(k for k in new_keys if k.startswith("w/")))
+    assert write["t"] == "list" and len(write["add"]) == 1
+    assert sum(1 for k in store.state("t") if k.startswith("e/")) == 40
+    tup = saver.get_tuple(cfg("t"))
+    assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
+
+
+def test_a_message_replaced_in_the_middle_is_stored_and_read_back(saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    for i in range(6):
+        chat.step(big(i))
+    first = chat.config
+    chat.messages = [*chat.messages[:2], AIMessage("edited " * 300, id="m2"), *chat.messages[3:]]
+    chat.step(big(6))
+    assert saver.get_tuple(chat.config).checkpoint["channel_values"]["messages"] == chat.messages
+    assert len(saver.get_tuple(first).checkpoint["channel_values"]["messages"]) == 6
+
+
+# -- concurrency, copies, serializers, reopen --------------------------------------------
+
+
+def test_concurrent_threads_and_parallel_task_writes(saver: AgentWALSaver) -> None:
+    errors: list[BaseException] = []
+
+    def conversation(n: int) -> None:
+        try:
+            chat = Chat(saver, f"t{n}")
+            for i in range(15):
+                chat.step(big(i), step=i)
+                # parallel tasks of one super-step write to the same checkpoint at once
+                tasks = [threading.Thread(target=saver.put_writes, args=(
+                    chat.config, [("out", f"{n}-{i}-{k}")], f"task-{k}")) for k in range(3)]
+                for t in tasks:
+                    t.start()
+                for t in tasks:
+                    t.join()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=conversation, args=(n,)) for n in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    for n in range(4):
+        tup = saver.get_tuple(cfg(f"t{n}"))
+        assert tup is not None
+        assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == [
+            f"m{i}" for i in range(15)]
+        assert sorted(v for _, _, v in tup.pending_writes or []) == [
+            f"{n}-14-{k}" for k in range(3)]
+        assert len(list(saver.list(cfg(f"t{n}")))) == 15
+
+
+def test_with_allowlist_copy_shares_the_store_and_caches(path: str) -> None:
+    store = agentwal.open(path, durability="none")
+    saver = AgentWALSaver(store, serde=JsonPlusSerializer(allowed_msgpack_modules=[]))
+    clone = saver.with_allowlist([("tests.langgraph.test_saver", "Order")])
+    assert clone is not saver and clone.store is saver.store and clone.serde is not saver.serde
+    chat = Chat(clone, "t")
+    for i in range(5):
+        chat.step(big(i))
+    Chat.step(Chat(saver, "u"), big(0))
+    tup = saver.get_tuple(cfg("t"))
+    assert tup is not None and len(tup.checkpoint["channel_values"]["messages"]) == 5
+    assert {t.config["configurable"]["thread_id"] for t in clone.list(None)} == {"t", "u"}
+    when = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    conf = clone.put(cfg("o"), checkpoint({"o": Order(sku="s", qty=1, placed=when)},
+                                         {"o": "1"}), {}, {"o": "1"})
+    assert clone.get_tuple(conf).checkpoint["channel_values"]["o"].sku == "s"
+    store.close()
+
+
+class XorCipher:
+    """A test cipher: a SHA-256 counter-mode keystream (for tests only)."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def _stream(self, n: int) -> bytes:
+        out = b"".join(hashlib.sha256(self.key + i.to_bytes(8, "big")).digest()
+                       for i in range(n // 32 + 1))
+        return out[:n]
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "xor-sha256", bytes(a ^ b for a, b in zip(plaintext, self._stream(len(plaintext)),
+                                                        strict=True))
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "xor-sha256"
+        return self.encrypt(ciphertext)[1]
+
+
+def test_encrypted_serializer_stores_its_tag_and_no_plaintext(path: str) -> None:
+    serde = EncryptedSerializer(XorCipher(b"k" * 16), JsonPlusSerializer())
+    with AgentWALSaver.from_path(path, serde=serde, durability="none") as saver:
+        chat = Chat(saver, "t")
+        for i in range(4):
+            chat.step(AIMessage(f"secret-{i} " * 200, id=f"m{i}"))
+        state = saver.store.state("t")
+        tags = {v["t"] for k, v in state.items() if k.startswith(("e/", "w/"))}
+        assert tags == {"msgpack+xor-sha256", "list"}  # written lists name their elements
+        assert all(v["t"] == "msgpack+xor-sha256" for k, v in state.items()
+                   if k.startswith("e/"))
+        assert "secret" not in repr(state)
+        tup = saver.get_tuple(cfg("t"))
+        assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
+    with (AgentWALSaver.from_path(path, durability="none") as plain_reader,  # wrong serde
+          pytest.raises(Exception)):  # noqa: B017 - whatever the serializer raises
+        plain_reader.get_tuple(cfg("t"))
+
+
+def test_reopen_reads_everything_and_keeps_sharing(path: str) -> None:
+    with AgentWALSaver.from_path(path, durability="sync") as saver:
+        chat = Chat(saver, "t")
+        for i in range(10):
+            chat.step(big(i), step=i)
+        before = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(cfg("t"))]
+    with AgentWALSaver.from_path(path) as saver:
+        assert [(t.checkpoint, t.metadata, t.pending_writes)
+                for t in saver.list(cfg("t"))] == before
+        chat.saver = saver
+        chat.step(big(10), step=10)
+        chat.step(big(11), step=11)
+        head = saver.store.head("t")
+        assert head is not None
+        diff = saver.store.diff("t", head.id - 2, head.id)  # the last step's two commits
+        assert [k for k in diff.added if k.startswith("e/")] == [L.element_key(
+            L.digest(saver.serde.dumps_typed(big(11))))]
+        assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == \
+            chat.messages
+
+
+def test_copy_thread_into_an_existing_thread_merges(saver: AgentWALSaver) -> None:
+    a, b = Chat(saver, "a"), Chat(saver, "b")
+    for i in range(3):
+        a.step(big(i))
+        b.step(big(10 + i))
+    saver.copy_thread("a", "b")
+    assert len(list(saver.list(cfg("b")))) == 6
+    newest = max(a.config["configurable"]["checkpoint_id"],
+                 b.config["configurable"]["checkpoint_id"])
+    assert saver.get_tuple(cfg("b")).checkpoint["id"] == newest
+
+
+def test_prune_keep_latest_keeps_a_whole_list_and_drops_the_rest(saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    for i in range(30):
+        chat.step(big(i))
+    saver.put_writes(chat.config, [("messages", [big(99)])], "task-x")  # pending on the head
+    saver.prune(["t"])
+    assert len(list(saver.list(cfg("t")))) == 1
+    state = saver.store.state("t")
+    assert sum(1 for k in state if k.startswith("e/")) == 31
+    assert saver.get_tuple(cfg("t")).pending_writes == [("task-x", "messages", [big(99)])]
+    assert sum(1 for k in state if k.startswith("v/")) == 1
+    assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
+    chat.step(big(99))  # the cache was forgotten: the next version still reads back
+    assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
+    with pytest.raises(ValueError, match="strategy"):
+        saver.prune(["t"], strategy="oldest")
+
+
+def test_delete_for_runs_keeps_the_values_other_checkpoints_need(saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    for i in range(5):
+        chat.step(big(i), run_id="r1")
+    for i in range(5, 8):
+        chat.step(big(i), run_id="r2")
+    saver.delete_for_runs(["r1"])
+    left = list(saver.list(cfg("t")))
+    assert {t.metadata["run_id"] for t in left} == {"r2"}
+    assert left[0].checkpoint["channel_values"]["messages"] == chat.messages
+
+
+# -- the store's own view of a thread -------------------------------------------------------
+
+
+def test_cli_shows_threads_metadata_and_decoded_values(path: str) -> None:
+    with AgentWALSaver.from_path(path, durability="none") as saver:
+        chat = Chat(saver, "chat-1")
+        for i in range(3):
+            chat.step(HumanMessage(f"question number {i} " * 120, id=f"q{i}"), step=i)
+    runner = CliRunner()
+    runs = runner.invoke(cli, ["runs", path, "--json"])
+    assert runs.exit_code == 0 and "chat-1" in runs.output
+    hist = runner.invoke(cli, ["history", path, "chat-1", "--json"])
+    assert hist.exit_code == 0
+    metas = [c["meta"] for c in json.loads(hist.output)]
+    steps = [m["metadata"]["step"] for m in metas if m.get("langgraph") == "checkpoint"]
+    assert sorted(steps) == [0, 1, 2]
+    shown = runner.invoke(cli, ["show", path, "chat-1", "--json"])
+    assert shown.exit_code == 0
+    assert "question number 2" in shown.output and "HumanMessage" in shown.output
+
+
+# -- async never blocks the loop ------------------------------------------------------------
+
+
+class ThreadSpy:
+    """A store proxy that records which thread each storage call ran on."""
+
+    def __init__(self, store: agentwal.Store) -> None:
+        self._store = store
+        self.threads: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.threads.add(threading.get_ident())
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_async_methods_run_storage_off_the_event_loop(path: str) -> None:
+    store = agentwal.open(path, durability="sync")
+    spy = ThreadSpy(store)
+    saver = AgentWALSaver(spy)  # type: ignore[arg-type]
+
+    async def main() -> int:
+        conf = await saver.aput(cfg("t"), checkpoint({"x": 1}, {"x": "1"}), {"step": 0},
+                                {"x": "1"})
+        await saver.aput_writes(conf, [("y", 2)], "task")
+        assert (await saver.aget_tuple(conf)) is not None
+        assert len([t async for t in saver.alist(None)]) == 1
+        await saver.acopy_thread("t", "u")
+        await saver.adelete_for_runs(["none"])
+        await saver.aprune(["u"])
+        await saver.adelete_thread("u")
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    store.close()
+    assert spy.threads and loop_thread not in spy.threads
+
+
+def test_importing_without_langgraph_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'langgraph' or name.startswith('langgraph.'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "try:\n"
+        "    import agentwal.integrations.langgraph\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "agentwal[langgraph]" in out
+
+
+def test_agentwal_compaction_keeps_what_langgraph_reads(saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    for i in range(40):
+        chat.step(big(i), step=i)
+    before = [(t.checkpoint, t.metadata, t.pending_writes) for t in saver.list(cfg("t"))]
+    report = saver.store.compact(keep_last=1, vacuum=True)
+    assert report.checkpoints_dropped > 0 and len(saver.store.history("t")) == 1
+    assert [(t.checkpoint, t.metadata, t.pending_writes)
+            for t in saver.list(cfg("t"))] == before
+    chat.step(big(40))
+    assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
