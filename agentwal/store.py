@@ -1305,7 +1305,9 @@ class Store:
 
         The new run's first checkpoint (id 1, no parent) has
         ``origin == (run, checkpoint)`` and that state; from then on the two
-        runs are independent.
+        runs are independent. A fork waits for a fold, compaction, ``verify``
+        or ``backup`` in progress, so a compaction (which keeps every fork's
+        origin by default) always sees it.
 
         Returns:
             The new run's first checkpoint; its ``effects_after`` lists the
@@ -1325,7 +1327,10 @@ class Store:
         check_key(run, "run id")
         check_key(new_run, "run id")
         cid = _checkpoint_id(checkpoint)
-        with self._blobs.gate.shared():  # no blob sweep between reading refs and committing
+        # The fold lock keeps a compaction out from checking the origin to committing
+        # the fork (it would not yet see the fork's origin, and could drop it); the
+        # blob gate keeps a sweep out from reading the refs to committing them.
+        with self._fold_lock, self._blobs.gate.shared():
             pipe, view = self._writable(), self._view()
             try:
                 self._check_at(view, run, cid)

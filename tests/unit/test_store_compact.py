@@ -806,3 +806,32 @@ def test_stats_waits_out_a_vacuums_file_swap(store: agentwal.Store,
     threads[0].join()
     assert got == [1], got
     check(store, "r", model, set(range(26, 31)))
+
+
+def test_a_compaction_during_a_fork_keeps_its_origin(store: agentwal.Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep_fork_origins holds for a fork in flight (regression: a compaction that ran
+    between the fork's check of its origin and its commit did not see the origin yet and
+    dropped it; the new fork then named a checkpoint that no longer existed)."""
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 30, model)
+    store.snapshot()
+    compacted = threading.Event()
+    failpoints.arm("compact_after_commit", "call", fn=lambda _name: compacted.set())
+    real_raw_at = store._raw_at
+    threads: list[threading.Thread] = []
+
+    def raw_at(*args: Any, **kwargs: Any) -> Any:  # the fork checked its origin: compact now
+        if not threads:
+            threads.append(threading.Thread(target=store.compact, kwargs={"keep_last": 3}))
+            threads[0].start()
+            compacted.wait(2)  # with the fix, the compaction waits for the fork instead
+        return real_raw_at(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_raw_at", raw_at)
+    store.fork("r", 7, "f")
+    threads[0].join()
+    monkeypatch.undo()
+    assert store.history("f")[-1].origin == ("r", 7)
+    check(store, "r", model, {7, 28, 29, 30})
+    assert store.state("r", at=7) == model[7] == store.state("f")
