@@ -156,7 +156,8 @@ class EffectRecord:
         checkpoint: the checkpoint it is positioned at: the transaction's
             base checkpoint for ``txn.effect`` (0 for a run's first step),
             the commit's checkpoint for ``txn.defer``.
-        ordinal: position among the transaction's effects (None when deferred).
+        ordinal: position among the transaction's effects (None when deferred,
+            and for ``store.effect``, which has no position: its key is its identity).
         deferred: True for outbox entries (``txn.defer``).
         status: one of ``pending``, ``in_doubt``, ``done``, ``failed``,
             ``not_applied``, ``resolved``.
@@ -176,7 +177,8 @@ class EffectRecord:
             first one, for a business key met by several steps); None while the
             transaction that made it has not committed: still running, or
             rolled back, lost to a conflict or to a crash (see
-            :attr:`uncommitted`). Deferred entries are made by their commit.
+            :attr:`uncommitted`). Deferred entries are made by their commit;
+            ``store.effect`` entries belong to no transaction (``ordinal`` None).
         retired_from: for an archived copy of a retired entry, the key it was
             retired from (its own key is an archive key); else None.
         retired_status: the status a ``retired`` entry had when it was retired.
@@ -217,7 +219,8 @@ class EffectRecord:
         checkpoint meets it and reuses its result; a new step from a later
         checkpoint does not. ``docs/effects.md`` says how to settle one.
         """
-        return not self.deferred and self.committed_in is None and self.status != "retired"
+        return (not self.deferred and self.ordinal is not None and self.committed_in is None
+                and self.status != "retired")
 
     @property
     def age(self) -> float:

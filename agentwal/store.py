@@ -126,7 +126,7 @@ from .local.wal import Writer
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
 from .tree import exclude_spec, split_relpath
 from .treeio import RestoreReport, TreeStore
-from .txn import Begin, Transaction
+from .txn import Begin, Transaction, check_effect_args
 from .types import (
     BlobRef,
     Checkpoint,
@@ -1975,6 +1975,70 @@ class Store:
             raise ValueError("give exactly one of result=... or not_applied=True")
         return self._ledger.resolve(effect_id, result=None if result is _UNSET else result,
                                     not_applied=not_applied, by=by)
+
+    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
+               mode: EffectMode | str, args: Any = None,
+               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
+               retries: int = 0,
+               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
+               backoff: float = 0.1) -> Any:
+        """Run an effect that belongs to no transaction, identified by its business ``key``.
+
+        For code whose steps are not agentwal transactions but have an
+        identity of their own (a LangGraph task, a queue message id, a
+        workflow step): the entry is listed under ``run``
+        (``store.effects(run=run)``), has no position (``ordinal`` None) and
+        is never ``uncommitted``; everything else is ``txn.effect``'s contract
+        (durable intent before ``fn``, outcome after, the mode's rule in doubt,
+        a recorded result returned without a call, ``EffectDivergenceError``
+        for other inputs under the same key). ``ctx.run`` is ``run``.
+
+        Raises:
+            What ``txn.effect`` raises; ReadOnlyError, StoreClosedError.
+
+        Example::
+
+            receipt = store.effect("thread-7", "charge", charge, key=f"charge/{task_id}",
+                                   mode="exactly_once", idempotent=True)
+        """
+        return self._ledger.run(self._standalone(run, name, fn, key=key, mode=mode, args=args,
+                                                 probe=probe, idempotent=idempotent,
+                                                 retries=retries, retry_on=retry_on,
+                                                 backoff=backoff, allow_async=False))
+
+    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                      key: str, mode: EffectMode | str, args: Any = None,
+                      probe: Callable[[EffectContext], Any] | None = None,
+                      idempotent: bool = False, retries: int = 0,
+                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
+                                                                   TimeoutError),
+                      backoff: float = 0.1) -> Any:
+        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions;
+        ledger reads and writes run off the event loop, as for ``txn.aeffect``)."""
+        return await self._ledger.arun(self._standalone(
+            run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
+            retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
+
+    def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                    key: str, mode: EffectMode | str, args: Any,
+                    probe: Callable[[EffectContext], Any] | None, idempotent: bool,
+                    retries: int, retry_on: tuple[type[BaseException], ...], backoff: float,
+                    allow_async: bool) -> Request:
+        """The ledger request of a ``store.effect``: checked, keyed, with no position."""
+        check_key(run, "run id")
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        if not isinstance(key, str):
+            raise TypeError("store.effect needs key=, a business key (str): with no "
+                            "transaction there is no position to derive one from")
+        req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
+                                               probe=probe, idempotent=idempotent,
+                                               retries=retries, backoff=backoff,
+                                               allow_async=allow_async, where="store")
+        head = self.head(run)
+        return Request(name, fn, req_mode, args_raw, key, run, head.id if head else 0, None,
+                       probe, bool(idempotent), retries, tuple(retry_on), float(backoff), True)
 
     def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
         """Set a recorded effect aside, keeping it as history, and free its position.

@@ -491,33 +491,10 @@ class Transaction:
                         backoff: float, allow_async: bool) -> Request:
         """Check the arguments of ``effect``/``aeffect`` and take the next position."""
         self._check()
-        req_mode = _check_mode(mode)
-        check_key(name, "effect name")
-        if not callable(fn):
-            raise TypeError("fn must be callable as fn(ctx)")
-        if probe is not None and not callable(probe):
-            raise TypeError("probe must be callable as probe(ctx)")
-        if not allow_async:
-            for what, f in (("fn", fn), ("probe", probe)):
-                if is_async_callable(f):
-                    raise TypeError(
-                        f"{what} of effect {name!r} is async ({f!r}); txn.effect calls it "
-                        "synchronously and could not await it. In async code use "
-                        "`await txn.aeffect(...)`. Nothing was recorded.")
-        if req_mode is EffectMode.EXACTLY_ONCE and probe is None and not idempotent:
-            raise ValueError("exactly_once needs probe= (to ask the downstream whether an "
-                             "attempt in doubt was applied) or idempotent=True (the downstream "
-                             "dedups by ctx.key); without either it cannot be exactly once")
-        if not isinstance(retries, int) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if retries and req_mode is EffectMode.AT_MOST_ONCE:
-            raise ValueError("at_most_once never calls twice, so it cannot retry; use "
-                             "at_least_once or exactly_once")
-        if backoff < 0:
-            raise ValueError("backoff must be >= 0")
-        if key is not None:
-            check_key(key, "effect key")
-        args_raw = encode_value(f"args of effect {name!r}", args)
+        req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
+                                               probe=probe, idempotent=idempotent,
+                                               retries=retries, backoff=backoff,
+                                               allow_async=allow_async, where="txn")
         if self._anchor is None:
             base, epoch = self._engine._txn_base(self), self._engine._txn_epoch(self)
             if key is None and self._effects_made == 0:
@@ -686,6 +663,43 @@ class Transaction:
             await self.acommit()
         else:
             self.rollback()
+
+
+def check_effect_args(name: str, fn: object, *, mode: object, args: Any, key: str | None,
+                      probe: object, idempotent: bool, retries: int, backoff: float,
+                      allow_async: bool, where: str) -> tuple[EffectMode, bytes]:
+    """Check what an effect call was given; its mode and encoded args, or a clear error.
+
+    Shared by ``txn.effect``/``txn.aeffect`` and ``store.effect``/``store.aeffect``
+    (``where`` says which, for the messages). Nothing is recorded before it passes.
+    """
+    req_mode = _check_mode(mode)
+    check_key(name, "effect name")
+    if not callable(fn):
+        raise TypeError("fn must be callable as fn(ctx)")
+    if probe is not None and not callable(probe):
+        raise TypeError("probe must be callable as probe(ctx)")
+    if not allow_async:
+        for what, f in (("fn", fn), ("probe", probe)):
+            if is_async_callable(f):
+                raise TypeError(
+                    f"{what} of effect {name!r} is async ({f!r}); {where}.effect calls it "
+                    "synchronously and could not await it. In async code use "
+                    f"`await {where}.aeffect(...)`. Nothing was recorded.")
+    if req_mode is EffectMode.EXACTLY_ONCE and probe is None and not idempotent:
+        raise ValueError("exactly_once needs probe= (to ask the downstream whether an "
+                         "attempt in doubt was applied) or idempotent=True (the downstream "
+                         "dedups by ctx.key); without either it cannot be exactly once")
+    if not isinstance(retries, int) or retries < 0:
+        raise ValueError("retries must be an int >= 0")
+    if retries and req_mode is EffectMode.AT_MOST_ONCE:
+        raise ValueError("at_most_once never calls twice, so it cannot retry; use "
+                         "at_least_once or exactly_once")
+    if backoff < 0:
+        raise ValueError("backoff must be >= 0")
+    if key is not None:
+        check_key(key, "effect key")
+    return req_mode, encode_value(f"args of effect {name!r}", args)
 
 
 def _conflict_reason(exc: ConflictError) -> str | None:

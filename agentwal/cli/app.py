@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from .. import __version__
-from .common import examples, quiet_broken_pipe, report_failure
+from .common import Failure, examples, quiet_broken_pipe, report_failure
 
 
 class Group(click.Group):
@@ -53,8 +53,6 @@ def _end_on_closed_pipe() -> NoReturn:
 
 
 def _internal(exc: Exception) -> click.ClickException:
-    from .common import Failure
-
     return Failure("internal", f"{type(exc).__name__}: {exc}. This is a bug in agentwal; "
                    "run again with AGENTWAL_DEBUG=1 to see where, and report it.")
 

@@ -8,10 +8,9 @@ from typing import Any
 import click
 
 from ..types import TreeRef
-from ..views import abbreviate, effect_row, to_json, value_changes
+from ..views import abbreviate, checkpoint_row, effect_row, to_json, value_changes
 from .app import main
 from .common import (
-    checkpoint_row,
     checkpoint_table,
     emit,
     examples,
@@ -132,6 +131,15 @@ def _clip_text(text: str, limit: int | None) -> str:
     return text if limit is None else abbreviate(text, limit)
 
 
+def _print_made(c: Any, target: int, as_json: bool) -> None:
+    """The checkpoint rollback or fork made, and the effects after ``target`` that stand."""
+    row = checkpoint_row(c)
+    row["effects_after"] = [effect_row(e) for e in c.effects_after]
+    emit(as_json, row, lambda: checkpoint_table([row]))
+    if not as_json:
+        effects_after_note(c.effects_after, target)
+
+
 @main.command(epilog=examples("agentwal rollback state.awal run-42 7",
                               "agentwal rollback state.awal run-42 7 --json | jq .id"))
 @store_argument
@@ -150,12 +158,7 @@ def rollback(path: str, run: str, checkpoint: int, as_json: bool) -> None:
     open (call store.rollback_to from that process instead).
     """
     with open_rw(path) as store:
-        c = store.rollback_to(run, checkpoint)
-    row = checkpoint_row(c)
-    row["effects_after"] = [effect_row(e) for e in c.effects_after]
-    emit(as_json, row, lambda: checkpoint_table([row]))
-    if not as_json:
-        effects_after_note(c.effects_after, checkpoint)
+        _print_made(store.rollback_to(run, checkpoint), checkpoint, as_json)
 
 
 @main.command(epilog=examples("agentwal fork state.awal run-42 7 run-42-retry",
@@ -176,12 +179,7 @@ def fork(path: str, run: str, checkpoint: int, new_run: str, as_json: bool) -> N
     fails with store_locked while an agent has it open.
     """
     with open_rw(path) as store:
-        c = store.fork(run, checkpoint, new_run)
-    row = checkpoint_row(c)
-    row["effects_after"] = [effect_row(e) for e in c.effects_after]
-    emit(as_json, row, lambda: checkpoint_table([row]))
-    if not as_json:
-        effects_after_note(c.effects_after, checkpoint)
+        _print_made(store.fork(run, checkpoint, new_run), checkpoint, as_json)
 
 
 @main.command(epilog=examples("agentwal restore state.awal agent workspace ./repo",

@@ -3,8 +3,12 @@
 Theory of operation: commands are thin shells over the public API. Each one
 takes its options from the decorators here (so ``--json`` and the store
 argument read the same everywhere), prints through :func:`emit` (JSON with
-``--json``, a table otherwise) and lets :func:`reports_errors` turn a library
-error into a message and exit status 1. Nothing here writes to a store.
+``--json``, a rich table otherwise: colour only on a terminal, never with
+``NO_COLOR``) and lets :func:`reports_errors` turn a library error into a
+:class:`Failure` (exit status 1) whose message names the command that lists
+what was not found; :func:`usage` is exit status 2. The group in
+:mod:`.app` prints either, as JSON too under ``--json``. Nothing here writes
+to a store.
 """
 
 from __future__ import annotations
@@ -26,12 +30,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import Error
-from ..views import checkpoint_row, jsonable, when
-
-__all__ = ["checkpoint_row", "jsonable", "when"]  # shared with the commands
+from ..views import jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
-
 
 
 def emit(as_json: bool, data: Any, human: Callable[[], None]) -> None:
@@ -60,7 +61,7 @@ def store_argument(fn: F) -> F:
 
 
 class Failure(click.ClickException):
-    """A problem the command found: printed with its code, exit status 1 (2 for usage)."""
+    """A problem the command found: printed with its code, exit status 1."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

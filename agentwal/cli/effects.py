@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..effects import STATUSES
-from ..views import PROBLEM_STATUSES, effect_row
+from ..views import PROBLEM_STATUSES, effect_row, jsonable, when
 from .app import main
 from .common import (
     age,
@@ -18,14 +18,12 @@ from .common import (
     emit,
     examples,
     json_option,
-    jsonable,
     open_ro,
     open_rw,
     reports_errors,
     store_argument,
     table,
     usage,
-    when,
 )
 
 # -- the effects ledger -----------------------------------------------------------------

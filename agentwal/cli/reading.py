@@ -13,6 +13,7 @@ from rich.tree import Tree
 from ..errors import RunNotFoundError
 from ..types import TreeRef
 from ..views import (
+    checkpoint_row,
     effect_counts,
     fork_map,
     graph_rows,
@@ -21,11 +22,11 @@ from ..views import (
     to_json,
     tree_file_line,
     tree_file_row,
+    when,
 )
 from .app import main
 from .common import (
     age,
-    checkpoint_row,
     checkpoint_table,
     clip,
     console,
@@ -38,7 +39,6 @@ from .common import (
     store_argument,
     table,
     usage,
-    when,
 )
 
 _MIB = 1 << 20
@@ -48,12 +48,13 @@ def size(n: int | None) -> str:
     """Bytes for a person: 512 B, 60.0 KiB, 3.2 MiB."""
     if n is None:
         return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    if n < 1024:
+        return f"{n} B"
+    units = ("KiB", "MiB", "GiB", "TiB")
+    value, step = n / 1024, 0
+    while value >= 1024 and step < len(units) - 1:
+        value, step = value / 1024, step + 1
+    return f"{value:.1f} {units[step]}"
 
 
 @main.command(epilog=examples("agentwal inspect state.awal",
@@ -106,7 +107,8 @@ def _attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
         out.append(f"{eff['in_doubt']} effect(s) in doubt, {eff['failed']} failed: check the "
                    f"downstream, then `agentwal effects {path} --check` and `agentwal resolve`")
     if st["outbox_pending"]:
-        out.append(f"{st['outbox_pending']} outbox entr(ies) not yet dispatched: "
+        n = st["outbox_pending"]
+        out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "
                    f"`agentwal effects {path} --status pending`")
     if st["wal_bytes"] > 2 * wal_max_bytes:
         out.append(f"the write-ahead log holds {size(st['wal_bytes'])}, over twice "
@@ -134,7 +136,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 
 def _field(name: str, value: Any) -> str:
     if value is None:
-        return "-"
+        return "(the writer's; not visible read-only)" if name == "durability" else "-"
     if name.endswith("_bytes"):
         return f"{size(value)} ({value:,} bytes)"
     if name.endswith("_at"):
@@ -144,10 +146,13 @@ def _field(name: str, value: Any) -> str:
 
 def _inspect_human(st: dict[str, Any]) -> None:
     attention = st["attention"]
+    out = console()
     if attention:
-        table([("!", a) for a in attention], ("", "needs attention"))
+        out.print(Text("needs attention", style="bold red"))
+        for a in attention:
+            out.print(Text.assemble(("  ! ", "bold red"), a))
     else:
-        click.echo("needs attention: nothing")
+        out.print(Text.assemble("needs attention: ", ("nothing", "green")))
     placed = {"attention", "effects", "recovery"}
     for section, fields in _SECTIONS.items():
         rows = [(f, _field(f, st[f])) for f in fields if f in st]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import sys
@@ -80,6 +81,8 @@ def ui(path: str, host: str, port: int, open_browser: bool) -> None:
             click.echo("warning: listening beyond this machine; anyone who can reach it can "
                        "read the store.", err=True)
         sys.stderr.flush()
-        if open_browser:
-            threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-        server.run(sockets=[sock])
+        if open_browser:  # the socket already listens, so the browser's request waits for us
+            threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how one stops it
+            server.run(sockets=[sock])
+        click.echo("agentwal ui: stopped", err=True)

@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..effects import STATUSES
 from ..errors import CheckpointNotFoundError, Error, RunNotFoundError
 from ..types import BlobRef, TreeRef
 from ..views import (
@@ -83,6 +84,7 @@ class Viewer:
         entries = s.effects()
         return {"path": self.path, "store_id": st["store_id"], "visible_lsn": st["visible_lsn"],
                 "runs": len(s.runs()), "effects": effect_counts(entries),
+                "statuses": list(STATUSES),
                 "outbox": len(outbox(entries))}
 
     def runs(self, s: Any, q: str) -> list[dict[str, Any]]:
@@ -208,6 +210,9 @@ def create_app(store: Any, path: str, *, refresh_seconds: float = REFRESH_SECOND
             except Error as exc:
                 status = 404 if isinstance(exc, LookupError) else 500
                 return _json({"error": {"code": exc.code, "message": str(exc)}}, status)
+            except OSError as exc:  # e.g. a segment the writer removed while we read it
+                return _json({"error": {"code": "io", "message": f"{exc}; the page retries"}},
+                             503)
 
         return endpoint
 

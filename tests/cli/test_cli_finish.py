@@ -124,7 +124,7 @@ def test_inspect_puts_attention_first(forked: str) -> None:
     in_doubt(forked, "run-a", "pay")
     code, out, _ = run("inspect", forked)
     assert code == 0 and out.splitlines()[0].split() == ["needs", "attention"]
-    assert "1 effect(s) in doubt" in out.splitlines()[2]
+    assert out.splitlines()[1].startswith("  ! 1 effect(s) in doubt")
     for section in ("store", "log", "snapshot", "history", "effects", "last recovery"):
         assert any(line.strip() == section for line in out.splitlines()), section
     code, out, _ = run("inspect", forked, "--json")
@@ -163,6 +163,14 @@ def test_python_dash_m_is_the_console_script(forked: str) -> None:
     assert _cli("--help").stdout.startswith("Usage: agentwal ")
     bad = _cli("histroy", forked)
     assert bad.returncode == 2 and "No such command" in bad.stderr
+    script = Path(sys.executable).with_name("agentwal")
+    if script.exists():  # the console script beside this interpreter prints the same
+        for args in (["--help"], ["history", forked, "run-a"], ["show", forked, "nope"]):
+            env = {**os.environ, "NO_COLOR": "1"}
+            a = subprocess.run([str(script), *args], capture_output=True, text=True,
+                               timeout=120, env=env)
+            b = _cli(*args)
+            assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
 
 
 def test_a_closed_pipe_is_a_quiet_normal_end(forked: str) -> None:
@@ -226,3 +234,10 @@ def test_colour_on_a_terminal_but_never_with_no_color(forked: str) -> None:
     plain = _on_a_terminal(args, {**env, "NO_COLOR": "1"})
     colour_codes = [c for c in ("\x1b[3", "\x1b[9", "\x1b[38;") if c in plain]
     assert "HEAD" in plain and not colour_codes
+
+
+def test_sizes_for_people() -> None:
+    from agentwal.cli.reading import size
+
+    assert [size(n) for n in (None, 0, 1023, 1024, 53_248, 16 << 20, 5 << 40, 1 << 60)] == [
+        "-", "0 B", "1023 B", "1.0 KiB", "52.0 KiB", "16.0 MiB", "5.0 TiB", "1048576.0 TiB"]

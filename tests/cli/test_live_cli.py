@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +67,30 @@ def test_inspect_and_history_beside_a_writer(writer: str) -> None:
     assert stats["readonly"] and stats["runs"] == 1 and stats["visible_lsn"] >= first
     graph = _json("history", writer, "live", "--graph", "--limit", "3", "--json")
     assert graph and graph[0]["id"] >= first
-    while _head(writer) <= first:  # the writer keeps committing; a later run sees more
-        pass
+    assert _eventually(lambda: _head(writer) > first)  # a later run sees later commits
     human = subprocess.run(agentwal_cmd("inspect", writer), capture_output=True, text=True,
                            timeout=120)
     assert human.returncode == 0 and human.stdout.startswith("needs attention")
 
 
-def test_ui_follows_a_writer_in_another_process(writer: str) -> None:
-    ui = subprocess.Popen(agentwal_cmd("ui", writer, "--port", "0"),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _eventually(check: Callable[[], bool], tries: int = 600) -> bool:
+    """True once ``check()`` is; False if it never was in ``tries`` attempts, 0.1 s apart
+    (a ceiling for a slow machine, not a measurement)."""
+    for _ in range(tries):
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_ui_follows_a_writer_in_another_process(writer: str, tmp_path: Path) -> None:
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "browser"  # stands in for the user's browser: notes the URL
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(0o755)
+    ui = subprocess.Popen(agentwal_cmd("ui", writer, "--port", "0", "--open"),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "BROWSER": str(browser)})
     try:
         assert ui.stderr is not None
         url = ui.stderr.readline().rsplit(" at ", 1)[1].strip()
@@ -83,11 +100,12 @@ def test_ui_follows_a_writer_in_another_process(writer: str) -> None:
                 return int(json.load(res)["visible_lsn"])
 
         first = lsn()
-        while lsn() <= first:  # each request refreshes the read-only view
-            pass
+        assert _eventually(lambda: lsn() > first)  # each request refreshes the view
+        assert _eventually(lambda: opened.exists() and opened.read_text().strip() == url)
         with urllib.request.urlopen(url + "api/runs/live/checkpoints", timeout=60) as res:
             page = json.load(res)
         assert page["rows"][0]["head"] and page["head"] > 1
     finally:
-        ui.terminate()
-        ui.wait(timeout=30)
+        ui.send_signal(signal.SIGINT)  # Ctrl-C: how a person stops it
+        code = ui.wait(timeout=60)
+    assert code == 0 and ui.stderr.read().strip() == "agentwal ui: stopped"

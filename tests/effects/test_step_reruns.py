@@ -528,3 +528,39 @@ def test_atransact_retries_a_conflicted_async_step_without_charging_twice(
         asyncio.run(store.atransact("r", lambda txn: None))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="atransact"):
         store.transact("r", step)  # type: ignore[arg-type]
+
+
+# -- 9. effects that belong to no transaction: store.effect ------------------------------
+
+def test_store_effect_is_keyed_listed_under_its_run_and_never_uncommitted(
+        store: agentwal.Store, shop: Shop) -> None:
+    first = store.effect("thread-7", "charge", shop.call, key="charge/task-1",
+                         mode="at_least_once", args={"amount": 1})
+    again = store.effect("thread-7", "charge", shop.call, key="charge/task-1",
+                         mode="at_least_once", args={"amount": 1})
+    assert first == again and shop.calls() == 1
+    (e,) = store.effects(run="thread-7")
+    assert e.ordinal is None and e.keyed and not e.uncommitted and e.committed_in is None
+    with pytest.raises(EffectDivergenceError):
+        store.effect("thread-7", "charge", shop.call, key="charge/task-1",
+                     mode="at_least_once", args={"amount": 2})
+    with pytest.raises(TypeError, match="business key"):
+        store.effect("thread-7", "charge", shop.call, key=None,  # type: ignore[arg-type]
+                     mode="at_least_once")
+    assert store.head("thread-7") is None  # no checkpoint: it is no step of the run
+
+
+def test_store_aeffect_awaits_an_async_fn_and_a_read_only_store_refuses(
+        store: agentwal.Store, shop: Shop, tmp_path: Path) -> None:
+    import asyncio
+
+    async def call(ctx: agentwal.EffectContext) -> Any:
+        return shop.call(ctx)
+
+    r = asyncio.run(store.aeffect("t", "notify", call, key="n/1", mode="at_least_once"))
+    assert r["args"] is None and shop.calls() == 1
+    with pytest.raises(TypeError, match="aeffect"):
+        store.effect("t", "notify", call, key="n/2", mode="at_least_once")
+    store.close()
+    with agentwal.open(store.path, readonly=True) as ro, pytest.raises(agentwal.ReadOnlyError):
+        ro.effect("t", "notify", shop.call, key="n/3", mode="at_least_once")

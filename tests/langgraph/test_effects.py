@@ -77,6 +77,8 @@ def test_an_effect_before_an_interrupt_is_not_repeated_on_resume(
     assert out["receipts"][0]["args"] == {"amount": 4900} and out["answer"] == "ok"
     [entry] = saver.store.effects()
     assert entry.status == "done" and entry.name == "charge"
+    # listed under the thread, and not an uncommitted attempt: it belongs to the task
+    assert saver.store.effects(run="t") == [entry] and not entry.uncommitted
 
 
 def test_effects_in_one_node_parallel_tasks_and_time_travel(saver: AgentWALSaver,

@@ -44,6 +44,7 @@ def test_store_summary_counts_what_needs_attention(client: TestClient, filled: s
     s = get(client, "/api/store")
     assert s["path"] == filled and s["runs"] == 2 and s["outbox"] == 1
     assert s["effects"]["in_doubt"] == 1 and s["effects"]["pending"] == 1
+    assert "in_doubt" in s["statuses"] and set(s["effects"]) == {*s["statuses"], "total"}
 
 
 def test_runs_list_and_search(client: TestClient) -> None:
@@ -160,3 +161,21 @@ def test_loopback_only_unless_host_is_explicit(filled: str) -> None:
     assert not is_loopback("0.0.0.0") and not is_loopback("192.0.2.1")
     result = CliRunner().invoke(main, ["ui", filled], env={"AGENTWAL_UI_HOST": "0.0.0.0"})
     assert result.exit_code == 2 and "not a loopback address" in result.output
+
+
+def test_a_file_gone_under_a_read_is_a_503_the_page_retries(filled: str) -> None:
+    class Vanishing:
+        """A store whose refresh meets a segment a writer just removed."""
+
+        def __init__(self, store: Any) -> None:
+            self.store = store
+
+        def refresh(self) -> None:
+            raise FileNotFoundError(2, "No such file or directory", "wal/00000000000000000001.wal")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.store, name)
+
+    with agentwal.open(filled, readonly=True) as store:
+        client = TestClient(create_app(Vanishing(store), filled))
+        assert get(client, "/api/store", 503)["error"]["code"] == "io"

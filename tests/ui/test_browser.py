@@ -4,6 +4,7 @@
 commits while the page is open. Screenshots go to test-artifacts/ui/ (or
 $AGENTWAL_ARTIFACTS). Without Chromium these tests skip saying why, unless
 AGENTWAL_REQUIRE_BROWSER=1 (set by .ci/run), where a missing browser fails.
+AGENTWAL_CHROMIUM names another Chromium binary.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .stores import HTML, fill
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("AGENTWAL_ARTIFACTS", ROOT / "test-artifacts")) / "ui"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = (os.environ.get("AGENTWAL_CHROMIUM") or shutil.which("chromium")
+            or "/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
 #: How long to wait for the page to show something (a ceiling, not a measurement).
@@ -100,6 +102,7 @@ def test_runs_list(page: Any) -> None:
     assert row.locator(".badge.bad").inner_text() == "1"  # its in-doubt effect
     page.fill("#run-search", "run-b")
     page.wait_for_selector('#runs tr[data-run="run-a"]', state="detached")
+    assert "null" not in page.inner_text("#main") and "undefined" not in page.inner_text("#main")
     shot(page, "1-runs")
     page.fill("#run-search", "")
     page.wait_for_selector('#runs tr[data-run="run-a"]')

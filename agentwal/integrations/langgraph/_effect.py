@@ -7,20 +7,19 @@ under a ``RetryPolicy``) keeps that identity, and time travel makes a new one
 (a fork checkpoint, so a new task id). The n-th ``effect`` call of one
 *execution* of a task gets
 
-- the key ``lge-`` + hash(thread, namespace, checkpoint, task id, n, name),
-  unless the caller gives a business ``key=``;
-- the position (run ``lg-effect:<thread>:`` + hash(thread, namespace,
-  checkpoint, task id, n),
-  its checkpoint 0, ordinal 0) in agentwal's ledger, so a re-run that asks for
-  a different effect at the n-th call is a divergence (``EffectDivergenceError``),
-  as with ``txn.effect``.
+- the key ``lge-`` + hash(thread, namespace, checkpoint, task id, n), unless
+  the caller gives a business ``key=``. The name is not part of it, so a re-run
+  that asks for a different effect (or other args) at the n-th call meets the
+  recorded one and is a divergence (``EffectDivergenceError``), as with
+  ``txn.effect``.
+
+The call is a ``store.effect`` on the thread's run: an entry with no position
+(its key is its identity) that belongs to no agentwal transaction, listed by
+``store.effects(run=thread)`` and never reported ``uncommitted``.
 
 ``n`` counts per execution: each execution of a task has its own scratchpad
 object (LangGraph builds one when it prepares the task and a new one for a
 retry), so counting by that object makes a resume or a retry start again at 0.
-The per-effect run is never committed: the effect runs in a transaction that
-is rolled back, and its ledger record (autonomous) is what remains; it is
-listed by ``store.effects()`` under that run id.
 
 Durability: under LangGraph's ``"async"`` durability the checkpoint a task
 was prepared from may still be saving while the node runs. If a crash lost
@@ -90,16 +89,9 @@ class _Site:
     def fields(self) -> list[Any]:
         return [self.thread, self.ns, self.checkpoint_id, self.task_id, self.ordinal]
 
-    def run(self) -> str:
-        """The ledger run of this call's position: names the thread when it fits."""
+    def key(self) -> str:
+        """The call's default key: the task's identity and the call's number in it."""
         body = cbor2.dumps(["agentwal-langgraph-effect", *self.fields()])
-        digest = hashlib.sha256(body).hexdigest()
-        if len(self.thread.encode("utf-8", "surrogatepass")) <= 300:
-            return f"lg-effect:{self.thread}:{digest[:24]}"
-        return "lg-effect:" + digest[:40]
-
-    def key(self, name: str) -> str:
-        body = cbor2.dumps(["agentwal-langgraph-effect", *self.fields(), name])
         return "lge-" + hashlib.sha256(body).hexdigest()[:56]
 
 
@@ -180,14 +172,10 @@ def _await_checkpoint(site: _Site, effect_key: str) -> None:
 
 def _run(site: _Site, name: str, fn: Callable[[agentwal.EffectContext], Any], mode: Any,
          args: Any, key: str | None, probe: Any, idempotent: bool, retries: int) -> Any:
-    effect_key = site.key(name) if key is None else key
+    effect_key = site.key() if key is None else key
     _await_checkpoint(site, effect_key)
-    txn = site.saver.store.begin(site.run())
-    try:
-        return txn.effect(name, fn, mode=mode, args=args, key=effect_key, probe=probe,
-                          idempotent=idempotent, retries=retries)
-    finally:
-        txn.rollback()  # the ledger record is autonomous; the effect run stays empty
+    return site.saver.store.effect(site.thread, name, fn, key=effect_key, mode=mode, args=args,
+                                   probe=probe, idempotent=idempotent, retries=retries)
 
 
 def effect(name: str, fn: Callable[[agentwal.EffectContext], Any], *, mode: Any,
@@ -240,11 +228,8 @@ async def aeffect(name: str, fn: Callable[[agentwal.EffectContext], Any], *, mod
             return {"receipt": receipt}
     """
     site = _site()
-    effect_key = site.key(name) if key is None else key
+    effect_key = site.key() if key is None else key
     await asyncio.to_thread(_await_checkpoint, site, effect_key)  # reads and an fsync
-    txn = site.saver.store.begin(site.run())  # no I/O
-    try:
-        return await txn.aeffect(name, fn, mode=mode, args=args, key=effect_key, probe=probe,
-                                 idempotent=idempotent, retries=retries)
-    finally:
-        txn.rollback()
+    return await site.saver.store.aeffect(site.thread, name, fn, key=effect_key, mode=mode,
+                                          args=args, probe=probe, idempotent=idempotent,
+                                          retries=retries)

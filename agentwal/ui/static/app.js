@@ -6,6 +6,7 @@ const POLL_MS = 1000;
 const SHORT_TEXT = 160;  // characters of text shown before "more"
 let lastLsn = null;
 let storePath = "";
+let storeStatuses = ["in_doubt", "failed", "pending", "done", "resolved", "not_applied"];
 
 // -- DOM helpers -----------------------------------------------------------------------
 
@@ -54,7 +55,7 @@ async function api(path) {
 
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.filter(n => n !== null && n !== undefined));
 }
 
 function errorBox(err) { return el("p", { class: "error" }, String(err.message || err)); }
@@ -101,14 +102,15 @@ async function renderRuns(params, live) {
       el("td", {}, age(r.created_at)),
       el("td", { class: "num" }, r.checkpoints),
       el("td", { class: "num" }, r.in_doubt ? el("span", { class: "badge bad" }, r.in_doubt) : "0")))));
+  const body = el("div", { id: "runs-body" }, table,
+    rows.length ? null : el("p", { class: "muted" }, q ? "No run matches." : "The store has no runs yet."));
   if (live && existing) {
-    document.getElementById("runs").replaceWith(table);
+    document.getElementById("runs-body").replaceWith(body);
     return;
   }
   const search = el("input", { id: "run-search", type: "search", placeholder: "Search runs", value: q,
     oninput: (ev) => { history.replaceState(null, "", `#/?q=${enc(ev.target.value)}`); render(true); } });
-  show(el("h1", {}, "Runs"), search, table,
-       rows.length ? null : el("p", { class: "muted" }, "No runs match."));
+  show(el("h1", {}, "Runs"), search, body);
   search.focus();
   search.setSelectionRange(q.length, q.length);
 }
@@ -261,19 +263,21 @@ function changeLine(c) {
 
 function effectsTable(rows, id) {
   return el("table", { id, class: "effects" },
-    el("thead", {}, el("tr", {}, ["status", "name", "run", "key", "mode", "attempts", "args", "result / error", "age"].map(h => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["status", "name", "run", "committed", "key", "mode", "attempts", "args", "result / error", "age"].map(h => el("th", {}, h)))),
     el("tbody", {}, rows.map(r => [
       el("tr", { class: `status-${r.status}`, "data-effect": r.effect_id },
         el("td", {}, el("span", { class: `badge st-${r.status}` }, r.status)),
         el("td", {}, r.name, el("div", { class: "muted small" }, r.effect_id)),
         el("td", {}, link(`#/run/${enc(r.run)}/ckpt/${r.checkpoint}`, r.run)),
+        el("td", {}, r.uncommitted ? el("span", { class: "badge st-pending", title: "the step that made it never committed" }, "uncommitted")
+          : r.committed_in ? link(`#/run/${enc(r.run)}/ckpt/${r.committed_in}`, `#${r.committed_in}`) : "-"),
         el("td", {}, el("code", {}, r.key)),
         el("td", {}, r.mode),
         el("td", { class: "num" }, r.attempts),
         el("td", {}, pv(r.args)),
         el("td", {}, r.error ? el("span", { class: "error-text" }, r.error) : pv(r.result)),
         el("td", {}, age(r.updated_at))),
-      r.resolve ? el("tr", { class: "resolve-row" }, el("td", { colspan: 9 },
+      r.resolve ? el("tr", { class: "resolve-row" }, el("td", { colspan: 10 },
         "Settle it by hand once you know what happened: ", el("code", { class: "resolve" }, r.resolve))) : null,
     ])));
 }
@@ -286,7 +290,7 @@ async function renderEffects(params, live) {
     document.getElementById("effects").replaceWith(table);
     return;
   }
-  const statuses = ["", "in_doubt", "failed", "pending", "done", "resolved", "not_applied"];
+  const statuses = ["", ...storeStatuses];
   const apply = () => {
     location.hash = `#/effects?run=${enc(runInput.value)}&status=${enc(statusSel.value)}`;
   };
@@ -315,6 +319,7 @@ async function poll() {
   try {
     const s = await api("/api/store");
     storePath = s.path;
+    storeStatuses = s.statuses;
     document.getElementById("store-path").textContent = s.path;
     const live = document.getElementById("live");
     live.textContent = `LSN ${s.visible_lsn} · live`;
