@@ -18,8 +18,8 @@ import pytest
 
 import agentwal
 from agentwal import errors, failpoints
-from agentwal.commit import CommitPipeline
 from agentwal.io import OsFileSystem
+from agentwal.local.commit import CommitPipeline
 from tests.helpers import commit, increment_in_threads
 
 
