@@ -16,8 +16,9 @@ PKG = Path(agentwal.__file__).parent
 # Lower ranks never import higher ones (STYLE.md: errors/types → io → wal →
 # snapshot/effects → txn → recovery → store → cli). history.py is pure
 # encoding logic beside the codec; retention.py pure planning beside it; postgres/
-# (the PostgreSQL backend) sits beside store. Modules under agentwal/local/ (the embedded engine) are ranked one by one
-# ("local.snapshot" covers the package); every other package as a whole.
+# (the PostgreSQL backend) sits beside store. Modules under agentwal/local/ (the
+# embedded engine) are ranked one by one ("local.snapshot" covers the package);
+# every other package as a whole.
 # docs/development.md shows this table (test_the_docs_show_this_table).
 RANK = {
     "errors": 0, "format": 0, "failpoints": 0,

@@ -123,13 +123,16 @@ def test_older_than(store: agentwal.Store) -> None:
 def test_keep_last_or_older_than_keeps_what_either_keeps(store: agentwal.Store) -> None:
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 20, model)
-    time.sleep(0.3)
+    time.sleep(1.0)  # checkpoint 20 is >= 1 s older than 21: the age cuts in that gap
     t_mid = time.time()
     build(store, "r", 25, model, start=21)
-    age = dt.timedelta(seconds=time.time() - t_mid + 0.15)
-    store.compact(keep_last=10, older_than=age)  # the last 10 win over the age
+
+    def age() -> dt.timedelta:  # measured at each call, with 0.5 s of slack either way
+        return dt.timedelta(seconds=time.time() - t_mid + 0.5)
+
+    store.compact(keep_last=10, older_than=age())  # the last 10 win over the age
     check(store, "r", model, set(range(16, 26)))
-    store.compact(keep_last=2, older_than=age)  # the age wins over the last 2
+    store.compact(keep_last=2, older_than=age())  # the age wins over the last 2
     check(store, "r", model, set(range(21, 26)))
 
 
