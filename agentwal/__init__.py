@@ -21,8 +21,6 @@ import os
 from typing import Any, cast
 
 from . import errors
-from .backup import BackupReport
-from .blobs import BlobReader
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
     BackendUnavailableError,
@@ -64,6 +62,9 @@ from .errors import (
 )
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport
+from .local.backup import BackupReport
+from .local.blobs import BlobReader
+from .local.verify import Problem, VerifyReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store
 from .store import open as _open_local
@@ -71,7 +72,6 @@ from .tree import GITIGNORE
 from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
 from .types import BlobRef, Checkpoint, Diff, Durability, TreeDiff, TreeFile, TreeRef
-from .verify import Problem, VerifyReport
 from .workspace import Workspace
 
 __version__ = "0.1.0"

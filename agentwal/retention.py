@@ -23,7 +23,7 @@ than ``MANIFEST_EVERY`` contains a regular manifest. Each orphan also gets
 its dropped parent's hash recorded beside it, so the hash chain can be
 checked from the oldest kept checkpoint (and across every gap).
 
-*Deletion* (:func:`encode_delete_run`): ``store.delete_run`` logs a
+*Deletion* (``local.records.encode_delete_run``): ``store.delete_run`` logs a
 ``REC_DELETE_RUN`` record whose payload is the CBOR array ``[run, head
 id]``. The head id is informational (what the run had when it was deleted).
 
@@ -37,10 +37,6 @@ from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-import cbor2
-
-from .codec import CodecError, loads
-
 __all__ = [
     "CompactReport",
     "KeepFor",
@@ -50,8 +46,6 @@ __all__ = [
     "Tally",
     "check_args",
     "choose",
-    "decode_delete_run",
-    "encode_delete_run",
     "plan_run",
     "policy_args",
 ]
@@ -248,17 +242,3 @@ def plan_run(ids: Sequence[int], keep: Set[int], manifests: Set[int]) -> RunPlan
     dropped = set(drop)
     orphans = tuple(c for c in ids if c in keep and c - 1 in dropped)
     return RunPlan(drop, tuple(c for c in orphans if c not in manifests), orphans)
-
-
-def encode_delete_run(run: str, head: int) -> bytes:
-    """The payload of a ``REC_DELETE_RUN`` record: CBOR ``[run, head id]``."""
-    return bytes(cbor2.dumps([run, head]))
-
-
-def decode_delete_run(payload: bytes) -> tuple[str, int]:
-    """``(run, head id)`` of a ``REC_DELETE_RUN`` payload; :class:`CodecError` if malformed."""
-    obj = loads(payload)
-    if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], str) and obj[0]
-            and isinstance(obj[1], int) and not isinstance(obj[1], bool) and obj[1] >= 1):
-        raise CodecError("delete-run payload is not [run, head id]")
-    return obj[0], obj[1]

@@ -3,7 +3,7 @@
 Theory of operation: :class:`TreeStore` is the I/O half of ``tree.py``. It
 is the one module that touches the *user's* directories (``io.py`` owns the
 store's own files); every file it stores or reads goes through
-:class:`~agentwal.blobs.BlobStore`, so trees share the blobs' durability,
+:class:`~agentwal.local.blobs.BlobStore`, so trees share the blobs' durability,
 pins, sweeps, verification and backups.
 
 *Snapshot* (``txn.put_tree``): walk the directory (never following links),
@@ -74,7 +74,6 @@ from typing import Any
 import cbor2
 
 from . import failpoints
-from .blobs import CHUNK, BlobMissing, BlobStore
 from .codec import CodecError, loads
 from .errors import (
     BlobSourceError,
@@ -86,6 +85,7 @@ from .errors import (
 )
 from .format import CACHE_DIR, TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
 from .io import DISK_FULL_ERRNOS
+from .local.blobs import CHUNK, BlobMissing, BlobStore
 from .tree import (
     Entry,
     IgnoreRules,

@@ -182,7 +182,7 @@ def value_changes(old: Any, new: Any, path: str = "") -> Iterator[dict[str, Any]
         if new.startswith(old) and old:
             yield {"op": "appended", "path": path, "at": len(old), "new": new[len(old):]}
             return
-        if "\n" in old or "\n" in new:
+        if old and ("\n" in old or "\n" in new):  # from nothing: the new text, whole
             lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(),
                                               lineterm="", n=1))[2:]
             yield {"op": "text_diff", "path": path, "lines": lines}

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import agentwal
+from agentwal.testing import crash
 
 __all__ = [
     "MIB",
@@ -111,7 +112,7 @@ def build_wal_store(
 
     Built with ``durability="none"`` (the bytes on disk are the same; the
     final ``sync()`` makes them durable) and a ``wal_max_bytes`` far above
-    ``wal_bytes`` so no fold runs; closed with ``_release_all()``, which stops
+    ``wal_bytes`` so no fold runs; closed with ``testing.crash()``, which stops
     the threads and closes the handles without folding, as a crash would.
     Returns what was built: commits, WAL bytes, build seconds.
     """
@@ -133,7 +134,7 @@ def build_wal_store(
         store.sync()
         folds = store.stats().get("folds", 0)
     finally:
-        store._release_all()
+        crash(store)
     if folds:
         raise RuntimeError(f"a fold ran while building the WAL ({folds}); raise wal_max_bytes")
     return {"commits": n, "wal_bytes": written, "build_seconds": time.perf_counter() - t0}
@@ -200,5 +201,5 @@ def open_and_release(path: str, **kwargs: Any) -> tuple[float, dict[str, Any]]:
     try:
         rec = dict(store.stats().get("recovery", {}))
     finally:
-        store._release_all()
+        crash(store)
     return dt, rec

@@ -51,41 +51,41 @@ STAGES: list[tuple[int, str, list[str]]] = [
     (
         1,
         "encode_delta: CBOR + sha256 + zstd attempt",
-        ["agentwal.commit:encode_delta", "agentwal.store:encode_delta"],
+        ["agentwal.local.commit:encode_delta", "agentwal.store:encode_delta"],
     ),
     (2, "zstd compress attempt", ["zstd"]),
     (
         1,
         "checkpoint_hash (canonical CBOR + sha256)",
-        ["agentwal.commit:checkpoint_hash", "agentwal.store:checkpoint_hash"],
+        ["agentwal.local.commit:checkpoint_hash", "agentwal.store:checkpoint_hash"],
     ),
     (
         1,
         "encode_commit (CBOR of the record)",
-        ["agentwal.commit:encode_commit", "agentwal.store:encode_commit"],
+        ["agentwal.local.commit:encode_commit", "agentwal.store:encode_commit"],
     ),
-    (1, "encode_meta", ["agentwal.commit:encode_meta"]),
+    (1, "encode_meta", ["agentwal.local.commit:encode_meta"]),
     (
         1,
         "_validate (OCC)",
-        ["agentwal.commit:CommitPipeline._validate", "agentwal.store:Store._validate"],
+        ["agentwal.local.commit:CommitPipeline._validate", "agentwal.store:Store._validate"],
     ),
     (
         1,
         "_drive (group commit: wait or lead)",
-        ["agentwal.commit:CommitPipeline._drive", "agentwal.store:Store._drive"],
+        ["agentwal.local.commit:CommitPipeline._drive", "agentwal.store:Store._drive"],
     ),
     (
         2,
         "lead (leader: write, sync, publish)",
-        ["agentwal.commit:CommitPipeline.lead", "agentwal.store:Store._lead"],
+        ["agentwal.local.commit:CommitPipeline.lead", "agentwal.store:Store._lead"],
     ),
-    (3, "Writer.append (frame + write)", ["agentwal.wal.writer:Writer.append"]),
+    (3, "Writer.append (frame + write)", ["agentwal.local.wal.writer:Writer.append"]),
     (4, "os.pwrite", ["agentwal.io:OsFileSystem.pwrite"]),
-    (4, "segment rotation (preallocate)", ["agentwal.wal.writer:Writer._rotate"]),
-    (3, "Writer.sync", ["agentwal.wal.writer:Writer.sync"]),
+    (4, "segment rotation (preallocate)", ["agentwal.local.wal.writer:Writer._rotate"]),
+    (3, "Writer.sync", ["agentwal.local.wal.writer:Writer.sync"]),
     (4, "fdatasync", ["agentwal.io:OsFileSystem.fsync"]),
-    (3, "Memtable.apply (publish)", ["agentwal.memtable:Memtable.apply"]),
+    (3, "Memtable.apply (publish)", ["agentwal.local.memtable:Memtable.apply"]),
     (1, "_txn_release (end the read view)", ["agentwal.store:Store._txn_release"]),
     (0, "Store.begin (read view + LMDB read txn)", ["agentwal.store:Store.begin"]),
     (0, "Transaction.put (check key, CBOR value)", ["agentwal.txn:Transaction.put"]),
@@ -230,10 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                     ok = timers.wrap(found[0], found[1], label) or ok
             if ok:
                 wrapped.append((depth, label))
-        drive_at = resolve("agentwal.commit:CommitPipeline._drive") or resolve(
+        drive_at = resolve("agentwal.local.commit:CommitPipeline._drive") or resolve(
             "agentwal.store:Store._drive"
         )
-        apply_at = resolve("agentwal.memtable:Memtable.apply")
+        apply_at = resolve("agentwal.local.memtable:Memtable.apply")
         if args.threads > 1 and drive_at and apply_at:  # hand-off: published -> returns
             apply, drive = getattr(*apply_at), getattr(*drive_at)
 

@@ -1,7 +1,7 @@
 """Open (recovery) time: vs. the size of the unfolded WAL, and vs. folded history.
 
 *WAL size*: a store is built with ``wal_max_bytes`` far above the target so
-nothing is folded, then released with ``_release_all()`` (handles closed,
+nothing is folded, then released with ``testing.crash()`` (handles closed,
 nothing written: a crash). Every round opens it, which replays the whole WAL,
 and releases it again the same way, so each round sees the same store.
 
@@ -20,6 +20,7 @@ import pytest
 from benchlib import MIB, build_history_store, build_wal_store
 
 import agentwal
+from agentwal.testing import crash
 
 _built: dict[str, dict] = {}
 
@@ -36,7 +37,7 @@ def _time_open(benchmark, path: str, rounds: int) -> None:
 
     def release() -> None:
         while holder:
-            holder.pop()._release_all()
+            crash(holder.pop())
 
     def open_store() -> None:
         holder.append(agentwal.open(path))

@@ -61,20 +61,21 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
     try:
         want: collections.Counter[int] = collections.Counter()
         sizes: dict[str, int] = {}
-        for name, db in (("deltas", snap._delta), ("manifests", snap._manifest)):
+        raw = snap.raw(txn)
+        for name, db in (("deltas", "delta"), ("manifests", "manifest")):
             n = 0
-            for _k, v in txn.cursor(db=db):
+            for _k, v in raw.entries(db):
                 n += 1
                 for ref in history.decode_refs(bytes(v)[4:], manifest=False).values():
                     if isinstance(ref, tuple):
                         want[ref[1]] += 1
             sizes[name] = n
-        objects = {u64.unpack(bytes(k))[0]: bytes(v)[4:] for k, v in txn.cursor(db=snap._objects)}
+        objects = {u64.unpack(bytes(k))[0]: bytes(v)[4:] for k, v in raw.entries("objects")}
         for rec in objects.values():
             want.update(history._children(rec))
         counts = {u64.unpack(bytes(k))[0]: u64.unpack(bytes(v)[4:])[0]
-                  for k, v in txn.cursor(db=snap._refs)}
-        oids = {bytes(k): u64.unpack(bytes(v)[4:])[0] for k, v in txn.cursor(db=snap._oids)}
+                  for k, v in raw.entries("refs")}
+        oids = {bytes(k): u64.unpack(bytes(v)[4:])[0] for k, v in raw.entries("oids")}
         assert set(want) <= set(objects), f"missing objects: {set(want) - set(objects)}"
         assert counts == {a: want[a] for a in objects}
         assert all(n > 0 for n in counts.values()), "an unreferenced object was left"
@@ -92,10 +93,10 @@ def lmdb_values(store: agentwal.Store) -> dict[tuple[str, bytes], int]:
     txn = snap.begin_read()
     try:
         out: dict[tuple[str, bytes], int] = {}
+        raw = snap.raw(txn)
         for name in ("meta", "runs", "state", "ckpt", "effects", "delta", "manifest",
                      "objects", "refs", "oids"):
-            db = getattr(snap, "_" + name)
-            out.update(((name, bytes(k)), len(v)) for k, v in txn.cursor(db=db))
+            out.update(((name, k), len(v)) for k, v in raw.entries(name))
         return out
     finally:
         snap.end_read(txn)

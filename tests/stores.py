@@ -23,6 +23,7 @@ import lmdb
 
 import agentwal
 from agentwal.snapshot import DB_NAMES
+from agentwal.testing import crash as crash_store
 
 U64 = struct.Struct(">Q")
 
@@ -79,7 +80,7 @@ def build(path: str, *, tail: int = 0, steps: int = 45) -> Built:
             with s.begin("chat") as txn:
                 txn["step"] = 1000 + j
         head += tail
-        s._release_all()  # like a crash: the tail stays in the WAL
+        crash_store(s)  # like a crash: the tail stays in the WAL
     return Built(path, ["chat", "chat-b"], outbox, head, tail)
 
 

@@ -93,7 +93,7 @@ def _wal_size(path: str) -> tuple[int, int]:
     """Bytes of records in the log's segments (not their preallocated length), and segments."""
     from ..format import WAL_DIR
     from ..io import OsFileSystem
-    from ..wal import list_segments
+    from ..local.wal import list_segments
 
     segs = list_segments(OsFileSystem(), os.path.join(path, WAL_DIR))
     return sum(s.scan().end for s in segs if s.header is not None), len(segs)
@@ -354,7 +354,7 @@ def _wal_records(path: str, limit: int | None, from_lsn: int | None = None,
     from ..errors import CorruptionError
     from ..format import WAL_DIR
     from ..io import OsFileSystem
-    from ..wal import list_segments
+    from ..local.wal import list_segments
 
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -380,30 +380,22 @@ def _wal_records(path: str, limit: int | None, from_lsn: int | None = None,
 
 
 def _wal_record(seg_path: str, f: Any) -> dict[str, Any]:
-    """The type-specific columns of one frame: a commit or an effects-ledger entry."""
-    from ..codec import CodecError, decode_commit, decode_delta, unpack_payload
-    from ..effects import decode_entry, decode_outbox
+    """The type-specific columns of one frame: a commit, a ledger entry or a deletion."""
+    from ..codec import CodecError
     from ..errors import CorruptionError
-    from ..format import REC_COMMIT, REC_DELETE_RUN, REC_EFFECT
-    from ..retention import decode_delete_run
+    from ..local.records import ReplayedDelete, ReplayedEffect, decode_record
 
     try:
-        if f.type == REC_DELETE_RUN:
-            run, head = decode_delete_run(f.payload)
-            return {"type": "delete_run", "run": run, "id": head, "keys": [], "deferred": []}
-        if f.type == REC_EFFECT:
-            e = decode_entry(unpack_payload(f.payload, f.flags))
-            return {"type": "effect", "run": e.run, "id": None, "keys": [],
-                    "effect_id": e.effect_id, "name": e.name, "status": e.status,
-                    "attempts": e.attempts}
-        if f.type != REC_COMMIT:
-            raise CorruptionError(seg_path, f.offset,
-                                  f"record LSN {f.lsn} has unknown type {f.type}")
-        rec = decode_commit(f.payload)
-        delta = decode_delta(rec.delta, f.flags)
-        deferred = decode_outbox(rec.deferred) if rec.deferred is not None else []
+        r = decode_record(f.lsn, f.type, f.flags, f.payload)
     except CodecError as exc:
         raise CorruptionError(seg_path, f.offset, f"record LSN {f.lsn}: {exc}") from None
-    return {"type": "commit", "run": rec.run, "id": rec.id,
-            "keys": [k if v is not None else f"-{k}" for k, v in delta.items()],
-            "deferred": [d[0] for d in deferred]}
+    if isinstance(r, ReplayedDelete):
+        return {"type": "delete_run", "run": r.run, "id": r.head, "keys": [], "deferred": []}
+    if isinstance(r, ReplayedEffect):
+        e = r.entry
+        return {"type": "effect", "run": e.run, "id": None, "keys": [],
+                "effect_id": e.effect_id, "name": e.name, "status": e.status,
+                "attempts": e.attempts}
+    return {"type": "commit", "run": r.record.run, "id": r.record.id,
+            "keys": [k if v is not None else f"-{k}" for k, v in r.delta.items()],
+            "deferred": [d[0] for d in r.deferred or []]}

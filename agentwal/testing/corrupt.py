@@ -5,7 +5,7 @@ the seeded :class:`~.workload.Workload` (small WAL segments, two explicit
 folds part-way through), so it holds folded state in LMDB and, unless it was
 closed, a WAL tail of several segments that no fold has covered yet. The
 variants are ``sync``/``none`` durability crossed with ``close`` (``close()``
-folds everything) and ``abandon`` (``_release_all()`` keeps the tail). A
+folds everything) and ``abandon`` (``testing.crash()`` keeps the tail). A
 *case* copies a base, damages one file of the copy in one seeded way (the
 kinds are in :data:`DAMAGE_KINDS`) and hands the copy to a :class:`Checker`.
 
@@ -77,8 +77,9 @@ from ..format import (
     WAL_DIR,
     parse_segment_name,
 )
-from ..wal.frame import parse_header
-from ..wal.reader import scan_segment
+from ..local.wal.frame import parse_header
+from ..local.wal.reader import scan_segment
+from .hooks import crash as crash_store
 from .tiers import Result
 from .workload import Oracle, Workload, drive, read_all
 
@@ -173,13 +174,13 @@ def build_base(path: str, seed: str, variant: str) -> Base:
                 store.snapshot()
         applied = int(store.stats()["applied_lsn"])
     except BaseException:
-        store._release_all()
+        crash_store(store)
         raise
     if ending == "close":
         store.close()
         applied = commits
     else:
-        store._release_all()
+        crash_store(store)
     return Base(path, seed, variant, commits, applied, w)
 
 
@@ -492,7 +493,7 @@ def _attempt(path: str, runs: list[str]) -> dict[str, Any]:
     finally:
         if store is not None and stage != "close":
             with contextlib.suppress(Exception):
-                store._release_all()
+                crash_store(store)
     return out
 
 

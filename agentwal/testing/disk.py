@@ -285,7 +285,7 @@ class SimulatedDisk:
         disk = SimulatedDisk()
         store = agentwal.open(path, fs=disk)
         ...
-        store._release_all()
+        crash(store)
         store = agentwal.open(path, fs=disk.crash_image("reorder", seed=7))
     """
 

@@ -63,6 +63,7 @@ from .. import failpoints
 from .. import open as open_store
 from ..errors import DiskFullError, DurabilityError, Error
 from ..store import Store
+from .hooks import crash as crash_store
 from .tiers import Result
 from .workload import Oracle, Verdict, Workload, drive, read_all
 
@@ -280,7 +281,7 @@ def _judge(path: str, w: Workload, acked: int, in_flight: bool, durability: str,
     except Error as exc:
         return Verdict(False, -1, "unrecoverable", f"reading failed: {exc}")
     finally:
-        store._release_all()
+        crash_store(store)
     return Oracle(w).check(states, history, acked, in_flight)
 
 
@@ -724,7 +725,7 @@ def _work(spec: dict[str, Any], w: Workload) -> int:
         return 3
     _emit("READY")
     if spec.get("open_only"):
-        store._release_all()
+        crash_store(store)
         return 0
     start = int(spec["start"])
     for i in range(start, start + int(spec["count"])):

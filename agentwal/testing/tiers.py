@@ -31,6 +31,7 @@ from typing import Any
 from .. import open as open_store
 from ..errors import Error
 from .disk import SimulatedCrash, SimulatedDisk
+from .hooks import crash as crash_store
 from .workload import Oracle, Workload, drive, read_all
 
 __all__ = ["MODELS", "Result", "power_cut_rounds", "sim_cases", "sweep"]
@@ -110,9 +111,9 @@ def power_cut_rounds(base: str, seed: str, model: str, *, rounds: int = 4,
                 in_flight = True
                 if not disk.crashed:
                     yield Result("sim", case, seed, False, f"unexpected {exc!r}", repro)
-                    store._release_all()
+                    crash_store(store)
                     return
-            store._release_all()
+            crash_store(store)
         disk = disk.crash_image(model, seed=rng.randrange(1 << 30))
         durable = commits if durability != "sync" else None
         verdict, recovered = _judge(path, disk, oracle, w, commits + acked, in_flight, durable,
@@ -135,9 +136,9 @@ def _judge(path: str, disk: Any, oracle: Oracle, w: Workload, acked: int, in_fli
     try:
         states, history = read_all(store, w.runs)
     except Error as exc:
-        store._release_all()
+        crash_store(store)
         return Verdict(False, -1, "unrecoverable", f"reading failed: {exc}"), 0
-    store._release_all()
+    crash_store(store)
     verdict = oracle.check(states, history, acked, in_flight, durable=durable)
     return verdict, verdict.commits
 
@@ -156,7 +157,7 @@ def _count_ops(path: str, w: Workload, commits: int) -> int:
     disk = SimulatedDisk()
     store = open_store(path, fs=disk, **SIM_OPTIONS)
     drive(store, w, 0, _ops_for(w, commits))
-    store._release_all()
+    crash_store(store)
     return disk.op_count
 
 
@@ -196,7 +197,7 @@ def sweep(base: str, seed: str = "sweep", *, commits: int = 5,
                     drive(store, w, 0, _ops_for(w, commits), on_ack=ack)
                     in_flight = False
                 finally:
-                    store._release_all()
+                    crash_store(store)
             except (SimulatedCrash, Error):
                 pass
             image = disk.crash_image(model, seed=k)

@@ -30,8 +30,9 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import blobs
+from agentwal.local import blobs
 from agentwal.testing import SimulatedCrash, SimulatedDisk
+from agentwal.testing import crash as crash_store
 from tests.helpers import Generated
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -45,7 +46,8 @@ CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 import agentwal
-from agentwal import blobs, failpoints
+from agentwal import failpoints
+from agentwal.local import blobs
 from tests.helpers import Generated
 from tests.crash.test_blob_crash import seed, size
 blobs.CHUNK = 64 << 10
@@ -262,7 +264,7 @@ def judge(path: str, image: SimulatedDisk, acked: int, in_flight: bool,
                 f.verify()
         return None
     finally:
-        store._release_all()
+        crash_store(store)
 
 
 def count_ops(base: Path) -> int:
@@ -271,7 +273,7 @@ def count_ops(base: Path) -> int:
     os.makedirs(path)
     store = open_sim(path, disk)
     drive(store, lambda: None)
-    store._release_all()
+    crash_store(store)
     return disk.op_count
 
 
@@ -301,7 +303,7 @@ def test_power_cut_before_every_operation(tmp_path: Path, monkeypatch: pytest.Mo
                 drive(store, ack)
                 in_flight = False
             finally:
-                store._release_all()
+                crash_store(store)
         except (SimulatedCrash, agentwal.Error):
             pass
         for model in ("strict", "prefix", "reorder"):

@@ -29,6 +29,8 @@ from typing import Any
 import cbor2
 import pytest
 
+from agentwal.local.wal.frame import parse_header
+from agentwal.local.wal.reader import scan_segment
 from agentwal.testing.corrupt import (
     CHECKED_KINDS,
     DAMAGE_KINDS,
@@ -43,8 +45,6 @@ from agentwal.testing.corrupt import (
     lmdb_pages,
 )
 from agentwal.testing.tiers import Result
-from agentwal.wal.frame import parse_header
-from agentwal.wal.reader import scan_segment
 
 SECONDS = float(os.environ.get("AGENTWAL_TORTURE_SECONDS", "0"))
 COUNT = 128  # two of every (kind, variant) pair of the checked kinds

@@ -20,6 +20,7 @@ import pytest
 import agentwal
 from agentwal import EffectInDoubtError
 from agentwal.testing import SimulatedCrash, SimulatedDisk
+from agentwal.testing import crash as crash_store
 
 MODELS = ("strict", "prefix", "reorder")
 SEEDS = range(4)
@@ -35,7 +36,7 @@ def ledger(path: str, image: SimulatedDisk) -> list[agentwal.EffectRecord]:
     try:
         return store.effects()
     finally:
-        store._release_all()  # LMDB (a real directory) stays as it was: no fold
+        crash_store(store)  # LMDB (a real directory) stays as it was: no fold
 
 
 @pytest.mark.parametrize("durability", ["none", "async"])
@@ -56,7 +57,7 @@ def test_intent_durable_before_the_call_and_outcome_after(tmp_path: Path,
     assert txn.effect("charge", fn, mode="at_most_once") == "charged"
     after = [disk.crash_image(m, seed=s) for m in MODELS for s in SEEDS]
     txn.rollback()
-    store._release_all()
+    crash_store(store)
     for image in during:
         (e,) = ledger(path, image)
         assert (e.status, e.attempts) == ("in_doubt", 1)
@@ -69,7 +70,7 @@ def test_intent_durable_before_the_call_and_outcome_after(tmp_path: Path,
         with store.begin("r") as t2, pytest.raises(EffectInDoubtError):
             t2.effect("charge", fn, mode="at_most_once")
     finally:
-        store._release_all()
+        crash_store(store)
 
 
 def _setup(path: str, disk: SimulatedDisk) -> agentwal.Store:
@@ -96,7 +97,7 @@ def test_sweep_power_cut_before_every_operation_of_an_effect(tmp_path: Path) -> 
     before = disk.op_count
     _one_effect(store, [])
     ops = disk.op_count - before
-    store._release_all()
+    crash_store(store)
     assert ops >= 4  # two synced records at least
     for k in range(ops + 1):
         path = str(tmp_path / f"cut{k}")
@@ -106,7 +107,7 @@ def test_sweep_power_cut_before_every_operation_of_an_effect(tmp_path: Path) -> 
         called: list[str] = []
         with contextlib.suppress(SimulatedCrash):
             _one_effect(store, called)
-        store._release_all()
+        crash_store(store)
         for model in MODELS:
             for seed in SEEDS:
                 entries = ledger(path, disk.crash_image(model, seed=seed))

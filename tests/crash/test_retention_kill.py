@@ -29,6 +29,7 @@ import pytest
 
 import agentwal
 from agentwal import CheckpointNotFoundError
+from agentwal.testing import crash as crash_store
 from tests.helpers import check_history_counts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def build(path: str) -> States:
             states["f"][1] = states["victim"][3]
         if i == 25:
             store.snapshot()  # the rest stays in the WAL (the crash below skips the fold)
-    store._release_all()
+    crash_store(store)
     return states
 
 

@@ -15,6 +15,7 @@ import pytest
 
 import agentwal
 from agentwal.testing import FaultPlan, SimulatedCrash, SimulatedDisk
+from agentwal.testing import crash as crash_store
 
 MODELS = ("strict", "prefix", "reorder")
 SEEDS = range(16)
@@ -54,7 +55,7 @@ def acknowledged_workload(path: str, disk: SimulatedDisk) -> dict[str, int]:
     cut_power_at_next_fsync(disk)
     with pytest.raises(SimulatedCrash):
         commit(store, "run-0", 20)
-    store._release_all()  # the process dies: handles closed, nothing written
+    crash_store(store)  # the process dies: handles closed, nothing written
     return last
 
 
@@ -70,7 +71,7 @@ def check_image(path: str, image: SimulatedDisk, last: dict[str, int]) -> bool:
         assert head is not None and head.id == 10
         return bool(store.get("run-0", "i") == 20)
     finally:
-        store._release_all()  # no fold: the real LMDB stays as the workload left it
+        crash_store(store)  # no fold: the real LMDB stays as the workload left it
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -99,7 +100,7 @@ def test_recovery_then_second_power_cut(tmp_path: Path) -> None:
     image = disk.crash_image("reorder", seed=1)
     store = open_store(path, image)
     commit(store, "run-1", 99)
-    store._release_all()
+    crash_store(store)
     with open_store(path, image.crash_image("strict")) as store:
         assert store.get("run-1", "i") == 99
         assert store.get("run-0", "i") in (last["run-0"], 20)

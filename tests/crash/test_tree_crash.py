@@ -56,7 +56,8 @@ PUT_CHILD = r"""
 import shutil, sys
 sys.path.insert(0, sys.argv[4])
 import agentwal
-from agentwal import blobs, failpoints
+from agentwal import failpoints
+from agentwal.local import blobs
 from tests.crash.test_tree_crash import spec
 from tests.trees import build
 blobs.CHUNK = 64 << 10
@@ -122,7 +123,8 @@ RESTORE_CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[4])
 import agentwal
-from agentwal import blobs, failpoints
+from agentwal import failpoints
+from agentwal.local import blobs
 blobs.CHUNK = 64 << 10
 path, dest = sys.argv[1], sys.argv[2]
 name, nth = sys.argv[3].split("@")

@@ -59,7 +59,6 @@ from agentwal.codec import (
     encode_meta,
     encode_value,
 )
-from agentwal.control import create_control
 from agentwal.effects import (
     EffectMode,
     EffectRecord,
@@ -78,7 +77,8 @@ from agentwal.format import (
     REC_EFFECT,
 )
 from agentwal.io import OsFileSystem
-from agentwal.wal.frame import SegmentHeader, encode_frame, encode_header
+from agentwal.local.control import create_control
+from agentwal.local.wal.frame import SegmentHeader, encode_frame, encode_header
 
 HERE = Path(__file__).resolve().parent
 SEGMENT_FILE = HERE / f"segment-v{FORMAT_VERSION}.bin"
@@ -199,8 +199,8 @@ def effects_image() -> bytes:
 def control_image() -> bytes:
     """What ``create_control`` writes for ``STORE_ID`` at ``CREATED_AT``."""
     with tempfile.TemporaryDirectory() as tmp, \
-            mock.patch("agentwal.control.uuid.uuid4", return_value=STORE_ID), \
-            mock.patch("agentwal.control.time.time", return_value=CREATED_AT):
+            mock.patch("agentwal.local.control.uuid.uuid4", return_value=STORE_ID), \
+            mock.patch("agentwal.local.control.time.time", return_value=CREATED_AT):
         create_control(OsFileSystem(), tmp)
         return (Path(tmp) / CONTROL_FILE).read_bytes()
 

@@ -489,9 +489,9 @@ def test_oversized_entries_are_refused_not_logged(store: agentwal.Store,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # Regression: effect records skipped the record-size limit, so an entry the
     # reader refuses (and recovery would drop as a torn tail) could be fsynced.
-    import agentwal.commit
+    import agentwal.local.commit
 
-    monkeypatch.setattr(agentwal.commit, "MAX_RECORD_PAYLOAD", 65536 + 4096)
+    monkeypatch.setattr(agentwal.local.commit, "MAX_RECORD_PAYLOAD", 65536 + 4096)
     calls: list[int] = []
     with store.begin("r") as txn:
         with pytest.raises(UnencodableValueError):  # the intent: nothing is called

@@ -9,6 +9,7 @@ import pytest
 
 import agentwal
 from agentwal import ReadOnlyError, failpoints
+from agentwal.testing import crash as crash_store
 
 from .downstream import Downstream
 
@@ -224,7 +225,7 @@ def test_known_business_key_is_decided_at_commit_and_logged(tmp_path: Path,
     s.dispatch({"mail": down.call})
     s.snapshot()  # the done entry is in LMDB now
     defer(s, "s", ("mail", "at_least_once", {"to": "a"}), key="biz-1")
-    s._release_all()  # crash: the second commit is replayed from the log
+    crash_store(s)  # crash: the second commit is replayed from the log
     with agentwal.open(path) as s2:
         assert [e.status for e in s2.effects()] == ["done"]
         assert s2.dispatch({"mail": down.call}).done == []

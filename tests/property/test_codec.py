@@ -57,9 +57,10 @@ from agentwal.format import (
     WAL_DIR,
     segment_name,
 )
-from agentwal.recovery import plan
-from agentwal.wal.frame import SegmentHeader, encode_frame, encode_header, parse_header
-from agentwal.wal.reader import SegmentFile, scan_segment
+from agentwal.local.recovery import plan
+from agentwal.local.wal.frame import SegmentHeader, encode_frame, encode_header, parse_header
+from agentwal.local.wal.reader import SegmentFile, scan_segment
+from agentwal.testing import crash as crash_store
 
 # -- value strategies ---------------------------------------------------------------
 
@@ -631,7 +632,7 @@ def wal_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
             if i % 4 == 3:
                 del txn["k0"]
         states.append(store.state("run"))
-    store._release_all()  # no fold: everything stays in the WAL
+    crash_store(store)  # no fold: everything stays in the WAL
     yield path, states
 
 

@@ -5,7 +5,7 @@ to conflict by a concurrent writer and redone through ``store.transact``,
 ``begin(retry_of=)`` or a plain re-begin), defer outbox entries (some with
 business keys shared across runs) and dispatch them, commit or roll back, get cut
 off by a simulated process crash in any effect window (a failpoint raising a
-``BaseException``, then ``_release_all()`` and a reopen: what reached the OS
+``BaseException``, then ``testing.crash()`` and a reopen: what reached the OS
 survives, like after ``kill -9``), reopen cleanly, fold, and resolve entries
 in doubt. After every step:
 
@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import agentwal
 from agentwal import failpoints
+from agentwal.testing import crash as crash_store
 
 WINDOWS = ("effect_before_intent", "effect_after_intent", "after_effect_call",
            "effect_after_outcome")
@@ -103,7 +104,7 @@ class EffectsMachine(RuleBasedStateMachine):
                     txn.rollback()
         except _Crash:
             event("crashed in an effect window")
-            self.store._release_all()
+            crash_store(self.store)
             self.store = agentwal.open(self.dir + "/s", durability="none",
                                        wal_max_bytes=16 << 10, segment_bytes=8192)
         except (agentwal.EffectInDoubtError, agentwal.EffectNotAppliedError,
@@ -179,7 +180,7 @@ class EffectsMachine(RuleBasedStateMachine):
             event(f"dispatch: {len(report.done)} done, {len(report.in_doubt)} in doubt")
         except _Crash:
             event("crashed while dispatching")
-            self.store._release_all()
+            crash_store(self.store)
             self.store = agentwal.open(self.dir + "/s", durability="none",
                                        wal_max_bytes=16 << 10, segment_bytes=8192)
         finally:
@@ -231,7 +232,7 @@ class EffectsMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         failpoints.disarm()
-        self.store._release_all()
+        crash_store(self.store)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import agentwal
 from agentwal import CheckpointNotFoundError, RunNotFoundError, failpoints
+from agentwal.testing import crash as crash_store
 from tests.helpers import check_history_counts
 
 RUNS = ("r1", "r2", "r3")
@@ -271,7 +272,7 @@ class RetentionMachine(RuleBasedStateMachine):
     @rule(crash=st.booleans())
     def reopen(self, crash: bool) -> None:
         if crash:
-            self.store._release_all()  # durability "none": what reached the OS stays
+            crash_store(self.store)  # durability "none": what reached the OS stays
         else:
             self.store.close()
         self.store = agentwal.open(self.path, **OPTIONS)

@@ -4,7 +4,7 @@
 deletes, reads (read-your-writes, prefix scans), meta, savepoints, commits,
 rollbacks, folds (``snapshot()``, and the background fold: ``wal_max_bytes``
 is small and some values are large, so segments rotate and get removed),
-``close()`` + reopen, and a process crash + reopen (``_release_all()``
+``close()`` + reopen, and a process crash + reopen (``testing.crash()``
 closes every handle without writing; with durability ``"none"`` what went
 to the OS survives, so every committed transaction must still be there).
 After every step the store's state, head and history equal the model's.
@@ -64,6 +64,8 @@ from agentwal import (
     UnencodableValueError,
     failpoints,
 )
+from agentwal.testing import crash as crash_store
+from tests.conformance.kinds import KINDS, Kind
 
 RUNS = ("r1", "r2", "r3")
 KEYS = ("a", "ab", "b/1", "b/2", "c", "ü/ключ")
@@ -142,13 +144,19 @@ class TxnModel:
 
 
 class _Base(RuleBasedStateMachine):
-    """A store in a fresh directory and the model of what it has committed."""
+    """A store in a fresh directory and the model of what it has committed.
+
+    ``kind`` is the backend the machine drives (``tests/conformance/kinds.py``):
+    one TestCase per machine and kind is made at the end of the machines.
+    """
+
+    kind: ClassVar[Kind] = KINDS["local"]
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="agentwal-model-"))
         self.path = self.dir / "store.awal"
-        self.store = agentwal.open(self.path, **OPTIONS)
+        self.store = self.open()
         self.committed: dict[str, dict[str, Any]] = {}
         self.ckpts: dict[str, list[tuple[dict[str, Any], str]]] = {}  # run -> [(meta, hash)]
         self.states: dict[str, list[dict[str, Any]]] = {}  # run -> state at each checkpoint
@@ -157,6 +165,10 @@ class _Base(RuleBasedStateMachine):
         self.counts = {"changing commits": 0, "empty commits": 0, "conflicts": 0,
                        "folds": 0, "segments removed": 0, "most segments": 0,
                        "closes": 0, "crashes": 0}
+
+    def open(self) -> agentwal.Store:
+        """The machine's store, opened (again) through its backend kind."""
+        return self.kind.open_store(self.path, **OPTIONS)
 
     def _note_stats(self) -> None:
         """Add this session's counters to the totals (before a close or crash)."""
@@ -433,18 +445,18 @@ class StoreMachine(_Base):
 
     @rule(crash=st.booleans())
     def reopen(self, crash: bool) -> None:
-        """``close()`` and open again, or crash (``_release_all()``: nothing more is
+        """``close()`` and open again, or crash (``testing.crash()``: nothing more is
         written; durability "none" keeps what reached the OS) and open again."""
         self._note_stats()
-        if crash:
-            self.store._release_all()
+        if crash and self.kind.crash is not None:
+            self.kind.crash(self.store)
             self.counts["crashes"] += 1
         else:
             self.store.close()
             self.counts["closes"] += 1
         self._kill(list(self.txns.values()))
         self.txns.clear()
-        self.store = agentwal.open(self.path, **OPTIONS)
+        self.store = self.open()
 
     @rule()
     def verify(self) -> None:
@@ -552,7 +564,7 @@ class ConcurrencyMachine(_Base):
         self.counts["closes"] += 1
         self._kill(list(self.slots.values()))
         self.slots.clear()
-        self.store = agentwal.open(self.path, **OPTIONS)
+        self.store = self.open()
 
     @invariant()
     def store_matches_model(self) -> None:
@@ -563,8 +575,15 @@ StoreMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None)
 ConcurrencyMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None)
-TestStoreModel = StoreMachine.TestCase
+TestStoreModel = StoreMachine.TestCase  # the local kind, under its old names
 TestConcurrency = ConcurrencyMachine.TestCase
+for _name, _kind in KINDS.items():  # the same machines against every other backend
+    if _name == "local":
+        continue
+    for _machine in (StoreMachine, ConcurrencyMachine):
+        _sub = type(f"{_machine.__name__}_{_name}", (_machine,), {"kind": _kind})
+        _sub.TestCase.settings = _machine.TestCase.settings
+        globals()[f"Test{_machine.__name__}_{_name}"] = _sub.TestCase
 
 
 # -- the interleavings the brief names, spelled out ------------------------------------
@@ -724,7 +743,7 @@ def _meta_then_reopen(path: Path, bad: Any, how: str) -> None:
         store.close()
         return  # refusing it up front is fine
     if how == "crash":
-        store._release_all()
+        crash_store(store)
     else:
         store.close()
     store = agentwal.open(path, **OPTIONS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agentwal.views import value_changes
@@ -57,6 +57,7 @@ def test_dict_changes_name_each_key(old: dict[str, int], new: dict[str, int]) ->
     assert out == new
 
 
+@example("", "\n")  # text from nothing is the new value whole, never a line diff
 @given(st.text(max_size=20), st.text(min_size=1, max_size=20))
 def test_text_that_grew_is_the_appended_text(old: str, extra: str) -> None:
     changes = list(value_changes(old, old + extra))

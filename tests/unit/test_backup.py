@@ -17,8 +17,8 @@ import pytest
 
 import agentwal
 from agentwal.io import OsFileSystem
-from agentwal.wal.frame import parse_header
-from agentwal.wal.reader import scan_segment
+from agentwal.local.wal.frame import parse_header
+from agentwal.local.wal.reader import scan_segment
 from tests.stores import Built, build
 
 ROOT = Path(__file__).resolve().parents[2]

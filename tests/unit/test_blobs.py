@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from agentwal import blobs, failpoints
-from agentwal.blobs import BlobMissing, BlobStore, Gate, blob_path
+from agentwal import failpoints
 from agentwal.errors import BlobSourceError, CorruptionError, DiskFullError, DurabilityError
 from agentwal.io import OsFileSystem
+from agentwal.local import blobs
+from agentwal.local.blobs import BlobMissing, BlobStore, Gate, blob_path
 from agentwal.testing import FaultPlan, SimulatedDisk
 from agentwal.types import BlobRef
 

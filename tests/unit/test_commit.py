@@ -18,8 +18,8 @@ import pytest
 
 import agentwal
 from agentwal import errors, failpoints
-from agentwal.commit import CommitPipeline
 from agentwal.io import OsFileSystem
+from agentwal.local.commit import CommitPipeline
 from tests.helpers import commit, increment_in_threads
 
 
@@ -145,7 +145,7 @@ def test_conflict_with_a_commit_that_is_queued_but_not_yet_written(
         seen["visible"] = store.get("r", "k")
         t = threading.Thread(target=lambda: seen.setdefault("late", _outcome(late.commit)))
         t.start()
-        t.join(5)  # a conflict is raised at once; a wrongly accepted commit would queue
+        t.join(30)  # raised within the validation's 5 s wait; a wrongly accepted one queues
 
     (first,) = queue_behind_a_blocked_leader(store, [lambda: commit(store, "r", k="first")],
                                              while_queued)

@@ -15,10 +15,10 @@ from typing import Any
 import cbor2
 import pytest
 
-from agentwal.control import Control, create_control, read_control
 from agentwal.errors import CorruptionError
 from agentwal.format import CONTROL_FILE, FORMAT_VERSION
 from agentwal.io import OsFileSystem
+from agentwal.local.control import Control, create_control, read_control
 
 MAGIC = b"AWALCTL\x00"
 

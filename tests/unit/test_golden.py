@@ -25,7 +25,6 @@ from types import ModuleType
 import cbor2
 import pytest
 
-from agentwal import recovery
 from agentwal.codec import (
     checkpoint_hash,
     decode_commit,
@@ -33,7 +32,6 @@ from agentwal.codec import (
     decode_meta,
     decode_value,
 )
-from agentwal.control import read_control
 from agentwal.format import (
     COMPRESS_THRESHOLD,
     CONTROL_FILE,
@@ -45,8 +43,10 @@ from agentwal.format import (
     segment_name,
 )
 from agentwal.io import OsFileSystem
-from agentwal.wal import PendingRecord, Writer, list_segments, scan_segment
-from agentwal.wal.frame import Frame, SegmentHeader, encode_frame, parse_header
+from agentwal.local import recovery
+from agentwal.local.control import read_control
+from agentwal.local.wal import PendingRecord, Writer, list_segments, scan_segment
+from agentwal.local.wal.frame import Frame, SegmentHeader, encode_frame, parse_header
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -211,7 +211,7 @@ def test_writer_reproduces_golden_segment(tmp_path: Path, frames: list[Frame],
                                           ) -> None:
     # The real Writer, given the golden payloads and the golden salt, writes the
     # same file: preallocation, header, framing and synced-LSN stamping.
-    monkeypatch.setattr("agentwal.wal.writer.secrets.randbits", lambda _bits: mg.SALT)
+    monkeypatch.setattr("agentwal.local.wal.writer.secrets.randbits", lambda _bits: mg.SALT)
     fs = OsFileSystem()
     w = Writer(fs, str(tmp_path), mg.STORE_ID, mg.SEGMENT_SIZE)
     w.start(1)

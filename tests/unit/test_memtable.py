@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentwal.memtable import Memtable, RunMem
+from agentwal.local.memtable import Memtable, RunMem
 from agentwal.types import Checkpoint
 
 

@@ -10,13 +10,12 @@ from hypothesis import strategies as st
 
 from agentwal import history
 from agentwal.codec import CodecError
+from agentwal.local.records import decode_delete_run, encode_delete_run
 from agentwal.retention import (
     KeepFor,
     KeepLast,
     check_args,
     choose,
-    decode_delete_run,
-    encode_delete_run,
     plan_run,
     policy_args,
 )

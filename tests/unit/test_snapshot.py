@@ -183,42 +183,42 @@ def test_opening_a_truncated_snapshot_is_refused_before_mapping(tmp_path: Path, 
 
 def test_an_empty_snapshot(snap: Snapshot) -> None:
     with reading(snap) as t:
-        assert snap.meta(t) == (0, None)
-        assert snap.runs(t) == []
-        assert snap.run_info(t, "a") is None
-        assert snap.get(t, 1, "k") is None
-        assert snap.checkpoint(t, "a", 1, 1) is None
-        assert list(snap.checkpoints(t, "a", 1)) == []
+        assert snap.reader(t).meta() == (0, None)
+        assert snap.reader(t).runs() == []
+        assert snap.reader(t).run_info("a") is None
+        assert snap.reader(t).get(1, "k") is None
+        assert snap.reader(t).checkpoint("a", 1, 1) is None
+        assert list(snap.reader(t).checkpoints("a", 1)) == []
 
 
 def test_fold_then_read_back(snap: Snapshot) -> None:
     ents = fold_basic(snap)
     with reading(snap) as t:
-        assert snap.meta(t) == (4, SID)
-        assert snap.runs(t) == ["a", "b"]
-        a = snap.run_info(t, "a")
-        b = snap.run_info(t, "b")
+        assert snap.reader(t).meta() == (4, SID)
+        assert snap.reader(t).runs() == ["a", "b"]
+        a = snap.reader(t).run_info("a")
+        b = snap.reader(t).run_info("b")
         assert isinstance(a, RunInfo) and isinstance(b, RunInfo)
         assert (a.number, a.head, a.head_hash, a.count, a.keys) == (1, 3, ents["a"][2][1], 3, 3)
         assert (b.number, b.head, b.count, b.keys) == (2, 1, 1, 1)
-        assert snap.get(t, 1, "msg/1") == b"one"
-        assert snap.get(t, 2, "k") == b"bee"
-        assert snap.get(t, 1, "k") is None  # keys are per run
-        assert snap.get(t, 2, "msg/1") is None
-        assert snap.items(t, a) == {"msg/1": b"one", "msg/2": b"two", "note": b"n"}
-        assert snap.items(t, b) == {"k": b"bee"}
+        assert snap.reader(t).get(1, "msg/1") == b"one"
+        assert snap.reader(t).get(2, "k") == b"bee"
+        assert snap.reader(t).get(1, "k") is None  # keys are per run
+        assert snap.reader(t).get(2, "msg/1") is None
+        assert snap.reader(t).items(a) == {"msg/1": b"one", "msg/2": b"two", "note": b"n"}
+        assert snap.reader(t).items(b) == {"k": b"bee"}
 
 
 def test_items_with_a_prefix(snap: Snapshot) -> None:
     fold_basic(snap)
     with reading(snap) as t:
-        a = snap.run_info(t, "a")
+        a = snap.reader(t).run_info("a")
         assert a is not None
-        assert snap.items(t, a, "msg/") == {"msg/1": b"one", "msg/2": b"two"}
-        assert snap.items(t, a, "msg/2") == {"msg/2": b"two"}
-        assert snap.items(t, a, "n") == {"note": b"n"}
-        assert snap.items(t, a, "zzz") == {}
-        assert snap.items(t, a, "k") == {}  # run b's key "k" sorts right after run a
+        assert snap.reader(t).items(a, "msg/") == {"msg/1": b"one", "msg/2": b"two"}
+        assert snap.reader(t).items(a, "msg/2") == {"msg/2": b"two"}
+        assert snap.reader(t).items(a, "n") == {"note": b"n"}
+        assert snap.reader(t).items(a, "zzz") == {}
+        assert snap.reader(t).items(a, "k") == {}  # run b's key "k" sorts right after run a
 
 
 def test_checkpoints_read_back_with_every_field(snap: Snapshot) -> None:
@@ -226,22 +226,22 @@ def test_checkpoints_read_back_with_every_field(snap: Snapshot) -> None:
     with reading(snap) as t:
         for run, number in (("a", 1), ("b", 2)):
             for c, _h, _m in ents[run]:
-                assert snap.checkpoint(t, run, number, c.id) == c
-        got = snap.checkpoint(t, "a", 1, 2)
+                assert snap.reader(t).checkpoint(run, number, c.id) == c
+        got = snap.reader(t).checkpoint("a", 1, 2)
         assert got is not None and got.origin == ("b", 1) and got.meta == {"step": 2}
-        assert snap.checkpoint(t, "a", 1, 4) is None
-        assert snap.checkpoint(t, "a", 9, 1) is None  # no such run number
+        assert snap.reader(t).checkpoint("a", 1, 4) is None
+        assert snap.reader(t).checkpoint("a", 9, 1) is None  # no such run number
 
 
 def test_checkpoints_are_newest_first_and_per_run(snap: Snapshot) -> None:
     ents = fold_basic(snap)
     snap.fold(5, SID, [FoldRun("c", {"x": b"1"}, [entry("c", 1, 5)])])
     with reading(snap) as t:
-        assert list(snap.checkpoints(t, "a", 1)) == [e[0] for e in reversed(ents["a"])]
-        assert list(snap.checkpoints(t, "b", 2)) == [ents["b"][0][0]]  # a run in the middle
-        assert [c.id for c in snap.checkpoints(t, "c", 3)] == [1]  # the last run
-        assert list(snap.checkpoints(t, "x", 0)) == []  # before every run
-        assert list(snap.checkpoints(t, "x", 9)) == []  # after every run
+        assert list(snap.reader(t).checkpoints("a", 1)) == [e[0] for e in reversed(ents["a"])]
+        assert list(snap.reader(t).checkpoints("b", 2)) == [ents["b"][0][0]]  # a run in the middle
+        assert [c.id for c in snap.reader(t).checkpoints("c", 3)] == [1]  # the last run
+        assert list(snap.reader(t).checkpoints("x", 0)) == []  # before every run
+        assert list(snap.reader(t).checkpoints("x", 9)) == []  # after every run
 
 
 def test_a_second_fold_updates_deletes_and_continues_the_run(snap: Snapshot) -> None:
@@ -250,35 +250,35 @@ def test_a_second_fold_updates_deletes_and_continues_the_run(snap: Snapshot) -> 
                                [entry("a", 4, 5), entry("a", 5, 7)]),
                        FoldRun("d", {"z": b"z"}, [entry("d", 1, 6)])])
     with reading(snap) as t:
-        assert snap.meta(t) == (7, SID)
-        a = snap.run_info(t, "a")
-        d = snap.run_info(t, "d")
+        assert snap.reader(t).meta() == (7, SID)
+        a = snap.reader(t).run_info("a")
+        d = snap.reader(t).run_info("d")
         assert a is not None and d is not None
         assert (a.number, a.head, a.count, a.keys) == (1, 5, 5, 3)
         assert d.number == 3  # numbers are never reused
-        assert snap.items(t, a) == {"msg/1": b"ONE", "msg/2": b"two", "new": b"w"}
-        assert [c.id for c in snap.checkpoints(t, "a", 1)] == [5, 4, 3, 2, 1]
-        assert snap.runs(t) == ["a", "b", "d"]
+        assert snap.reader(t).items(a) == {"msg/1": b"ONE", "msg/2": b"two", "new": b"w"}
+        assert [c.id for c in snap.reader(t).checkpoints("a", 1)] == [5, 4, 3, 2, 1]
+        assert snap.reader(t).runs() == ["a", "b", "d"]
 
 
 def test_a_run_whose_keys_are_all_deleted(snap: Snapshot) -> None:
     snap.fold(1, SID, [FoldRun("r", {"k": b"v"}, [entry("r", 1, 1)])])
     snap.fold(2, SID, [FoldRun("r", {"k": None}, [entry("r", 2, 2)])])
     with reading(snap) as t:
-        info = snap.run_info(t, "r")
+        info = snap.reader(t).run_info("r")
         assert info is not None and (info.keys, info.digest) == (0, 0)
-        assert snap.items(t, info) == {}
+        assert snap.reader(t).items(info) == {}
 
 
 def test_a_read_keeps_its_view_across_a_fold(snap: Snapshot) -> None:
     fold_basic(snap)
     with reading(snap) as old:
         snap.fold(9, SID, [FoldRun("a", {"note": b"changed"}, [entry("a", 4, 9)])])
-        assert snap.meta(old)[0] == 4
-        assert snap.get(old, 1, "note") == b"n"
+        assert snap.reader(old).meta()[0] == 4
+        assert snap.reader(old).get(1, "note") == b"n"
         with reading(snap) as new:
-            assert snap.meta(new)[0] == 9
-            assert snap.get(new, 1, "note") == b"changed"
+            assert snap.reader(new).meta()[0] == 9
+            assert snap.reader(new).get(1, "note") == b"changed"
 
 
 def test_values_are_sealed_with_a_crc_of_key_and_bytes(snap: Snapshot) -> None:
@@ -303,22 +303,22 @@ def test_flipped_value_byte_is_corruption_on_get(snap: Snapshot) -> None:
     flip(snap, b"state", U64.pack(1) + b"msg/1")
     with reading(snap) as t:
         with pytest.raises(CorruptionError) as ei:
-            snap.get(t, 1, "msg/1")
+            snap.reader(t).get(1, "msg/1")
         assert ei.value.path.endswith("data.mdb") and "msg/1" in ei.value.reason
-        assert snap.get(t, 1, "msg/2") == b"two"  # the others still read
+        assert snap.reader(t).get(1, "msg/2") == b"two"  # the others still read
 
 
 def test_flipped_value_byte_is_corruption_on_items(snap: Snapshot) -> None:
     fold_basic(snap)
     flip(snap, b"state", U64.pack(1) + b"msg/2", at=0)  # the CRC itself
     with reading(snap) as t:
-        a = snap.run_info(t, "a")
+        a = snap.reader(t).run_info("a")
         assert a is not None
         with pytest.raises(CorruptionError):
-            snap.items(t, a)
+            snap.reader(t).items(a)
         with pytest.raises(CorruptionError):
-            snap.items(t, a, "msg/")
-        assert snap.items(t, a, "note") == {"note": b"n"}
+            snap.reader(t).items(a, "msg/")
+        assert snap.reader(t).items(a, "note") == {"note": b"n"}
 
 
 def test_a_value_under_another_key_is_corruption(snap: Snapshot) -> None:
@@ -326,14 +326,14 @@ def test_a_value_under_another_key_is_corruption(snap: Snapshot) -> None:
     k1, k2 = U64.pack(1) + b"msg/1", U64.pack(1) + b"msg/2"
     raw_put(snap, b"state", k2, raw_get(snap, b"state", k1))  # a damaged key, valid bytes
     with reading(snap) as t, pytest.raises(CorruptionError):
-        snap.get(t, 1, "msg/2")
+        snap.reader(t).get(1, "msg/2")
 
 
 def test_a_value_too_short_for_its_crc_is_corruption(snap: Snapshot) -> None:
     fold_basic(snap)
     raw_put(snap, b"state", U64.pack(1) + b"note", b"\x01\x02")
     with reading(snap) as t, pytest.raises(CorruptionError):
-        snap.get(t, 1, "note")
+        snap.reader(t).get(1, "note")
 
 
 def test_damaged_run_record(snap: Snapshot) -> None:
@@ -341,10 +341,10 @@ def test_damaged_run_record(snap: Snapshot) -> None:
     flip(snap, b"runs", b"a")
     with reading(snap) as t:
         with pytest.raises(CorruptionError):
-            snap.run_info(t, "a")
+            snap.reader(t).run_info("a")
         with pytest.raises(CorruptionError):
-            snap.runs(t)
-        assert snap.run_info(t, "b") is not None
+            snap.reader(t).runs()
+        assert snap.reader(t).run_info("b") is not None
 
 
 def test_malformed_run_record_with_a_valid_seal(snap: Snapshot) -> None:
@@ -353,7 +353,7 @@ def test_malformed_run_record_with_a_valid_seal(snap: Snapshot) -> None:
     fold_basic(snap)
     raw_put(snap, b"runs", b"a", seal(b"a", cbor2.dumps([1, 3, b"h", 3])))  # too short
     with reading(snap) as t, pytest.raises(CorruptionError, match="malformed"):
-        snap.run_info(t, "a")
+        snap.reader(t).run_info("a")
 
 
 def test_damaged_checkpoint_record(snap: Snapshot) -> None:
@@ -361,45 +361,45 @@ def test_damaged_checkpoint_record(snap: Snapshot) -> None:
     flip(snap, b"ckpt", U64.pack(1) + U64.pack(2))
     with reading(snap) as t:
         with pytest.raises(CorruptionError):
-            snap.checkpoint(t, "a", 1, 2)
+            snap.reader(t).checkpoint("a", 1, 2)
         with pytest.raises(CorruptionError):
-            list(snap.checkpoints(t, "a", 1))
-        assert snap.checkpoint(t, "a", 1, 3) is not None
+            list(snap.reader(t).checkpoints("a", 1))
+        assert snap.reader(t).checkpoint("a", 1, 3) is not None
 
 
 def test_damaged_applied_lsn(snap: Snapshot) -> None:
     fold_basic(snap)
     flip(snap, b"meta", b"applied_lsn")
     with reading(snap) as t, pytest.raises(CorruptionError):
-        snap.meta(t)
+        snap.reader(t).meta()
 
 
 def test_a_missing_checkpoint_in_the_chain_is_corruption(snap: Snapshot) -> None:
     fold_basic(snap)
     raw_put(snap, b"ckpt", U64.pack(1) + U64.pack(2), None)
     with reading(snap) as t, pytest.raises(CorruptionError, match="missing"):
-        list(snap.checkpoints(t, "a", 1))
+        list(snap.reader(t).checkpoints("a", 1))
 
 
 def test_a_missing_first_checkpoint_is_corruption(snap: Snapshot) -> None:
     fold_basic(snap)
     raw_put(snap, b"ckpt", U64.pack(1) + U64.pack(1), None)
     with reading(snap) as t, pytest.raises(CorruptionError, match="not at 1"):
-        list(snap.checkpoints(t, "a", 1))
+        list(snap.reader(t).checkpoints("a", 1))
     raw_put(snap, b"ckpt", U64.pack(2) + U64.pack(1), None)  # run b had only one
     with reading(snap) as t:
-        assert list(snap.checkpoints(t, "b", 2)) == []
+        assert list(snap.reader(t).checkpoints("b", 2)) == []
 
 
 def test_a_missing_key_fails_the_whole_run_scan(snap: Snapshot) -> None:
     fold_basic(snap)
     raw_put(snap, b"state", U64.pack(1) + b"msg/2", None)
     with reading(snap) as t:
-        a = snap.run_info(t, "a")
+        a = snap.reader(t).run_info("a")
         assert a is not None
         with pytest.raises(CorruptionError, match="2 readable keys"):
-            snap.items(t, a)
-        assert snap.items(t, a, "msg/") == {"msg/1": b"one"}  # a prefix scan cannot tell
+            snap.reader(t).items(a)
+        assert snap.reader(t).items(a, "msg/") == {"msg/1": b"one"}  # a prefix scan cannot tell
 
 
 def test_an_extra_key_fails_the_whole_run_scan(snap: Snapshot) -> None:
@@ -407,10 +407,10 @@ def test_an_extra_key_fails_the_whole_run_scan(snap: Snapshot) -> None:
     k = U64.pack(1) + b"extra"
     raw_put(snap, b"state", k, seal(k, b"x"))
     with reading(snap) as t:
-        a = snap.run_info(t, "a")
+        a = snap.reader(t).run_info("a")
         assert a is not None
         with pytest.raises(CorruptionError):
-            snap.items(t, a)
+            snap.reader(t).items(a)
 
 
 def test_a_stale_value_fails_the_whole_run_scan_by_its_digest(snap: Snapshot) -> None:
@@ -420,11 +420,11 @@ def test_a_stale_value_fails_the_whole_run_scan_by_its_digest(snap: Snapshot) ->
     snap.fold(5, SID, [FoldRun("a", {"note": b"fresh"}, [entry("a", 4, 5)])])
     raw_put(snap, b"state", k, stale)  # a validly sealed old version: same count
     with reading(snap) as t:
-        a = snap.run_info(t, "a")
+        a = snap.reader(t).run_info("a")
         assert a is not None
-        assert snap.get(t, 1, "note") == b"n"  # one key alone cannot tell
+        assert snap.reader(t).get(1, "note") == b"n"  # one key alone cannot tell
         with pytest.raises(CorruptionError, match="digest"):
-            snap.items(t, a)
+            snap.reader(t).items(a)
 
 
 def test_a_fold_never_overwrites_a_damaged_value(snap: Snapshot) -> None:
@@ -433,8 +433,8 @@ def test_a_fold_never_overwrites_a_damaged_value(snap: Snapshot) -> None:
     with pytest.raises(CorruptionError):
         snap.fold(5, SID, [FoldRun("a", {"note": b"new"}, [entry("a", 4, 5)])])
     with reading(snap) as t:
-        assert snap.meta(t)[0] == 4  # the whole fold was rolled back
-        a = snap.run_info(t, "a")
+        assert snap.reader(t).meta()[0] == 4  # the whole fold was rolled back
+        a = snap.reader(t).run_info("a")
         assert a is not None and a.head == 3
 
 
@@ -444,7 +444,7 @@ def test_a_damaged_next_run_number_stops_the_fold(snap: Snapshot) -> None:
     with pytest.raises(CorruptionError):  # never restart numbering over run 1
         snap.fold(5, SID, [FoldRun("new", {"k": b"v"}, [entry("new", 1, 5)])])
     with reading(snap) as t:
-        assert snap.run_info(t, "new") is None and snap.meta(t)[0] == 4
+        assert snap.reader(t).run_info("new") is None and snap.reader(t).meta()[0] == 4
 
 
 # -- the shared environment -----------------------------------------------------------------
@@ -460,12 +460,12 @@ def test_two_snapshots_on_one_directory_share_one_env(sdir: str, tmp_path: Path)
         assert s1.env is s2.env is s3.env
         fold_basic(s1)
         with reading(s2) as t:
-            assert s2.meta(t) == (4, SID)
+            assert s2.reader(t).meta() == (4, SID)
     finally:
         s3.close()
         s2.close()
     with reading(s1) as t:  # still open for the last user
-        assert s1.get(t, 1, "note") == b"n"
+        assert s1.reader(t).get(1, "note") == b"n"
     env = s1.env
     s1.close()
     with pytest.raises(Exception) as ei:  # lmdb.Error: the env is closed
@@ -481,7 +481,7 @@ def test_a_writer_can_share_the_env_a_reader_opened_first(sdir: str) -> None:
         assert w.env is r.env
         fold_basic(w)
         with reading(r) as t:
-            assert r.meta(t) == (4, SID)
+            assert r.reader(t).meta() == (4, SID)
     finally:
         w.close()
         r.close()
@@ -495,7 +495,7 @@ def test_close_is_idempotent_and_does_not_close_the_env_under_others(sdir: str) 
     s1.close()
     s1.close()
     with reading(s2) as t:
-        assert s2.meta(t) == (4, SID)
+        assert s2.reader(t).meta() == (4, SID)
     s2.close()
 
 
@@ -508,7 +508,7 @@ def test_after_the_last_close_a_new_snapshot_opens_a_new_env(sdir: str) -> None:
     try:
         assert s2.env is not old
         with reading(s2) as t:
-            assert s2.meta(t) == (4, SID)
+            assert s2.reader(t).meta() == (4, SID)
     finally:
         s2.close()
 
@@ -607,8 +607,8 @@ def test_a_fold_too_big_for_the_map_is_map_full_and_changes_nothing(sdir: str) -
             s.fold(2, SID, [big])
         assert ei.value.size == small and str(small) in str(ei.value)
         with reading(s) as t:
-            assert s.meta(t)[0] == 1
-            assert s.get(t, 1, "b") is None
+            assert s.reader(t).meta()[0] == 1
+            assert s.reader(t).get(1, "b") is None
         while True:  # what the store does: grow with no read open, retry
             s.grow()
             try:
@@ -617,8 +617,8 @@ def test_a_fold_too_big_for_the_map_is_map_full_and_changes_nothing(sdir: str) -
             except MapFull:
                 continue
         with reading(s) as t:
-            info = s.run_info(t, "r")
+            info = s.reader(t).run_info("r")
             assert info is not None and info.keys == 2
-            assert len(s.items(t, info)["b"]) == 1 << 20
+            assert len(s.reader(t).items(info)["b"]) == 1 << 20
     finally:
         s.close()

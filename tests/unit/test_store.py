@@ -17,6 +17,7 @@ import pytest
 import agentwal
 from agentwal import errors
 from agentwal.io import OsFileSystem
+from agentwal.testing import crash as crash_store
 from tests.helpers import commit, increment_in_threads
 
 
@@ -39,7 +40,7 @@ def test_reopen_after_abandon_replays_the_wal(path: str) -> None:
     s.snapshot()
     commit(s, "a", x=2)
     commit(s, "a", x=3)
-    s._release_all()  # like kill -9: nothing flushed or folded
+    crash_store(s)  # like kill -9: nothing flushed or folded
     with agentwal.open(path) as s:
         assert s.get("a", "x") == 3
         rec = s.stats()["recovery"]
@@ -354,7 +355,7 @@ def test_disk_full_acknowledges_nothing_and_recovers(path: str) -> None:
     fs.enospc_writes = False
     c = commit(s, "r", a="after")  # works again once space returns
     assert head is not None and c.id == head.id + 1 and c.parent == head.id
-    s._release_all()
+    crash_store(s)
     with agentwal.open(path) as s2:
         assert s2.get("r", "a") == "after"
         assert [x.id for x in s2.history("r")] == list(range(c.id, 0, -1))
@@ -514,7 +515,7 @@ def test_replayed_log_counts_toward_the_next_fold(path: str) -> None:
         deadline = time.monotonic() + 5
         while s.stats()["wal_bytes_since_fold"] >= 64 << 10 and time.monotonic() < deadline:
             time.sleep(0.01)  # the background fold catches up
-        s._release_all()
+        crash_store(s)
     assert max(replayed) <= 130, replayed  # ~ two folds' worth at most, not 40 x lives
 
 

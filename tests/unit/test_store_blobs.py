@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import blobs, failpoints
-from agentwal.blobs import blob_path
+from agentwal import failpoints
+from agentwal.local import blobs
+from agentwal.local.blobs import blob_path
 from agentwal.testing import SimulatedDisk
+from agentwal.testing import crash as crash_store
 from tests.helpers import Generated
 
 
@@ -150,7 +152,7 @@ def test_blobs_survive_folds_and_reopen(path: str) -> None:
         assert read_blob(s, "r", "w") == data
         with s.begin("r") as txn:
             txn.put_blob("w", io.BytesIO(b"new"))
-        s._release_all()  # a crash: the commit is only in the WAL
+        crash_store(s)  # a crash: the commit is only in the WAL
     with agentwal.open(path) as s:
         assert read_blob(s, "r", "w") == b"new"
         assert read_blob(s, "r", "w", at=1) == data
@@ -212,7 +214,7 @@ def test_a_commit_of_unknown_outcome_keeps_its_blob_pinned(path: str) -> None:
         with pytest.raises(agentwal.DurabilityError):
             s._sweep_blobs()  # and a stopped writer sweeps nothing
     finally:
-        s._release_all()
+        crash_store(s)
     with agentwal.open(path) as s:
         if s.head("r") is not None:  # the record made it: the blob did too
             assert read_blob(s, "r", "w") == b"maybe committed"
@@ -310,7 +312,7 @@ def test_disk_full_during_put_blob(tmp_path: Path, small_chunks: None) -> None:
             txn.put_blob("big", io.BytesIO(b"fits now"))
         assert read_blob(store, "r", "big") == b"fits now"
     finally:
-        store._release_all()
+        crash_store(store)
 
 
 def test_a_failed_blob_fsync_stops_the_writer(tmp_path: Path) -> None:
@@ -327,7 +329,7 @@ def test_a_failed_blob_fsync_stops_the_writer(tmp_path: Path) -> None:
         with pytest.raises(agentwal.DurabilityError), store.begin("r") as t2:
             t2.put_blob("w", io.BytesIO(b"y"))
     finally:
-        store._release_all()
+        crash_store(store)
 
 
 # -- corruption --------------------------------------------------------------------------
@@ -565,3 +567,41 @@ def test_verify_checks_every_referenced_blob_file(tmp_path: Path) -> None:
         os.unlink(file)
         (p,) = store.verify().problems
         assert "missing" in p.what
+
+
+def test_a_damaged_delta_is_reported_once_and_the_other_blobs_are_still_checked(
+        tmp_path: Path) -> None:
+    """The blob-reference scan meets a damaged record the snapshot checks report at its
+    entry: verify says so once (no second "blob references" problem), skips that record
+    and still checks the blob files the other records reference."""
+    from tests.stores import Raw
+
+    path = str(tmp_path / "s")
+    with agentwal.open(path) as store:
+        with store.begin("r") as txn:
+            kept = txn.put_blob("kept", io.BytesIO(b"a kept artifact"))
+        with store.begin("r") as txn:
+            txn["note"] = "x" * 40
+        store.snapshot()
+    with Raw(path) as raw:
+        k, v = next((k, v) for k, v in raw.entries("delta") if b"x" * 40 in v)
+        raw.put_raw("delta", k, v[:-1] + bytes([v[-1] ^ 0x01]))
+    os.unlink(blob_path(os.path.join(path, "blobs"), kept.sha256))
+    with agentwal.open(path, readonly=True) as store:
+        report = store.verify()
+    assert [p.db for p in report.problems if p.db is not None] == ["delta"], report.problems
+    assert not [p for p in report.problems if p.where == "blob references"], report.problems
+    (missing,) = [p for p in report.problems if p.db is None]
+    assert "missing" in missing.what and kept.sha256 in missing.what
+    assert any("not scanned for blob references" in n for n in report.notes), report.notes
+
+
+def test_a_folded_blob_reference_verifies_ok(tmp_path: Path) -> None:
+    """A blob reference in LMDB's state is a value like any other (regression: verify
+    decoded it as plain CBOR and reported every folded one as damage)."""
+    with agentwal.open(str(tmp_path / "s")) as store:
+        with store.begin("r") as txn:
+            txn.put_blob("kept", io.BytesIO(b"a kept artifact"))
+        store.snapshot()
+        report = store.verify()
+    assert report.ok and report.checked["blobs"] == 1, report.problems

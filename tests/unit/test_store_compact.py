@@ -123,13 +123,16 @@ def test_older_than(store: agentwal.Store) -> None:
 def test_keep_last_or_older_than_keeps_what_either_keeps(store: agentwal.Store) -> None:
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 20, model)
-    time.sleep(0.3)
+    time.sleep(1.0)  # checkpoint 20 is >= 1 s older than 21: the age cuts in that gap
     t_mid = time.time()
     build(store, "r", 25, model, start=21)
-    age = dt.timedelta(seconds=time.time() - t_mid + 0.15)
-    store.compact(keep_last=10, older_than=age)  # the last 10 win over the age
+
+    def age() -> dt.timedelta:  # measured at each call, with 0.5 s of slack either way
+        return dt.timedelta(seconds=time.time() - t_mid + 0.5)
+
+    store.compact(keep_last=10, older_than=age())  # the last 10 win over the age
     check(store, "r", model, set(range(16, 26)))
-    store.compact(keep_last=2, older_than=age)  # the age wins over the last 2
+    store.compact(keep_last=2, older_than=age())  # the age wins over the last 2
     check(store, "r", model, set(range(21, 26)))
 
 
@@ -230,11 +233,11 @@ def test_kept_checkpoints_record_their_dropped_parents_hash(store: agentwal.Stor
     assert snap is not None
     txn = snap.begin_read()
     try:
-        info = snap.run_info(txn, "r")
+        info = snap.reader(txn).run_info("r")
         assert info is not None and info.count == 4
         for cid, parent_hash in ((10, hashes[9]), (38, hashes[37]), (39, None), (40, None)):
             k = U64.pack(info.number) + U64.pack(cid)
-            rec = cbor2.loads(bytes(txn.get(k, db=snap._ckpt))[4:])
+            rec = cbor2.loads(snap.raw(txn).get("ckpt", k)[4:])
             assert rec[5].hex() == hashes[cid]
             # [..., origin, outbox digest | None, the dropped parent's hash]
             assert (rec[8].hex() if len(rec) == 9 else None) == parent_hash, cid
@@ -351,9 +354,9 @@ def test_a_manifest_per_block_keeps_reads_bounded(store: agentwal.Store) -> None
     assert snap is not None
     txn = snap.begin_read()
     try:
-        info = snap.run_info(txn, "r")
+        info = snap.reader(txn).run_info("r")
         assert info is not None
-        got = [snap._manifest_before(txn, info.number, c) for c in (31, 33, 63, 100)]
+        got = [snap.reader(txn)._manifest_before(info.number, c) for c in (31, 33, 63, 100)]
     finally:
         snap.end_read(txn)
     assert got == [31, 32, 32, 96]
@@ -528,9 +531,9 @@ def _remove(store: agentwal.Store, db: str, run: str, cid: int) -> None:
     snap = store._snap
     assert snap is not None
     with snap.env.begin(write=True) as txn:
-        info = snap.run_info(txn, run)
+        info = snap.reader(txn).run_info(run)
         assert info is not None
-        assert txn.delete(U64.pack(info.number) + U64.pack(cid), db=getattr(snap, "_" + db))
+        assert txn.delete(U64.pack(info.number) + U64.pack(cid), db=getattr(snap._dbs, db))
 
 
 def test_a_missing_checkpoint_record_is_damage_not_a_gap(store: agentwal.Store) -> None:
@@ -565,7 +568,7 @@ def test_pages_lmdb_freed_unwritten_at_the_end_are_not_truncation(
     import random
     import shutil
 
-    from agentwal import snapshot
+    from agentwal.local.snapshot import lmdbfile as snapshot
 
     seen: list[tuple[int, bool]] = []
     real = snapshot._tail_is_free
@@ -753,3 +756,85 @@ def test_compaction_and_deletion_free_the_blob_files_nothing_kept_references(
     assert blob_files() == {refs[0].sha256[2:]}
     with store.open_blob("other", "weights") as f:
         assert f.read() == b"weights v1" * 500
+
+
+def test_stats_waits_out_a_vacuums_file_swap(store: agentwal.Store,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """stats() reads LMDB outside the store's views, so it must wait out the vacuum's file
+    swap as a view does (regression: called while the vacuum waited for open reads, it
+    could begin its read after the vacuum's last check; the swap then raised RuntimeError
+    out of compact())."""
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 30, model)
+    store.snapshot()
+    snap = store._snap
+    assert snap is not None
+    txn = store.begin("r")  # holds an LMDB read: the vacuum waits for it
+    assert txn.get("step") == 30
+    threading.Timer(0.3, txn.rollback).start()
+    checked, began = threading.Event(), threading.Event()
+    real_begin, real_swap, real_readers = snap.begin_read, snap.swap_in, snap.readers
+    threads: list[threading.Thread] = []
+    got: list[Any] = []
+
+    def stats() -> None:
+        try:
+            got.append(store.stats()["folded_runs"])
+        except BaseException as exc:  # reported below
+            got.append(exc)
+
+    def readers() -> int:  # the vacuum waits for reads to end: call stats() now
+        if not threads:
+            threads.append(threading.Thread(target=stats))
+            threads[0].start()
+        return real_readers()
+
+    def begin_read() -> Any:  # stats() begins its read only after the vacuum's last check
+        if not threads or threading.current_thread() is not threads[0]:
+            return real_begin()
+        checked.wait(2)
+        t = real_begin()
+        began.set()
+        return t
+
+    def swap_in(tmp: str) -> bool:
+        checked.set()
+        began.wait(2)  # with the fix, stats() is still waiting for the swap here
+        return real_swap(tmp)
+
+    monkeypatch.setattr(snap, "readers", readers)
+    monkeypatch.setattr(snap, "begin_read", begin_read)
+    monkeypatch.setattr(snap, "swap_in", swap_in)
+    assert store.compact(keep_last=5, vacuum=True).vacuumed
+    threads[0].join()
+    assert got == [1], got
+    check(store, "r", model, set(range(26, 31)))
+
+
+def test_a_compaction_during_a_fork_keeps_its_origin(store: agentwal.Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep_fork_origins holds for a fork in flight (regression: a compaction that ran
+    between the fork's check of its origin and its commit did not see the origin yet and
+    dropped it; the new fork then named a checkpoint that no longer existed)."""
+    model: dict[int, dict[str, Any]] = {}
+    build(store, "r", 30, model)
+    store.snapshot()
+    compacted = threading.Event()
+    failpoints.arm("compact_after_commit", "call", fn=lambda _name: compacted.set())
+    real_raw_at = store._raw_at
+    threads: list[threading.Thread] = []
+
+    def raw_at(*args: Any, **kwargs: Any) -> Any:  # the fork checked its origin: compact now
+        if not threads:
+            threads.append(threading.Thread(target=store.compact, kwargs={"keep_last": 3}))
+            threads[0].start()
+            compacted.wait(2)  # with the fix, the compaction waits for the fork instead
+        return real_raw_at(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_raw_at", raw_at)
+    store.fork("r", 7, "f")
+    threads[0].join()
+    monkeypatch.undo()
+    assert store.history("f")[-1].origin == ("r", 7)
+    check(store, "r", model, {7, 28, 29, 30})
+    assert store.state("r", at=7) == model[7] == store.state("f")

@@ -12,6 +12,7 @@ import pytest
 import agentwal
 from agentwal import ConflictError, RunNotFoundError, errors, failpoints
 from agentwal.testing import SimulatedDisk
+from agentwal.testing import crash as crash_store
 from tests.helpers import check_history_counts, commit
 
 BIG = "x" * 3000  # a shared, content-addressed object
@@ -149,13 +150,13 @@ def test_delete_is_durable_in_every_mode(tmp_path: Path) -> None:
     store.delete_run("r")
     images = [disk.crash_image(m, seed=s) for m in ("strict", "prefix", "reorder")
               for s in range(3)]
-    store._release_all()
+    crash_store(store)
     for image in images:
         s = agentwal.open(path, fs=image, durability="none", segment_bytes=65536)
         try:
             assert s.head("r") is None and s.runs() == ["other"]
         finally:
-            s._release_all()
+            crash_store(s)
 
 
 def test_delete_replays_after_a_crash_and_the_next_fold_removes_it(path: str) -> None:
@@ -163,7 +164,7 @@ def test_delete_replays_after_a_crash_and_the_next_fold_removes_it(path: str) ->
     _fill(store, "r", 4)
     store.snapshot()
     store.delete_run("r")
-    store._release_all()  # a crash: LMDB still has the run
+    crash_store(store)  # a crash: LMDB still has the run
     with agentwal.open(path) as store:
         _assert_gone(store, "r")
         assert store.stats()["folded_runs"] == 1
@@ -286,7 +287,7 @@ def test_the_wal_dump_shows_deletions(path: str) -> None:
     store = agentwal.open(path)
     commit(store, "r", a=1)
     store.delete_run("r")
-    store._release_all()
+    crash_store(store)
     out = CliRunner().invoke(main, ["wal", path, "--json"])
     assert out.exit_code == 0, out.output
     import json
@@ -328,7 +329,7 @@ def test_a_recreated_run_calls_its_effects_afresh(path: str, where: str) -> None
         again("call 2")  # the same step of the new run: a new key, a new call
         assert calls[0] != calls[1]
         again("call 2")  # within the new run, keys still dedup
-        store._release_all()  # crash: the deletion (if unfolded) is replayed
+        crash_store(store)  # crash: the deletion (if unfolded) is replayed
         store = agentwal.open(path, durability="none")
         again("call 2")
         store.snapshot()
@@ -359,7 +360,7 @@ def test_outbox_keys_of_a_recreated_run_are_new_live_and_on_replay(path: str) ->
         txn["a"] = 2
     live = sorted(e.key for e in store.effects(run="r"))
     assert len(live) == 2 and live[0] != live[1]
-    store._release_all()  # both commits and the deletion are replayed
+    crash_store(store)  # both commits and the deletion are replayed
     with agentwal.open(path, durability="none") as store:
         assert sorted(e.key for e in store.effects(run="r")) == live
         store.snapshot()

@@ -12,6 +12,7 @@ import pytest
 
 import agentwal
 from agentwal import errors, failpoints, history
+from agentwal.testing import crash as crash_store
 from tests.helpers import commit
 
 SMALL = {"durability": "none", "wal_max_bytes": 64 << 10, "segment_bytes": 16 << 10}
@@ -49,7 +50,7 @@ def test_state_at_every_checkpoint_of_a_500_commit_run(path: str) -> None:
         _step(store, model, i, rng)
         want[i] = _snap(model)
         if i == 250:  # the second half starts after a crash (WAL replayed)
-            store._release_all()
+            crash_store(store)
             store = agentwal.open(path, **SMALL)
     stats = store.stats()
     assert stats["folds"] >= 3 and stats["memtable_commits"] > 0  # folded and unfolded
@@ -232,7 +233,7 @@ def test_rollback_to_makes_a_new_checkpoint_with_the_old_state(path: str) -> Non
         assert c6.id == 6 and s.diff("r", 5, 6) == agentwal.Diff({}, {}, {})
         want = {i: s.state("r", at=i) for i in range(1, 7)}
     s = agentwal.open(path, **SMALL)
-    s._release_all()  # a crash right after the reopen: nothing new
+    crash_store(s)  # a crash right after the reopen: nothing new
     with agentwal.open(path, **SMALL) as s:
         assert {i: s.state("r", at=i) for i in range(1, 7)} == want
         assert s.head("r").meta == {"rollback_to": 5}  # type: ignore[union-attr]
@@ -243,7 +244,7 @@ def test_rollback_to_survives_a_crash_before_any_fold(path: str) -> None:
     commit(s, "r", a=1)
     commit(s, "r", a=2, b=1)
     c = s.rollback_to("r", 1)
-    s._release_all()  # crash: the rollback is only in the WAL
+    crash_store(s)  # crash: the rollback is only in the WAL
     with agentwal.open(path) as s:
         assert s.head("r") == c
         assert s.state("r") == {"a": 1}
@@ -288,15 +289,15 @@ def test_fork_starts_an_independent_run(path: str) -> None:
         want = {run: [s.state(run, at=i) for i in range(1, s.head(run).id + 1)]  # type: ignore[union-attr]
                 for run in ("r", "f", "g")}
         heads = {run: s.head(run) for run in ("r", "f", "g")}
-    for crash in (True, False):
+    for crashing in (True, False):
         s = agentwal.open(path, **SMALL)
         assert {run: s.history(run)[-1].origin for run in ("r", "f", "g")} == {
             "r": None, "f": ("r", 3), "g": ("r", 6)}
         assert {run: s.head(run) for run in ("r", "f", "g")} == heads
         assert {run: [s.state(run, at=i) for i in range(1, s.head(run).id + 1)]  # type: ignore[union-attr]
                 for run in ("r", "f", "g")} == want
-        if crash:
-            s._release_all()
+        if crashing:
+            crash_store(s)
         else:
             s.close()
 
@@ -305,7 +306,7 @@ def test_a_fork_survives_a_crash_before_any_fold(path: str) -> None:
     s = agentwal.open(path)
     commit(s, "r", a=1)
     f = s.fork("r", 1, "f")
-    s._release_all()
+    crash_store(s)
     with agentwal.open(path) as s:
         assert s.head("f") == f and f.origin == ("r", 1)
         assert s.state("f") == {"a": 1}

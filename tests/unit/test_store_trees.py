@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import agentwal
-from agentwal import blobs, failpoints
+from agentwal import failpoints
 from agentwal.codec import encode_blob_ref
 from agentwal.format import TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
+from agentwal.local import blobs
 from agentwal.tree import Entry, Root, encode_dir, encode_root
 from agentwal.types import BlobRef
 from tests.helpers import Generated

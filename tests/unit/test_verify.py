@@ -25,10 +25,11 @@ import pytest
 import agentwal
 from agentwal.codec import decode_commit, encode_commit
 from agentwal.io import OsFileSystem
-from agentwal.verify import LMDB_FILE, Problem, VerifyReport, read_wal
-from agentwal.verify import verify as verify_store
-from agentwal.wal.frame import encode_frame, parse_header
-from agentwal.wal.reader import scan_segment
+from agentwal.local.verify import LMDB_FILE, Problem, VerifyReport, read_wal
+from agentwal.local.verify import verify as verify_store
+from agentwal.local.wal.frame import encode_frame, parse_header
+from agentwal.local.wal.reader import scan_segment
+from agentwal.testing import crash as crash_store
 from tests.stores import U64, Built, Raw, build
 
 
@@ -527,7 +528,7 @@ def test_a_missing_segment_is_found(path: str) -> None:
     for i in range(60):
         with s.begin("r") as txn:
             txn["v"] = hashlib.sha256(str(i).encode()).hexdigest() * 10
-    s._release_all()
+    crash_store(s)
     wal = os.path.join(path, "wal")
     names = sorted(os.listdir(wal))
     assert len(names) >= 3
@@ -573,7 +574,7 @@ def test_every_entry_of_a_clean_store_is_sealed(base: Built) -> None:
 def test_the_object_cache_changes_nothing(base: Built, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """With no room to keep objects, every read goes to LMDB: the same report."""
-    from agentwal.verify import snapshot_checks
+    from agentwal.local.verify import snapshot_checks
 
     full = verify(base.path)
     monkeypatch.setattr(snapshot_checks, "CACHE_BYTES", 1)

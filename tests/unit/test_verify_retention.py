@@ -36,10 +36,10 @@ def _rewrite(store: agentwal.Store, db: str, run: str, cid: int, fn: Any) -> Non
     snap = store._snap
     assert snap is not None
     with snap.env.begin(write=True) as txn:
-        info = snap.run_info(txn, run)
+        info = snap.reader(txn).run_info(run)
         assert info is not None
         k = U64.pack(info.number) + U64.pack(cid)
-        handle = getattr(snap, "_" + db)
+        handle = getattr(snap._dbs, db)
         if fn is None:
             assert txn.delete(k, db=handle)
             return
@@ -128,15 +128,15 @@ def test_a_delta_left_of_a_dropped_checkpoint_belongs_to_nothing(store: agentwal
     assert snap is not None
     txn = snap.begin_read()
     try:
-        info = snap.run_info(txn, "r")
+        info = snap.reader(txn).run_info("r")
         assert info is not None
         k = U64.pack(info.number) + U64.pack(12)
-        kept_delta = bytes(txn.get(k, db=snap._delta))
+        kept_delta = snap.raw(txn).get("delta", k)
     finally:
         snap.end_read(txn)
     store.compact(keep_last=10)
     with snap.env.begin(write=True) as wtxn:
-        wtxn.put(k, kept_delta, db=snap._delta)  # sealed for its key: only ownership fails
+        wtxn.put(k, kept_delta, db=snap._dbs.delta)  # sealed for its key: only ownership fails
     found = _problems(store)
     assert any("belongs to no checkpoint" in p for p in found), found
 

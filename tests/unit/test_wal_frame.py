@@ -27,8 +27,8 @@ from agentwal.format import (
     parse_segment_name,
     segment_name,
 )
-from agentwal.wal import frame as frame_mod
-from agentwal.wal.frame import (
+from agentwal.local.wal import frame as frame_mod
+from agentwal.local.wal.frame import (
     Frame,
     SegmentHeader,
     encode_frame,

@@ -1,10 +1,10 @@
 """The WAL reader and recovery planning, by byte surgery on real segment files.
 
 After LevelDB's ``log_test.cc``: every case writes a log with the real
-:class:`~agentwal.wal.Writer` on the OS file system, damages it in one
+:class:`~agentwal.local.wal.Writer` on the OS file system, damages it in one
 precise way (flip, truncate, zero-fill, garbage, stale or foreign segment,
 missing segment) and checks what :func:`scan_segment` and
-:func:`agentwal.recovery.plan` make of it, one named test per case.
+:func:`agentwal.local.recovery.plan` make of it, one named test per case.
 
 Vocabulary: a *batch* is one ``Writer.append`` call; a frame carries the
 synced LSN its writer knew when the batch was written, so a frame written
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from agentwal import recovery
 from agentwal.codec import (
     CommitRecord,
     decode_meta,
@@ -42,7 +41,8 @@ from agentwal.format import (
     segment_name,
 )
 from agentwal.io import OsFileSystem
-from agentwal.wal import (
+from agentwal.local import recovery
+from agentwal.local.wal import (
     PendingRecord,
     Scan,
     SegmentHeader,
@@ -50,7 +50,7 @@ from agentwal.wal import (
     list_segments,
     scan_segment,
 )
-from agentwal.wal.frame import Frame, encode_frame, encode_header, parse_header
+from agentwal.local.wal.frame import Frame, encode_frame, encode_header, parse_header
 
 FS = OsFileSystem()
 STORE = uuid.UUID("6c1f0a9e-2b7d-4f3a-8e55-0d4c3b2a1f00")

@@ -42,9 +42,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import CorruptionError, PathExistsError
-from .format import CONTROL_FILE, SNAPSHOT_DIR, TMP_SUFFIX, WAL_DIR, parse_segment_name
-from .io import FileSystem, write_all
+from ..errors import CorruptionError, PathExistsError
+from ..format import CONTROL_FILE, SNAPSHOT_DIR, TMP_SUFFIX, WAL_DIR, parse_segment_name
+from ..io import FileSystem, write_all
 from .wal import scan_segment
 from .wal.frame import parse_header
 

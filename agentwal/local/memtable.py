@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .effects import EffectRecord
-from .types import Checkpoint
+from ..effects import EffectRecord
+from ..types import Checkpoint
 
 __all__ = ["Memtable", "RunMem"]
 

@@ -35,15 +35,15 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from .. import failpoints
-from ..errors import DiskFullError, DurabilityError, StoreClosedError
-from ..format import (
+from ... import failpoints
+from ...errors import DiskFullError, DurabilityError, StoreClosedError
+from ...format import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     TMP_SUFFIX,
     segment_name,
 )
-from ..io import DISK_FULL_ERRNOS, FileSystem, write_all
+from ...io import DISK_FULL_ERRNOS, FileSystem, write_all
 from .frame import SegmentHeader, encode_frame, encode_header
 
 __all__ = ["PendingRecord", "Segment", "Writer"]

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import cbor2
 
-from .codec import CodecError, loads
-from .errors import CorruptionError
-from .format import CONTROL_FILE, FORMAT_VERSION
-from .io import FileSystem, read_all, write_all
+from ..codec import CodecError, loads
+from ..errors import CorruptionError
+from ..format import CONTROL_FILE, FORMAT_VERSION
+from ..io import FileSystem, read_all, write_all
 
 __all__ = ["Control", "create_control", "read_control"]
 

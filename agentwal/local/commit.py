@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import failpoints
-from .codec import (
+from .. import failpoints
+from ..codec import (
     CommitRecord,
     checkpoint_hash,
     encode_commit,
@@ -56,8 +56,8 @@ from .codec import (
     encode_meta,
     pack_payload,
 )
-from .effects import Deferred, args_digest, encode_outbox
-from .errors import (
+from ..effects import Deferred, args_digest, encode_outbox
+from ..errors import (
     ConflictError,
     DurabilityError,
     EffectDivergenceError,
@@ -67,7 +67,7 @@ from .errors import (
     StoreClosedError,
     UnencodableValueError,
 )
-from .format import (
+from ..format import (
     COMPRESS_THRESHOLD,
     FLAG_ZSTD,
     MAX_RECORD_PAYLOAD,
@@ -75,8 +75,8 @@ from .format import (
     REC_DELETE_RUN,
     REC_EFFECT,
 )
-from .retention import encode_delete_run
-from .types import Checkpoint, Durability
+from ..types import Checkpoint, Durability
+from .records import encode_delete_run
 from .wal import PendingRecord, Writer
 
 __all__ = ["CommitPipeline", "Pending"]

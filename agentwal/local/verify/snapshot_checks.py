@@ -37,11 +37,11 @@ from typing import Any
 
 import cbor2
 
-from .. import history
-from ..codec import CodecError, chain_hash, decode_meta, decode_value, loads
-from ..effects import EffectRecord, decode_entry
-from ..errors import CorruptionError
-from ..snapshot import unseal
+from ... import history
+from ...codec import CodecError, chain_hash, decode_meta, decode_value, loads
+from ...effects import EffectRecord, decode_entry
+from ...errors import CorruptionError
+from ..snapshot.layout import unseal
 from .report import Findings, Source
 
 __all__ = ["CACHE_BYTES", "SnapshotChecker"]

@@ -41,62 +41,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
-from . import failpoints
-from .codec import (
-    CodecError,
-    CommitRecord,
-    decode_commit,
-    decode_delta,
-    decode_meta,
-    unpack_payload,
-)
-from .effects import Deferred, EffectRecord, decode_entry, decode_outbox
-from .errors import CorruptionError
-from .format import (
-    REC_COMMIT,
-    REC_DELETE_RUN,
-    REC_EFFECT,
+from .. import failpoints
+from ..codec import CodecError
+from ..errors import CorruptionError
+from ..format import (
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
     TMP_SUFFIX,
 )
-from .io import FileSystem, write_all
-from .retention import decode_delete_run
+from ..io import FileSystem, write_all
+from .records import Record, Replayed, ReplayedDelete, ReplayedEffect, decode_record
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
 
 __all__ = ["Plan", "Replayed", "ReplayedDelete", "ReplayedEffect", "plan", "recover", "repair"]
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """One commit read back from the log."""
-
-    lsn: int
-    record: CommitRecord
-    meta: dict[str, Any]
-    delta: dict[str, bytes | None]
-    deferred: list[Deferred] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayedEffect:
-    """One effects-ledger entry read back from the log."""
-
-    lsn: int
-    entry: EffectRecord
-    raw: bytes  # the entry's CBOR map, uncompressed
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayedDelete:
-    """One run deletion (``store.delete_run``) read back from the log."""
-
-    lsn: int
-    run: str
-    head: int  # the run's head id when it was deleted
 
 
 @dataclass
@@ -116,29 +75,11 @@ class Plan:
 
 
 def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
-            payload: bytes) -> Replayed | ReplayedEffect | ReplayedDelete:
-    if rtype == REC_DELETE_RUN:
-        try:
-            run, head = decode_delete_run(payload)
-        except CodecError as exc:
-            raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
-        return ReplayedDelete(lsn, run, head)
-    if rtype == REC_EFFECT:
-        try:
-            raw = unpack_payload(payload, flags)
-            return ReplayedEffect(lsn, decode_entry(raw), raw)
-        except CodecError as exc:
-            raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
-    if rtype != REC_COMMIT:
-        raise CorruptionError(seg.path, offset, f"record LSN {lsn} has unknown type {rtype}")
+            payload: bytes) -> Record:
     try:
-        rec = decode_commit(payload)
-        meta = decode_meta(rec.meta)
-        delta = decode_delta(rec.delta, flags)
-        deferred = decode_outbox(rec.deferred) if rec.deferred is not None else None
+        return decode_record(lsn, rtype, flags, payload)
     except CodecError as exc:
         raise CorruptionError(seg.path, offset, f"record LSN {lsn}: {exc}") from None
-    return Replayed(lsn, rec, meta, delta, deferred)
 
 
 def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,

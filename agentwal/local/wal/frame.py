@@ -14,7 +14,7 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
-from ..format import (
+from ...format import (
     FORMAT_VERSION,
     KNOWN_FLAGS,
     MAX_RECORD_PAYLOAD,

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ...errors import CorruptionError
+from ...format import CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR, parse_segment_name
+from ...io import FileSystem, read_all
 from ..control import read_control
-from ..errors import CorruptionError
-from ..format import CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR, parse_segment_name
-from ..io import FileSystem, read_all
 
 __all__ = ["LMDB_FILE", "Findings", "Problem", "Source", "VerifyReport", "WalFile",
            "check_control", "read_wal"]

@@ -26,13 +26,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..format import (
+from ...format import (
     FLAG_ZSTD,
     RECORD_TYPES,
     SEGMENT_HEADER_SIZE,
     parse_segment_name,
 )
-from ..io import FileSystem, read_all
+from ...io import FileSystem, read_all
 from .frame import Frame, SegmentHeader, parse_header, try_frame
 
 __all__ = ["Scan", "SegmentFile", "list_segments", "scan_segment"]

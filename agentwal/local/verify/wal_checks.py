@@ -27,17 +27,9 @@ import contextlib
 import hashlib
 from typing import Any
 
-from ..codec import (
-    CodecError,
-    checkpoint_hash,
-    decode_commit,
-    decode_delta,
-    decode_meta,
-    unpack_payload,
-)
-from ..effects import decode_entry, decode_outbox
-from ..format import REC_COMMIT, REC_DELETE_RUN, REC_EFFECT, WAL_DIR, parse_segment_name
-from ..retention import decode_delete_run
+from ...codec import CodecError, checkpoint_hash
+from ...format import REC_DELETE_RUN, WAL_DIR, parse_segment_name
+from ..records import Replayed, ReplayedDelete, decode_delete_run, decode_record
 from ..wal import scan_segment
 from ..wal.frame import parse_header
 from .report import Problem, WalFile
@@ -118,25 +110,18 @@ def _check_record(v: SnapshotChecker, name: str, f: Any,
     """Decode one frame and recompute a commit's hash."""
     v.checked["wal_records"] += 1
     try:
-        if f.type == REC_DELETE_RUN:
-            run, _head = decode_delete_run(f.payload)
-            for k in [k for k in hashes if k[0] == run]:  # the run starts again at 1
-                del hashes[k]
-            return
-        if f.type == REC_EFFECT:
-            decode_entry(unpack_payload(f.payload, f.flags))
-            return
-        if f.type != REC_COMMIT:
-            raise CodecError(f"unknown record type {f.type}")
-        rec = decode_commit(f.payload)
-        decode_meta(rec.meta)
-        raw = unpack_payload(rec.delta, f.flags)
-        decode_delta(raw, 0)
-        if rec.deferred is not None:
-            decode_outbox(rec.deferred)
+        r = decode_record(f.lsn, f.type, f.flags, f.payload, keep_raw=True)
     except CodecError as exc:
         v.wal_problem(name, f.offset, f"record LSN {f.lsn}: {exc}")
         return
+    if isinstance(r, ReplayedDelete):
+        for k in [k for k in hashes if k[0] == r.run]:  # the run starts again at 1
+            del hashes[k]
+        return
+    if not isinstance(r, Replayed):
+        return
+    rec, raw = r.record, r.raw_delta
+    assert raw is not None
     if rec.id != (rec.parent or 0) + 1:
         v.wal_problem(name, f.offset, f"record LSN {f.lsn}: checkpoint {rec.id} has "
                       f"parent {rec.parent}")

@@ -63,11 +63,11 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import failpoints
-from .errors import BlobSourceError, CorruptionError, DiskFullError, DurabilityError, Error
-from .format import BLOB_TMP_DIR
-from .io import DISK_FULL_ERRNOS, FileSystem, open_source, write_all
-from .types import BlobRef
+from .. import failpoints
+from ..errors import BlobSourceError, CorruptionError, DiskFullError, DurabilityError, Error
+from ..format import BLOB_TMP_DIR
+from ..io import DISK_FULL_ERRNOS, FileSystem, open_source, write_all
+from ..types import BlobRef
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer

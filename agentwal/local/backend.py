@@ -1,0 +1,168 @@
+"""The embedded engine behind the ``backend`` Protocols: ``LocalBackend``.
+
+Theory of operation: the engine (today the body of ``store.Store``: views
+over the memtables and LMDB, the commit pipeline, the ledger's reads and
+writes) already does everything ``backend.Backend`` names; this adapter
+gives it those names and value objects, so the conformance suite
+(``tests/conformance/``) checks the engine against the same contracts a
+second backend must meet. A :class:`LocalView` wraps one engine view (a
+snapshot LSN, the memtable layers, an LMDB read transaction); its ``base``
+and ``epoch`` are computed once at :meth:`LocalBackend.begin`.
+
+``record_effect``'s compare-and-set holds the ledger's lock on the entry's
+key (the lock every ledger write of that key holds) between reading the
+stored entry and logging the new one; the store's writer lock keeps other
+processes out. That makes today's implicit rule (ledger writes of one key
+never race) a checked one.
+
+Nothing here touches a file or LMDB itself; it only calls the engine.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import failpoints
+from ..backend import Change, EffectRace
+from ..effects import EffectRecord
+from ..errors import ReadOnlyError
+from ..types import Checkpoint
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["LocalBackend", "LocalView"]
+
+
+@dataclass(eq=False, slots=True)
+class LocalView:
+    """One engine view of one run (``backend.View``)."""
+
+    run: str
+    base: int
+    epoch: int
+    inner: Any  # the engine's view: snapshot LSN, layers, LMDB read
+    fence: object | None = None
+
+
+class LocalBackend:
+    """``backend.Backend`` and ``backend.Maintenance`` over an open local store."""
+
+    def __init__(self, store: Store) -> None:
+        self._s = store
+
+    @property
+    def store_id(self) -> uuid.UUID:
+        sid: uuid.UUID = self._s.store_id
+        return sid
+
+    @property
+    def name(self) -> str:
+        return self._s.path
+
+    # -- RunStore ---------------------------------------------------------------------
+
+    def begin(self, run: str) -> LocalView:
+        s = self._s
+        inner = s._view()
+        try:
+            head = s._head(inner, run)
+            epoch = s._view_epoch(inner, run)
+        except BaseException:
+            s._release(inner)
+            raise
+        return LocalView(run, head.id if head is not None else 0, epoch, inner)
+
+    def read(self, view: LocalView, key: str) -> bytes | None:
+        self._s._check_open()
+        return self._s._read(view.inner, view.run, key)
+
+    def scan(self, view: LocalView, prefix: str) -> dict[str, bytes]:
+        self._s._check_open()
+        return {k: v for k, v in self._s._items(view.inner, view.run, prefix).items()
+                if v is not None}
+
+    def commit(self, view: LocalView, change: Change) -> Checkpoint | None:
+        s = self._s
+        s._check_open()
+        pipe = s._pipe
+        if pipe is None:
+            raise ReadOnlyError(s.path)
+        failpoints.hit("commit_before_validate")
+        if change.empty:
+            return s._head(view.inner, view.run)
+        return pipe.commit(view.run, view.inner.snap, set(change.reads), set(change.prefixes),
+                           dict(change.writes), dict(change.meta), list(change.deferred),
+                           origin=change.origin, effects=change.effects)
+
+    def end(self, view: LocalView) -> None:
+        self._s._release(view.inner)
+
+    def abandon(self, view: LocalView) -> None:
+        self._s._dead.append(view.inner)
+
+    # -- HistoryStore -----------------------------------------------------------------
+
+    def head(self, run: str) -> Checkpoint | None:
+        return self._s.head(run)
+
+    def checkpoints(self, run: str, *, limit: int | None = None,
+                    before: int | None = None) -> list[Checkpoint]:
+        return self._s.history(run, limit=limit, before=before)
+
+    def state_at(self, run: str, checkpoint: int, *, key: str | None = None
+                 ) -> dict[str, bytes]:
+        s = self._s
+        s._check_open()
+
+        def read(v: Any) -> dict[str, bytes]:
+            s._check_at(v, run, checkpoint)
+            return s._raw_at(v, run, checkpoint, key)
+
+        return s._with_view(read)
+
+    def runs(self) -> list[str]:
+        return self._s.runs()
+
+    def delete_run(self, run: str) -> None:
+        self._s.delete_run(run)
+
+    # -- LedgerStore ------------------------------------------------------------------
+
+    def effect(self, key: str) -> EffectRecord | None:
+        self._s._check_open()
+        return self._s._effect_get(key)
+
+    def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
+        self._s._check_open()
+        return self._s._effect_key_at(run, checkpoint, ordinal)
+
+    def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
+                      fence: object | None = None) -> EffectRecord:
+        s = self._s
+        with s._ledger._locked(("key", entry.key)):
+            found = s._effect_get(entry.key)
+            if found != expect:
+                raise EffectRace(entry.key, found)
+            return s._effect_write(entry)
+
+    def effects(self) -> list[EffectRecord]:
+        self._s._check_open()
+        return sorted(self._s._effect_all(), key=lambda e: e.key)
+
+    def outbox(self) -> list[EffectRecord]:
+        self._s._check_open()
+        return self._s._effect_outbox()
+
+    # -- Maintenance ------------------------------------------------------------------
+
+    def sync(self) -> None:
+        self._s.sync()
+
+    def stats(self) -> dict[str, Any]:
+        return self._s.stats()
+
+    def close(self) -> None:
+        self._s.close()

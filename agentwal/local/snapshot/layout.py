@@ -1,0 +1,151 @@
+"""The LMDB schema: databases, keys, sealed values and the records they hold.
+
+Theory of operation: this module is the one description of what the
+snapshot stores, shared by the reader, the fold writer, compaction and
+``verify``. It holds no LMDB handle and imports no ``lmdb``: keys are built
+and values sealed and unsealed here, over plain bytes.
+
+Databases (keys are bytes; integers big-endian so they sort):
+
+- ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
+  ``next_run`` -> CRC + u64, ``epoch:`` + run id -> CRC + u64 (the LSN of the
+  run id's last deletion: its effect keys' epoch)
+- ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count,
+  keys, digest]``, plus ``origin`` (``[run, id]``) once compaction dropped
+  the first checkpoint of a fork (it still protects the origin); ``count``
+  is the number of checkpoints LMDB holds (less than ``head_id`` once
+  compaction dropped some)
+- ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR, or 0xff + CBOR
+  ref of a list node (``history.head_entry``: a growing list is not copied
+  whole by every fold)
+- ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
+  ``[id, parent, lsn, created_at, meta, hash, origin, outbox_digest]``
+  (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
+  written before it existed have 7 elements), plus a 9th element, the
+  parent's hash, when compaction dropped the parent (the chain stays
+  checkable, and a gap in the ids is told apart from damage)
+- ``effects``: the effects ledger (``effects.py``), three kinds of key:
+  ``b"k"`` + idempotency key -> CRC + entry CBOR map;
+  ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
+  (where a ``txn.effect`` entry sits); ``b"q"`` + lsn (u64) + index (u32) ->
+  CRC + idempotency key, for each outbox entry not yet settled (dispatch order)
+- ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
+  checkpoint's change (``history.py`` defines refs)
+- ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
+  state at every id that is a multiple of ``history.MANIFEST_EVERY``, and at
+  the first checkpoint kept after ones compaction dropped
+- ``objects``: address (u64) -> CRC + object record (kind byte + body):
+  large values, list segments and list nodes, each stored once; addresses
+  are allocated in increasing order, so new objects are appended
+- ``refs``: address (u64) -> CRC + u64 reference count
+- ``oids``: object id (SHA-256 of the record) -> CRC + u64 address: finds
+  an object by content, so identical content is stored once
+
+The ``state`` database is the fast path for each run's folded head; the
+
+Every stored value carries a CRC-32 of its key and bytes (LMDB has no
+checksums of its own), checked on each read, so a flipped byte in a key or a
+value is reported instead of read.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import cbor2
+
+from ...types import Checkpoint
+
+__all__ = ["DATA", "DB_NAMES", "EPOCH", "LOCK", "VACUUM", "Dbs", "FoldRun", "RunInfo",
+           "crc", "pos_key", "seal", "unseal"]
+
+U64 = struct.Struct(">Q")
+U32 = struct.Struct(">I")
+CRC = struct.Struct("<I")
+#: The LMDB data file under ``<store>/snapshot``.
+DATA = "data.mdb"
+#: ``meta`` key prefix: ``epoch:`` + run id -> u64 LSN of the run id's last deletion
+EPOCH = b"epoch:"
+LOCK = "lock.mdb"
+#: The compacted copy a vacuum writes before renaming it over ``data.mdb``.
+VACUUM = "data.mdb.vacuum"
+
+#: The named databases, in the order :class:`Dbs` holds them (new ones go last).
+DB_KEYS = (b"meta", b"runs", b"state", b"ckpt", b"effects", b"delta", b"manifest", b"objects",
+           b"refs", b"oids")
+#: The named databases, by the names ``verify`` reports.
+DB_NAMES = tuple(n.decode() for n in DB_KEYS)
+
+
+class Dbs(NamedTuple):
+    """The handles of the named databases of one environment (opaque LMDB handles)."""
+
+    meta: Any
+    runs: Any
+    state: Any
+    ckpt: Any
+    effects: Any
+    delta: Any
+    manifest: Any
+    objects: Any
+    refs: Any
+    oids: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What LMDB knows of a run's head."""
+
+    number: int
+    head: int
+    head_hash: bytes
+    count: int  # checkpoints folded
+    keys: int = 0  # keys in the run's folded state
+    digest: int = 0  # XOR of those entries' CRCs: a missing or stale entry changes it
+    #: a fork's origin, kept here once compaction dropped its first checkpoint
+    origin: tuple[str, int] | None = None
+
+
+def crc(key: bytes, data: bytes) -> int:
+    """The CRC-32 a sealed value carries: over its key, then its bytes."""
+    return zlib.crc32(data, zlib.crc32(key))
+
+
+def seal(key: bytes, data: bytes) -> bytes:
+    """``data`` behind a CRC-32 of key and data, so a damaged key is caught too."""
+    return CRC.pack(crc(key, data)) + data
+
+
+def unseal(key: bytes, raw: bytes) -> bytes | None:
+    """The value behind a sealed entry, or None if its CRC-32 does not cover key and value."""
+    if len(raw) < 4 or CRC.unpack_from(raw)[0] != crc(key, raw[4:]):
+        return None
+    return bytes(raw[4:])
+
+
+def pos_key(run: str, checkpoint: int, ordinal: int) -> bytes:
+    """The ``effects`` key of the ``txn.effect`` entry at a position."""
+    return b"p" + cbor2.dumps([run, checkpoint, ordinal])
+
+
+@dataclass
+class FoldRun:
+    """One run's share of a fold: final key writes and new checkpoints in order.
+
+    ``deltas[i]`` is the change checkpoint ``checkpoints[i]`` made; None
+    (callers that do not track it) records ``writes`` as the last
+    checkpoint's change and the others as empty.
+    """
+
+    run: str
+    writes: dict[str, bytes | None]
+    checkpoints: list[tuple[Checkpoint, bytes, bytes]]
+    deltas: list[dict[str, bytes | None]] | None = None
+    #: checkpoint id -> SHA-256 of its outbox field (checkpoints with an outbox)
+    outboxes: dict[int, bytes] | None = None
+    #: LSN of the run's deletion (0: none): remove it from LMDB first, and record the
+    #: LSN as the run id's epoch (``checkpoints`` follow the deletion)
+    reset: int = 0

@@ -1,0 +1,94 @@
+"""``history.Objects`` over an LMDB transaction: the one adapter from LMDB to history.
+
+Theory of operation: history (``history.py``) stores large values, list
+segments and list nodes once each, as objects with reference counts, over
+a six-method ``Objects`` protocol. :class:`TxnObjects` implements it on the
+``objects``, ``refs`` and ``oids`` databases through a reader's transaction
+(writes need a write transaction: a fold's or a compaction's). Addresses
+are allocated in increasing order, so new objects are appended.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ... import history, retention
+from .layout import U64, seal
+
+if TYPE_CHECKING:
+    from .reader import SnapshotReader
+
+__all__ = ["CountingObjects", "TxnObjects", "maybe_list"]
+
+
+def maybe_list(value: bytes | None) -> bool:
+    """True if ``value`` may become a list node (large, and a CBOR array)."""
+    return value is not None and len(value) >= history.LARGE and value[0] >> 5 == 4
+
+
+class TxnObjects:
+    """``history.Objects`` over an LMDB transaction (writes need a write transaction)."""
+
+    def __init__(self, reader: SnapshotReader) -> None:
+        self._reader = reader
+        self._txn = reader._txn
+        self._next: int | None = None
+
+    def _u64(self, key: bytes, raw: bytes | None, what: str) -> int | None:
+        data = self._reader._open(key, raw, what)
+        if data is None:
+            return None
+        if len(data) != 8:
+            raise self._reader._corrupt(f"{what} is damaged")
+        return int(U64.unpack(data)[0])
+
+    def find(self, oid: bytes) -> int | None:
+        return self._u64(oid, self._txn.get(oid, db=self._reader._oids),
+                         f"address of object {oid.hex()}")
+
+    def get(self, addr: int) -> bytes | None:
+        k = U64.pack(addr)
+        return self._reader._open(k, self._txn.get(k, db=self._reader._objects), f"object @{addr}")
+
+    def add(self, oid: bytes, record: bytes) -> int:
+        if self._next is None:
+            with self._txn.cursor(db=self._reader._objects) as cur:
+                self._next = U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+        addr, self._next = self._next, self._next + 1
+        k, a = U64.pack(addr), U64.pack(addr)
+        self._txn.put(k, seal(k, record), db=self._reader._objects, append=True)
+        self._txn.put(k, seal(k, U64.pack(0)), db=self._reader._refs, append=True)
+        self._txn.put(oid, seal(oid, a), db=self._reader._oids)
+        return addr
+
+    def delete(self, addr: int, oid: bytes) -> None:
+        k = U64.pack(addr)
+        self._txn.delete(k, db=self._reader._objects)
+        self._txn.delete(k, db=self._reader._refs)
+        self._txn.delete(oid, db=self._reader._oids)
+
+    def count(self, addr: int) -> int:
+        k = U64.pack(addr)
+        n = self._u64(k, self._txn.get(k, db=self._reader._refs), f"reference count @{addr}")
+        return 0 if n is None else n
+
+    def set_count(self, addr: int, n: int) -> None:
+        k = U64.pack(addr)
+        self._txn.put(k, seal(k, U64.pack(n)), db=self._reader._refs)
+
+
+class CountingObjects(TxnObjects):
+    """``TxnObjects`` that adds what each deleted object freed to a compaction's tally."""
+
+    def __init__(self, reader: SnapshotReader, tally: retention.Tally) -> None:
+        super().__init__(reader)
+        self._tally = tally
+
+    def delete(self, addr: int, oid: bytes) -> None:
+        k = U64.pack(addr)
+        r = self._reader
+        for key, db in ((k, r._objects), (k, r._refs), (oid, r._oids)):
+            raw = self._txn.get(key, db=db)
+            self._tally.bytes_freed += 0 if raw is None else len(raw)
+        self._tally.objects_freed += 1
+        super().delete(addr, oid)

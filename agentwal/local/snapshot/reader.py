@@ -1,0 +1,473 @@
+"""Reading the snapshot: every read, bound to one LMDB transaction.
+
+Theory of operation: a :class:`SnapshotReader` holds one LMDB transaction
+(a read transaction from :meth:`Snapshot.begin_read`, or the write
+transaction of a fold or a compaction, whose writers extend it) and the
+database handles; every method reads as of that transaction. Each value is
+unsealed (its CRC-32 over key and bytes checked) before it is decoded, and
+an LMDB failure while reading is damage to the file (:func:`env.translate`
+with ``reading=True``): a damaged entry is reported as ``CorruptionError``,
+never read. History (``state_at``, list values) is ``history.py`` logic over
+:class:`~.objects.TxnObjects`. The reader writes nothing and owns no
+lifetime: whoever began the transaction ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from ... import history
+from ...codec import CodecError, decode_meta, loads
+from ...effects import EffectRecord, decode_entry
+from ...errors import CorruptionError
+from ...types import Checkpoint
+from .env import Error, translate
+from .layout import CRC, DATA, DB_NAMES, EPOCH, U64, Dbs, RunInfo, crc, pos_key
+from .objects import TxnObjects
+
+__all__ = ["RawEntries", "SnapshotReader"]
+
+
+class SnapshotReader:
+    """The snapshot as of one LMDB transaction (``txn``), read through checked accessors."""
+
+    def __init__(self, directory: str, dbs: Dbs, txn: Any) -> None:
+        self.directory = directory
+        self._txn = txn
+        self._dbs = dbs
+        (self._meta, self._runs, self._state, self._ckpt, self._effects, self._delta,
+         self._manifest, self._objects, self._refs, self._oids) = dbs
+
+    # -- sealed values ----------------------------------------------------------------
+
+    def _corrupt(self, what: str) -> CorruptionError:
+        return CorruptionError(os.path.join(self.directory, DATA), None, what)
+
+    def _open(self, key: bytes, raw: bytes | None, what: str) -> bytes | None:
+        if raw is None:
+            return None
+        if len(raw) < 4 or CRC.unpack_from(raw)[0] != crc(key, raw[4:]):
+            raise self._corrupt(f"checksum mismatch in {what}")
+        return bytes(raw[4:])
+
+    def _load(self, key: bytes, raw: bytes | None, what: str) -> Any:
+        data = self._open(key, raw, what)
+        if data is None:
+            return None
+        try:
+            return loads(data)
+        except CodecError as exc:
+            raise self._corrupt(f"{what}: {exc}") from None
+
+    # -- meta, runs, state and checkpoints ----------------------------------------------
+
+    def meta(self) -> tuple[int, uuid.UUID | None]:
+        """``(applied_lsn, store_id)`` as of ``txn``."""
+        with self._reading("the snapshot's meta"):
+            applied = self._open(b"applied_lsn", self._txn.get(b"applied_lsn", db=self._meta),
+                                 "applied_lsn")
+            sid = self._open(b"store_id", self._txn.get(b"store_id", db=self._meta), "store id")
+        if applied is not None and len(applied) != 8:
+            raise self._corrupt("applied_lsn in the snapshot is damaged")
+        if sid is not None and len(sid) != 16:
+            raise self._corrupt("store id in the snapshot is damaged")
+        lsn = U64.unpack(applied)[0] if applied is not None else 0
+        return lsn, (uuid.UUID(bytes=sid) if sid is not None else None)
+
+    def log_pos(self) -> tuple[int, int] | None:
+        """(segment first LSN, offset) where the log continues after ``applied_lsn``."""
+        with self._reading("the log position"):
+            raw = self._open(b"log_pos", self._txn.get(b"log_pos", db=self._meta), "log position")
+        if raw is None:
+            return None
+        if len(raw) != 16:
+            raise self._corrupt("the log position in the snapshot is damaged")
+        return U64.unpack_from(raw, 0)[0], U64.unpack_from(raw, 8)[0]
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """Turn LMDB failures while reading into agentwal errors."""
+        try:
+            yield
+        except Error as exc:
+            raise translate(exc, self.directory, f"cannot read {what}", reading=True) from None
+
+    def epoch(self, run: str) -> int:
+        """LSN of the last deletion of run id ``run`` folded into LMDB (0: none)."""
+        k = EPOCH + run.encode()
+        with self._reading(f"the epoch of {run!r}"):
+            data = self._open(k, self._txn.get(k, db=self._meta), f"the epoch of {run!r}")
+        if data is None:
+            return 0
+        if len(data) != 8:
+            raise self._corrupt(f"the epoch of {run!r} is damaged")
+        return int(U64.unpack(data)[0])
+
+    def run_info(self, run: str) -> RunInfo | None:
+        """The folded head of ``run``, or None."""
+        with self._reading(f"run {run!r}"):
+            rk = run.encode()
+            obj = self._load(rk, self._txn.get(rk, db=self._runs), f"run {run!r}")
+        if obj is None:
+            return None
+        if not (isinstance(obj, list) and len(obj) in (6, 7)
+                and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
+                and isinstance(obj[2], bytes)
+                and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
+                                       and isinstance(obj[6][0], str)
+                                       and isinstance(obj[6][1], int)))):
+            raise self._corrupt(f"run record of {run!r} is malformed")
+        origin = (obj[6][0], obj[6][1]) if len(obj) == 7 else None
+        return RunInfo(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5], origin)
+
+    def runs(self) -> list[str]:
+        """Every folded run id (each record's checksum verified)."""
+        out = []
+        with self._reading("the run list"), self._txn.cursor(db=self._runs) as cur:
+            for k, v in cur.iternext():
+                k = bytes(k)
+                self._open(k, v, f"run record {k!r}")
+                out.append(k.decode("utf-8", "replace"))
+        return out
+
+    def get(self, run_no: int, key: str) -> bytes | None:
+        """The stored value bytes of ``key`` in run ``run_no``, or None."""
+        with self._reading(f"key {key!r}"):
+            k = U64.pack(run_no) + key.encode()
+            data = self._open(k, self._txn.get(k, db=self._state), f"value of key {key!r}")
+            return None if data is None else self._head_value(data, key)
+
+    def items(self, info: RunInfo, prefix: str = "") -> dict[str, bytes]:
+        """``{key: value bytes}`` of a run, optionally only keys under ``prefix``.
+
+        A whole-run scan is checked against the run record's key count and
+        digest, so an entry whose key was damaged (and now sorts elsewhere) or
+        a stale page is reported instead of silently missing.
+        """
+        start = U64.pack(info.number) + prefix.encode()
+        out: dict[str, bytes] = {}
+        digest = 0
+        with self._reading("a run's keys"), self._txn.cursor(db=self._state) as cur:
+            found = cur.set_range(start)
+            while found:
+                k, v = bytes(cur.key()), cur.value()
+                if not k.startswith(start):
+                    self._open(k, v, "the entry after a run's keys")  # damage sorts here too
+                    break
+                key = k[8:].decode("utf-8", "replace")
+                data = self._open(k, v, f"value of key {key!r}")
+                assert data is not None
+                out[key] = self._head_value(data, key)
+                digest ^= CRC.unpack_from(v)[0]
+                found = cur.next()
+        if not prefix and (len(out) != info.keys or digest != info.digest):
+            raise self._corrupt(f"run #{info.number} holds {len(out)} readable keys (digest "
+                                f"{digest:08x}); its record says {info.keys} ({info.digest:08x})")
+        return out
+
+    def checkpoint(self, run: str, run_no: int, cid: int) -> Checkpoint | None:
+        """One folded checkpoint, or None."""
+        with self._reading(f"checkpoint {run!r}/{cid}"):
+            k = U64.pack(run_no) + U64.pack(cid)
+            obj = self._load(k, self._txn.get(k, db=self._ckpt), f"checkpoint {run!r}/{cid}")
+        return None if obj is None else self._ckpt_from(run, obj)
+
+    def checkpoints(self, run: str, run_no: int,
+                    before: int | None = None) -> Iterator[Checkpoint]:
+        """Folded checkpoints of a run, newest first (only ids below ``before`` if given)."""
+        base = U64.pack(run_no)
+        upper = U64.pack(run_no + 1) if before is None else base + U64.pack(max(before, 1))
+        with self._reading(f"checkpoints of {run!r}"), self._txn.cursor(db=self._ckpt) as cur:
+            if not cur.set_range(upper):
+                if not cur.last():
+                    return
+            elif not cur.prev():
+                return
+            # Ids are consecutive, except below a checkpoint whose parent
+            # compaction dropped (its record carries the parent's hash).
+            expect: int | None = None
+            gap = False
+            for k, v in cur.iterprev():
+                if not bytes(k).startswith(base):
+                    self._open(bytes(k), v, "the entry before a run's checkpoints")
+                    if expect is not None and expect != 0 and not gap:
+                        raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, "
+                                            "not at 1")
+                    return
+                obj = self._load(bytes(k), v, f"checkpoint of {run!r}")
+                c = self._ckpt_from(run, obj)
+                if expect is not None and c.id != expect and not (gap and c.id < expect):
+                    raise self._corrupt(f"checkpoint {expect} of {run!r} is missing "
+                                        f"(found {c.id})")
+                expect, gap = c.id - 1, len(obj) == 9
+                yield c
+            if expect is not None and expect != 0 and not gap:
+                raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, not at 1")
+
+    def retained(self, run: str, run_no: int, cid: int) -> bool:
+        """True if folded checkpoint ``cid`` (below the run's head) is kept, False if dropped.
+
+        Raises:
+            CorruptionError: it is missing and no compaction dropped it.
+        """
+        base = U64.pack(run_no)
+        k = base + U64.pack(cid)
+        with self._reading(f"checkpoint {run!r}/{cid}"), self._txn.cursor(db=self._ckpt) as cur:
+            if cur.set_range(k):
+                found = bytes(cur.key())
+                if found == k:
+                    return True
+                if found.startswith(base):
+                    obj = self._load(found, cur.value(), f"checkpoint of {run!r}")
+                    self._ckpt_from(run, obj)
+                    if len(obj) == 9:  # its parent, and the ids between, were dropped
+                        return False
+        raise self._corrupt(f"checkpoint {cid} of {run!r} is missing")
+
+    def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
+        if not (isinstance(obj, list) and len(obj) in (7, 8, 9)):
+            raise self._corrupt(f"checkpoint record of {run!r} is malformed")
+        cid, parent, lsn, created, meta_raw, hsh, origin = obj[:7]
+        if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
+                and isinstance(lsn, int) and isinstance(created, (int, float))
+                and isinstance(meta_raw, bytes) and isinstance(hsh, bytes)
+                and (origin is None or (isinstance(origin, list) and len(origin) == 2))
+                and (len(obj) == 7 or obj[7] is None
+                     or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
+                and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32))):
+            raise self._corrupt(f"checkpoint record of {run!r} has a field of the wrong type")
+        try:
+            meta = decode_meta(meta_raw)
+        except CodecError as exc:
+            raise self._corrupt(f"checkpoint {run!r}/{cid} metadata: {exc}") from None
+        org = (origin[0], origin[1]) if origin else None
+        return Checkpoint(run, cid, parent, lsn, float(created), meta, hsh.hex(), org)
+
+    # -- the effects ledger -----------------------------------------------------------
+
+    def _entry(self, k: bytes, v: Any) -> EffectRecord:
+        data = self._open(k, v, "an effects-ledger entry")
+        assert data is not None
+        try:
+            return decode_entry(data)
+        except CodecError as exc:
+            raise self._corrupt(f"effects-ledger entry {k[1:]!r}: {exc}") from None
+
+    def effect(self, key: str) -> EffectRecord | None:
+        """The folded ledger entry with idempotency key ``key``, or None."""
+        k = b"k" + key.encode()
+        with self._reading("the effects ledger"):
+            v = self._txn.get(k, db=self._effects)
+            return None if v is None else self._entry(k, v)
+
+    def effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
+        """The key of the ``self._txn.effect`` entry at this position, or None."""
+        k = pos_key(run, checkpoint, ordinal)
+        with self._reading("the effects ledger"):
+            data = self._open(k, self._txn.get(k, db=self._effects), "an effect position")
+        return None if data is None else data.decode("utf-8", "replace")
+
+    def effects(self) -> Iterator[EffectRecord]:
+        """Every folded ledger entry, in key order."""
+        for k, v in self._effect_rows(b"k", "the effects ledger"):
+            yield self._entry(k, v)
+
+    def outbox(self) -> list[str]:
+        """Keys of folded outbox entries not yet settled, in commit order."""
+        out = []
+        for k, v in self._effect_rows(b"q", "the outbox"):
+            data = self._open(k, v, "an outbox entry")
+            assert data is not None
+            out.append(data.decode("utf-8", "replace"))
+        return out
+
+    def _effect_rows(self, kind: bytes, what: str) -> Iterator[tuple[bytes, Any]]:
+        """``(key, sealed value)`` of the ``effects`` rows of one kind (b"k", b"p", b"q")."""
+        with self._reading(what), self._txn.cursor(db=self._effects) as cur:
+            found = cur.set_range(kind)
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(kind):
+                    break
+                yield k, cur.value()
+                found = cur.next()
+
+    # -- history ----------------------------------------------------------------------
+
+    def _head_value(self, data: bytes, key: str) -> bytes:
+        """A ``state`` entry's value bytes (a list stored by ref is rebuilt)."""
+        try:
+            return history.head_value(TxnObjects(self), data)
+        except CodecError as exc:
+            raise self._corrupt(f"value of key {key!r}: {exc}") from None
+
+    def _history_record(self, db: Any, run: str, number: int, cid: int,
+                        manifest: bool) -> dict[str, history.Ref | None] | None:
+        k = U64.pack(number) + U64.pack(cid)
+        what = f"{'manifest' if manifest else 'delta'} of checkpoint {run!r}/{cid}"
+        data = self._open(k, self._txn.get(k, db=db), what)
+        if data is None:
+            return None
+        try:
+            return history.decode_refs(data, manifest=manifest)
+        except CodecError as exc:
+            raise self._corrupt(f"{what}: {exc}") from None
+
+    def _manifest_before(self, number: int, cid: int) -> int:
+        """Id of the run's nearest manifest at or before ``cid`` (0: none)."""
+        prefix = U64.pack(number)
+        with self._txn.cursor(db=self._manifest) as cur:
+            found = cur.prev() if cur.set_range(prefix + U64.pack(cid + 1)) else cur.last()
+            if not found:
+                return 0
+            k = bytes(cur.key())
+        if len(k) != 16 or not k.startswith(prefix):
+            return 0
+        return int(U64.unpack_from(k, 8)[0])
+
+    def _refs_at(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
+        """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty)."""
+        base = self._manifest_before(number, cid) if cid else 0
+        # The regular manifest is kept with its checkpoint, so a nearer one than
+        # it can only be a compaction's; a farther one means it is missing.
+        if history.manifest_base(cid) > base:
+            base = history.manifest_base(cid)
+        refs: dict[str, history.Ref] = {}
+        if base:
+            found = self._history_record(self._manifest, run, number, base, True)
+            if found is None:
+                raise self._corrupt(f"manifest of checkpoint {run!r}/{base} is missing")
+            refs = {k: v for k, v in found.items() if v is not None}
+        for i in range(base + 1, cid + 1):
+            delta = self._history_record(self._delta, run, number, i, False)
+            if delta is None:
+                raise self._corrupt(f"delta of checkpoint {run!r}/{i} is missing")
+            history.apply_delta(refs, delta)
+        return refs
+
+    def state_at(self, run: str, info: RunInfo, cid: int,
+                 key: str | None = None) -> dict[str, bytes]:
+        """``{key: value bytes}`` of a run at folded checkpoint ``cid`` (only ``key`` if given).
+
+        Rebuilt from the manifest at or before ``cid`` and the deltas after
+        it (at most ``history.MANIFEST_EVERY - 1``).
+
+        Raises:
+            CorruptionError: a record or object is missing or damaged.
+        """
+        with self._reading(f"the state of {run!r} at {cid}"):
+            refs = self._refs_at(run, info.number, cid)
+            if key is not None:
+                refs = {key: refs[key]} if key in refs else {}
+            objs = TxnObjects(self)
+            try:
+                return {k: history.resolve(objs, r) for k, r in refs.items()}
+            except CodecError as exc:
+                raise self._corrupt(f"state of {run!r} at {cid}: {exc}") from None
+
+    # -- scans --------------------------------------------------------------------------
+
+    def _prefixed(self, db: Any, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every ``(key, raw value)`` of ``db`` whose key starts with ``prefix``."""
+        out = []
+        with self._txn.cursor(db=db) as cur:
+            found = cur.set_range(prefix)
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(prefix):
+                    break
+                out.append((k, bytes(cur.value())))
+                found = cur.next()
+        return out
+
+    def inline_values(self, prefix: bytes, *, damaged: list[str] | None = None) -> set[bytes]:
+        """Every value held inline whose bytes start with ``prefix``, in state and history.
+
+        Scans the ``state``, ``delta`` and ``manifest`` databases whole
+        (every record's checksum is checked, so damage stops the scan rather
+        than hiding a value): head entries, and the inline refs of every
+        delta and manifest. Values stored as objects (:data:`history.LARGE`
+        bytes or more) are not looked at. Used to find blob references.
+
+        Args:
+            prefix: the leading bytes of the values wanted.
+            damaged: if given, a record that fails its checksum or does not
+                decode is described here and skipped instead of raising
+                (``verify``, which reports the record itself elsewhere).
+
+        Raises:
+            CorruptionError: a record fails its checksum or does not decode
+                (without ``damaged``), or LMDB's pages are damaged.
+        """
+        out: set[bytes] = set()
+
+        def checked(k: bytes, v: Any, what: str, manifest: bool | None) -> Any:
+            try:
+                data = self._open(k, v, what)
+                if manifest is None or data is None or prefix not in data:
+                    return data
+                try:
+                    return history.decode_refs(data, manifest=manifest)
+                except CodecError as exc:
+                    raise self._corrupt(f"{what}: {exc}") from None
+            except CorruptionError as exc:
+                if damaged is None:
+                    raise
+                damaged.append(exc.reason)
+                return None
+
+        with self._reading("values in state and history"):
+            with self._txn.cursor(db=self._state) as cur:
+                for k, v in cur.iternext():
+                    data = checked(bytes(k), v, "a state entry", None)
+                    if data is not None and data.startswith(prefix):
+                        out.add(data)
+            for db, manifest in ((self._delta, False), (self._manifest, True)):
+                what = "a manifest" if manifest else "a delta"
+                with self._txn.cursor(db=db) as cur:
+                    for k, v in cur.iternext():
+                        refs = checked(bytes(k), v, what, manifest)
+                        if not isinstance(refs, dict):
+                            continue
+                        out.update(r for r in refs.values()
+                                   if isinstance(r, bytes) and r.startswith(prefix))
+        return out
+
+    def raw(self) -> RawEntries:
+        """The sealed entries of every database as of this transaction, for ``verify``."""
+        return RawEntries(self)
+
+
+class RawEntries:
+    """The raw (sealed) entries of the snapshot's databases in one read transaction.
+
+    ``verify`` reads through this and nothing else, so it sees every byte LMDB
+    stores and never trusts a checked accessor. LMDB failures (a damaged
+    B-tree) become ``CorruptionError``.
+    """
+
+    def __init__(self, reader: SnapshotReader) -> None:
+        self._reader = reader
+        self._txn = reader._txn
+        self._dbs = dict(zip(DB_NAMES, reader._dbs, strict=True))
+
+    def entries(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """``(key, sealed value)`` of database ``db`` in key order (only keys under ``prefix``)."""
+        with self._reader._reading(f"database {db}"), self._txn.cursor(db=self._dbs[db]) as cur:
+            found = cur.set_range(prefix) if prefix else cur.first()
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(prefix):
+                    return
+                yield k, bytes(cur.value())
+                found = cur.next()
+
+    def get(self, db: str, key: bytes) -> bytes | None:
+        """The sealed value of ``key`` in database ``db``, or None."""
+        with self._reader._reading(f"database {db}"):
+            raw = self._txn.get(key, db=self._dbs[db])
+        return None if raw is None else bytes(raw)

@@ -1,0 +1,215 @@
+"""The fold writer: a frozen memtable into LMDB, in the fold's one write transaction.
+
+Theory of operation: the fold is the only writer of the snapshot's state.
+:meth:`FoldWriter.fold` runs inside one LMDB write transaction that the
+snapshot commits with ``sync=True``, together with ``applied_lsn``, so
+after any crash LMDB sits exactly at a fold boundary and the WAL supplies
+every record after it. For each run it writes each new checkpoint's delta
+(and its manifest when one is due) with the objects they need, then the
+``state`` entries, the checkpoint records and the run record (count and
+CRC digest of the state kept in step). *Run deletion* (``FoldRun.reset``)
+removes the run's state, checkpoints, deltas and manifests, releasing
+their references, before anything committed after the deletion is written
+under a new run number. Ledger entries are stored latest per key; settled
+ones past their retention are dropped. It never folds over damage: an
+entry it replaces is unsealed first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import cbor2
+
+from ... import history
+from ...codec import CodecError
+from ...effects import EffectRecord, outstanding
+from .layout import CRC, EPOCH, U32, U64, FoldRun, RunInfo, pos_key, seal
+from .objects import TxnObjects, maybe_list
+from .reader import SnapshotReader
+
+__all__ = ["FoldWriter"]
+
+
+class FoldWriter(SnapshotReader):
+    """A reader over a write transaction that also writes what a fold or compaction changes."""
+
+    def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun],
+             log_pos: tuple[int, int] | None,
+             effects: list[tuple[EffectRecord, bytes]] | None,
+             expire_before: float | None) -> None:
+        """Write the runs, then the ledger entries, then expire settled entries."""
+        self._fold_into(applied_lsn, store_id, runs, log_pos)
+        for entry, raw in effects or ():
+            self._put_effect(entry, raw)
+        if expire_before is not None:
+            self._expire_effects(expire_before)
+
+    def _fold_into(self, applied_lsn: int, store_id: uuid.UUID,
+                   runs: list[FoldRun], log_pos: tuple[int, int] | None) -> None:
+        raw_next = self._open(b"next_run", self._txn.get(b"next_run", db=self._meta),
+                              "next run number")
+        if raw_next is not None and len(raw_next) != 8:
+            raise self._corrupt("the next run number in the snapshot is damaged")
+        next_run = U64.unpack(raw_next)[0] if raw_next is not None else 1
+        for fr in runs:
+            info = self.run_info(fr.run)
+            if fr.reset:  # deleted: what follows starts afresh, in a new epoch
+                if info is not None:
+                    self._drop_run(fr.run, info)
+                    info = None
+                ek = EPOCH + fr.run.encode()
+                self._txn.put(ek, seal(ek, U64.pack(fr.reset)), db=self._meta)
+            if not fr.checkpoints:
+                continue
+            if info is None:
+                number, count, nkeys, digest = next_run, 0, 0, 0
+                next_run += 1
+            else:
+                number, count, nkeys, digest = info.number, info.count, info.keys, info.digest
+            base = U64.pack(number)
+            heads = self._fold_history(number, fr, info.head if info is not None else 0)
+            for key, value in fr.writes.items():
+                k = base + key.encode()
+                old = self._txn.get(k, db=self._state)
+                if old is not None:
+                    self._open(k, old, f"value of key {key!r}")  # never fold over damage
+                    nkeys -= 1
+                    digest ^= CRC.unpack_from(old)[0]
+                if value is None:
+                    self._txn.delete(k, db=self._state)
+                else:
+                    sealed = seal(k, history.head_entry(value, heads.get(key)))
+                    self._txn.put(k, sealed, db=self._state)
+                    nkeys += 1
+                    digest ^= CRC.unpack_from(sealed)[0]
+            for c, hsh, meta_raw in fr.checkpoints:
+                rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
+                       list(c.origin) if c.origin else None,
+                       (fr.outboxes or {}).get(c.id)]
+                ck = base + U64.pack(c.id)
+                self._txn.put(ck, seal(ck, cbor2.dumps(rec)), db=self._ckpt)
+            head, head_hash, _meta = fr.checkpoints[-1]
+            count += len(fr.checkpoints)
+            rk = fr.run.encode()
+            run_rec: list[Any] = [number, head.id, head_hash, count, nkeys, digest]
+            if info is not None and info.origin is not None:
+                run_rec.append(list(info.origin))
+            self._txn.put(rk, seal(rk, cbor2.dumps(run_rec)), db=self._runs)
+        for name, value in ((b"next_run", U64.pack(next_run)), (b"store_id", store_id.bytes),
+                            (b"applied_lsn", U64.pack(applied_lsn))):
+            self._txn.put(name, seal(name, value), db=self._meta)
+        if log_pos is not None:  # where the log continues: recovery skips what is folded
+            self._txn.put(b"log_pos", seal(b"log_pos", U64.pack(log_pos[0]) + U64.pack(log_pos[1])),
+                    db=self._meta)
+        else:
+            self._txn.delete(b"log_pos", db=self._meta)
+
+    def _fold_history(self, number: int, fr: FoldRun,
+                      head: int) -> dict[str, history.Ref | None]:
+        """Write each new checkpoint's delta (and manifest when due) with its objects.
+
+        Returns each written key's ref at the last checkpoint (for ``state``).
+        """
+        objs = TxnObjects(self)
+        deltas = fr.deltas
+        if deltas is None:
+            deltas = [{} for _ in fr.checkpoints[:-1]] + [fr.writes]
+        base = U64.pack(number)
+        # The ref map at the previous checkpoint: needed to chain list values
+        # and to write manifests; rebuilt (bounded) only when either happens.
+        need = any(history.is_manifest(c.id) for c, _h, _m in fr.checkpoints) or any(
+            maybe_list(v) for d in deltas for v in d.values())
+        refs = self._refs_at(fr.run, number, head) if need else None
+        last: dict[str, history.Ref | None] = {}
+        try:
+            for (c, _h, _m), delta in zip(fr.checkpoints, deltas, strict=True):
+                dref: dict[str, history.Ref | None] = {}
+                for key, value in delta.items():
+                    prev = refs.get(key) if refs is not None and value is not None else None
+                    dref[key] = None if value is None else history.store_value(objs, value, prev)
+                dk = base + U64.pack(c.id)
+                self._drop_history(objs, self._delta, fr.run, number, c.id, False)
+                self._txn.put(dk, seal(dk, history.encode_refs(dref)), db=self._delta)
+                last.update(dref)
+                if refs is not None:
+                    history.apply_delta(refs, dref)
+                if history.is_manifest(c.id):
+                    assert refs is not None
+                    self._drop_history(objs, self._manifest, fr.run, number, c.id, True)
+                    for ref in refs.values():
+                        history.retain(objs, ref)
+                    self._txn.put(dk, seal(dk, history.encode_refs(refs)), db=self._manifest)
+        except CodecError as exc:
+            raise self._corrupt(f"history of {fr.run!r}: {exc}") from None
+        return last
+
+    def _drop_history(self, objs: TxnObjects, db: Any, run: str, number: int,
+                      cid: int, manifest: bool) -> None:
+        """Release the refs of a delta or manifest about to be replaced or removed."""
+        old = self._history_record(db, run, number, cid, manifest)
+        if old is not None:
+            for ref in old.values():
+                history.release(objs, ref)
+
+    def _drop_run(self, run: str, info: RunInfo) -> None:
+        """Remove a run from LMDB: state, checkpoints, deltas, manifests (releasing refs),
+        and the positions of its effects-ledger entries (the entries stay)."""
+        objs = TxnObjects(self)
+        prefix = U64.pack(info.number)
+        try:
+            for db, manifest in ((self._delta, False), (self._manifest, True)):
+                for k, _raw in self._prefixed(db, prefix):
+                    self._drop_history(objs, db, run, info.number,
+                                       U64.unpack_from(k, 8)[0], manifest)
+                    self._txn.delete(k, db=db)
+        except CodecError as exc:
+            raise self._corrupt(f"history of {run!r}: {exc}") from None
+        for db in (self._state, self._ckpt):
+            for k, _raw in self._prefixed(db, prefix):
+                self._txn.delete(k, db=db)
+        # Ledger entries stay; their positions in the deleted history go
+        # (``_pos_key``: b"p" + CBOR [run, checkpoint, ordinal]).
+        for k, _raw in self._prefixed(self._effects, b"p\x83" + cbor2.dumps(run)):
+            self._txn.delete(k, db=self._effects)
+        self._txn.delete(run.encode(), db=self._runs)
+
+    # -- the effects ledger -----------------------------------------------------------
+
+    def _put_effect(self, entry: EffectRecord, raw: bytes) -> None:
+        k = b"k" + entry.key.encode()
+        self._txn.put(k, seal(k, raw), db=self._effects)
+        key = entry.key.encode()
+        if entry.ordinal is not None:
+            pk = pos_key(entry.run, entry.checkpoint, entry.ordinal)
+            self._txn.put(pk, seal(pk, key), db=self._effects)
+        if entry.order is not None:
+            qk = b"q" + U64.pack(entry.order[0]) + U32.pack(entry.order[1])
+            if outstanding(entry):
+                self._txn.put(qk, seal(qk, key), db=self._effects)
+            else:
+                self._txn.delete(qk, db=self._effects)
+
+    def _expirable(self, e: EffectRecord, before: float) -> bool:
+        """A settled entry last updated before ``before`` that nothing can meet again.
+
+        Business keys and outbox entries expire by age alone (that is what the
+        retention is for). An entry keyed by its position expires only once
+        its run's folded head is past that checkpoint: a step can only start
+        at the head, so a position behind it is never re-run, while one at the
+        head may still be (an agent waiting, then resuming).
+        """
+        if outstanding(e) or e.updated_at >= before:
+            return False
+        if e.keyed or e.deferred:
+            return True
+        info = self.run_info(e.run)
+        return info is not None and info.head > e.checkpoint
+
+    def _expire_effects(self, before: float) -> None:
+        doomed = [e for e in self.effects() if self._expirable(e, before)]
+        for e in doomed:
+            self._txn.delete(b"k" + e.key.encode(), db=self._effects)
+            if e.ordinal is not None:
+                self._txn.delete(pos_key(e.run, e.checkpoint, e.ordinal), db=self._effects)

@@ -1,0 +1,37 @@
+"""Supported hooks for tests that need more than the public API: a crash in-process.
+
+Theory of operation: crash tests used to reach into the store's privates
+(``store._release_all()``) to drop a store as a dying process would. This
+module is the one supported way to do it, so the engine's internals can move
+without breaking every crash test: :func:`crash` stops the store's threads
+and closes its handles without flushing, folding or writing anything (the
+writer lock is released, so the same process can reopen the path and
+recover exactly what a restarted process would: the WAL's synced records
+and LMDB as of its last fold).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+__all__ = ["crash"]
+
+
+def crash(store: Store) -> None:
+    """Drop ``store`` as a crash would: nothing is flushed, folded or written.
+
+    What was written to the OS but not synced stays in its files (a process
+    crash, not a power cut: use :class:`~agentwal.testing.SimulatedDisk` for
+    that). The store is closed afterwards; open the path again to recover.
+
+    Example::
+
+        with store.begin("r") as txn:
+            txn["k"] = 1
+        crash(store)
+        store = agentwal.open(path)  # recovers from the WAL
+    """
+    store._release_all()
