@@ -43,14 +43,15 @@ import contextlib
 import hashlib
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import cbor2
 import psycopg
 
 from .. import failpoints
+from ..backend import Change, EffectRace
 from ..codec import checkpoint_hash, decode_meta, encode_meta
 from ..effects import (
     Deferred,
@@ -84,37 +85,8 @@ _CKPT_COLS = "run, id, parent, seq, created_at, meta, hash, origin_run, origin_i
 _RETRIES = 3
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Change:
-    """One step's change to one run (the seam's ``backend.Change``, field for field)."""
-
-    run: str
-    writes: Mapping[str, bytes | None]
-    reads: frozenset[str] = frozenset()
-    prefixes: frozenset[str] = frozenset()
-    meta: Mapping[str, Any] = field(default_factory=dict)
-    deferred: tuple[Deferred, ...] = ()
-    origin: tuple[str, int] | None = None
-    effects: tuple[str, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        """True if committing it changes nothing (no writes, metadata, outbox or effects)."""
-        return not (self.writes or self.meta or self.deferred or self.effects
-                    or self.origin is not None)
-
-
 class _Retry(Exception):
     """The server aborted a commit as a serialization failure or deadlock: run it again."""
-
-
-class EffectRace(Exception):
-    """``record_effect`` found another entry than expected (the seam's ``EffectRace``)."""
-
-    def __init__(self, key: str, found: EffectRecord | None) -> None:
-        self.key = key
-        self.found = found
-        super().__init__(f"the ledger entry {key!r} changed under its writer")
 
 
 @dataclass(frozen=True, slots=True)
