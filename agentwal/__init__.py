@@ -24,6 +24,7 @@ from . import errors
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
 from .errors import (
     BackendUnavailableError,
+    BackendUnsupportedError,
     BlobSourceError,
     CheckpointNotFoundError,
     ConflictError,
@@ -118,6 +119,7 @@ __all__ = [
     "EffectNotAppliedError",
     "EffectNotFoundError",
     "EffectRecord",
+    "BackendUnsupportedError",
     "EffectNotRetirableError",
     "EffectSettledError",
     "Error",

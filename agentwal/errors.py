@@ -33,6 +33,7 @@ __all__ = [
     "ReadOnlyError",
     "RunExistsError",
     "EffectNotRetirableError",
+    "BackendUnsupportedError",
     "RunNotFoundError",
     "StoreClosedError",
     "StoreLockedError",
@@ -317,6 +318,18 @@ class EffectSettledError(Error):
         super().__init__(f"effect {effect_id} is already {status}; nothing was changed. Only "
                          "pending, in_doubt and failed entries can be resolved, and "
                          "not_applied ones with result=.")
+
+
+class BackendUnsupportedError(Error):
+    """The store's backend does not provide this operation; nothing was changed."""
+
+    code = "backend_unsupported"
+
+    def __init__(self, what: str, backend: str, hint: str) -> None:
+        self.what = what
+        self.backend = backend
+        super().__init__(f"{what} is not supported by the {backend} backend; nothing was "
+                         f"changed. {hint}")
 
 
 class EffectNotRetirableError(Error, ValueError):

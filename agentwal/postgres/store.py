@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from ..codec import decode_stored
 from ..effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
 from ..errors import (
+    BackendUnsupportedError,
     CheckpointNotFoundError,
     ConflictError,
     LeaseLostError,
@@ -238,13 +239,16 @@ class PostgresStore:
         return int(txn._view.epoch)
 
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
-        raise NotImplementedError("blobs (txn.put_blob) are not stored on the PostgreSQL "
-                                  "backend yet; see docs/postgres.md")
+        raise BackendUnsupportedError(
+            "txn.put_blob", "PostgreSQL", "Keep large artifacts in a local store (or in "
+            "object storage, with their reference as a value) until it stores blobs; "
+            "docs/postgres.md lists what it does today.")
 
     def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
                       ) -> tuple[BlobRef, list[str]]:
-        raise NotImplementedError("trees (txn.put_tree) are made of blobs, which the "
-                                  "PostgreSQL backend does not store yet; see docs/postgres.md")
+        raise BackendUnsupportedError(
+            "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "
+            "yet; use a local store for workspaces (docs/postgres.md).")
 
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
         self._fences[req.key] = txn._view.fence

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import Any
 
 import cbor2
 import psycopg
@@ -236,3 +237,18 @@ def test_durable_modes_commit_the_same(open_pg: Callable[..., PostgresStore]) ->
     store.sync()
     assert store.get("r", "a") == 1
     assert store.stats()["checkpoints_rows"] == 1
+
+
+def test_blobs_and_trees_are_refused_with_a_typed_error_and_the_txn_goes_on(
+        pgstore: PostgresStore, tmp_path: Any) -> None:
+    import agentwal
+
+    (tmp_path / "f").write_bytes(b"data")
+    with pgstore.begin("r") as txn:
+        with pytest.raises(agentwal.BackendUnsupportedError) as info:
+            txn.put_blob("weights", str(tmp_path / "f"))
+        assert info.value.code == "backend_unsupported" and "put_blob" in str(info.value)
+        with pytest.raises(agentwal.BackendUnsupportedError):
+            txn.put_tree("ws", str(tmp_path))
+        txn["k"] = 1  # still usable: nothing was changed
+    assert pgstore.get("r", "k") == 1 and pgstore.get("r", "weights") is None
