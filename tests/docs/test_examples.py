@@ -8,6 +8,7 @@ in blocks.py. The tutorial's programs run in test_tutorial.py, as a reader runs 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,8 +45,11 @@ def test_python_block_runs_and_prints_what_it_says(block: Block, tmp_path: Path)
     record = tmp_path / "printed.json"
     work = tmp_path / "work"
     work.mkdir()
+    # the pages make their stores with tempfile.mkdtemp(): keep those under tmp_path, which
+    # pytest removes when the test passes, instead of leaving them in /tmp
+    env = {**os.environ, "TMPDIR": str(work)}
     done = subprocess.run([sys.executable, str(RUNNER), str(script), str(record)], cwd=work,
-                          capture_output=True, text=True, timeout=120, check=False)
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, f"{block.id} failed:\n{done.stdout}\n{done.stderr}"
     printed: dict[int, list[str]] = {}
     for line, text in json.loads(record.read_text()):
