@@ -24,6 +24,7 @@ ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -611,6 +612,133 @@ def workspace_sweep(files: list[int], repeat: int, log: Log) -> dict[str, Any]:
     return out
 
 
+# -- PostgreSQL: steps/s vs worker processes ------------------------------------------------------
+
+PG_STEP = "agentwal step on PostgreSQL"
+PG_INSERT = "psycopg: one INSERT + COMMIT"
+
+
+def pg_worker(kind: str, dsn: str, schema: str, name: str, seconds: float) -> int:
+    """One worker process (``--pg-worker``): connect, say ready, wait for go, count for
+    ``seconds``; prints the count. ``agentwal``: a step is ``begin``, a ``get``, two puts
+    and a durable commit (``bench_postgres.py``'s); ``sql``: one ``INSERT`` and ``COMMIT``."""
+    import psycopg
+
+    if kind == "agentwal":
+        store = agentwal.open(dsn, schema=schema, worker_id=name, durability="sync")
+
+        def op(i: int) -> None:
+            with store.begin(name) as txn:
+                n = txn.get("i", 0)
+                txn["i"] = n + 1
+                txn[f"messages/{n:06d}"] = {"role": "agent", "text": "m" * 280}
+
+        close: Callable[[], None] = store.close
+    else:
+        conn = psycopg.connect(dsn, options="-c synchronous_commit=on")
+
+        def op(i: int) -> None:
+            conn.execute(f'INSERT INTO "{schema}_sql".rows (worker, payload) VALUES (%s, %s)',
+                         (name, "m" * 280))
+            conn.commit()
+
+        close = conn.close
+    op(0)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        op(n)
+        n += 1
+    print(n / seconds, flush=True)
+    close()
+    return 0
+
+
+def _pg_round(kind: str, dsn: str, schema: str, workers: int, seconds: float,
+              tag: str) -> float:
+    """Total steps/s of ``workers`` worker processes started together."""
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--pg-worker", kind, dsn, schema,
+         f"{tag}-w{k}", str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True) for k in range(workers)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready", kind
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        total = 0.0
+        for p in procs:
+            assert p.stdout is not None
+            total += float(p.stdout.readline())
+    finally:
+        for p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+            p.wait(timeout=120)
+            if p.stdout is not None:
+                p.stdout.close()
+    return total
+
+
+def postgres_sweep(workers: list[int], seconds: float, rounds: int, dsn: str | None,
+                   log: Log) -> dict[str, Any]:
+    """Steps/s against worker processes on one PostgreSQL server, beside plain inserts."""
+    import psycopg
+
+    from tests import pg
+
+    out: dict[str, Any] = {"workers": workers, "seconds": seconds, "rounds": rounds,
+                           "series": {PG_STEP: [], PG_INSERT: []}, "ratios": [], "notes": []}
+    server = None
+    if dsn is None:
+        why: list[str] = []
+        server = pg.start(why)
+        if server is None:
+            out["notes"].append("no PostgreSQL server could be started: " + "; ".join(why))
+            return out
+        dsn = server.dsn
+        out["server"] = server.how
+    schema = f"bench_{os.getpid()}"
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if server is not None:  # our own throwaway server: durable, like a real one
+                for name in ("fsync", "synchronous_commit", "full_page_writes"):
+                    conn.execute(f"ALTER SYSTEM SET {name} = on")
+                conn.execute("SELECT pg_reload_conf()")
+            settings = {n: conn.execute(f"SHOW {n}").fetchone()[0]  # type: ignore[index]
+                        for n in ("server_version", "fsync", "synchronous_commit")}
+            conn.execute(f'CREATE SCHEMA "{schema}_sql"')
+            conn.execute(f'CREATE TABLE "{schema}_sql".rows (id bigserial PRIMARY KEY, '
+                         "worker text, payload text)")
+        out["settings"] = settings
+        agentwal.open(dsn, schema=schema, worker_id="setup").close()  # create the schema once
+        samples: dict[str, list[float]] = {f"{k}@{w}": [] for k in (PG_STEP, PG_INSERT)
+                                           for w in workers}
+        for r in range(rounds):
+            order = [(k, w) for w in workers for k in (PG_STEP, PG_INSERT)]
+            if r % 2:
+                order.reverse()
+            for kind, w in order:
+                rate = _pg_round("agentwal" if kind == PG_STEP else "sql", dsn, schema, w,
+                                 seconds, f"r{r}")
+                samples[f"{kind}@{w}"].append(rate)
+                log(f"postgres round {r + 1}/{rounds}: {kind} x{w}: {rate:,.0f}/s")
+        for kind in (PG_STEP, PG_INSERT):
+            out["series"][kind] = [spread(samples[f"{kind}@{w}"]) for w in workers]
+        out["ratios"] = [paired(samples[f"{PG_STEP}@{w}"], samples[f"{PG_INSERT}@{w}"])
+                         for w in workers]
+    finally:
+        with contextlib.suppress(Exception), psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_sql" CASCADE')
+        if server is not None:
+            server.stop()
+    return out
+
+
 # -- the machine --------------------------------------------------------------------------------
 
 
@@ -654,6 +782,7 @@ FULL = {
     "get": {"keys": [100, 1_000, 10_000, 50_000], "number": 2000, "repeat": 5},
     "effects": {"sizes": [100, 300, 1_000, 2_000], "runs": 10, "repeat": 7},
     "workspace": {"files": [250, 1_000, 4_000], "repeat": 5},
+    "postgres": {"workers": [1, 2, 4], "seconds": 3.0, "rounds": 3},
 }
 QUICK = {
     "compare": {"seconds": 0.05, "rounds": 1},
@@ -663,10 +792,12 @@ QUICK = {
     "get": {"keys": [10, 100], "number": 20, "repeat": 2},
     "effects": {"sizes": [5, 10], "runs": 5, "repeat": 2},
     "workspace": {"files": [40, 80], "repeat": 1},
+    "postgres": {"workers": [1], "seconds": 0.2, "rounds": 1},
 }
 
 
-def measure(quick: bool, log: Log) -> dict[str, Any]:
+def measure(quick: bool, log: Log, pg_dsn: str | None = None,
+            postgres: bool = True) -> dict[str, Any]:
     cfg = QUICK if quick else FULL
     started = datetime.now(timezone.utc)
     load = os.getloadavg()
@@ -681,10 +812,16 @@ def measure(quick: bool, log: Log) -> dict[str, Any]:
     stages: dict[str, float] = {"compare": time.perf_counter() - t0}
     sweeps: dict[str, Callable[..., dict[str, Any]]] = {
         "threads": threads_sweep, "open": open_sweep, "conversation": conversation,
-        "get": get_sweep, "effects": effects_sweep, "workspace": workspace_sweep}
+        "get": get_sweep, "effects": effects_sweep, "workspace": workspace_sweep,
+        "postgres": postgres_sweep}
     for name, sweep in sweeps.items():
         t1 = time.perf_counter()
-        res[name] = sweep(log=log, **cfg[name])
+        if name == "postgres" and not postgres:
+            res[name] = {**cfg[name], "series": {}, "ratios": [],
+                         "notes": ["skipped (--no-postgres)"]}
+            continue
+        extra = {"dsn": pg_dsn} if name == "postgres" else {}
+        res[name] = sweep(log=log, **cfg[name], **extra)
         stages[name] = time.perf_counter() - t1
         log(f"{name}: {stages[name]:.1f} s")
     res["run"] = {"started": started.strftime("%Y-%m-%d %H:%M UTC"),
@@ -707,7 +844,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="the page whose generated section is rewritten")
     ap.add_argument("--images", default=os.path.join(REPO, "docs", "images", "bench"),
                     help="where the plots go")
+    ap.add_argument("--pg-dsn", help="run the PostgreSQL workers on this server (default: "
+                    "start a throwaway one as the tests do, with fsync on)")
+    ap.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL workers")
+    ap.add_argument("--pg-worker", nargs=5, metavar=("KIND", "DSN", "SCHEMA", "NAME", "SECONDS"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.pg_worker:
+        kind, dsn, schema, name, seconds = args.pg_worker
+        return pg_worker(kind, dsn, schema, name, float(seconds))
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -716,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, encoding="utf-8") as f:
             res = json.load(f)
     else:
-        res = measure(args.quick, log)
+        res = measure(args.quick, log, args.pg_dsn, not args.no_postgres)
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1, default=str)
             f.write("\n")

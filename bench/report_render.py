@@ -213,6 +213,21 @@ class Plots:
         return self.save(fig, "workspace-vs-git")
 
 
+    def postgres(self) -> str | None:
+        p = self.res.get("postgres") or {}
+        if not any(p.get("series", {}).values()):
+            return None
+        fig, (ax,) = self.figure()
+        self.lines(ax, p["workers"], p["series"])
+        ax.set_xticks(p["workers"], [str(w) for w in p["workers"]])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("worker processes (each on its own run)")
+        ax.set_ylabel("durable transactions per second, all workers")
+        ax.set_title("PostgreSQL: agentwal steps vs plain inserts, by workers", fontsize=10)
+        ax.legend(fontsize=7.5)
+        return self.save(fig, "postgres-workers")
+
+
 # -- the page -----------------------------------------------------------------------------------
 
 
@@ -435,6 +450,28 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
             for i, n in enumerate(ws["files"][:len(ws["tree_mib"])])]
     out += _table(["files", "MiB", *(f"{s} s" for s in wss), "first: agentwal / git",
                    "1 file: agentwal / git"], rows)
+    p = res.get("postgres") or {}
+    out += ["### PostgreSQL: worker processes", ""]
+    for note in p.get("notes", []):
+        out += [f"Note: {note}.", ""]
+    if any(p.get("series", {}).values()):
+        st = p.get("settings", {})
+        _image(out, page_dir, images.get("postgres"), "PostgreSQL steps per second vs workers",
+               f"*Transactions per second of all worker processes together on one PostgreSQL "
+               f"{st.get('server_version', '?')} server (`fsync={st.get('fsync', '?')}`, "
+               f"`synchronous_commit={st.get('synchronous_commit', '?')}`, on this machine, "
+               f"over a Unix socket), each worker on its own run: an agentwal step "
+               f"(`begin`, one `get`, two puts, a `sync` commit: `bench/bench_postgres.py`'s) "
+               f"beside a psycopg loop of one `INSERT` and `COMMIT` (pgbench's simplest "
+               f"write); {p['rounds']} rounds of {p['seconds']:g} s. {cmd}.*")
+        ps = p["series"]
+        rows = [[str(w), *(_num(ps[k][i]["median"]) for k in ps), f"{p['ratios'][i]:.2f}x"]
+                for i, w in enumerate(p["workers"])]
+        out += _table(["workers", *(f"{k} /s" for k in ps), "agentwal step / INSERT"], rows)
+        out += ["An agentwal step is four round trips (the run's head, the read, the lease "
+                "check with the row lock, the pipelined writes with `COMMIT`) where the "
+                "INSERT loop makes one; the server and the workers share the machine's "
+                f"{m['cpus']} CPUs.", ""]
     out += ["The other benchmark scripts (`bench/test_bench_*.py`, `bench_loop_lag.py`, "
             "`bench_retention.py`, `bench_postgres.py`, `langgraph_compare.py`, "
             "`bench_workspace.py`) keep their own figures in the hand-recorded sections "
@@ -448,7 +485,7 @@ def render(res: dict[str, Any], page: str, images_dir: str) -> list[str]:
     images = {"threads": plots.threads(), "bytes": plots.conversation_bytes(),
               "latency": plots.conversation_latency(), "state_at": plots.state_at(),
               "get": plots.get(), "open": plots.open(), "effects": plots.effects(),
-              "workspace": plots.workspace()}
+              "workspace": plots.workspace(), "postgres": plots.postgres()}
     new = "\n".join(section(res, os.path.dirname(os.path.abspath(page)), images))
     with open(page, encoding="utf-8") as f:
         text = f.read()
