@@ -123,19 +123,75 @@ def sqlite_commits(threads: int, seconds: float) -> compare.Result:
     return compare.sqlite_full_threads(seconds, threads)
 
 
+def sqlite_normal(seconds: float) -> compare.Result:
+    """SQLite WAL with ``synchronous=NORMAL``: a commit is not fsynced (the WAL is, at
+    checkpoints), so it survives a process crash but may be lost with the machine."""
+    vals = values()
+    with scratch_dir() as d:
+        db = sqlite3.connect(os.path.join(d, "s.db"), isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key))"
+                       " WITHOUT ROWID")
+
+            def op(i: int) -> None:
+                db.execute("BEGIN")
+                db.execute("INSERT OR REPLACE INTO kv VALUES ('run-0', 'value', ?)",
+                           (vals[i % len(vals)],))
+                db.execute("COMMIT")
+
+            n, dt = compare._timed_loop(op, seconds)
+        finally:
+            db.close()
+    return n, dt, {}
+
+
+def lmdb_nosync(seconds: float) -> compare.Result:
+    """LMDB with ``sync=False``: a commit is in the page cache, flushed by the OS later."""
+    vals = values()
+    with scratch_dir() as d:
+        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 30, sync=False, metasync=False)
+        try:
+
+            def op(i: int) -> None:
+                with env.begin(write=True) as txn:
+                    txn.put(b"run-0/value", vals[i % len(vals)])
+
+            n, dt = compare._timed_loop(op, seconds)
+        finally:
+            env.close()
+    return n, dt, {}
+
+
+# 1 thread, no fsync per commit: agentwal's async and none modes beside the baselines' own
+UNSYNCED: dict[str, Callable[[float], compare.Result]] = {
+    "agentwal async": lambda s: compare.agentwal_commits("async", 1, s),
+    "agentwal none": lambda s: compare.agentwal_commits("none", 1, s),
+    "SQLite WAL NORMAL": sqlite_normal,
+    "LMDB sync=False": lmdb_nosync,
+}
+
+
 def threads_sweep(threads: list[int], seconds: float, rounds: int, log: Log) -> dict[str, Any]:
     systems: dict[str, Callable[[int, float], compare.Result]] = {
         "agentwal sync": lambda t, s: compare.agentwal_commits("sync", t, s),
         "SQLite WAL FULL": sqlite_commits,
         "LMDB sync": lmdb_commits,
     }
-    jobs = [(name, t) for name in systems for t in threads] + [("raw append + fdatasync", 1)]
+    jobs = ([(name, t) for name in systems for t in threads] + [("raw append + fdatasync", 1)]
+            + [(name, 1) for name in UNSYNCED])
     samples: dict[str, list[float]] = {f"{n}@{t}": [] for n, t in jobs}
     for r in range(rounds):
         shift = r % len(jobs)
         for name, t in jobs[shift:] + jobs[:shift]:
             fn = systems.get(name)
-            n, dt, _ = fn(t, seconds) if fn else compare.raw_append(seconds)
+            if fn is not None:
+                n, dt, _ = fn(t, seconds)
+            elif name in UNSYNCED:
+                n, dt, _ = UNSYNCED[name](seconds)
+            else:
+                n, dt, _ = compare.raw_append(seconds)
             samples[f"{name}@{t}"].append(n / dt)
             log(f"threads round {r + 1}/{rounds}: {name} x{t}: {n / dt:,.0f} commits/s")
     series = {name: [spread(samples[f"{name}@{t}"]) for t in threads] for name in systems}
@@ -144,7 +200,13 @@ def threads_sweep(threads: list[int], seconds: float, rounds: int, log: Log) -> 
         for base in ("SQLite WAL FULL", "LMDB sync")
     }
     raw = spread(samples["raw append + fdatasync@1"])
+    unsynced = {name: spread(samples[f"{name}@1"]) for name in UNSYNCED}
+    unsynced_ratios = {f"agentwal {mode} / {base}": paired(samples[f"agentwal {mode}@1"],
+                                                           samples[f"{base}@1"])
+                       for mode in ("async", "none")
+                       for base in ("SQLite WAL NORMAL", "LMDB sync=False")}
     return {"threads": threads, "series": series, "ratios": ratios, "raw_append": raw,
+            "unsynced": unsynced, "unsynced_ratios": unsynced_ratios,
             "seconds": seconds, "rounds": rounds}
 
 
@@ -608,7 +670,7 @@ def workspace_sweep(files: list[int], repeat: int, log: Log) -> dict[str, Any]:
             s["agentwal after 1 file changed"].append(spread(one_a))
             s["git after 1 file changed"].append(spread(one_g))
             store.close()
-        log(f"workspace: {n:,} files: first snapshot agentwal {ta:.2f} s, git {tg:.2f} s")
+        log(f"workspace: {n:,} files: a one-file snapshot agentwal {ta:.2f} s, git {tg:.2f} s")
     return out
 
 

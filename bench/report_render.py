@@ -84,62 +84,64 @@ class Plots:
 
     # -- the figures ---------------------------------------------------------------------
 
+    @staticmethod
+    def axes(ax: Any, xlabel: str, ylabel: str, title: str, *, logx: bool = False,
+             logy: bool = False, legend: float = 7.5) -> None:
+        """Label ``ax`` (units in the labels), set its scales and draw its legend."""
+        if logx:
+            ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=legend)
+
     def threads(self) -> str:
         t = self.res["threads"]
         fig, (ax,) = self.figure()
         self.lines(ax, t["threads"], t["series"])
-        raw = t["raw_append"]["median"]
-        ax.axhline(raw, color="#444", linestyle=":", linewidth=1,
+        ax.axhline(t["raw_append"]["median"], color="#444", linestyle=":", linewidth=1,
                    label="raw append + fdatasync (1 thread)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(t["threads"], [str(x) for x in t["threads"]])
-        ax.set_xlabel("writer threads")
-        ax.set_ylabel("durable commits per second")
         ax.set_ylim(bottom=0)
-        ax.set_title("Durable commits of a 1 KiB value vs writer threads", fontsize=10)
-        ax.legend(fontsize=7.5)
+        self.axes(ax, "writer threads", "durable commits per second",
+                  "Durable commits of a 1 KiB value vs writer threads")
         return self.save(fig, "commits-vs-threads")
+
+    def _conversation(self, field: str, x: list[Any], scale: float) -> tuple[Any, Any]:
+        c = self.res["conversation"]
+        fig, (ax,) = self.figure()
+        series = {n: s[field] for n, s in c["systems"].items()}
+        self.lines(ax, x, series, scale=scale,
+                   styles={n: "--" for n in series if "LangGraph" in n})
+        return fig, ax
 
     def conversation_bytes(self) -> str:
         c = self.res["conversation"]
+        as_spread = {n: [{"median": b, "lo": b, "hi": b} for b in s["bytes_per_checkpoint"]]
+                     for n, s in c["systems"].items()}
         fig, (ax,) = self.figure()
-        series = {n: s["bytes_per_checkpoint"] for n, s in c["systems"].items()}
-        for i, (name, ys) in enumerate(series.items()):
-            ax.plot(c["marks"][:len(ys)], [y / 1024 for y in ys], marker="o", markersize=4,
-                    label=name, color=_color(name, i),
-                    linewidth=1.6 if name.startswith("agentwal") else 1.2,
-                    linestyle="--" if "LangGraph" in name else "-")
-        ax.set_yscale("log")
-        ax.set_xlabel("conversation step (one ~1 KiB message appended per step)")
-        ax.set_ylabel("KiB on disk per checkpoint")
-        ax.set_title("Bytes each new checkpoint adds as the conversation grows", fontsize=10)
-        ax.legend(fontsize=7.5)
+        self.lines(ax, c["marks"], as_spread, scale=1 / 1024,
+                   styles={n: "--" for n in as_spread if "LangGraph" in n})
+        self.axes(ax, "conversation step (one ~1 KiB message appended per step)",
+                  "KiB on disk per checkpoint",
+                  "Bytes each new checkpoint adds as the conversation grows", logy=True)
         return self.save(fig, "bytes-per-checkpoint")
 
     def conversation_latency(self) -> str:
-        c = self.res["conversation"]
-        fig, (ax,) = self.figure()
-        series = {n: s["commit_s"] for n, s in c["systems"].items()}
-        styles = {n: "--" for n in series if "LangGraph" in n}
-        self.lines(ax, c["marks"], series, scale=1e3, styles=styles)
-        ax.set_yscale("log")
-        ax.set_xlabel("conversation step")
-        ax.set_ylabel("ms per durable step (median of the window)")
-        ax.set_title("Commit latency as the conversation grows", fontsize=10)
-        ax.legend(fontsize=7.5)
+        fig, ax = self._conversation("commit_s", self.res["conversation"]["marks"], 1e3)
+        self.axes(ax, "conversation step", "ms per durable step (median of the window)",
+                  "Commit latency as the conversation grows", logy=True)
         return self.save(fig, "commit-latency-vs-step")
 
     def state_at(self) -> str:
         c = self.res["conversation"]
-        fig, (ax,) = self.figure()
-        series = {n: s["read_s"] for n, s in c["systems"].items()}
-        styles = {n: "--" for n in series if "LangGraph" in n}
-        self.lines(ax, c["ages"], series, scale=1e3, styles=styles)
-        ax.set_yscale("log")
-        ax.set_xlabel(f"checkpoint age (checkpoints behind the head of a {c['steps']}-step run)")
-        ax.set_ylabel("ms to read the whole state")
-        ax.set_title("Reading an old checkpoint: state(at=) vs its age", fontsize=10)
-        ax.legend(fontsize=7.5)
+        fig, ax = self._conversation("read_s", c["ages"], 1e3)
+        self.axes(ax, f"checkpoint age (checkpoints behind the head of a {c['steps']}-step run)",
+                  "ms to read the whole state",
+                  "Reading an old checkpoint: state(at=) vs its age", logy=True)
         return self.save(fig, "state-at-vs-age")
 
     def get(self) -> str:
@@ -147,12 +149,8 @@ class Plots:
         fig, (ax,) = self.figure()
         self.lines(ax, g["keys"], g["series"], scale=1e6,
                    styles={"agentwal (folded into LMDB)": "--"})
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("keys in the run (1 KiB values)")
-        ax.set_ylabel("µs per get of one key")
-        ax.set_title("Point reads: get(run, key) vs keys stored", fontsize=10)
-        ax.legend(fontsize=7.5)
+        self.axes(ax, "keys in the run (1 KiB values)", "µs per get of one key",
+                  "Point reads: get(run, key) vs keys stored", logx=True, logy=True)
         return self.save(fig, "get-latency")
 
     def open(self) -> str:
@@ -164,22 +162,15 @@ class Plots:
                                       "SQLite WAL crash image": w["SQLite WAL"],
                                       "LMDB (no log to replay)": w["LMDB"]}, scale=1e3,
                    styles={"agentwal, store evicted": "--"})
-        a1.set_xscale("log")
-        a1.set_yscale("log")
-        a1.set_xlabel("commits in the log, not folded (1 KiB values)")
-        a1.set_ylabel("ms to open and read one key")
-        a1.set_title("Open after a crash vs log length", fontsize=10)
-        a1.legend(fontsize=7)
+        self.axes(a1, "commits in the log, not folded (1 KiB values)",
+                  "ms to open and read one key", "Open after a crash vs log length",
+                  logx=True, logy=True, legend=7)
         h = o["history"]
         self.lines(a2, h["checkpoints"], {"agentwal": h["agentwal"],
                                           "SQLite (one row per checkpoint)": h["SQLite"]},
                    scale=1e3)
-        a2.set_xscale("log")
-        a2.set_yscale("log")
-        a2.set_xlabel("checkpoints in the store (folded)")
-        a2.set_ylabel("ms to open and read a head")
-        a2.set_title("Open vs history length", fontsize=10)
-        a2.legend(fontsize=7)
+        self.axes(a2, "checkpoints in the store (folded)", "ms to open and read a head",
+                  "Open vs history length", logx=True, logy=True, legend=7)
         return self.save(fig, "open-time")
 
     def effects(self) -> str:
@@ -187,12 +178,9 @@ class Plots:
         fig, (ax,) = self.figure()
         self.lines(ax, e["entries"], e["series"], scale=1e3,
                    styles={n: "--" for n in e["series"] if "status" in n})
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"entries in the effects ledger (over {e['runs']} runs)")
-        ax.set_ylabel("ms per query")
-        ax.set_title("Effects ledger queries vs ledger size", fontsize=10)
-        ax.legend(fontsize=7.5)
+        self.axes(ax, f"entries in the effects ledger (over {e['runs']} runs)",
+                  "ms per query", "Effects ledger queries vs ledger size",
+                  logx=True, logy=True)
         return self.save(fig, "effects-query")
 
     def workspace(self) -> str | None:
@@ -202,16 +190,11 @@ class Plots:
         fig, (ax,) = self.figure()
         self.lines(ax, w["files"], w["series"],
                    styles={n: "--" for n in w["series"] if "changed" in n})
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        self.axes(ax, "files in the tree (1 to 20 KiB each)", "seconds per snapshot",
+                  "Workspace snapshot vs git commit", logx=True, logy=True)
         ax.set_xticks(w["files"], [f"{n:,}" for n in w["files"]])
         ax.minorticks_off()
-        ax.set_xlabel("files in the tree (1 to 20 KiB each)")
-        ax.set_ylabel("seconds per snapshot")
-        ax.set_title("Workspace snapshot vs git commit", fontsize=10)
-        ax.legend(fontsize=7.5)
         return self.save(fig, "workspace-vs-git")
-
 
     def postgres(self) -> str | None:
         p = self.res.get("postgres") or {}
@@ -221,10 +204,9 @@ class Plots:
         self.lines(ax, p["workers"], p["series"])
         ax.set_xticks(p["workers"], [str(w) for w in p["workers"]])
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("worker processes (each on its own run)")
-        ax.set_ylabel("durable transactions per second, all workers")
-        ax.set_title("PostgreSQL: agentwal steps vs plain inserts, by workers", fontsize=10)
-        ax.legend(fontsize=7.5)
+        self.axes(ax, "worker processes (each on its own run)",
+                  "durable transactions per second, all workers",
+                  "PostgreSQL: agentwal steps vs plain inserts, by workers")
         return self.save(fig, "postgres-workers")
 
 
@@ -288,7 +270,9 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
         "where there are five samples or more, else min to max. **A ratio is the "
         "median over rounds of agentwal's figure divided by the baseline's within the "
         "same round**, so a change in the machine's load that is slower than a round "
-        "cancels out. Quote the ratios, not the absolute numbers.",
+        "cancels out; the latency sweeps (reads, opens, queries, snapshots) measure each "
+        "system right after the other, and their ratios are ratios of medians. Quote the "
+        "ratios, not the absolute numbers.",
         "",
     ]
     cm = res["compare"]
@@ -300,7 +284,7 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
     for g in cm["goals"]:
         unit = "x" if " vs " in g["goal"] else ""
         rows.append([g["goal"], f"{_num(g['value'])}{unit}",
-                     f"{g['direction']} {g['target']:g}{unit}", "yes" if g["met"] else "**no**"])
+                     f"{g['direction']} {g['target']:,g}{unit}", "yes" if g["met"] else "**no**"])
     o = res["open"]
     if o["wal"]["mib"] and o["wal"]["mib"][-1] == 64:
         for label, s in (("open, 64 MiB WAL, warm cache (s)", o["wal"]["agentwal"][-1]),
@@ -338,6 +322,15 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
     out += _table(["threads", *t["series"], *(f"agentwal / {b}" for b in t["ratios"])], rows)
     out += [f"A raw `write` + `fdatasync` loop on one file: {_num(t['raw_append']['median'])} "
             "commits/s (the dotted line).", ""]
+    if t.get("unsynced"):
+        out += ["Without an fsync per commit (1 thread): agentwal `async` (synced within "
+                "`sync_interval`) and `none` beside SQLite WAL `synchronous=NORMAL` and LMDB "
+                "`sync=False`, in the same rounds:", ""]
+        out += _table(["commits/s, 1 thread", "median", "spread"],
+                      [[k, _num(v["median"]), f"{_num(v['lo'])} to {_num(v['hi'])}"]
+                       for k, v in t["unsynced"].items()])
+        out += _table(["ratio (median of per-round ratios)", "value"],
+                      [[k, f"{v:.2f}x"] for k, v in t["unsynced_ratios"].items()])
 
     c = res["conversation"]
     names = list(c["systems"])
@@ -373,6 +366,11 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
     rows = [[str(mk)] + [_ms(c["systems"][n]["commit_s"][i]) for n in names]
             for i, mk in enumerate(c["marks"])]
     out += _table(["step", *(f"{n} ms" for n in names)], rows)
+    growth = [f"{n} {sy['commit_s'][-1]['median'] / sy['commit_s'][0]['median']:.2f}x"
+              for n, sy in c["systems"].items()]
+    out += [f"Median step time of the last window over the first: {'; '.join(growth)}. An "
+            "fsync's latency on a shared disk moves more than that between windows, so read "
+            "this plot for its trend, not its wiggles.", ""]
     _image(out, page_dir, images.get("state_at"), "state(at=) latency vs checkpoint age",
            f"*Milliseconds to read the whole state of an old checkpoint (agentwal "
            f"`state(run, at=n)`, SQLite the row of checkpoint n, the savers `get_tuple` of "
@@ -420,7 +418,8 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
     e = res["effects"]
     out += ["### Effects ledger queries", ""]
     _image(out, page_dir, images.get("effects"), "effects ledger query cost",
-           f"*Milliseconds per `store.effects(run=...)` (one run's entries: a tenth) and "
+           f"*Milliseconds per `store.effects(run=...)` (one run's entries: 1/{e['runs']} "
+           f"of them) and "
            f"`store.effects(status=\"in_doubt\")` (none match) against the entries in the "
            f"ledger, beside the same queries on a SQLite table with an index on each "
            f"column (rows decoded from JSON). {cmd}.*")
