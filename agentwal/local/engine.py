@@ -60,11 +60,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import datetime
 import gc
 import os
-import sys
 import threading
 import time
 import weakref
@@ -127,17 +125,17 @@ from .backup import BackupReport, Copier, check_destination
 from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
+from .fold import Folder
 from .memtable import Memtable
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .recovery import Plan, recover
-from .snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
+from .snapshot import MapFull, RunInfo, Snapshot, check_lmdb_file
 from .verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
 from .wal import Writer
 
 __all__ = ["Engine", "open_engine"]
 
-_MAX_MAP = 1 << 46 if sys.maxsize > 2**32 else 1 << 31
 _NEWEST = 1 << 63  # a snapshot LSN past every record
 #: Seconds a vacuum waits for this process's reads to end before giving up.
 _VACUUM_WAIT = 10.0
@@ -174,16 +172,16 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _background(ref: weakref.ref[Engine], wake: threading.Condition, step: str,
-                interval: float) -> None:
-    """A store's background thread: wake (notified or every ``interval``), do ``step``."""
+def _background(ref: weakref.ref[Engine], wake: threading.Condition,
+                step: Callable[[Engine], bool], interval: float) -> None:
+    """An engine's background thread: wake (notified or every ``interval``), do ``step``."""
     while True:
         with wake:
             wake.wait(interval)
-        store = ref()
-        if store is None or not getattr(store, step)():
+        engine = ref()
+        if engine is None or not step(engine):
             return
-        del store
+        del engine
 
 
 def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
@@ -285,6 +283,7 @@ class Engine:
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
         self._trees = TreeStore(self._blobs, path, readonly=readonly)
+        self.folder = Folder(self)
 
     def _open(self) -> None:
         fs, path = self._fs, self.path
@@ -402,9 +401,10 @@ class Engine:
         # is still collected, and its finalizer releases the writer lock.
         self._stop = False
         ref = weakref.ref(self)
-        jobs = [("agentwal-fold", "_fold_step", 1.0)]
+        jobs: list[tuple[str, Callable[[Engine], bool], float]] = [
+            ("agentwal-fold", lambda e: e.folder.step(), 1.0)]
         if self.durability is Durability.ASYNC:
-            jobs.append(("agentwal-flush", "_flush_step", self._sync_interval))
+            jobs.append(("agentwal-flush", lambda e: e._flush_step(), self._sync_interval))
         for name, step, interval in jobs:
             t = threading.Thread(target=_background, args=(ref, self._wake, step, interval),
                                  name=name, daemon=True)
@@ -748,121 +748,12 @@ class Engine:
                 pipe.sync_written()
         return True
 
-    def _fold_step(self) -> bool:
-        """The fold thread's work when woken; False once the thread should stop."""
-        with self._lock:
-            if self._stop:
-                return False
-            if not self._fold_wanted:
-                return True
-            self._fold_wanted = False
-        try:
-            self._fold()
-            self._fold_error = None
-        except Error as exc:
-            self._fold_error = exc
-            self._fold_retry_at = time.monotonic() + 1.0  # not on every batch
-            return True
-        except BaseException as exc:
-            self._fold_error = exc
-            return False
-        self._retain_step()
-        return True
-
     def snapshot(self) -> None:
         """Fold the WAL into LMDB now (``Store.snapshot``)."""
         self._check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
-        self._fold()
-
-    def _fold(self) -> None:
-        """Fold everything published so far (a table left by a failed fold first)."""
-        while self._fold_one():
-            pass
-
-    def _fold_one(self) -> bool:
-        """Fold one memtable; True if it was one a failed fold had left frozen."""
-        assert self._snap is not None and self._pipe is not None
-        pipe = self._pipe
-        with self._fold_lock:
-            with self._lock:
-                leftover = self._frozen is not None
-                if self._frozen is None:
-                    if self._active.empty:
-                        return False
-                    self._frozen, self._active = self._active, Memtable()
-                    self._frozen.frozen = True
-                    self._fold_mark = pipe.writer.bytes_written
-                frozen = self._frozen
-            failpoints.hit("fold_after_freeze")
-            # LMDB must never be durable past the log: after a power cut the WAL
-            # has to reach applied_lsn (async and none modes sync here).
-            pipe.sync_through(frozen.last_lsn)
-            runs = [FoldRun(run, writes, ckpts, deltas, outboxes, reset)
-                    for run, reset, writes, ckpts, deltas, outboxes in frozen.fold_runs()]
-            resets = any(fr.reset for fr in runs)
-            effects = list(frozen.effects.values())
-            if resets:  # a deleted run's effect positions are not folded (entries are)
-                gone = {fr.run for fr in runs if fr.reset}
-                effects = [(e, raw) if e.ordinal is None or e.run not in gone
-                           or frozen.effect_pos.get((e.run, e.checkpoint, e.ordinal)) == e.key
-                           else (dataclasses.replace(e, ordinal=None), raw)
-                           for e, raw in effects]
-            expire = None
-            if self._effect_retention is not None and time.time() >= self._next_expiry:
-                expire = time.time() - self._effect_retention
-            failpoints.hit("fold_before_commit")
-            if resets:
-                failpoints.hit("delete_run_fold_before_commit")
-            while True:
-                try:
-                    self._snap.fold(frozen.last_lsn, self.store_id, runs, frozen.log_pos,
-                                    effects, expire)
-                    break
-                except MapFull as full:  # double until the fold fits
-                    self._grow_map(full)
-                except DurabilityError as exc:
-                    # LMDB's write or sync failed: its state is unknown until a
-                    # reopen, and an fsync is never retried. Stop the writer.
-                    pipe.writer.broken = exc
-                    raise
-            failpoints.hit("fold_after_commit")
-            if resets:
-                failpoints.hit("delete_run_fold_after_commit")
-            if expire is not None:
-                self._next_expiry = time.time() + 3600.0  # expiry scans the ledger: hourly
-            with self._lock:
-                self._frozen = None
-                self._applied = frozen.last_lsn
-                self._counters["folds"] += 1
-            with pipe.flush_lock:
-                if pipe.writer.broken is None:
-                    self._counters["segments_removed"] += pipe.writer.remove_through(
-                        frozen.last_lsn)
-        return leftover
-
-    def _grow_map(self, full: MapFull) -> None:
-        """Double LMDB's map; needs every read transaction of this process closed."""
-        assert self._snap is not None
-        # Wait (lock released between looks) until no read is open, then resize
-        # while holding the lock, so no view can begin between the look and the resize.
-        with self._lock:
-            deadline = time.monotonic() + 5.0
-            while self._snap.readers() and time.monotonic() < deadline:
-                self._lock.release()
-                time.sleep(0.005)
-                self._lock.acquire()
-            if self._snap.readers() or full.size >= _MAX_MAP:
-                path = os.path.join(self._snap.directory, "data.mdb")
-                why = ("it is at its largest size" if full.size >= _MAX_MAP else
-                       "read transactions stay open in this process (a read-only store "
-                       "holds one until refresh() or close())")
-                raise DiskFullError(path, f"the LMDB map of {path!r} is full and cannot grow: "
-                                    f"{why}. Nothing was lost: the WAL keeps everything; "
-                                    "finish those reads and the next fold grows it.") from full
-            self._snap.grow()
-            self._counters["map_grows"] += 1
+        self.folder.fold()
 
     # -- reads ----------------------------------------------------------------------
 
@@ -1047,7 +938,7 @@ class Engine:
                                                  if self._head(v, r) is None])
             if missing:
                 raise RunNotFoundError(missing[0])
-        self._fold()
+        self.folder.fold()
         failpoints.hit("compact_after_fold")
         cutoff = None if older_than is None else time.time() - older_than.total_seconds()
         with self._fold_lock:
@@ -1083,7 +974,7 @@ class Engine:
                 return self._snap.compact(runs, keep_last=keep_last, cutoff=cutoff,
                                           keep_origins=keep_origins, origins=origins)
             except MapFull as full:
-                self._grow_map(full)
+                self.folder.grow_map(full)
             except DurabilityError as exc:  # LMDB's state is unknown until a reopen
                 self._pipe.writer.broken = exc
                 raise
@@ -1570,7 +1461,7 @@ class Engine:
         try:
             if self._pipe is not None and self._pipe.writer.broken is None:
                 self.sync()
-                self._fold()
+                self.folder.fold()
         finally:
             self._closed = True
             self._release_all()
