@@ -622,7 +622,8 @@ class Store:
             if isinstance(runs, str):
                 raise TypeError("runs is a list of run ids, not one str")
             selected = sorted({check_key(r, "run id") for r in runs})
-        return self._engine.compact(selected, keep_last, older_than, vacuum, keep_fork_origins)
+        return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
+                                               keep_fork_origins)
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""

@@ -92,7 +92,6 @@ from ..errors import (
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
-    StoreBusyError,
     StoreClosedError,
     TreePathError,
 )
@@ -105,7 +104,6 @@ from ..format import (
 )
 from ..io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from ..ledger import Ledger, Request
-from ..retention import CompactReport, Tally
 from ..tree import exclude_spec
 from ..treeio import RestoreReport, TreeStore
 from ..txn import Transaction
@@ -126,10 +124,11 @@ from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .fold import Folder
+from .maintenance import Maintenance
 from .memtable import Memtable
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .recovery import Plan, recover
-from .snapshot import MapFull, RunInfo, Snapshot, check_lmdb_file
+from .snapshot import RunInfo, Snapshot, check_lmdb_file
 from .verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
 from .verify import verify as verify_store
 from .wal import Writer
@@ -137,8 +136,6 @@ from .wal import Writer
 __all__ = ["Engine", "open_engine"]
 
 _NEWEST = 1 << 63  # a snapshot LSN past every record
-#: Seconds a vacuum waits for this process's reads to end before giving up.
-_VACUUM_WAIT = 10.0
 #: Seconds between two passes of the automatic retention policy (``retain=``).
 _RETAIN_EVERY = 60.0
 #: How many checkpoints back a step looks for an uncommitted attempt of itself.
@@ -284,6 +281,7 @@ class Engine:
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
         self._trees = TreeStore(self._blobs, path, readonly=readonly)
         self.folder = Folder(self)
+        self.maintenance = Maintenance(self)
 
     def _open(self) -> None:
         fs, path = self._fs, self.path
@@ -928,119 +926,6 @@ class Engine:
             self._wake.notify_all()
 
     # -- compaction and vacuum ------------------------------------------------------
-
-    def compact(self, selected: list[str] | None, keep_last: int | None,
-                older_than: datetime.timedelta | None, vacuum: bool,
-                keep_fork_origins: bool) -> CompactReport:
-        """Fold, drop what retention does not keep, sweep, vacuum (``Store.compact``)."""
-        if selected is not None:
-            missing = self._with_view(lambda v: [r for r in selected or ()
-                                                 if self._head(v, r) is None])
-            if missing:
-                raise RunNotFoundError(missing[0])
-        self.folder.fold()
-        failpoints.hit("compact_after_fold")
-        cutoff = None if older_than is None else time.time() - older_than.total_seconds()
-        with self._fold_lock:
-            before = self._file_bytes()
-            tally = self._compact_locked(selected, keep_last, cutoff, keep_fork_origins)
-            failpoints.hit("compact_after_commit")
-            self._sweep_blobs()  # the blob files no kept checkpoint names any more
-            if vacuum:
-                self._vacuum()
-            after = self._file_bytes()
-        return CompactReport(tally.dropped, tally.bytes_freed, dict(tally.runs),
-                             tally.objects_freed, tally.manifests_written, tally.bytes_written,
-                             before, after, vacuum)
-
-    def _file_bytes(self) -> int:
-        assert self._snap is not None
-        path = os.path.join(self._snap.directory, "data.mdb")
-        return os.path.getsize(path) if os.path.exists(path) else 0
-
-    def _compact_locked(self, runs: list[str] | None, keep_last: int | None,
-                        cutoff: float | None, keep_origins: bool) -> Tally:
-        """The LMDB part of a compaction; under ``_fold_lock``."""
-        assert self._snap is not None and self._pipe is not None
-        origins: set[tuple[str, int]] = set()
-        if keep_origins:  # forks not folded yet (committed since the fold) count too
-            with self._lock:
-                for layer in (self._active, self._frozen):
-                    for rm in layer.runs.values() if layer is not None else ():
-                        origins.update(c.origin for c, _h, _m in rm.checkpoints
-                                       if c.origin is not None)
-        while True:
-            try:
-                return self._snap.compact(runs, keep_last=keep_last, cutoff=cutoff,
-                                          keep_origins=keep_origins, origins=origins)
-            except MapFull as full:
-                self.folder.grow_map(full)
-            except DurabilityError as exc:  # LMDB's state is unknown until a reopen
-                self._pipe.writer.broken = exc
-                raise
-
-    def _vacuum(self) -> None:
-        """Rewrite the LMDB file compactly and swap it in; under ``_fold_lock``."""
-        assert self._snap is not None and self._pipe is not None
-        snap = self._snap
-        busy = ("other stores of this process have this directory open (read-only ones "
-                "share its LMDB environment); close them and call compact(vacuum=True) "
-                "again. The compaction itself is done.")
-        if snap.users() > 1:
-            raise StoreBusyError(self.path, busy)
-        try:
-            tmp = snap.vacuum_copy()
-        except DurabilityError as exc:
-            self._pipe.writer.broken = exc
-            raise
-        failpoints.hit("vacuum_after_copy")
-        while self._dead:  # views of transactions the garbage collector dropped
-            self._release(self._dead.popleft())
-        with self._lock:
-            self._swapping = True
-            try:
-                deadline = time.monotonic() + _VACUUM_WAIT
-                while snap.readers() and time.monotonic() < deadline:
-                    self._wake.wait(0.005)
-                if snap.readers() or snap.users() > 1:
-                    snap.discard(tmp)
-                    raise StoreBusyError(self.path, busy if snap.users() > 1 else
-                                         f"reads stayed open for {_VACUUM_WAIT:.0f} s "
-                                         "(transactions not finished, or a thread that "
-                                         "holds one called compact). Finish them and call "
-                                         "compact(vacuum=True) again. The compaction "
-                                         "itself is done.")
-                try:
-                    swapped = snap.swap_in(tmp)
-                except DurabilityError as exc:
-                    self._pipe.writer.broken = exc
-                    raise
-                if not swapped:
-                    raise StoreBusyError(self.path, "another process has the store open "
-                                         "(a read-only store): the snapshot file cannot be "
-                                         "replaced under it. Close it and call "
-                                         "compact(vacuum=True) again. The compaction itself "
-                                         "is done.")
-            finally:
-                self._swapping = False
-                self._wake.notify_all()
-        failpoints.hit("vacuum_after_swap")
-
-    def _retain_step(self) -> None:
-        """Apply ``retain=`` after a background fold, at most once per ``_retain_every`` s."""
-        if self._retain is None or time.monotonic() < self._retain_next:
-            return
-        self._retain_next = time.monotonic() + self._retain_every
-        keep_last, older_than = self._retain
-        cutoff = None if older_than is None else time.time() - older_than.total_seconds()
-        try:
-            with self._fold_lock:
-                self._compact_locked(None, keep_last, cutoff, True)
-                self._sweep_blobs()
-            self._counters["retention_passes"] += 1
-            self._retain_error = None
-        except Error as exc:
-            self._retain_error = exc
 
     # -- blobs and trees ------------------------------------------------------------
 

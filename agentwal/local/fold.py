@@ -68,7 +68,7 @@ class Folder:
         except BaseException as exc:
             e._fold_error = exc
             return False
-        e._retain_step()
+        e.maintenance.retain_step()
         return True
 
     def fold(self) -> None:

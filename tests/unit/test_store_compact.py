@@ -402,7 +402,7 @@ def test_vacuum_waits_for_open_reads(store: agentwal.Store) -> None:
 
 def test_vacuum_gives_up_on_a_read_that_stays_open(store: agentwal.Store,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentwal.local import engine as store_mod
+    from agentwal.local import maintenance as store_mod
 
     monkeypatch.setattr(store_mod, "_VACUUM_WAIT", 0.2)
     model: dict[int, dict[str, Any]] = {}
@@ -724,7 +724,7 @@ def test_compact_calls_the_blob_sweep_hook_after_its_transaction(store: agentwal
     store.compact(keep_last=2)
     assert calls == [[10, 9]]
     store._engine._retain, store._engine._retain_next = (1, None), 0.0
-    store._engine._retain_step()
+    store._engine.maintenance.retain_step()
     assert calls[-1] == [10]
 
 
