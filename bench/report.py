@@ -745,6 +745,22 @@ def _pg_round(kind: str, dsn: str, schema: str, workers: int, seconds: float,
     return total
 
 
+def _pg_settings(dsn: str, want_on: bool) -> dict[str, str]:
+    """The server's version, ``fsync`` and ``full_page_writes`` as a new session sees them
+    (a reload is asynchronous: with ``want_on``, wait up to 10 s for both to read on)."""
+    import psycopg
+
+    deadline = time.monotonic() + 10
+    while True:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            got = {n: str(conn.execute(f"SHOW {n}").fetchone()[0])  # type: ignore[index]
+                   for n in ("server_version", "fsync", "full_page_writes")}
+        if not want_on or (got["fsync"] == got["full_page_writes"] == "on"
+                           or time.monotonic() > deadline):
+            return got
+        time.sleep(0.2)
+
+
 def postgres_sweep(workers: list[int], seconds: float, rounds: int, dsn: str | None,
                    log: Log) -> dict[str, Any]:
     """Steps/s against worker processes on one PostgreSQL server, beside plain inserts."""
@@ -770,12 +786,10 @@ def postgres_sweep(workers: list[int], seconds: float, rounds: int, dsn: str | N
                 for name in ("fsync", "synchronous_commit", "full_page_writes"):
                     conn.execute(f"ALTER SYSTEM SET {name} = on")
                 conn.execute("SELECT pg_reload_conf()")
-            settings = {n: conn.execute(f"SHOW {n}").fetchone()[0]  # type: ignore[index]
-                        for n in ("server_version", "fsync", "synchronous_commit")}
             conn.execute(f'CREATE SCHEMA "{schema}_sql"')
             conn.execute(f'CREATE TABLE "{schema}_sql".rows (id bigserial PRIMARY KEY, '
                          "worker text, payload text)")
-        out["settings"] = settings
+        out["settings"] = _pg_settings(dsn, want_on=server is not None)
         agentwal.open(dsn, schema=schema, worker_id="setup").close()  # create the schema once
         samples: dict[str, list[float]] = {f"{k}@{w}": [] for k in (PG_STEP, PG_INSERT)
                                            for w in workers}

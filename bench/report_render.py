@@ -457,9 +457,11 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
         st = p.get("settings", {})
         _image(out, page_dir, images.get("postgres"), "PostgreSQL steps per second vs workers",
                f"*Transactions per second of all worker processes together on one PostgreSQL "
-               f"{st.get('server_version', '?')} server (`fsync={st.get('fsync', '?')}`, "
-               f"`synchronous_commit={st.get('synchronous_commit', '?')}`, on this machine, "
-               f"over a Unix socket), each worker on its own run: an agentwal step "
+               f"{st.get('server_version', '?')} server on this machine, over a Unix socket "
+               f"(`fsync={st.get('fsync', '?')}`, "
+               f"`full_page_writes={st.get('full_page_writes', '?')}`; every worker session "
+               f"runs with `synchronous_commit=on`), each worker on its own run: an agentwal "
+               f"step "
                f"(`begin`, one `get`, two puts, a `sync` commit: `bench/bench_postgres.py`'s) "
                f"beside a psycopg loop of one `INSERT` and `COMMIT` (pgbench's simplest "
                f"write); {p['rounds']} rounds of {p['seconds']:g} s. {cmd}.*")
