@@ -751,7 +751,7 @@ def _commit_until_refused(store: Store, w: Workload, start: int, count: int) -> 
         except (DiskFullError, DurabilityError) as exc:
             _refusal("ERR", i, exc, store.path)
             return i, "commit"
-        fe = getattr(store, "_fold_error", None)  # a background fold failed; commits go on
+        fe = store._engine._fold_error  # a background fold failed; commits go on
         if isinstance(fe, Error):
             _emit("FOLDERR", type(fe).__name__, fe.code, _where(fe, store.path))
             return i + 1, "fold"
