@@ -669,7 +669,7 @@ class Store:
             with store.open_blob("train", "weights", at=12) as f:
                 shutil.copyfileobj(f, out)
         """
-        return self._engine.open_blob(run, key, at, verify)
+        return self._engine.blobrefs.open_blob(run, key, at, verify)
 
     def restore_tree(self, run: str, key: str, dest: str | os.PathLike[str], *,
                      at: int | None = None) -> RestoreReport:
@@ -705,7 +705,7 @@ class Store:
             store.restore_tree("agent", "workspace", "repo/", at=12)
         """
         self._engine._check_open()
-        return self._engine.restore_tree(run, key, dest, at)
+        return self._engine.blobrefs.restore_tree(run, key, dest, at)
 
     def open_tree_file(self, run: str, key: str, relpath: str, *,
                        at: int | None = None) -> BlobReader:
@@ -736,7 +736,7 @@ class Store:
             parts = split_relpath(relpath)
         except ValueError as exc:
             raise TreePathError(str(relpath), f"is not a path inside a tree ({exc})") from None
-        return self._engine.open_tree_file(run, key, relpath, parts, at)
+        return self._engine.blobrefs.open_tree_file(run, key, relpath, parts, at)
 
     def list_tree(self, run: str, key: str, *, at: int | None = None) -> list[TreeFile]:
         """Every file and link of the tree ``key`` holds (latest, or at checkpoint ``at``).
@@ -754,12 +754,12 @@ class Store:
                 print(f.path, f.size)
         """
         self._engine._check_open()
-        return self._engine.list_tree(run, key, at)
+        return self._engine.blobrefs.list_tree(run, key, at)
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
                      exclude: Any) -> TreeDiff:
         """What differs on disk at ``path`` from the run's latest tree at ``key`` (Workspace)."""
-        return self._engine._tree_status(run, key, path, exclude)
+        return self._engine.blobrefs.tree_status(run, key, path, exclude)
 
     # -- effects --------------------------------------------------------------------
 

@@ -41,14 +41,14 @@ no state on disk of its own beyond what those write.
 
 *Trees* (``txn.put_tree``, ``restore_tree``, ``open_tree_file``) are blobs
 too: :class:`~agentwal.treeio.TreeStore` snapshots and restores them, and
-:meth:`Engine._blob_refs` expands every tree reference into the objects and
+:meth:`BlobRefs.refs` expands every tree reference into the objects and
 files it names, so sweeps, verify and backups cover trees with no code of
 their own.
 
 *Blobs*: ``txn.put_blob`` writes through :class:`~agentwal.local.blobs.BlobStore`
 (durable before the commit that names it); ``open_blob`` resolves a key's
-reference in a view and opens the file; ``_sweep_blobs`` removes the files
-no retained state or history references (:meth:`Engine._blob_references`),
+reference in a view and opens the file; ``BlobRefs.sweep`` removes the files
+no retained state or history references (:meth:`BlobRefs.references`),
 sparing those pinned by unfinished transactions.
 
 Lock order: ``_fold_lock`` → the pipeline's ``flush_lock`` → ``_lock`` (shared
@@ -70,7 +70,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import failpoints
-from ..codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
+from ..codec import decode_stored
 from ..effects import (
     EffectMode,
     EffectRecord,
@@ -86,17 +86,12 @@ from ..errors import (
     DiskFullError,
     DurabilityError,
     Error,
-    MissingKeyError,
-    NotABlobError,
-    NotATreeError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
     StoreClosedError,
-    TreePathError,
 )
 from ..format import (
-    BLOB_REF_PREFIX,
     BLOBS_DIR,
     SNAPSHOT_DIR,
     TREE_MEDIA_TYPE,
@@ -104,8 +99,7 @@ from ..format import (
 )
 from ..io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from ..ledger import Ledger, Request
-from ..tree import exclude_spec
-from ..treeio import RestoreReport, TreeStore
+from ..treeio import TreeStore
 from ..txn import Transaction
 from ..types import (
     BlobRef,
@@ -113,14 +107,12 @@ from ..types import (
     Diff,
     Durability,
     TreeDiff,
-    TreeFile,
     TreeRef,
-    check_checkpoint_id,
-    check_key,
 )
 from .apply import apply_record, from_pending, replay
 from .backup import BackupReport, Copier, check_destination
-from .blobs import BlobMissing, BlobReader, BlobStore, blob_path
+from .blobrefs import BlobRefs
+from .blobs import BlobMissing, BlobStore, blob_path
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .fold import Folder
@@ -282,6 +274,7 @@ class Engine:
         self._trees = TreeStore(self._blobs, path, readonly=readonly)
         self.folder = Folder(self)
         self.maintenance = Maintenance(self)
+        self.blobrefs = BlobRefs(self)
 
     def _open(self) -> None:
         fs, path = self._fs, self.path
@@ -559,6 +552,13 @@ class Engine:
     def _view_epoch(self, v: _View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
         return self._reads(v).epoch(run)
+
+    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
+        return self.blobrefs.put_blob(source, media_type)
+
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+                      ) -> tuple[BlobRef, list[str]]:
+        return self.blobrefs.put_tree(path, exclude, base)
 
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
         self._check_open()
@@ -929,210 +929,6 @@ class Engine:
 
     # -- blobs and trees ------------------------------------------------------------
 
-    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
-        pipe = self._writable()
-        if pipe.writer.broken is not None:  # the commit would fail: do not stream first
-            raise pipe.writer.stopped()
-        try:
-            return self._blobs.put(source, media_type)
-        except DurabilityError as exc:
-            pipe.writer.broken = exc  # as for the WAL: after a failed write, no more commits
-            raise
-
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
-                      ) -> tuple[BlobRef, list[str]]:
-        patterns, gitignore = exclude_spec(exclude)
-        pipe = self._writable()
-        if pipe.writer.broken is not None:
-            raise pipe.writer.stopped()
-        old = None
-        if is_blob_ref(base):
-            with contextlib.suppress(CodecError):
-                old = decode_blob_ref(base)
-        try:
-            got = self._trees.snapshot(path, patterns, gitignore, base=old)
-        except DurabilityError as exc:
-            pipe.writer.broken = exc
-            raise
-        return got.ref, got.pins
-
-    def open_blob(self, run: str, key: str, at: int | None, verify: bool) -> BlobReader:
-        """The blob ``key`` holds, opened; one retry after a sweep (``Store.open_blob``)."""
-        where = f"{run!r}/{key!r}" + ("" if at is None else f" at {at}")
-        missing: BlobMissing | None = None
-        for _attempt in range(2):
-            raw, ref = self._stored_ref(run, key, at, where)
-            if ref is None or ref.media_type == TREE_MEDIA_TYPE:
-                kind = type(decode_stored(raw, self.path, where)).__name__
-                raise NotABlobError(run, key, kind)
-            try:
-                return self._blobs.open(ref, verify=verify)
-            except BlobMissing as exc:
-                # A sweep may have removed it since the view was taken (its key was
-                # overwritten, or its checkpoint dropped): look once more.
-                missing = exc
-        assert missing is not None
-        hint = ("Its file was removed: if the writer compacted the store since this read-only "
-                "store's last refresh(), refresh() and read again; otherwise restore the file "
-                "from a backup (its name is its SHA-256)." if self.readonly else
-                "Restore the file from a backup (its name is its SHA-256), or put the "
-                "artifact again.")
-        raise CorruptionError(missing.path, None, f"the blob file of {where} is missing", hint)
-
-    def _stored_raw(self, run: str, key: str, at: int | None) -> bytes:
-        """The stored bytes of ``key`` (latest, or at checkpoint ``at``), in one view.
-
-        Raises:
-            RunNotFoundError, CheckpointNotFoundError, MissingKeyError, InvalidKeyError.
-        """
-        check_key(run, "run id")
-        check_key(key)
-        cid = None if at is None else check_checkpoint_id(at)
-
-        def read(v: _View) -> bytes | None:
-            if cid is None:
-                if self._head(v, run) is None:
-                    raise RunNotFoundError(run)
-                return self._read(v, run, key)
-            self._check_at(v, run, cid)
-            return self._raw_at(v, run, cid, key).get(key)
-
-        raw = self._with_view(read)
-        if raw is None:
-            raise MissingKeyError(run, key)
-        return raw
-
-    def _stored_ref(self, run: str, key: str, at: int | None, where: str
-                    ) -> tuple[bytes, BlobRef | None]:
-        """The stored bytes of ``key`` and the blob reference they are (trees too), if one."""
-        raw = self._stored_raw(run, key, at)
-        if not is_blob_ref(raw):
-            return raw, None
-        try:
-            return raw, decode_blob_ref(raw)
-        except CodecError as exc:
-            raise CorruptionError(self.path, None, f"blob reference of {where}: {exc}"
-                                  ) from None
-
-    def _tree_ref(self, run: str, key: str, at: int | None) -> BlobRef:
-        where = f"{run!r}/{key!r}" + ("" if at is None else f" at {at}")
-        raw, ref = self._stored_ref(run, key, at, where)
-        if ref is None or ref.media_type != TREE_MEDIA_TYPE:
-            raise NotATreeError(run, key, type(decode_stored(raw, self.path, where)).__name__)
-        return ref
-
-    def restore_tree(self, run: str, key: str, dest: str | os.PathLike[str],
-                     at: int | None) -> RestoreReport:
-        """Make ``dest`` the tree ``key`` holds (``Store.restore_tree``)."""
-        with self._blobs.gate.shared():  # no sweep between reading the ref and the files
-            return self._trees.restore(self._tree_ref(run, key, at), dest)
-
-    def open_tree_file(self, run: str, key: str, relpath: str, parts: list[str],
-                       at: int | None) -> BlobReader:
-        """One file of the tree ``key`` holds, opened (``Store.open_tree_file``)."""
-        with self._blobs.gate.shared():  # no sweep between reading the ref and the file
-            got = self._trees.open_file(self._tree_ref(run, key, at), parts, relpath)
-        if isinstance(got, str):
-            raise TreePathError(relpath, got)
-        assert isinstance(got, BlobReader)
-        return got
-
-    def list_tree(self, run: str, key: str, at: int | None) -> list[TreeFile]:
-        """Every file and link of the tree ``key`` holds (``Store.list_tree``)."""
-        with self._blobs.gate.shared():  # no sweep between reading the ref and the objects
-            return self._trees.files(self._tree_ref(run, key, at))
-
-    def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
-                     exclude: Any) -> TreeDiff:
-        """What differs on disk at ``path`` from the run's latest tree at ``key`` (Workspace)."""
-        try:
-            ref: BlobRef | None = self._tree_ref(run, key, None)
-        except (MissingKeyError, RunNotFoundError):
-            ref = None
-        return self._trees.status(ref, path, *exclude_spec(exclude))
-
-    def _blob_references(self) -> set[str]:
-        """The SHA-256 of every blob any retained state or checkpoint references.
-
-        A superset is harmless (a blob stays until the next sweep); missing
-        one is not, so any damage raises instead. See :meth:`_blob_refs`.
-
-        Raises:
-            CorruptionError: a record or a blob reference is damaged.
-        """
-        return {ref.sha256 for ref in self._blob_refs()}
-
-    def _blob_refs(self, problems: list[tuple[str, str]] | None = None,
-                   damaged: list[str] | None = None) -> set[BlobRef]:
-        """Every blob reference any retained state or checkpoint holds (for verify and backup).
-
-        One view: the memtables' unfolded versions and deltas, and LMDB's
-        ``state``, ``delta`` and ``manifest`` databases (whatever retention
-        keeps there), each tree expanded into its objects and files. The
-        same hash may come with several media types.
-
-        Args:
-            problems: None raises at a damaged tree object; a list collects
-                ``(path, reason)`` of each one and goes on (verify).
-            damaged: if given, a damaged LMDB record is described there and
-                skipped (see ``SnapshotReader.inline_values``; verify).
-
-        Raises:
-            CorruptionError: a record, a blob reference or a tree object is damaged.
-        """
-        snap = self._snap
-        assert snap is not None
-
-        def read(v: _View) -> set[bytes]:
-            found = self._lmdb(v, lambda t: snap.reader(t).inline_values(BLOB_REF_PREFIX,
-                                                                          damaged=damaged))
-            with self._lock:  # the active table changes under publish
-                for layer in v.layers:
-                    for rm in layer.runs.values():
-                        for delta in rm.deltas:
-                            found.update(b for b in delta.values() if is_blob_ref(b))
-                        for chain in rm.versions.values():
-                            found.update(b for _lsn, b in chain if is_blob_ref(b))
-            return found
-
-        out: set[BlobRef] = set()
-        for raw in self._with_view(read):
-            try:
-                out.add(decode_blob_ref(raw))
-            except CodecError as exc:
-                raise CorruptionError(self.path, None, f"a blob reference: {exc}") from None
-        return self._trees.expand(out, problems)
-
-    def _sweep_blobs(self, keep: set[str] | frozenset[str] = frozenset()) -> tuple[int, int]:
-        """Remove every blob file no retained state or history references.
-
-        The hook ``compact()`` calls after dropping history. Safe while
-        transactions run: under the blob gate it reads the pins of
-        unfinished transactions, then computes :meth:`_blob_references`, and
-        removes only files in neither (nor in ``keep``), plus temp files of
-        writes no longer in progress (left by a crash or a failed put).
-
-        Args:
-            keep: more hashes to keep.
-
-        Returns:
-            ``(files removed, bytes freed)``.
-
-        Raises:
-            ReadOnlyError, StoreClosedError.
-            DurabilityError: the writer is stopped, or a removal failed (it
-                stops the writer).
-            CorruptionError: state or history is damaged; nothing was removed.
-        """
-        pipe = self._writable()
-        if pipe.writer.broken is not None:
-            raise pipe.writer.stopped()
-        try:
-            return self._blobs.sweep(self._blob_references, keep)
-        except DurabilityError as exc:
-            pipe.writer.broken = exc
-            raise
-
     # -- the ledger hooks (ledger._Engine) ------------------------------------------
 
     def _effect_get(self, key: str) -> EffectRecord | None:
@@ -1247,7 +1043,7 @@ class Engine:
         damaged: list[str] = []
         trees: list[tuple[str, str]] = []
         try:
-            refs = sorted(self._blob_refs(trees, damaged), key=lambda r: r.sha256)
+            refs = sorted(self.blobrefs.refs(trees, damaged), key=lambda r: r.sha256)
         except CorruptionError as exc:
             if not in_snapshot:
                 problems.append(Problem("blob references", exc.reason, exc.path))
