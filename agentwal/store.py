@@ -783,7 +783,7 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        return [e for e in sorted(self._engine._effect_all(),
+        return [e for e in sorted(self._engine.effectlog.entries(),
                                   key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 

@@ -29,7 +29,7 @@ whose earlier attempt recorded effects (``store.transact``,
 ``store.begin(run, retry_of=txn)``), at that first attempt's base: the
 *anchor*, shared by every attempt of the step (its *chain*), so a retry meets
 what the earlier attempts recorded. Before an effect runs, the engine checks
-that its position is still this step's to use (``Store._effect_claim``). A
+that its position is still this step's to use (``EffectLog.claim`` in the local engine). A
 commit carries the keys of the effects the transaction recorded, and a
 commit of a transaction that recorded an effect always makes a checkpoint,
 so the next step starts from new positions.

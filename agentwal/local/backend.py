@@ -133,28 +133,28 @@ class LocalBackend:
 
     def effect(self, key: str) -> EffectRecord | None:
         self._s._check_open()
-        return self._s._effect_get(key)
+        return self._s.effectlog.get(key)
 
     def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
         self._s._check_open()
-        return self._s._effect_key_at(run, checkpoint, ordinal)
+        return self._s.effectlog.key_at(run, checkpoint, ordinal)
 
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
                       fence: object | None = None) -> EffectRecord:
         s = self._s
         with s._ledger._locked(("key", entry.key)):
-            found = s._effect_get(entry.key)
+            found = s.effectlog.get(entry.key)
             if found != expect:
                 raise EffectRace(entry.key, found)
-            return s._effect_write(entry)
+            return s.effectlog.write(entry)
 
     def effects(self) -> list[EffectRecord]:
         self._s._check_open()
-        return sorted(self._s._effect_all(), key=lambda e: e.key)
+        return sorted(self._s.effectlog.entries(), key=lambda e: e.key)
 
     def outbox(self) -> list[EffectRecord]:
         self._s._check_open()
-        return self._s._effect_outbox()
+        return self._s.effectlog.outbox()
 
     # -- Maintenance ------------------------------------------------------------------
 

@@ -74,14 +74,9 @@ from ..codec import decode_stored
 from ..effects import (
     EffectMode,
     EffectRecord,
-    decode_entry,
-    derive_key,
-    encode_entry,
-    outstanding,
 )
 from ..errors import (
     CheckpointNotFoundError,
-    ConflictError,
     CorruptionError,
     DiskFullError,
     DurabilityError,
@@ -115,6 +110,7 @@ from .blobrefs import BlobRefs
 from .blobs import BlobMissing, BlobStore, blob_path
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
+from .effectlog import EffectLog
 from .fold import Folder
 from .maintenance import Maintenance
 from .memtable import Memtable
@@ -130,8 +126,6 @@ __all__ = ["Engine", "open_engine"]
 _NEWEST = 1 << 63  # a snapshot LSN past every record
 #: Seconds between two passes of the automatic retention policy (``retain=``).
 _RETAIN_EVERY = 60.0
-#: How many checkpoints back a step looks for an uncommitted attempt of itself.
-_ADOPT_WALK = 32
 T = TypeVar("T")
 
 
@@ -250,7 +244,7 @@ class Engine:
         self._refresh_lock = threading.Lock()
         self._dead: collections.deque[_View] = collections.deque()  # from Transaction.__del__
         #: (run, checkpoint) -> the live transaction whose step uses the effect
-        #: positions there (``_effect_claim``); under ``_lock``
+        #: positions there (``EffectLog.claim``); under ``_lock``
         self._pos_owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
         self._fold_wanted = False
         self._fold_error: BaseException | None = None
@@ -275,6 +269,7 @@ class Engine:
         self.folder = Folder(self)
         self.maintenance = Maintenance(self)
         self.blobrefs = BlobRefs(self)
+        self.effectlog = EffectLog(self)
 
     def _open(self) -> None:
         fs, path = self._fs, self.path
@@ -344,7 +339,7 @@ class Engine:
             w.start(plan.next_lsn, plan.next_number, plan.earlier)
         self._pipe = CommitPipeline(self.path, w, self.durability, self._lock, plan.next_lsn,
                                     heads, self._folded_head, self._publish,
-                                    self._oldest_snapshot, self._effect_recorded)
+                                    self._oldest_snapshot, self.effectlog.recorded)
         # The replayed log counts toward the next fold, so a process that keeps
         # crashing early still folds and open time stays bounded.
         self._fold_mark = w.bytes_written - plan.replayed_bytes
@@ -570,98 +565,27 @@ class Engine:
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
-        """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
-
-        A step that conflicted, or whose process died, after it called an
-        effect leaves entries that no commit marked; if the run moved on
-        meanwhile (other transactions committed without effects: a message
-        arriving through a web handler), a plain retry begins from a later
-        head and would derive new keys. So before the first positional effect
-        of a step, walk back from its base checkpoint through the run's
-        checkpoints (at most ``_ADOPT_WALK``): the first checkpoint whose
-        position 0 holds an entry decides. A committed entry there means the
-        positions since were used and the step is new (None). An uncommitted
-        one is the same step's earlier attempt if it asked for the same effect
-        (name, args, mode) first: its checkpoint is returned, and the
-        transaction's effects are positioned there. The walk never crosses a
-        ``rollback_to`` checkpoint or a fork's first checkpoint (steps re-run
-        from those are new positions by design) and ignores retired entries.
-        """
-        run = txn.run
-        pipe = self._pipe
-        if base == 0 or pipe is None:
-            return None  # a run's first step has no earlier positions
-        with self._lock:
-            head = pipe.heads.get(run) or self._folded_head(run)
-        if head is None or head[0] != base:
-            return None  # a stale step, which _effect_claim refuses
-
-        def find(v: _View) -> int | None:
-            # Checkpoint ids are consecutive (a commit's id is its parent's + 1), so the
-            # steps before this one began at base - 1, base - 2, ...
-            for cid in range(base, max(base - _ADOPT_WALK, 0) - 1, -1):
-                key0 = self._effect_key_in(v, run, cid, 0)
-                e0 = self._effect_get_in(v, key0) if key0 is not None else None
-                if e0 is None or e0.status == "retired":
-                    continue
-                if cid == base or e0.committed_in is not None:
-                    return None  # this step's own positions, or a step that committed
-                same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                        and not e0.keyed
-                        and e0.key == derive_key(self.store_id, run, cid, name, 0, epoch=epoch))
-                return cid if same else None
-            return None
-
-        found = self._with_view(find)
-        if found is None:
-            return None
-        # The stretch walked over must not cross a rollback_to (steps re-run from one
-        # are new by design) nor, back to a run's start, a fork's first checkpoint.
-        for c in self.history(run, base - found, None):
-            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
-                return None
-        return found
+        return self.effectlog.adopt(txn, base, name, digest, mode, epoch)
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
-        """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
+        self.effectlog.claim(txn, base)
 
-        Called by the ledger under the position's lock before an effect runs.
-        Positions at a checkpoint belong to one step: a second live
-        transaction from the same checkpoint, or one begun before the run
-        moved on that is not a retry anchored there, would otherwise meet
-        (and silently reuse) another step's recorded results. Such a
-        transaction gets ``ConflictError`` before anything is called or
-        recorded, and its retry (``store.transact``) runs from the new head.
+    # -- the ledger hooks (ledger._Engine) ----------------------------------------------
 
-        Raises:
-            ConflictError: as above.
-        """
-        run = txn.run
-        with self._lock:
-            ref = self._pos_owners.get((run, base))
-            other = ref() if ref is not None else None
-            if (other is not None and other is not txn and other.state == "active"
-                    and other._chain is not txn._chain):
-                raise ConflictError(run, reason=(
-                    f"another transaction on this run, begun from checkpoint {base}, is "
-                    "calling effects there; nothing was called or recorded. Two steps cannot "
-                    "run from one checkpoint: retry once it commits (store.transact does)."))
-            if not txn._inherited and other is not txn:
-                pipe = self._pipe
-                assert pipe is not None
-                head = pipe.heads.get(run) or self._folded_head(run)
-                if (head[0] if head is not None else 0) != base:
-                    raise ConflictError(run, reason=(
-                        f"the run moved on from checkpoint {base} (where this transaction "
-                        f"began) to {head[0] if head is not None else 'nothing'}; its effect "
-                        "positions there belong to the step that committed. Nothing was "
-                        "called or recorded; retry the step from the new head "
-                        "(store.transact does)."))
-            if other is not txn:
-                if len(self._pos_owners) > 4096:
-                    self._pos_owners = {k: r for k, r in self._pos_owners.items()
-                                        if (t := r()) is not None and t.state == "active"}
-                self._pos_owners[(run, base)] = weakref.ref(txn)
+    def _effect_get(self, key: str) -> EffectRecord | None:
+        return self.effectlog.get(key)
+
+    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
+        return self.effectlog.key_at(run, checkpoint, ordinal)
+
+    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
+        return self.effectlog.write(entry)
+
+    def _effect_all(self) -> list[EffectRecord]:
+        return self.effectlog.entries()
+
+    def _effect_outbox(self) -> list[EffectRecord]:
+        return self.effectlog.outbox()
 
     # -- the pipeline callbacks -----------------------------------------------------
 
@@ -693,7 +617,7 @@ class Engine:
         oldest = self._oldest_snapshot()
         for p in batch:  # the same mapping replay uses (local/apply.py)
             apply_record(self._active, from_pending(p), store_id=self.store_id, oldest=oldest,
-                         lookup=self._effect_recorded, epoch=self._epoch_at)
+                         lookup=self.effectlog.recorded, epoch=self._epoch_at)
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
@@ -712,18 +636,6 @@ class Engine:
         ltxn = self._snap.begin_read()
         try:
             return self._snap.reader(ltxn).epoch(run)
-        finally:
-            self._snap.end_read(ltxn)
-
-    def _effect_recorded(self, key: str) -> EffectRecord | None:
-        """The published ledger entry for ``key`` (memtables, then LMDB); under ``_lock``."""
-        for layer in (self._active, self._frozen):
-            if layer is not None and key in layer.effects:
-                return layer.effects[key][0]
-        assert self._snap is not None
-        ltxn = self._snap.begin_read()
-        try:
-            return self._snap.reader(ltxn).effect(key)
         finally:
             self._snap.end_read(ltxn)
 
@@ -930,67 +842,6 @@ class Engine:
     # -- blobs and trees ------------------------------------------------------------
 
     # -- the ledger hooks (ledger._Engine) ------------------------------------------
-
-    def _effect_get(self, key: str) -> EffectRecord | None:
-        return self._with_view(lambda v: self._effect_get_in(v, key))
-
-    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        return self._with_view(lambda v: self._effect_key_in(v, run, checkpoint, ordinal))
-
-    def _effect_key_in(self, v: _View, run: str, checkpoint: int, ordinal: int) -> str | None:
-        """The key recorded at a position, as ``v`` sees the ledger."""
-        return self._reads(v).effect_key_at(run, checkpoint, ordinal)
-
-    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
-        """Log ``entry`` durably; returns it as recorded (decoded from its encoding,
-        so it shares no object with the caller's)."""
-        self._check_open()
-        if self._pipe is None:
-            raise ReadOnlyError(self.path)
-        raw = encode_entry(entry)
-        recorded = decode_entry(raw)
-        self._pipe.record_effect(recorded, raw)
-        return decode_entry(raw)
-
-    def _effect_layers(self, v: _View) -> list[dict[str, tuple[EffectRecord, bytes]]]:
-        """Copies of the view's memtable ledgers, newest first (other threads add to them)."""
-        with self._lock:
-            return [dict(layer.effects) for layer in v.layers]
-
-    def _effect_all(self) -> list[EffectRecord]:
-        """Every ledger entry (fresh objects: callers may keep and change them)."""
-        def read(v: _View) -> list[EffectRecord]:
-            snap = self._snap
-            assert snap is not None
-            out = {e.key: e for e in self._lmdb(v, lambda t: list(snap.reader(t).effects()))}
-            for layer in reversed(self._effect_layers(v)):
-                out.update((k, decode_entry(raw)) for k, (_e, raw) in layer.items())
-            return list(out.values())
-
-        return self._with_view(read)
-
-    def _effect_outbox(self) -> list[EffectRecord]:
-        """Unsettled outbox entries in commit order."""
-        def read(v: _View) -> list[EffectRecord]:
-            snap = self._snap
-            assert snap is not None
-            keys = set(self._lmdb(v, lambda t: snap.reader(t).outbox()))
-            for layer in self._effect_layers(v):
-                keys.update(k for k, (e, _raw) in layer.items() if e.deferred)
-            return [e for e in (self._effect_get_in(v, k) for k in keys)
-                    if e is not None and e.deferred and outstanding(e)]
-
-        return sorted(self._with_view(read), key=lambda e: e.order or (0, 0))
-
-    def _effect_get_in(self, v: _View, key: str) -> EffectRecord | None:
-        with self._lock:
-            found = next((layer.effects[key] for layer in v.layers if key in layer.effects),
-                         None)
-        if found is not None:
-            return decode_entry(found[1])  # a fresh copy
-        snap = self._snap
-        assert snap is not None
-        return self._lmdb(v, lambda t: snap.reader(t).effect(key))
 
     # -- verify and backup ----------------------------------------------------------
 
