@@ -970,7 +970,7 @@ class Store:
             for p in report.problems:
                 print(p.where, p.what)
         """
-        return self._engine.verify()
+        return self._engine.audit.verify()
 
     def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.
@@ -1011,7 +1011,7 @@ class Store:
             store.backup("/backups/state-2024-05-01.awal")
             agentwal.open("/backups/state-2024-05-01.awal", readonly=True).verify()
         """
-        return self._engine.backup(dest)
+        return self._engine.audit.backup(dest)
 
     def stats(self) -> dict[str, Any]:
         """Sizes, LSNs, counters and what the last recovery did (a new dict)."""

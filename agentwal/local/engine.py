@@ -78,7 +78,6 @@ from ..effects import (
 from ..errors import (
     CheckpointNotFoundError,
     CorruptionError,
-    DiskFullError,
     DurabilityError,
     Error,
     ReadOnlyError,
@@ -92,7 +91,7 @@ from ..format import (
     TREE_MEDIA_TYPE,
     WAL_DIR,
 )
-from ..io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
+from ..io import FileSystem, WriterLock, io_error
 from ..ledger import Ledger, Request
 from ..treeio import TreeStore
 from ..txn import Transaction
@@ -105,9 +104,9 @@ from ..types import (
     TreeRef,
 )
 from .apply import apply_record, from_pending, replay
-from .backup import BackupReport, Copier, check_destination
+from .audit import Audit
 from .blobrefs import BlobRefs
-from .blobs import BlobMissing, BlobStore, blob_path
+from .blobs import BlobStore
 from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .effectlog import EffectLog
@@ -116,9 +115,7 @@ from .maintenance import Maintenance
 from .memtable import Memtable
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .recovery import Plan, recover
-from .snapshot import RunInfo, Snapshot, check_lmdb_file
-from .verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
-from .verify import verify as verify_store
+from .snapshot import RunInfo, Snapshot
 from .wal import Writer
 
 __all__ = ["Engine", "open_engine"]
@@ -131,16 +128,6 @@ T = TypeVar("T")
 
 _Pin = Pin  # the old names, used throughout the engine's body below
 _View = View
-
-
-def _io_error(exc: OSError, path: str, what: str) -> Error:
-    """The typed error for an I/O failure (not damage: the bytes read were fine)."""
-    if exc.errno in DISK_FULL_ERRNOS:
-        where = exc.filename or path
-        return DiskFullError(where, f"{what}: no room to write {where!r} "
-                             f"({exc.strerror or exc}). Free some space and open the store "
-                             "again.")
-    return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
 @contextlib.contextmanager
@@ -200,7 +187,7 @@ def open_engine(path: str, durability: Durability, *, readonly: bool, wal_max_by
         engine._open()
     except OSError as exc:
         engine._release_all()
-        raise _io_error(exc, engine.path, "cannot open the store") from None
+        raise io_error(exc, engine.path, "cannot open the store") from None
     except BaseException:
         engine._release_all()
         raise
@@ -270,6 +257,7 @@ class Engine:
         self.maintenance = Maintenance(self)
         self.blobrefs = BlobRefs(self)
         self.effectlog = EffectLog(self)
+        self.audit = Audit(self)
 
     def _open(self) -> None:
         fs, path = self._fs, self.path
@@ -365,7 +353,7 @@ class Engine:
                     plan = recover(self._fs, wal_dir, applied, self.store_id,
                                    readonly=self.readonly, start=self._snap.reader(ltxn).log_pos())
                 except OSError as exc:
-                    raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
+                    raise io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
                 return ltxn, applied, plan
             except (CorruptionError, DurabilityError):
                 self._snap.end_read(ltxn)
@@ -844,113 +832,6 @@ class Engine:
     # -- the ledger hooks (ledger._Engine) ------------------------------------------
 
     # -- verify and backup ----------------------------------------------------------
-
-    def verify(self) -> VerifyReport:
-        """Every offline check, in one consistent view (``Store.verify``)."""
-        self._check_open()
-        assert self._snap is not None
-        found = check_control(self._fs, self.path, self.store_id)
-        snap: Snapshot | None = self._snap
-        rel = os.path.join(SNAPSHOT_DIR, "data.mdb")
-        folding = self._fold_lock if not self.readonly else contextlib.nullcontext()
-        with folding:
-            with self._lock:
-                limit = self._visible  # every record up to it is whole in the log
-            try:
-                check_lmdb_file(os.path.join(self._snap.directory, "data.mdb"))
-            except CorruptionError as exc:  # mapping it could kill the process: skip LMDB
-                found.append(Problem(rel, exc.reason, rel, offset=exc.offset))
-                snap = None
-            if self.readonly and snap is not None:
-                # Another process writes: what it folded was acknowledged, so damage
-                # up to there is damage (after it, a torn tail may be a write in progress).
-                ltxn = snap.begin_read()
-                with contextlib.suppress(CorruptionError):
-                    limit = max(limit, snap.reader(ltxn).meta()[0])
-                snap.end_read(ltxn)
-            try:
-                wal = read_wal(self._fs, os.path.join(self.path, WAL_DIR))
-            except OSError as exc:
-                raise _io_error(exc, self.path, "cannot read the WAL") from None
-            if snap is None:
-                return verify_store(None, wal, store_id=self.store_id, limit=limit,
-                                    problems=found)
-            ltxn = snap.begin_read()
-            try:
-                report = verify_store(snap.raw(ltxn), wal, store_id=self.store_id,
-                                      limit=limit, problems=found)
-            finally:
-                snap.end_read(ltxn)
-        return self._verify_blobs(report)
-
-    def _verify_blobs(self, report: VerifyReport) -> VerifyReport:
-        """``report`` plus the blob files: each referenced one exists, with its size and SHA-256."""
-        problems = list(report.problems)
-        notes = list(report.notes)
-        checked = dict(report.checked)
-        # A damaged record the scan meets is one the snapshot checks reported
-        # at its entry: report each damage once, and check the blobs of the rest.
-        in_snapshot = any(p.file == LMDB_FILE for p in problems)
-        damaged: list[str] = []
-        trees: list[tuple[str, str]] = []
-        try:
-            refs = sorted(self.blobrefs.refs(trees, damaged), key=lambda r: r.sha256)
-        except CorruptionError as exc:
-            if not in_snapshot:
-                problems.append(Problem("blob references", exc.reason, exc.path))
-            else:
-                notes.append(f"blob files not checked: {exc.reason} (reported above)")
-            refs = []
-        if damaged and not in_snapshot:
-            problems.extend(Problem("blob references", what, LMDB_FILE) for what in damaged)
-        elif damaged:
-            notes.append(f"{len(damaged)} damaged record(s) reported above were not "
-                         "scanned for blob references")
-        for path, reason in trees:
-            rel = os.path.relpath(path, self.path)
-            problems.append(Problem(rel, reason, rel))
-        for ref in refs:
-            rel = os.path.relpath(blob_path(self._blobs.root, ref.sha256), self.path)
-            try:
-                with self._blobs.open(ref, verify=False) as reader:
-                    reader.verify()
-            except BlobMissing:
-                problems.append(Problem(rel, f"the blob file of {ref.sha256} is missing "
-                                        f"({ref.size} bytes referenced)", rel))
-            except CorruptionError as exc:
-                problems.append(Problem(rel, exc.reason, rel, offset=exc.offset))
-            checked["blobs"] = checked.get("blobs", 0) + 1
-            checked["blob_bytes"] = checked.get("blob_bytes", 0) + ref.size
-        return VerifyReport(not problems, problems, checked, notes)
-
-    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
-        """A consistent copy of the store at ``dest`` (``Store.backup``)."""
-        self._check_open()
-        snap = self._snap
-        assert snap is not None
-        target = os.fspath(dest)
-        out = OsFileSystem()  # the backup is a directory of the OS, like LMDB's copy in it
-        tmp = check_destination(out, self.path, target)
-        copier = Copier(self._fs, out, self.path, tmp)
-        try:
-            copier.copy_control()
-            if self._pipe is None:  # another process may fold: the log first, then LMDB
-                copier.copy_wal(quiet=False)
-                copier.copy_snapshot(snap.copy_to)
-            else:
-                pipe = self._pipe
-                with self._fold_lock:
-                    with pipe.flush_lock:
-                        if pipe.writer.broken is not None:
-                            raise pipe.writer.stopped()
-                        copier.copy_wal(quiet=True)
-                        with self._lock:
-                            copier.last_lsn = max(copier.last_lsn, self._visible)
-                    copier.copy_snapshot(snap.copy_to)
-            copier.copy_blobs()
-            return copier.publish(target)
-        except OSError as exc:
-            raise _io_error(exc, tmp, "cannot write the backup") from None
 
     # -- stats and closing ----------------------------------------------------------
 
