@@ -392,7 +392,7 @@ class Store:
         """
         check_key(run, "run id")
         check_key(key)
-        raw = self._engine.value(run, key, None if at is None else _checkpoint_id(at))
+        raw = self._engine.runs.value(run, key, None if at is None else _checkpoint_id(at))
         return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
@@ -411,14 +411,14 @@ class Store:
             before = store.state("run-42", at=7)
         """
         check_key(run, "run id")
-        raw = self._engine.state_raw(run, None if at is None else _checkpoint_id(at))
+        raw = self._engine.runs.state_raw(run, None if at is None else _checkpoint_id(at))
         return {k: decode_stored(b, self.path, f"{run!r}/{k!r}")
                 for k, b in sorted(raw.items()) if b is not None}
 
     def head(self, run: str) -> Checkpoint | None:
         """The run's latest checkpoint, or None if it has none."""
         check_key(run, "run id")
-        return self._engine.head(run)
+        return self._engine.runs.head(run)
 
     def history(self, run: str, *, limit: int | None = None,
                 before: int | None = None) -> list[Checkpoint]:
@@ -443,7 +443,8 @@ class Store:
         check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._engine.history(run, limit, None if before is None else _checkpoint_id(before))
+        upto = None if before is None else _checkpoint_id(before)
+        return self._engine.runs.history(run, limit, upto)
 
     def diff(self, run: str, a: int, b: int) -> Diff:
         """What changed in ``run`` from checkpoint ``a`` to checkpoint ``b``.
@@ -463,7 +464,7 @@ class Store:
             print(sorted(d.changed))
         """
         check_key(run, "run id")
-        return self._engine.diff(run, _checkpoint_id(a), _checkpoint_id(b))
+        return self._engine.runs.diff(run, _checkpoint_id(a), _checkpoint_id(b))
 
     # -- writes beside transactions -------------------------------------------------
 
@@ -493,7 +494,7 @@ class Store:
         """
         check_key(run, "run id")
         cid = _checkpoint_id(checkpoint)
-        ckpt = self._engine.rollback_to(run, cid)
+        ckpt = self._engine.runs.rollback_to(run, cid)
         return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
@@ -523,7 +524,7 @@ class Store:
         check_key(run, "run id")
         check_key(new_run, "run id")
         cid = _checkpoint_id(checkpoint)
-        ckpt = self._engine.fork(run, cid, new_run)
+        ckpt = self._engine.runs.fork(run, cid, new_run)
         return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     # -- deletion and retention -----------------------------------------------------
@@ -557,7 +558,7 @@ class Store:
             assert store.head("run-42") is None
         """
         check_key(run, "run id")
-        self._engine.delete_run(run)
+        self._engine.runs.delete_run(run)
 
     def compact(self, *, keep_last: int | None = None,
                 older_than: datetime.timedelta | None = None,
@@ -627,7 +628,7 @@ class Store:
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
-        return self._engine.runs()
+        return self._engine.runs.names()
 
     def refresh(self) -> None:
         """Read-only stores: catch up with what the writer has committed since."""

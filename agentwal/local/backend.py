@@ -106,11 +106,11 @@ class LocalBackend:
     # -- HistoryStore -----------------------------------------------------------------
 
     def head(self, run: str) -> Checkpoint | None:
-        return self._s.head(run)
+        return self._s.runs.head(run)
 
     def checkpoints(self, run: str, *, limit: int | None = None,
                     before: int | None = None) -> list[Checkpoint]:
-        return self._s.history(run, limit, before)
+        return self._s.runs.history(run, limit, before)
 
     def state_at(self, run: str, checkpoint: int, *, key: str | None = None
                  ) -> dict[str, bytes]:
@@ -124,10 +124,10 @@ class LocalBackend:
         return s._with_view(read)
 
     def runs(self) -> list[str]:
-        return self._s.runs()
+        return self._s.runs.names()
 
     def delete_run(self, run: str) -> None:
-        self._s.delete_run(run)
+        self._s.runs.delete_run(run)
 
     # -- LedgerStore ------------------------------------------------------------------
 

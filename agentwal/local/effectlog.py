@@ -93,7 +93,7 @@ class EffectLog:
             return None
         # The stretch walked over must not cross a rollback_to (steps re-run from one
         # are new by design) nor, back to a run's start, a fork's first checkpoint.
-        for c in e.history(run, base - found, None):
+        for c in e.runs.history(run, base - found, None):
             if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
                 return None
         return found

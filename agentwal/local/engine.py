@@ -70,25 +70,20 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import failpoints
-from ..codec import decode_stored
 from ..effects import (
     EffectMode,
     EffectRecord,
 )
 from ..errors import (
-    CheckpointNotFoundError,
     CorruptionError,
     DurabilityError,
     Error,
     ReadOnlyError,
-    RunExistsError,
-    RunNotFoundError,
     StoreClosedError,
 )
 from ..format import (
     BLOBS_DIR,
     SNAPSHOT_DIR,
-    TREE_MEDIA_TYPE,
     WAL_DIR,
 )
 from ..io import FileSystem, WriterLock, io_error
@@ -98,10 +93,7 @@ from ..txn import Transaction
 from ..types import (
     BlobRef,
     Checkpoint,
-    Diff,
     Durability,
-    TreeDiff,
-    TreeRef,
 )
 from .apply import apply_record, from_pending, replay
 from .audit import Audit
@@ -115,6 +107,7 @@ from .maintenance import Maintenance
 from .memtable import Memtable
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .recovery import Plan, recover
+from .runs import Runs
 from .snapshot import RunInfo, Snapshot
 from .wal import Writer
 
@@ -163,12 +156,6 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         snap.close()
     if lock is not None:
         lock.release()
-
-
-def _tree_blob(value: Any) -> BlobRef | None:
-    """The blob reference of a TreeRef value (None for anything else)."""
-    return BlobRef(value.sha256, value.size, TREE_MEDIA_TYPE) if isinstance(value, TreeRef) \
-        else None
 
 
 
@@ -258,6 +245,7 @@ class Engine:
         self.blobrefs = BlobRefs(self)
         self.effectlog = EffectLog(self)
         self.audit = Audit(self)
+        self.runs = Runs(self)
 
     def _open(self) -> None:
         fs, path = self._fs, self.path
@@ -655,175 +643,7 @@ class Engine:
 
     # -- reads ----------------------------------------------------------------------
 
-    def value(self, run: str, key: str, cid: int | None) -> bytes | None:
-        """The stored bytes of ``key`` (latest, or at checkpoint ``cid``), in one view."""
-        if cid is None:
-            return self._with_view(lambda v: self._read(v, run, key))
-
-        def read_at(v: _View) -> bytes | None:
-            self._check_at(v, run, cid)
-            return self._raw_at(v, run, cid, key).get(key)
-
-        return self._with_view(read_at)
-
-    def state_raw(self, run: str, cid: int | None) -> dict[str, bytes | None]:
-        """The run's stored state (latest, or at checkpoint ``cid``), in one view."""
-
-        def read(v: _View) -> dict[str, bytes | None]:
-            if cid is not None:
-                head = self._check_at(v, run, cid)
-                if cid != head.id:
-                    return dict(self._raw_at(v, run, cid))
-            elif self._head(v, run) is None:
-                raise RunNotFoundError(run)
-            return self._items(v, run, "")
-
-        return self._with_view(read)
-
-    def head(self, run: str) -> Checkpoint | None:
-        """The run's latest checkpoint, or None."""
-        return self._with_view(lambda v: self._head(v, run))
-
-    def history(self, run: str, limit: int | None, upto: int | None) -> list[Checkpoint]:
-        """The run's checkpoints, newest first (``Store.history``)."""
-
-        def read(v: _View) -> list[Checkpoint]:
-            if upto is not None:  # a bound: one compaction dropped may still page on
-                head = self._head(v, run)
-                if head is None:
-                    raise RunNotFoundError(run)
-                if not 1 <= upto <= head.id:
-                    raise CheckpointNotFoundError(run, upto)
-            out: list[Checkpoint] = []
-            for layer in self._layers(v, run):
-                rm = layer.runs.get(run)
-                if rm is not None:
-                    floor = rm.floor(v.snap) if rm.deleted else 0
-                    out.extend(c for c, _h, _m in reversed(rm.checkpoints)
-                               if floor < c.lsn <= v.snap and (upto is None or c.id < upto))
-            info = self._info(v, run)
-            if info is not None:
-                assert self._snap is not None
-                snap = self._snap
-                want = None if limit is None else max(0, limit - len(out))
-
-                # While a fold commits, LMDB may already hold what the frozen
-                # memtable still shows: take from LMDB only what is older.
-                below = min((c.id for c in out), default=None)
-
-                def folded(t: Any) -> list[Checkpoint]:
-                    got: list[Checkpoint] = []
-                    for c in snap.reader(t).checkpoints(run, info.number, upto):
-                        if below is not None and c.id >= below:
-                            continue
-                        if want is not None and len(got) >= want:
-                            break
-                        got.append(c)
-                    return got
-
-                out.extend(self._lmdb(v, folded))
-            return out if limit is None else out[:limit]
-
-        return self._with_view(read)
-
-    def diff(self, run: str, ca: int, cb: int) -> Diff:
-        """What changed in ``run`` from checkpoint ``ca`` to ``cb`` (``Store.diff``)."""
-
-        def read(v: _View) -> tuple[dict[str, bytes], dict[str, bytes]]:
-            self._check_at(v, run, ca)
-            self._check_at(v, run, cb)
-            return self._raw_at(v, run, ca), self._raw_at(v, run, cb)
-
-        with self._blobs.gate.shared():  # no sweep between the values and their trees
-            return self._diff(run, ca, cb, *self._with_view(read))
-
-    def _diff(self, run: str, ca: int, cb: int, ra: dict[str, bytes], rb: dict[str, bytes]
-              ) -> Diff:
-        def dec(raw: bytes, k: str, cid: int) -> Any:
-            return decode_stored(raw, self.path, f"{run!r}/{k!r} at {cid}")
-
-        added = {k: dec(rb[k], k, cb) for k in sorted(rb.keys() - ra.keys())}
-        removed = {k: dec(ra[k], k, ca) for k in sorted(ra.keys() - rb.keys())}
-        changed: dict[str, tuple[Any, Any]] = {}
-        for k in sorted(ra.keys() & rb.keys()):
-            if ra[k] != rb[k]:
-                old, new = dec(ra[k], k, ca), dec(rb[k], k, cb)
-                if old != new:  # equal values may encode differently (dict order)
-                    changed[k] = (old, new)
-        return Diff(added, removed, changed, self._tree_diffs(added, removed, changed))
-
-    def _tree_diffs(self, added: dict[str, Any], removed: dict[str, Any],
-                    changed: dict[str, tuple[Any, Any]]) -> dict[str, TreeDiff]:
-        """The file-level diff of each key whose old or new value is a tree."""
-        pairs = {**{k: (None, v) for k, v in added.items()},
-                 **{k: (v, None) for k, v in removed.items()}, **changed}
-        out: dict[str, TreeDiff] = {}
-        for k, (old, new) in sorted(pairs.items()):
-            if isinstance(old, TreeRef) or isinstance(new, TreeRef):
-                out[k] = self._trees.diff(_tree_blob(old), _tree_blob(new))
-        return out
-
-    def runs(self) -> list[str]:
-        """Every run id with at least one checkpoint, sorted."""
-
-        def read(v: _View) -> list[str]:
-            assert self._snap is not None
-            snap = self._snap
-            names = set(self._lmdb(v, lambda t: snap.reader(t).runs()))
-            for layer in v.layers:
-                names.update(r for r, rm in layer.runs.items()
-                             if any(c.lsn <= v.snap for c, _h, _m in rm.checkpoints))
-            deleted = {r for layer in v.layers for r, rm in layer.runs.items() if rm.deleted}
-            names.difference_update(r for r in deleted if self._head(v, r) is None)
-            return sorted(names)
-
-        return self._with_view(read)
-
     # -- writes beside transactions -------------------------------------------------
-
-    def rollback_to(self, run: str, cid: int) -> Checkpoint:
-        """A new checkpoint with the state at ``cid`` (``Store.rollback_to``)."""
-        with self._blobs.gate.shared():  # no blob sweep between reading refs and committing
-            pipe, view = self._writable(), self._view()
-            try:
-                self._check_at(view, run, cid)
-                target = self._raw_at(view, run, cid)
-                current = {k: v for k, v in self._items(view, run, "").items() if v is not None}
-                delta: dict[str, bytes | None] = {k: v for k, v in target.items()
-                                                  if current.get(k) != v}
-                delta.update((k, None) for k in current.keys() - target.keys())
-                # The whole run was read: any commit on it since the view conflicts.
-                ckpt = pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
-            finally:
-                self._release(view)
-        return ckpt
-
-    def fork(self, run: str, cid: int, new_run: str) -> Checkpoint:
-        """Start ``new_run`` from ``run`` at ``cid`` (``Store.fork``)."""
-        # The fold lock keeps a compaction out from checking the origin to committing
-        # the fork (it would not yet see the fork's origin, and could drop it); the
-        # blob gate keeps a sweep out from reading the refs to committing them.
-        with self._fold_lock, self._blobs.gate.shared():
-            pipe, view = self._writable(), self._view()
-            try:
-                self._check_at(view, run, cid)
-                if self._head(view, new_run) is not None:
-                    raise RunExistsError(new_run)
-                target: dict[str, bytes | None] = dict(self._raw_at(view, run, cid))
-                ckpt = pipe.commit(new_run, view.snap, set(), {""}, target, {},
-                                   origin=(run, cid))
-            finally:
-                self._release(view)
-        return ckpt
-
-    def delete_run(self, run: str) -> None:
-        """Delete ``run`` durably and wake the fold that removes it (``Store.delete_run``)."""
-        pipe = self._writable()
-        pipe.delete_run(run)
-        failpoints.hit("delete_run_after_record")
-        with self._lock:
-            self._fold_wanted = True
-            self._wake.notify_all()
 
     # -- compaction and vacuum ------------------------------------------------------
 
