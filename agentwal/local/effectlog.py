@@ -68,7 +68,7 @@ class EffectLog:
         if base == 0 or pipe is None:
             return None  # a run's first step has no earlier positions
         with e._lock:
-            head = pipe.heads.get(run) or e._folded_head(run)
+            head = pipe.heads.get(run) or e.head_of(run)
         if head is None or head[0] != base:
             return None  # a stale step, which _effect_claim refuses
 
@@ -126,7 +126,7 @@ class EffectLog:
             if not txn._inherited and other is not txn:
                 pipe = e._pipe
                 assert pipe is not None
-                head = pipe.heads.get(run) or e._folded_head(run)
+                head = pipe.heads.get(run) or e.head_of(run)
                 if (head[0] if head is not None else 0) != base:
                     raise ConflictError(run, reason=(
                         f"the run moved on from checkpoint {base} (where this transaction "

@@ -5,7 +5,7 @@ work on it; ``agentwal.store.Store`` is the facade in front of it (argument
 checks, docstrings, delegation) and reaches it only through the methods
 below. The engine owns the memtables, the LMDB snapshot and the open views;
 the commit pipeline (``local/commit.py``: validation, group commit, failure
-rollback) hands it durable batches through :meth:`Engine._publish`.
+rollback) hands it durable batches through :meth:`Engine.publish`.
 
 *Visibility after durability*: a commit becomes readable only after it is as
 durable as the mode promises, so nobody acts on state a crash can take back.
@@ -314,8 +314,7 @@ class Engine:
         else:
             w.start(plan.next_lsn, plan.next_number, plan.earlier)
         self._pipe = CommitPipeline(self.path, w, self.durability, self._lock, plan.next_lsn,
-                                    heads, self._folded_head, self._publish,
-                                    self._oldest_snapshot, self.effectlog.recorded)
+                                    heads, self)
         # The replayed log counts toward the next fold, so a process that keeps
         # crashing early still folds and open time stays bounded.
         self._fold_mark = w.bytes_written - plan.replayed_bytes
@@ -563,9 +562,9 @@ class Engine:
     def _effect_outbox(self) -> list[EffectRecord]:
         return self.effectlog.outbox()
 
-    # -- the pipeline callbacks -----------------------------------------------------
+    # -- commit.Tables: what the pipeline reaches through the engine ----------------
 
-    def _folded_head(self, run: str) -> tuple[int, bytes] | None:
+    def head_of(self, run: str) -> tuple[int, bytes] | None:
         """Latest published head of ``run`` (memtables, then LMDB); under ``_lock``."""
         for layer in (self._active, self._frozen):
             rm = layer.runs.get(run) if layer is not None else None
@@ -584,13 +583,17 @@ class Engine:
             self._snap.end_read(ltxn)
         return (info.head, info.head_hash) if info is not None else None
 
-    def _oldest_snapshot(self) -> int:
+    def oldest_snapshot(self) -> int:
         """The oldest snapshot LSN an open view still reads at; under ``_lock``."""
         return min(self._snaps) if self._snaps else self._visible
 
-    def _publish(self, batch: list[Pending], pos: tuple[int, int] | None) -> None:
+    def known_effect(self, key: str) -> EffectRecord | None:
+        """The published ledger entry for ``key``; under ``_lock``."""
+        return self.effectlog.recorded(key)
+
+    def publish(self, batch: list[Pending], pos: tuple[int, int] | None) -> None:
         """Make a durable batch visible, in LSN order; under ``_lock``."""
-        oldest = self._oldest_snapshot()
+        oldest = self.oldest_snapshot()
         for p in batch:  # the same mapping replay uses (local/apply.py)
             apply_record(self._active, from_pending(p), store_id=self.store_id, oldest=oldest,
                          lookup=self.effectlog.recorded, epoch=self._epoch_at)
