@@ -43,6 +43,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .aio import is_async_callable, off_loop
+from .backend import Change
 from .codec import decode_stored, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
@@ -202,6 +203,12 @@ class Transaction:
         """Discard every change; the transaction is finished. Nothing was written."""
         self._check()
         self._finish("rolled_back")
+
+    def _change(self) -> Change:
+        """What committing now applies, as the backend seam's value object (copies)."""
+        return Change(run=self.run, writes=dict(self._writes), reads=frozenset(self._reads),
+                      prefixes=frozenset(self._prefixes), meta=dict(self._meta),
+                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys))
 
     def _finish(self, state: str) -> None:
         self._state = state

@@ -24,10 +24,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import failpoints
 from ..backend import Change, EffectRace
 from ..effects import EffectRecord
-from ..errors import ReadOnlyError
 from ..types import Checkpoint
 
 if TYPE_CHECKING:
@@ -85,17 +83,7 @@ class LocalBackend:
                 if v is not None}
 
     def commit(self, view: LocalView, change: Change) -> Checkpoint | None:
-        s = self._s
-        s._check_open()
-        pipe = s._pipe
-        if pipe is None:
-            raise ReadOnlyError(s.path)
-        failpoints.hit("commit_before_validate")
-        if change.empty:
-            return s._head(view.inner, view.run)
-        return pipe.commit(view.run, view.inner.snap, set(change.reads), set(change.prefixes),
-                           dict(change.writes), dict(change.meta), list(change.deferred),
-                           origin=change.origin, effects=change.effects)
+        return self._s.commit_change(view.inner, change)
 
     def end(self, view: LocalView) -> None:
         self._s._release(view.inner)

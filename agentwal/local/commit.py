@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -166,7 +167,7 @@ class CommitPipeline:
 
     # -- committing -----------------------------------------------------------------
 
-    def commit(self, run: str, snap: int, reads: set[str], prefixes: set[str],
+    def commit(self, run: str, snap: int, reads: AbstractSet[str], prefixes: AbstractSet[str],
                delta: dict[str, bytes | None], meta: dict[str, Any],
                deferred: list[Deferred] | None = None, *,
                origin: tuple[str, int] | None = None,
@@ -340,7 +341,7 @@ class CommitPipeline:
             if self._zstd_misses >= 8:
                 self._zstd_misses, self._zstd_skip = 0, 64
 
-    def _validate(self, run: str, snap: int, keys: Any, prefixes: set[str]) -> None:
+    def _validate(self, run: str, snap: int, keys: Any, prefixes: AbstractSet[str]) -> None:
         """Raise :class:`ConflictError` if a key read or written changed after ``snap``.
 
         Before raising, wait (briefly) until the conflicting commit is settled:

@@ -70,6 +70,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import failpoints
+from ..backend import Change
 from ..effects import (
     EffectMode,
     EffectRecord,
@@ -491,25 +492,33 @@ class Engine:
             self._blobs.abandon(txn._blob_pins)
 
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
+        return self.commit_change(txn._view, txn._change())
+
+    def commit_change(self, view: _View, change: Change) -> Checkpoint | None:
+        """Commit ``change``, read at ``view``, through the pipeline (``RunStore.commit``).
+
+        An empty change applies nothing and returns the run's head as the view sees it.
+        """
         self._check_open()
-        run, view, pipe = txn.run, txn._view, self._pipe
+        run, pipe = change.run, self._pipe
         if pipe is None:
             raise ReadOnlyError(self.path)
         failpoints.hit("commit_before_validate")
-        if not txn._writes and not txn._meta and not txn._deferred and not txn._effect_keys:
+        if change.empty:
             return self._head(view, run)
-        delta = dict(txn._writes)
+        delta = dict(change.writes)
         if self._split_commits_for_test and len(delta) > 1:
             # A deliberately broken engine (harness self-test): one transaction
             # becomes two commits, so a crash between them shows half of it.
             keys = sorted(delta)
             half = len(keys) // 2
-            pipe.commit(run, view.snap, txn._reads, txn._prefixes,
+            pipe.commit(run, view.snap, change.reads, change.prefixes,
                         {k: delta[k] for k in keys[:half]}, {})
             return pipe.commit(run, 1 << 62, set(), set(), {k: delta[k] for k in keys[half:]},
-                               dict(txn._meta))
-        return pipe.commit(run, view.snap, txn._reads, txn._prefixes, delta, dict(txn._meta),
-                           list(txn._deferred), effects=tuple(txn._effect_keys))
+                               dict(change.meta))
+        return pipe.commit(run, view.snap, change.reads, change.prefixes, delta,
+                           dict(change.meta), list(change.deferred), origin=change.origin,
+                           effects=change.effects)
 
     def _txn_base(self, txn: Transaction) -> int:
         head = self._head(txn._view, txn.run)
