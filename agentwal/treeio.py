@@ -82,6 +82,7 @@ from .errors import (
     DiskFullError,
     Error,
     RestoreError,
+    TreePathError,
     TreeSourceError,
     UnsafeTreeError,
 )
@@ -184,7 +185,7 @@ class StatCache:
     The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
     """
 
-    def __init__(self, path: str | None, top: str) -> None:
+    def __init__(self, path: str | None, top: str, *, load: bool = True) -> None:
         self.path = path
         self.top = top
         self.root: str | None = None
@@ -192,7 +193,7 @@ class StatCache:
         self._files: dict[bytes, dict[bytes, list[Any]]] = {}
         self.seen: dict[bytes, dict[bytes, list[Any]]] = {}  # file entries to save, by dir
         self.out: dict[bytes, list[Any]] = {}  # directory records to save
-        if path is not None:
+        if path is not None and load:
             self._load()
 
     def _load(self) -> None:
@@ -369,21 +370,24 @@ class TreeStore:
         self._objects: dict[str, list[Entry]] = {}
         self._objects_lock = threading.Lock()
 
-    def _cache(self, top: str) -> StatCache:
+    def _cache(self, top: str, *, rehash: bool = False) -> StatCache:
+        """The stat cache of directory ``top`` (``rehash``: empty, replacing the file)."""
         if self.readonly:
             return StatCache(None, top)
         name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
-        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top)
+        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash)
 
     # -- snapshot --------------------------------------------------------------------
 
     def snapshot(self, path: str | os.PathLike[str], patterns: tuple[str, ...],
-                 gitignore: bool, *, base: BlobRef | None = None) -> SnapshotResult:
+                 gitignore: bool, *, base: BlobRef | None = None, rehash: bool = False
+                 ) -> SnapshotResult:
         """Store the tree at ``path`` and pin all of it; see the module's theory.
 
         ``base`` is the key's value as the transaction sees it: what its tree
         reaches needs no pin (it stays referenced, or a commit that replaced
-        it makes this transaction's commit conflict).
+        it makes this transaction's commit conflict). ``rehash`` ignores the
+        stat cache (every file is read and hashed) and replaces it.
 
         Raises:
             TreeSourceError: ``path`` is not a readable directory, a file
@@ -391,7 +395,7 @@ class TreeStore:
             DiskFullError, DurabilityError: from the blob store.
         """
         top = _top(path, self.store_dir)
-        cache = self._cache(top)
+        cache = self._cache(top, rehash=rehash)
         # The cache's directory records may stand for directories only if the tree
         # they belong to is the key's current one (it keeps their objects and files
         # referenced): then nothing below an unchanged directory needs a pin.
@@ -411,6 +415,67 @@ class TreeStore:
         cache.save(ref.sha256)
         return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), root, snap.pins,
                               snap.files_read, snap.bytes_read)
+
+    def copy(self, ref: BlobRef, parts: list[str], subdir: str, *,
+             base: BlobRef | None = None) -> SnapshotResult:
+        """A tree already in this store, or its directory at ``parts`` as a tree of its
+        own, pinned like a snapshot's; no file is read or written.
+
+        A re-rooted tree keeps the source's gitignore flag; its exclude patterns
+        (relative to the source's top) are dropped.
+
+        Raises:
+            TreeSourceError: the store holds no such tree (never stored here, or
+                swept), or a file of it is gone.
+            TreePathError: ``subdir`` is not a directory of it.
+            CorruptionError: an object of the tree is damaged.
+        """
+        if not os.path.exists(self._path(ref.sha256)):
+            raise TreeSourceError(f"TreeRef {ref.sha256}", "this store has no tree with that "
+                                  "hash (it was never stored here, or was swept)")
+        root = self._root(ref)
+        sha, size, where = root.sha256, root.size, ""
+        for name in parts:
+            want = os.fsencode(name)
+            e = next((e for e in self._dir(sha, size, where) if e.name == want), None)
+            if e is None or e.kind != TREE_DIR:
+                raise TreePathError(subdir, "is not a directory of the tree")
+            sha, size, where = e.sha256, e.size, join(where, name)
+        need: dict[str, int] = {ref.sha256: ref.size}
+        files = nbytes = 0
+        todo = [(sha, size, where)]
+        while todo:
+            dsha, dsize, dwhere = todo.pop()
+            need[dsha] = dsize
+            for e in self._dir(dsha, dsize, dwhere):
+                if e.kind == TREE_DIR:
+                    todo.append((e.sha256, e.size, join(dwhere, e.name)))
+                    continue
+                files += 1
+                if e.kind == TREE_FILE:
+                    need[e.sha256] = e.size
+                    nbytes += e.size
+        new_root = root
+        if parts:
+            new_root = Root(sha, size, files, nbytes, (), root.gitignore)
+            data = encode_root(new_root)
+            need.pop(ref.sha256)
+        known = self.reachable(base)
+        ask = [(h, n) for h, n in need.items() if h not in known]
+        got = self.blobs.pin_present(ask)
+        pins = [h for (h, _n), ok in zip(ask, got, strict=True) if ok]
+        try:
+            if not all(got):
+                raise TreeSourceError(f"TreeRef {ref.sha256}", "a file or object of the tree "
+                                      "is no longer in this store")
+            if parts:
+                out = self.blobs.put_bytes(data)
+                pins.append(out.sha256)
+                ref = BlobRef(out.sha256, out.size, TREE_MEDIA_TYPE)
+        except BaseException:
+            self.blobs.unpin(pins)
+            raise
+        return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), new_root, pins)
 
     # -- loading ---------------------------------------------------------------------
 
@@ -982,22 +1047,38 @@ class _Snapper:
 
 
     def _read_once(self, fd: int, path: str) -> tuple[str, os.stat_result] | None:
-        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed."""
+        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed.
+
+        A file of at most one chunk is read into memory, checked, and then stored
+        (nothing is written if its content is stored already); a larger one is
+        streamed into the blob store and checked after.
+        """
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise TreeSourceError(path, "it is no longer a regular file")
+        small = before.st_size <= CHUNK
+        data = b""
         try:
-            if self.store:
+            if small:
+                data = _read_fd(fd)
+                sha, size = hashlib.sha256(data).hexdigest(), len(data)
+            elif self.store:
                 sha, size = self._put(io.FileIO(fd, closefd=False), path)
             else:
                 sha, size = _hash_fd(fd)
         except OSError as exc:
             raise TreeSourceError(path, f"cannot read it: {exc.strerror or exc}") from None
+        failpoints.hit("tree_after_read")
         after = os.fstat(fd)
         ok = _sig(before) == _sig(after) and size == after.st_size
         if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
             ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
-        if not ok and self.store:
+        if small:
+            if ok and self.store:
+                self.blobs.put_bytes(data)  # pinned, written only if missing
+                with self._lock:
+                    self.pins.append(sha)
+        elif not ok and self.store:
             with self._lock:
                 self.pins.remove(sha)
             self.blobs.unpin([sha])
@@ -1021,6 +1102,18 @@ def _hash_fd(fd: int) -> tuple[str, int]:
         if not chunk:
             return h.hexdigest(), offset
         h.update(chunk)
+        offset += len(chunk)
+
+
+def _read_fd(fd: int) -> bytes:
+    """The whole content of a (small) file, from offset 0."""
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, offset)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
         offset += len(chunk)
 
 

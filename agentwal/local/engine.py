@@ -104,7 +104,7 @@ from ..format import (
 )
 from ..io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from ..ledger import Ledger, Request
-from ..tree import exclude_spec
+from ..tree import exclude_spec, split_relpath
 from ..treeio import RestoreReport, TreeStore
 from ..txn import Transaction
 from ..types import (
@@ -939,9 +939,9 @@ class Engine:
             pipe.writer.broken = exc  # as for the WAL: after a failed write, no more commits
             raise
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
+                      rehash: bool = False, subdir: str | None = None
                       ) -> tuple[BlobRef, list[str]]:
-        patterns, gitignore = exclude_spec(exclude)
         pipe = self._writable()
         if pipe.writer.broken is not None:
             raise pipe.writer.stopped()
@@ -950,7 +950,21 @@ class Engine:
             with contextlib.suppress(CodecError):
                 old = decode_blob_ref(base)
         try:
-            got = self._trees.snapshot(path, patterns, gitignore, base=old)
+            if isinstance(path, TreeRef):
+                if exclude is not None:
+                    raise TypeError("exclude applies to a directory, not to a TreeRef")
+                try:
+                    parts = [] if subdir is None else split_relpath(subdir)
+                except ValueError as exc:
+                    raise TreePathError(str(subdir), str(exc)) from None
+                got = self._trees.copy(BlobRef(path.sha256, path.size, TREE_MEDIA_TYPE),
+                                       parts, subdir or "", base=old)
+            else:
+                if subdir is not None:
+                    raise TypeError("subdir applies to a TreeRef source; pass the "
+                                    "subdirectory's path instead")
+                patterns, gitignore = exclude_spec(exclude)
+                got = self._trees.snapshot(path, patterns, gitignore, base=old, rehash=rehash)
         except DurabilityError as exc:
             pipe.writer.broken = exc
             raise
