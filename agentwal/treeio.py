@@ -8,24 +8,33 @@ pins, sweeps, verification and backups.
 
 *Snapshot* (``txn.put_tree``): walk the directory (never following links),
 skip excluded paths and the store's own directory, and build the tree
-bottom-up. A regular file whose ``(size, mtime, ctime, inode)`` match the
-*stat cache* (``<store>/cache/stat-<hash of the directory's path>``) is not
-read: its hash comes from the cache and its blob is pinned if it is still
-present. Every other file is streamed into the blob store with ``fstat``
-before and after; a file whose stat changed, or (when its mtime is within
-:data:`RACY_NS` of now, where one clock tick could hide a write) whose
-content hashes differently on a second read, is read again, up to
+bottom-up. The *stat cache* (``<store>/cache/stat-<hash of the directory's
+path>``, :class:`StatCache`) keeps, per directory, a record of its last
+snapshot (or restore): a digest of its entries' signatures, its object and
+its files' entries. A directory whose entries hash to a trusted record
+(see :class:`_Snapper`) is that record's object, not looked into, when the
+record's tree is the key's current one; its files need no pin, since that
+tree keeps them referenced. In any other directory, a regular file whose
+``(size, mtime, ctime, inode)`` match its cache entry is not read: its
+hash comes from the cache and its blob is pinned if it is still present.
+Every other file is read with ``fstat`` before and after (a small one into
+memory, then stored only if its content is missing; a large one streamed
+into the blob store); a file whose stat changed, or (when its mtime is
+within :data:`RACY_NS` of now, where one clock tick could hide a write)
+whose content hashes differently on a second read, is read again, up to
 :data:`READ_ATTEMPTS` times, then :class:`~agentwal.errors.TreeSourceError`.
-A cache entry is trusted only when its mtime was :data:`RACY_NS` older
-than the moment it was recorded (git's "racy clean" rule), so a write in
-the same clock tick as a snapshot is never missed. Directory objects and
-the root object are stored with ``put_bytes`` (nothing is written for one
-already present). Everything the tree holds is pinned for the transaction,
-except what the key's current tree (as the transaction sees it) already
-reaches: that stays referenced by the run's state, and a commit that
-replaced it would make this transaction's commit conflict, so no sweep can
-leave the new tree dangling. If the walk fails, the pins are dropped and
-nothing is committed.
+A cache entry (or record) is trusted only when its mtime (its newest
+file's) was :data:`RACY_NS` older than the moment it was recorded (git's
+"racy clean" rule), so a write in the same clock tick as a snapshot is
+never missed. Directory objects and the root object are stored with
+``put_bytes`` (nothing is written for one already present). Everything
+the tree holds is pinned for the transaction, except what the key's
+current tree (as the transaction sees it) already reaches: that stays
+referenced by the run's state, and a commit that replaced it would make
+this transaction's commit conflict, so no sweep can leave the new tree
+dangling. If the walk fails, the pins are dropped and nothing is
+committed. ``put_tree`` of a :class:`~agentwal.types.TreeRef`
+(:meth:`TreeStore.copy`) pins what that tree reaches instead of walking.
 
 Crash windows of a snapshot (failpoints in brackets): before the commit is
 durable, every blob it wrote is garbage (``blobs.py``) and the store is at
@@ -38,9 +47,13 @@ meanwhile): load and check every directory
 object first (an unsafe name raises ``UnsafeTreeError`` before anything is
 written), then make ``dest`` equal to it, directory by directory through
 directory file descriptors opened with ``O_NOFOLLOW`` (so no link on disk,
-planted or stale, is ever followed). A file whose stat-cache entry or
-content already matches is left alone; entries the tree lacks are removed
-unless excluded [``restore_after_remove``]; the other files are queued and
+planted or stale, is ever followed). A directory whose entries hash to a
+trusted record naming the tree's object is left alone (only its
+subdirectories are visited); in one whose record names another object,
+only the entries differing from that object are looked at. A file whose
+stat-cache entry or content already matches is left alone; entries the
+tree lacks are removed unless excluded [``restore_after_remove``]; the
+other files are queued and
 written in the thread pool, each to ``.awtmp-<random>`` in its directory,
 fsynced, and renamed over the name [``restore_after_write``,
 ``restore_after_rename``]; then each changed directory is fsynced. A crash
