@@ -129,13 +129,15 @@ READ_ATTEMPTS = 3
 #: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
 #: and memory stays under THREADS blob chunks.
 THREADS = 16
+#: Bytes of small files a snapshot holds in memory to store them in one batch with
+#: its directory objects (their fsyncs then overlap); beyond it, each is stored when read.
+_DEFER_BYTES = 32 << 20
 #: Decoded directory objects a store keeps in memory (a few hundred bytes each).
 _OBJECT_CACHE = 8192
 #: A restore writes its queued files once this many directories (or files) wait.
 _QUEUED_DIRS, _QUEUED_FILES = 64, 256
 #: Name prefix of restore's temp files (removed by the next restore).
 TMP_PREFIX = ".awtmp-"
-_GITIGNORE_FILE = ".gitignore"
 _CACHE_MAGIC = "awstat"
 _CACHE_VERSION = 2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -152,24 +154,24 @@ def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-_SIG = struct.Struct("<I")
 _FILE_SIG = struct.Struct("<qqqqq")
 
 
 def _file_sig(name: bytes, st: os.stat_result) -> bytes:
     """What a directory's digest holds of one regular file: its name, size, mtime,
-    ctime, inode and mode (each signature is self-delimiting, so a list of them
-    names one set of entries)."""
-    return (_SIG.pack(len(name)) + name + b"f" + _FILE_SIG.pack(
-        st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode))
+    ctime, inode and mode. Names hold no NUL and the rest is of fixed length (a
+    link's target holds no NUL either), so a list of signatures names one set of
+    entries."""
+    return name + b"\0f" + _FILE_SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                           st.st_ino, st.st_mode)
 
 
 def _link_sig(name: bytes, target: bytes) -> bytes:
-    return _SIG.pack(len(name)) + name + b"l" + _SIG.pack(len(target)) + target
+    return name + b"\0l" + target + b"\0"
 
 
 def _dir_sig(name: bytes) -> bytes:
-    return _SIG.pack(len(name)) + name + b"d"
+    return name + b"\0d"
 
 
 def _digest(sigs: list[bytes]) -> bytes:
@@ -378,6 +380,7 @@ class TreeStore:
     def __init__(self, blobs: BlobStore, store_dir: str, *, readonly: bool = False) -> None:
         self.blobs = blobs
         self.store_dir = os.path.realpath(store_dir)
+        self.store_dir_b = os.fsencode(self.store_dir)
         self.readonly = readonly
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
@@ -770,8 +773,8 @@ class _Node:
     depth: int
     entries: list[Entry] = field(default_factory=list)
     subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
-    pending: list[tuple[bytes, str, str]] = field(default_factory=list)  # name, path, rel
-    cached: list[tuple[bytes, str, str, os.stat_result, str, bool]] = field(
+    pending: list[tuple[bytes, bytes, str]] = field(default_factory=list)  # name, path, rel
+    cached: list[tuple[bytes, bytes, str, os.stat_result, str, bool]] = field(
         default_factory=list)  # name, path, rel, stat, sha256, trusted
     sigs: list[bytes] = field(default_factory=list)  # of the entries as stored
     newest: int = 0  # the newest mtime among its files as stored
@@ -815,6 +818,9 @@ class _Snapper:
         self.root: Root | None = None
         self.began = time.time_ns()  # before any stat: the directory records' "recorded"
         self._lock = threading.Lock()
+        # small files read and checked, stored with the objects (one batch of fsyncs)
+        self._deferred: list[bytes] = []
+        self._deferred_bytes = 0
 
     def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
         """Store the tree at ``top`` with its root object; returns the root."""
@@ -827,7 +833,7 @@ class _Snapper:
         """Walk, read and store the directory ``path`` (and, storing, the root object
         naming it, in the same batch); returns its object's ``(sha256, size)``."""
         nodes: list[_Node] = []
-        top = self._walk(path, rel, rules, 0, nodes)
+        top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
         changed = [n for n in nodes if not n.reused]
         if self.reuse:
             self._old_known(changed)
@@ -847,52 +853,58 @@ class _Snapper:
                 self.root = Root(top.sha, top.size, top.files, top.nbytes, patterns,
                                  self.gitignore)
                 objects.append(encode_root(self.root))
-                self._put_objects(pool, objects)
+                self._put_objects(pool, objects + self._deferred)
         return top.sha, top.size
 
-    def _walk(self, path: str, rel: str, rules: IgnoreRules, depth: int,
+    def _walk(self, path: bytes, rel: str, rules: IgnoreRules, depth: int,
               nodes: list[_Node]) -> _Node:
+        """One directory (``path`` as bytes: names come back as bytes, no decoding)."""
         node = _Node(rel, _key(rel), depth)
         nodes.append(node)
         try:
             with os.scandir(path) as it:
                 items = list(it)
         except OSError as exc:
-            raise TreeSourceError(path, f"cannot list it: {exc.strerror or exc}") from None
+            raise TreeSourceError(os.fsdecode(path), f"cannot list it: {exc.strerror or exc}"
+                                  ) from None
         if self.gitignore:
             rules = self._gitignore(items, rules, rel)
-        files: list[tuple[os.DirEntry[str], os.stat_result]] = []
+        files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]] = []
         links: list[tuple[str, Entry]] = []
+        is_dir_, is_reg, gitignore, store_dir = stat.S_ISDIR, stat.S_ISREG, self.gitignore, \
+            self.trees.store_dir_b
         for d in items:
             try:
                 st = d.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed meanwhile: not in this snapshot
             except OSError as exc:
-                raise TreeSourceError(d.path, f"cannot stat it: {exc.strerror or exc}"
-                                      ) from None
-            mode = st.st_mode
-            is_dir = stat.S_ISDIR(mode)
-            if ((self.gitignore and d.name == ".git")
-                    or (rules and rules.ignored(join(rel, d.name), is_dir))
-                    or (is_dir and os.path.join(path, d.name) == self.trees.store_dir)):
+                raise TreeSourceError(os.fsdecode(d.path), f"cannot stat it: "
+                                      f"{exc.strerror or exc}") from None
+            name, mode = d.name, st.st_mode
+            if is_reg(mode):
+                if not ((gitignore and name == b".git")
+                        or (rules and rules.ignored(join(rel, name), False))):
+                    files.append((name, d, st))
                 continue
-            if stat.S_ISREG(mode):
-                files.append((d, st))
-            elif is_dir:
-                sub = self._walk(d.path, join(rel, d.name), rules, depth + 1, nodes)
-                node.subdirs.append((_key(d.name), sub))
+            is_dir = is_dir_(mode)
+            if ((gitignore and name == b".git") or (rules and rules.ignored(join(rel, name),
+                                                                             is_dir))
+                    or (is_dir and d.path == store_dir)):
+                continue
+            if is_dir:
+                sub = self._walk(d.path, join(rel, name), rules, depth + 1, nodes)
+                node.subdirs.append((name, sub))
             elif stat.S_ISLNK(mode):
                 try:
-                    target = os.readlink(os.fsencode(d.path))
+                    target = os.readlink(d.path)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
-                    raise TreeSourceError(d.path, f"cannot read the link: "
+                    raise TreeSourceError(os.fsdecode(d.path), f"cannot read the link: "
                                           f"{exc.strerror or exc}") from None
-                name = _key(d.name)
-                links.append((join(rel, d.name), Entry(name, TREE_LINK, 0, "", len(target),
-                                                       target)))
+                links.append((join(rel, name), Entry(name, TREE_LINK, 0, "", len(target),
+                                                     target)))
             # sockets, FIFOs and devices are not stored
         other = [_link_sig(e.name, e.target) for _crel, e in links] + [
             _dir_sig(name) for name, _sub in node.subdirs]
@@ -903,22 +915,24 @@ class _Snapper:
             node.entries.append(e)
             if not self.store:
                 self.listing[crel] = leaf(e)
-        for d, st in files:
-            name = _key(d.name)
+        for name, d, st in files:
             hit = self.cache.lookup(node.key, name, st)
-            fpath, crel = d.path, join(rel, d.name)
+            fpath, crel = d.path, join(rel, name)
             if hit is not None and (hit[1] or _hashes_to(fpath, hit[0])):
                 node.cached.append((name, fpath, crel, st, hit[0], hit[1]))
             else:
                 node.pending.append((name, fpath, crel))
         return node
 
-    def _as_recorded(self, node: _Node, files: list[tuple[os.DirEntry[str], os.stat_result]],
+    def _as_recorded(self, node: _Node,
+                     files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]],
                      other: list[bytes]) -> bool:
         """Whether the directory's own entries are as its trusted record says: then it
         is the record's object if its subdirectories are unchanged too, else its files
         and links are the old object's (only its subdirectories' entries are new)."""
-        sigs = [_file_sig(_key(d.name), st) for d, st in files] + other
+        pack = _FILE_SIG.pack  # _file_sig, inline: this runs for every file of the tree
+        sigs = [name + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                      st.st_mode) for name, _d, st in files] + other
         digest = _digest(sigs)
         if all(sub.reused for _name, sub in node.subdirs):
             rec = self.cache.reusable(node.key, digest)
@@ -936,21 +950,22 @@ class _Snapper:
             return False
         node.entries = [e for e in old if e.kind != TREE_DIR]
         node.sigs = sigs
-        node.newest = max((st.st_mtime_ns for _d, st in files), default=0)
+        node.newest = max((st.st_mtime_ns for _n, _d, st in files), default=0)
         node.blob = rec[7]  # its files' cache entries, unchanged
         self.known.update(e.sha256 for e in node.entries if e.kind == TREE_FILE)
         return True
 
-    def _gitignore(self, items: list[os.DirEntry[str]], rules: IgnoreRules,
+    def _gitignore(self, items: list[os.DirEntry[bytes]], rules: IgnoreRules,
                    rel: str) -> IgnoreRules:
-        gi = next((d for d in items if d.name == _GITIGNORE_FILE), None)
+        gi = next((d for d in items if d.name == b".gitignore"), None)
         if gi is None or not gi.is_file(follow_symlinks=False):
             return rules
         try:
             with open(gi.path, "rb") as f:
                 return rules.extended(_read_lines(f.read()), rel)
         except OSError as exc:
-            raise TreeSourceError(gi.path, f"cannot read it: {exc.strerror or exc}") from None
+            raise TreeSourceError(os.fsdecode(gi.path), f"cannot read it: "
+                                  f"{exc.strerror or exc}") from None
 
     def _old_known(self, changed: list[_Node]) -> None:
         """Add what the key's tree held in each changed directory (its old object, as the
@@ -997,7 +1012,7 @@ class _Snapper:
             node.newest = max(node.newest, st.st_mtime_ns)
 
     def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
-        """Pin the objects already stored (most of them, usually), write the others."""
+        """Pin the objects (and deferred small files) already stored, write the others."""
         refs = [(hashlib.sha256(data).hexdigest(), len(data)) for data in objects]
         ask = [i for i, (sha, _n) in enumerate(refs) if sha not in self.known]
         present = [True] * len(refs)
@@ -1027,12 +1042,13 @@ class _Snapper:
                                  node.size, node.files, node.nbytes, node.blob)
         return data
 
-    def _file(self, node: _Node, name: bytes, path: str, rel: str
+    def _file(self, node: _Node, name: bytes, bpath: bytes, rel: str
               ) -> tuple[Entry, os.stat_result] | None:
         """Read one file into the blob store (or only hash it), consistently; None if gone."""
+        path = os.fsdecode(bpath)
         for _attempt in range(READ_ATTEMPTS):
             try:
-                fd = os.open(path, _READ_FLAGS)
+                fd = os.open(bpath, _READ_FLAGS)
             except FileNotFoundError:
                 return None
             except OSError as exc:
@@ -1086,12 +1102,17 @@ class _Snapper:
         ok = _sig(before) == _sig(after) and size == after.st_size
         if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
             ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
-        if small:
-            if ok and self.store:
+        if small and ok and self.store:
+            with self._lock:  # stored with the directory objects, in one batch
+                defer = self._deferred_bytes + size <= _DEFER_BYTES
+                if defer:
+                    self._deferred.append(data)
+                    self._deferred_bytes += size
+            if not defer:
                 self.blobs.put_bytes(data)  # pinned, written only if missing
                 with self._lock:
                     self.pins.append(sha)
-        elif not ok and self.store:
+        elif not small and not ok and self.store:  # a streamed read that did not hold
             with self._lock:
                 self.pins.remove(sha)
             self.blobs.unpin([sha])
@@ -1130,7 +1151,7 @@ def _read_fd(fd: int) -> bytes:
         offset += len(chunk)
 
 
-def _hashes_to(path: str, sha: str) -> bool:
+def _hashes_to(path: bytes, sha: str) -> bool:
     """Whether the file at ``path`` has content hash ``sha`` (a racy cache entry's check)."""
     try:
         fd = os.open(path, _READ_FLAGS)

@@ -26,7 +26,8 @@ at its next fsync for the pages the other left dirty:
 The generated files are aged 5 s before the first snapshot (both tools
 then trust their stat caches; a file written within the racy window is
 re-hashed by both). agentwal runs with its default durability (``sync``:
-every blob fsynced before its commit); git with its defaults.
+every blob fsynced before its commit); git with its defaults, except that
+automatic ``gc`` is off (it would repack in the background mid-run).
 
 Run: ``.venv/bin/python bench/bench_workspace.py [--files N] [--rounds R] [--keep DIR]``;
 ``--quick`` is 1,000 files; ``tests/test_bench_workspace_smoke.py`` runs it
@@ -162,6 +163,8 @@ def run(root: str, store_path: str, files: int, rounds: int) -> int:
     git(root, "init", "-q")
     git(root, "config", "user.email", "bench@example.com")
     git(root, "config", "user.name", "bench")
+    git(root, "config", "gc.auto", "0")  # no background repack mid-run (agentwal compacts
+    git(root, "config", "maintenance.auto", "false")  # only when asked, too)
     store = agentwal.open(store_path)
     try:
         return measure(root, store, paths, files, size, rounds)
