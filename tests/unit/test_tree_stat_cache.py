@@ -12,17 +12,14 @@ import pytest
 import agentwal
 from agentwal import treeio
 from tests.trees import Spec, build, read
-from tests.unit.test_store_trees import age, files_read, put
+from tests.unit.test_store_trees import SPEC as BASE
+from tests.unit.test_store_trees import age, counting, files_read, put
 
-SPEC: Spec = {
-    "README.md": b"# project\n",
-    "src/app.py": b"print('hi')\n",
-    "src/pkg/__init__.py": b"",
-    "src/pkg/mod.py": b"x = 1\n" * 100,
-    "bin/run": ("x", b"#!/bin/sh\necho run\n"),
-    "empty/inner": ("d",),
-    "link": ("l", b"src/app.py"),
-}
+__all__ = ["counting"]  # a fixture, used by name
+
+SPEC: Spec = {k: BASE[k] for k in ("README.md", "src/app.py", "src/pkg/__init__.py",
+                                   "src/pkg/mod.py", "bin/run")} | {
+    "empty/inner": ("d",), "link": ("l", b"src/app.py")}
 
 
 @pytest.fixture
@@ -46,13 +43,6 @@ def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[bytes, bytes
 
     monkeypatch.setattr(treeio.StatCache, "lookup", counted)
     yield seen
-
-
-@pytest.fixture
-def counting() -> Iterator[None]:
-    agentwal.failpoints.count_hits()
-    yield
-    agentwal.failpoints.count_hits(False)
 
 
 def restored(store: agentwal.Store, tmp_path: Path, name: str, at: int | None = None
