@@ -220,5 +220,5 @@ def test_kill_put_tree_of_a_tree_ref_in_each_window(tmp_path: Path, point: str) 
                 s.restore_tree("r", f"c{k}", dest)
                 want = whole if k % 4 == 3 else read(str(tmp_path / "expected-0" / f"d{k % 3}"))
                 assert read(str(dest)) == want
-            s._engine._sweep_blobs()
+            s._engine.blobrefs.sweep()
             assert s.verify().ok

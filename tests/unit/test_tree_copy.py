@@ -15,7 +15,7 @@ __all__ = ["counting", "src"]  # fixtures, used by name
 
 def sweep(store: agentwal.Store) -> None:
     store.compact(keep_last=1)
-    store._engine._sweep_blobs()
+    store._engine.blobrefs.sweep()
 
 
 def test_a_tree_ref_is_put_again_without_reading_a_file(store: agentwal.Store, src: str,

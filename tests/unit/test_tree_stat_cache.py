@@ -136,7 +136,7 @@ def test_records_of_another_keys_tree_are_not_reused(store: agentwal.Store, src:
     with store.begin("r") as txn:  # key a goes; its tree's files stay b's
         txn.delete("a")
     store.compact(keep_last=1)
-    store._engine._sweep_blobs()
+    store._engine.blobrefs.sweep()
     assert store.verify().ok
 
 
