@@ -35,9 +35,9 @@ from ..errors import (
     TreePathError,
 )
 from ..format import BLOB_REF_PREFIX, TREE_MEDIA_TYPE
-from ..tree import exclude_spec
+from ..tree import exclude_spec, split_relpath
 from ..treeio import RestoreReport
-from ..types import BlobRef, TreeDiff, TreeFile, check_checkpoint_id, check_key
+from ..types import BlobRef, TreeDiff, TreeFile, TreeRef, check_checkpoint_id, check_key
 from .blobs import BlobMissing, BlobReader
 
 if TYPE_CHECKING:
@@ -64,10 +64,11 @@ class BlobRefs:
             pipe.writer.broken = exc  # as for the WAL: after a failed write, no more commits
             raise
 
-    def put_tree(self, path: Any, exclude: Any, base: bytes | None
-                      ) -> tuple[BlobRef, list[str]]:
+    def put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
+                 subdir: str | None = None) -> tuple[BlobRef, list[str]]:
+        """Snapshot a directory, or put a TreeRef of this store (``subdir``: one of its
+        directories as a tree of its own); returns the reference and its pins."""
         e = self._e
-        patterns, gitignore = exclude_spec(exclude)
         pipe = e._writable()
         if pipe.writer.broken is not None:
             raise pipe.writer.stopped()
@@ -76,7 +77,21 @@ class BlobRefs:
             with contextlib.suppress(CodecError):
                 old = decode_blob_ref(base)
         try:
-            got = e._trees.snapshot(path, patterns, gitignore, base=old)
+            if isinstance(path, TreeRef):
+                if exclude is not None:
+                    raise TypeError("exclude applies to a directory, not to a TreeRef")
+                try:
+                    parts = [] if subdir is None else split_relpath(subdir)
+                except ValueError as exc:
+                    raise TreePathError(str(subdir), str(exc)) from None
+                got = e._trees.copy(BlobRef(path.sha256, path.size, TREE_MEDIA_TYPE),
+                                    parts, subdir or "", base=old)
+            else:
+                if subdir is not None:
+                    raise TypeError("subdir applies to a TreeRef source; pass the "
+                                    "subdirectory's path instead")
+                patterns, gitignore = exclude_spec(exclude)
+                got = e._trees.snapshot(path, patterns, gitignore, base=old, rehash=rehash)
         except DurabilityError as exc:
             pipe.writer.broken = exc
             raise

@@ -535,9 +535,10 @@ class Engine:
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
         return self.blobrefs.put_blob(source, media_type)
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
+                      rehash: bool = False, subdir: str | None = None
                       ) -> tuple[BlobRef, list[str]]:
-        return self.blobrefs.put_tree(path, exclude, base)
+        return self.blobrefs.put_tree(path, exclude, base, rehash, subdir)
 
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
         self._check_open()

@@ -256,8 +256,8 @@ def test_a_file_changing_while_read_is_read_again(store: agentwal.Store,
         with open(target, "ab") as f:
             f.write(b"# appended during the read\n")
 
-    # the only blob written is this file's: the append lands while it is being read
-    failpoints.arm("blob_after_write", "call", fn=scribble, nth=1)
+    # the append lands while the file is being read
+    failpoints.arm("tree_after_read", "call", fn=scribble, nth=1)
     put(store, str(src))
     with store.open_tree_file("r", "ws", "mod.py") as f:
         got = f.read()
@@ -277,7 +277,7 @@ def test_a_file_that_keeps_changing_fails_the_call_and_commits_nothing(
             f.write(b"#")
 
     with store.begin("r") as txn:
-        failpoints.arm("blob_after_write", "call", fn=scribble, times=1000)
+        failpoints.arm("tree_after_read", "call", fn=scribble, times=1000)
         with pytest.raises(agentwal.TreeSourceError, match="kept changing"):
             txn.put_tree("ws", src)
         failpoints.disarm()
