@@ -90,6 +90,25 @@ def _list_hint(exc: Error, params: dict[str, Any]) -> str:
     return ""
 
 
+#: Library advice that names a Python call, and what the CLI says in its place.
+_API_ADVICE = {
+    "store_locked": (" Close it there, or open this one with readonly=True.",
+                     " Stop that process first, or use a command that only reads (inspect, "
+                     "runs, history, show, diff, effects, wal, verify, backup, ui): they "
+                     "work beside it."),
+}
+
+
+def cli_message(exc: Error, params: dict[str, Any]) -> str:
+    """The error's message with its Python advice replaced by the command to run."""
+    hint = _list_hint(exc, params)
+    message = _API_HINT.sub("", str(exc)) if hint else str(exc)
+    api, cli = _API_ADVICE.get(exc.code, ("", ""))
+    if api and message.endswith(api):
+        message = message[: -len(api)] + cli
+    return message + hint
+
+
 def reports_errors(fn: F) -> F:
     """Turn agentwal errors (and OS errors) into a :class:`Failure`, never a traceback."""
 
@@ -100,9 +119,7 @@ def reports_errors(fn: F) -> F:
         except BrokenPipeError:
             raise
         except Error as exc:
-            hint = _list_hint(exc, kwargs)
-            message = _API_HINT.sub("", str(exc)) if hint else str(exc)
-            raise Failure(exc.code, f"{message}{hint}") from None
+            raise Failure(exc.code, cli_message(exc, kwargs)) from None
         except OSError as exc:  # e.g. a segment removed by a writer while we read
             raise Failure("io", f"{exc.strerror or exc}: {exc.filename or ''}. Check the "
                           "path, or retry if a writer was folding.") from None

@@ -341,7 +341,7 @@ def test_inspect_counts_effects(ledger: tuple[str, dict[str, str]]) -> None:
     assert data["effect_index_entries"] >= len(STATUSES)
     code, out, _ = run("inspect", path)
     assert code == 0 and "effect_index_entries" in out
-    assert f"effects: {len(STATUSES)} ledger entries (1 pending, 1 in_doubt" in out
+    assert f"{len(STATUSES)} ledger entries (1 pending, 1 in_doubt" in out
 
 
 def test_wal_dumps_effect_records(ledger: tuple[str, dict[str, str]]) -> None:
