@@ -52,7 +52,7 @@ def inspect(store: Any, path: str, wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES) -
     ``unfolded_records`` (log records after the snapshot's LSN), ``writer``
     (``{"held": bool or None when unknown, "pid": the last holder's pid}``).
     """
-    st = store.stats()
+    st: dict[str, Any] = store.stats()
     runs = store.runs()
     entries = store.effects()
     heads = [h for h in (store.head(r) for r in runs) if h is not None]
