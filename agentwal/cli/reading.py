@@ -18,6 +18,7 @@ from ..views import (
     checkpoint_row,
     fork_map,
     graph_rows,
+    jsonable,
     problems_by_run,
     to_json,
     tree_file_line,
@@ -232,7 +233,7 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
         trees = {k: store.list_tree(run, k, at=at) for k, v in state.items()
                  if isinstance(v, TreeRef)}
     for k, files in trees.items():  # a tree value shows as its file listing
-        state[k] = {"$tree": state[k].sha256, "files": [tree_file_row(f) for f in files]}
+        state[k] = {**jsonable(state[k]), "files": [tree_file_row(f) for f in files]}
     wanted = ([key] if key is not None else []) + list(keys)
     missing = [k for k in wanted if k not in state]
     if missing:
@@ -252,7 +253,7 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
                 click.echo(f"{k}: {to_json(v)}")
                 continue
             files = trees[k]
-            click.echo(f"{k}: tree {v['$tree'][:12]}, {len(files)} files, "
+            click.echo(f"{k}: tree {v['$tree']['sha256'][:12]}, {len(files)} files, "
                        f"{sum(f.size for f in files if f.kind == 'file')} bytes")
             for f in files:
                 click.echo(f"  {tree_file_line(f)}")

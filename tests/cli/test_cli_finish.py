@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
+import io
 import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,10 @@ from click.testing import CliRunner
 
 import agentwal
 from agentwal.cli import main
+from agentwal.codec import decode_value, encode_value
+from agentwal.views import from_jsonable, jsonable
+
+from ..property.test_codec import same
 
 
 def _runner() -> CliRunner:
@@ -241,3 +249,53 @@ def test_sizes_for_people() -> None:
 
     assert [size(n) for n in (None, 0, 1023, 1024, 53_248, 16 << 20, 5 << 40, 1 << 60)] == [
         "-", "0 B", "1023 B", "1.0 KiB", "52.0 KiB", "16.0 MiB", "5.0 TiB", "1048576.0 TiB"]
+
+
+TYPED = {
+    "when": dt.datetime(2024, 5, 1, 12, 30, 0, 250, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+    "tags": {"a", 3, (1, "x"), frozenset({2})}, "raw": b"\x00\xff",
+    "amount": decimal.Decimal("12.50"), "id": uuid.UUID(int=7), "nan": float("nan"),
+    "pairs": {(1, 2): "x", 5: "five", "5": "text five"}, "tricky": {"$bytes": "not bytes"},
+    "inf": [float("-inf"), -0.0, 2**70],
+}
+
+
+def test_show_json_round_trips_every_value_type(tmp_path: Path) -> None:
+    path = str(tmp_path / "typed.awal")
+    with agentwal.open(path) as s, s.begin("typed") as txn:
+        for k, v in TYPED.items():
+            txn[k] = v
+        txn.put_blob("report", io.BytesIO(b"%PDF"), media_type="application/pdf")
+    with agentwal.open(path, readonly=True) as s:
+        state = s.state("typed")
+    code, out, _ = run("show", path, "typed", "--json")
+    assert code == 0
+    assert same(state, from_jsonable(json.loads(out)))
+    doc = json.loads(out)
+    assert doc["when"] == {"$datetime": "2024-05-01T12:30:00.000250-05:00"}
+    assert doc["tricky"] == {"$dict": {"$bytes": "not bytes"}}
+    assert doc["report"]["$blob"]["media_type"] == "application/pdf"
+    code, out, _ = run("show", path, "typed", "pairs")  # one value: the same JSON, one line
+    assert code == 0 and same(state["pairs"], from_jsonable(json.loads(out)))
+
+
+def test_resolve_stores_tagged_json_as_its_type(forked: str) -> None:
+    in_doubt(forked, "run-a", "pay")
+    code, out, _ = run("effects", forked, "--status", "in_doubt", "--json")
+    eid = json.loads(out)[0]["effect_id"]
+    value = {k: v for k, v in TYPED.items() if k != "nan"}  # NaN != NaN: compared below
+    text = json.dumps(jsonable(value))
+    code, out, _ = run("resolve", forked, eid, "--result", text, "--json")
+    assert code == 0, out
+    assert json.loads(out)["result"] == json.loads(text)  # printed back with the same tags
+    with agentwal.open(forked, readonly=True) as s:
+        stored = next(e for e in s.effects() if e.effect_id == eid).result
+    assert same(decode_value(encode_value("k", value)), stored)
+
+
+def test_resolve_refuses_an_unknown_tag(forked: str) -> None:
+    in_doubt(forked, "run-a", "pay")
+    code, out, _ = run("effects", forked, "--status", "in_doubt", "--json")
+    eid = json.loads(out)[0]["effect_id"]
+    code, _, err = run("resolve", forked, eid, "--result", '{"$when": "today"}')
+    assert code == 2 and "unknown tag '$when'" in err and "$dict" in err

@@ -104,6 +104,24 @@ def test_tree_cuts_big_containers_and_says_how_big() -> None:
                                    "base64": "A" * 64}
 
 
+def test_tree_shows_typed_values_readably() -> None:
+    import datetime as dt
+    import decimal
+    import uuid
+
+    when = dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
+    node = tree({"t": when, "d": decimal.Decimal("1.50"), "u": uuid.UUID(int=1),
+                 "n": float("nan"), "s": {2, 1}, "m": {(1, 2): "x"}}, "")
+    items = dict(node["items"])
+    assert items["t"] == {"type": "other", "kind": "datetime",
+                          "value": "2024-05-01T12:00:00+00:00"}
+    assert items["d"]["value"] == "1.50" and items["d"]["kind"] == "Decimal"
+    assert items["u"]["value"] == str(uuid.UUID(int=1))
+    assert items["n"] == {"type": "float", "value": "nan"}
+    assert items["s"]["kind"] == "set" and [i["value"] for i in items["s"]["items"]] == [1, 2]
+    assert [k for k, _ in items["m"]["items"]] == ["[1, 2]"]
+
+
 def test_diff_of_a_growing_list_is_the_appended_item(client: TestClient) -> None:
     d = get(client, "/api/runs/run-a/diff?a=4&b=5")
     [change] = d["changed"]["messages"]

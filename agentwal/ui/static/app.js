@@ -189,7 +189,8 @@ function treeNode(label, node, depth) {
   if (node.type === "dict" || node.type === "list") {
     const n = node.length;
     const summary = el("summary", {}, key, el("span", { class: "muted" },
-      node.type === "dict" ? ` {${n} key${n === 1 ? "" : "s"}}` : ` [${n} item${n === 1 ? "" : "s"}]`));
+      node.type === "dict" ? ` {${n} key${n === 1 ? "" : "s"}}`
+        : node.kind === "set" ? ` set of ${n}` : ` [${n} item${n === 1 ? "" : "s"}]`));
     const kids = node.type === "dict"
       ? node.items.map(([k, v]) => treeNode(k, v, depth + 1))
       : node.items.map((v, i) => treeNode(`[${i}]`, v, depth + 1));
@@ -217,7 +218,8 @@ function leafValue(node) {
     case "preview": return el("span", { class: "str" }, node.value,
       node.truncated ? el("span", { class: "cut" }, ` … (${node.length.toLocaleString()} characters)`) : null);
     case "null": return el("span", { class: "lit" }, "null");
-    default: return el("span", { class: "lit" }, String(node.value));
+    default: return el("span", { class: "lit" }, String(node.value),
+      node.kind ? el("span", { class: "muted" }, ` ${node.kind}`) : null);
   }
 }
 
