@@ -86,8 +86,11 @@ def attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
             out.append(f"{what}: {st[field]}")
     eff = st["effects"]
     if eff["in_doubt"] or eff["failed"]:
-        out.append(f"{eff['in_doubt']} effect(s) in doubt, {eff['failed']} failed: check the "
-                   f"downstream, then `agentwal effects {path} --check` and `agentwal resolve`")
+        parts = [f"{eff['in_doubt']} effect(s) in doubt"] if eff["in_doubt"] else []
+        if eff["failed"]:
+            parts.append(f"{eff['failed']} {'failed' if parts else 'effect(s) failed'}")
+        out.append(f"{' and '.join(parts)}: check the downstream, then "
+                   f"`agentwal effects {path} --check` and `agentwal resolve`")
     if st["outbox_pending"]:
         n = st["outbox_pending"]
         out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..health import size
 from .app import main
 from .common import (
     emit,
@@ -52,7 +53,7 @@ def verify(path: str, as_json: bool) -> None:
             click.echo("")
         for note in report.notes:
             click.echo(f"note: {note}")
-        counts = ", ".join(f"{n} {k}" for k, n in report.checked.items())
+        counts = ", ".join(f"{n:,} {k}" for k, n in report.checked.items())
         click.echo(f"checked: {counts}")
         click.echo("ok" if report.ok else f"{len(report.problems)} problem(s) found")
 
@@ -84,7 +85,7 @@ def backup(path: str, dest: str, as_json: bool) -> None:
         rep = store.backup(dest)
     data = dataclasses.asdict(rep)
     emit(as_json, data, lambda: click.echo(
-        f"backed up {path} to {rep.path}: {rep.files} files, {rep.bytes} bytes, every commit "
+        f"backed up {path} to {rep.path}: {rep.files} files, {size(rep.bytes)}, every commit "
         f"up to LSN {rep.lsn}, in {rep.seconds:.2f} s"))
 
 
@@ -149,9 +150,9 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     def human() -> None:
         if rep.runs:
             table(sorted(rep.runs.items()), ("run", "dropped"))
-        click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {rep.bytes_freed} bytes "
+        click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {size(rep.bytes_freed)} "
                    f"of LMDB values freed, {rep.objects_freed} object(s) freed; data.mdb "
-                   f"{rep.file_bytes_before} -> {rep.file_bytes_after} bytes"
+                   f"{size(rep.file_bytes_before)} -> {size(rep.file_bytes_after)}"
                    + (" (vacuumed)" if rep.vacuumed else ""))
 
     emit(as_json, data, human)

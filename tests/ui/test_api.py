@@ -16,6 +16,7 @@ from agentwal.cli import main
 from agentwal.cli.ui import is_loopback
 from agentwal.ui import create_app
 from agentwal.ui.encode import ITEMS, TEXT_CHARS, tree
+from tests.stores import Raw
 
 from .stores import HTML, fill
 
@@ -140,6 +141,29 @@ def test_effects_put_problems_first_with_the_resolve_command(client: TestClient,
     assert get(client, "/api/effects?run=run-a") == []
     [entry] = get(client, "/api/outbox")
     assert entry["name"] == "send-email"
+
+
+def test_health_says_what_needs_attention_first(client: TestClient, filled: str) -> None:
+    h = get(client, "/api/health")
+    assert h["attention"][0].startswith("1 effect(s) in doubt")
+    assert any("outbox" in a for a in h["attention"])
+    assert h["writer"]["held"] in (False, None) and h["unfolded_records"] == 0
+    assert h["runs"] == 2 and h["effects"]["in_doubt"] == 1 and h["wal_bytes"] > 0
+
+
+def test_verify_on_demand_ok_then_damage_found(filled: str) -> None:
+    with agentwal.open(filled, readonly=True) as store:
+        v = get(TestClient(create_app(store, filled)), "/api/verify")
+    assert v["ok"] and v["problems"] == [] and v["checked"]["checkpoints"] == 8
+    with Raw(filled) as raw:
+        k = raw.key("run-a", 3)
+        rec = raw.load("ckpt", k)
+        rec[3] += 1.0  # created_at: the hash no longer matches
+        raw.dump("ckpt", k, rec)
+    with agentwal.open(filled, readonly=True) as store:
+        v = get(TestClient(create_app(store, filled)), "/api/verify")
+    assert not v["ok"] and "hash chain broken" in v["problems"][0]["what"]
+    assert v["problems"][0]["where"].startswith("snapshot/data.mdb ckpt[")
 
 
 def test_not_found_and_bad_requests(client: TestClient) -> None:
