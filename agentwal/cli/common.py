@@ -87,6 +87,9 @@ def _list_hint(exc: Error, params: dict[str, Any]) -> str:
         return f" List its checkpoints with `agentwal history {path} {run}`."
     if exc.code == "effect_not_found":
         return f" List the ledger with `agentwal effects {path}`."
+    if exc.code == "missing_key":
+        run = getattr(exc, "run", params.get("run", "RUN"))
+        return f" List its keys with `agentwal show {path} {run}`."
     return ""
 
 
@@ -96,6 +99,10 @@ _API_ADVICE = {
                      " Stop that process first, or use a command that only reads (inspect, "
                      "runs, history, show, diff, effects, wal, verify, backup, ui): they "
                      "work beside it."),
+    "missing_key": (" Use txn.get(key, default) to supply a default.", ""),
+    "schema_version": (" open it once without readonly=True.",
+                       " open it once for writing: `agentwal compact PATH` with no option "
+                       "does that and drops nothing."),
 }
 
 
@@ -105,7 +112,7 @@ def cli_message(exc: Error, params: dict[str, Any]) -> str:
     message = _API_HINT.sub("", str(exc)) if hint else str(exc)
     api, cli = _API_ADVICE.get(exc.code, ("", ""))
     if api and message.endswith(api):
-        message = message[: -len(api)] + cli
+        message = message[: -len(api)] + cli.replace("PATH", str(params.get("path", "PATH")))
     return message + hint
 
 

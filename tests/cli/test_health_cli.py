@@ -79,3 +79,13 @@ def test_a_locked_store_says_what_to_run_not_what_to_call(tmp_path: Path) -> Non
         code, _, err = run("rollback", path, "r", "1")
     assert code == 1 and "store_locked" in err
     assert "readonly=True" not in err and "Stop that process first" in err
+
+
+def test_library_advice_becomes_the_command_to_run() -> None:
+    from agentwal.cli.common import cli_message
+    from agentwal.errors import SchemaVersionError
+
+    text = cli_message(SchemaVersionError("'s.awal'", 1, 2), {"path": "s.awal"})
+    assert "readonly=True" not in text and text.endswith(
+        "open it once for writing: `agentwal compact s.awal` with no option does that and "
+        "drops nothing.")
