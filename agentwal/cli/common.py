@@ -25,11 +25,19 @@ from typing import Any, TypeVar
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import Error
+from ..types import Progress
 from ..views import jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -238,13 +246,23 @@ def checkpoint_table(rows: list[dict[str, Any]]) -> None:
 
 
 @contextlib.contextmanager
-def working(what: str) -> Iterator[None]:
-    """A spinner with the elapsed time on stderr while a long call runs (only on a terminal)."""
+def progress_bar(what: str) -> Iterator[Progress | None]:
+    """A progress bar on stderr, driven by the ``progress=`` callback this yields.
+
+    Only on a terminal: elsewhere it yields None (no callback, nothing drawn).
+    The bar shows the phase the store reports, how far it is (a pulse when
+    the total is not known) and the elapsed time, and is gone when done.
+    """
     err = console(err=True)
     if not err.is_terminal:
-        yield
+        yield None
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        progress.add_task(what, total=None)
-        yield
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               TaskProgressColumn(), TimeElapsedColumn())
+    with RichProgress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(phase: str, done: int, total: int | None) -> None:
+            bar.update(task, description=f"{what}: {phase}", completed=done, total=total)
+
+        yield update

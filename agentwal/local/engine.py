@@ -112,6 +112,7 @@ from ..types import (
     Checkpoint,
     Diff,
     Durability,
+    Progress,
     TreeDiff,
     TreeFile,
     TreeRef,
@@ -1198,7 +1199,7 @@ class Engine:
 
     # -- verify and backup ----------------------------------------------------------
 
-    def verify(self) -> VerifyReport:
+    def verify(self, progress: Progress | None = None) -> VerifyReport:
         """Every offline check, in one consistent view (``Store.verify``)."""
         self._check_open()
         assert self._snap is not None
@@ -1227,16 +1228,17 @@ class Engine:
                 raise _io_error(exc, self.path, "cannot read the WAL") from None
             if snap is None:
                 return verify_store(None, wal, store_id=self.store_id, limit=limit,
-                                    problems=found)
+                                    problems=found, progress=progress)
             ltxn = snap.begin_read()
             try:
                 report = verify_store(snap.raw(ltxn), wal, store_id=self.store_id,
-                                      limit=limit, problems=found)
+                                      limit=limit, problems=found, progress=progress)
             finally:
                 snap.end_read(ltxn)
-        return self._verify_blobs(report)
+        return self._verify_blobs(report, progress)
 
-    def _verify_blobs(self, report: VerifyReport) -> VerifyReport:
+    def _verify_blobs(self, report: VerifyReport,
+                      progress: Progress | None = None) -> VerifyReport:
         """``report`` plus the blob files: each referenced one exists, with its size and SHA-256."""
         problems = list(report.problems)
         notes = list(report.notes)
@@ -1262,7 +1264,10 @@ class Engine:
         for path, reason in trees:
             rel = os.path.relpath(path, self.path)
             problems.append(Problem(rel, reason, rel))
+        total = sum(r.size for r in refs)
         for ref in refs:
+            if progress is not None:
+                progress("blobs", checked.get("blob_bytes", 0), total)
             rel = os.path.relpath(blob_path(self._blobs.root, ref.sha256), self.path)
             try:
                 with self._blobs.open(ref, verify=False) as reader:
@@ -1274,9 +1279,12 @@ class Engine:
                 problems.append(Problem(rel, exc.reason, rel, offset=exc.offset))
             checked["blobs"] = checked.get("blobs", 0) + 1
             checked["blob_bytes"] = checked.get("blob_bytes", 0) + ref.size
+        if progress is not None and refs:
+            progress("blobs", total, total)
         return VerifyReport(not problems, problems, checked, notes)
 
-    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+    def backup(self, dest: str | os.PathLike[str],
+               progress: Progress | None = None) -> BackupReport:
         """A consistent copy of the store at ``dest`` (``Store.backup``)."""
         self._check_open()
         snap = self._snap
@@ -1284,7 +1292,7 @@ class Engine:
         target = os.fspath(dest)
         out = OsFileSystem()  # the backup is a directory of the OS, like LMDB's copy in it
         tmp = check_destination(out, self.path, target)
-        copier = Copier(self._fs, out, self.path, tmp)
+        copier = Copier(self._fs, out, self.path, tmp, progress)
         try:
             copier.copy_control()
             if self._pipe is None:  # another process may fold: the log first, then LMDB

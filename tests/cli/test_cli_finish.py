@@ -299,3 +299,43 @@ def test_resolve_refuses_an_unknown_tag(forked: str) -> None:
     eid = json.loads(out)[0]["effect_id"]
     code, _, err = run("resolve", forked, eid, "--result", '{"$when": "today"}')
     assert code == 2 and "unknown tag '$when'" in err and "$dict" in err
+
+
+def _stderr_on_a_terminal(args: list[str]) -> str:
+    """What the command writes to stderr when that is a terminal, escape codes removed."""
+    import pty
+    import re
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    env.pop("NO_COLOR", None)
+    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args],
+                             stdout=subprocess.DEVNULL, stderr=follower, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert child.wait(timeout=120) == 0
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+
+
+def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
+                                                                tmp_path: Path) -> None:
+    # The bar redraws ten times a second and once at the end: the last phase always shows.
+    err = _stderr_on_a_terminal(["verify", forked])
+    assert "verify: log" in err and "100%" in err
+    dest = str(tmp_path / "copy.awal")
+    err = _stderr_on_a_terminal(["backup", forked, dest])
+    assert f"backup to {dest}: snapshot" in err and "100%" in err
+    err = _stderr_on_a_terminal(["compact", forked, "--keep-last", "2", "--vacuum"])
+    assert "compact: vacuum" in err and "100%" in err
+    for args in (["verify", forked], ["compact", dest, "--keep-last", "1"]):
+        code, _, err = run(*args)  # not a terminal: nothing but the result
+        assert code == 0 and err == "", (args, err)
