@@ -89,3 +89,15 @@ def test_library_advice_becomes_the_command_to_run() -> None:
     assert "readonly=True" not in text and text.endswith(
         "open it once for writing: `agentwal compact s.awal` with no option does that and "
         "drops nothing.")
+
+
+def test_ctrl_c_is_exit_130_without_a_traceback(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentwal.cli.maintenance as maintenance
+
+    def interrupted(path: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(maintenance, "open_ro", interrupted)
+    code, out, err = run("verify", str(tmp_path))
+    assert code == 130 and "interrupted" in err and out == ""
