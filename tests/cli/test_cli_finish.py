@@ -211,13 +211,14 @@ def test_json_round_trips_values_through_resolve(forked: str) -> None:
         assert next(e for e in s.effects() if e.effect_id == eid).result["receipt"] == b"\x00\x01"
 
 
-def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
-    """What the command prints when its stdout is a terminal (a pseudo-terminal here)."""
+def _on_a_terminal(args: list[str], env: dict[str, str], *, stream: str = "stdout") -> str:
+    """What the command prints when its stdout (or stderr) is a terminal (a pseudo-terminal
+    here); the other stream goes nowhere."""
     import pty
 
     leader, follower = pty.openpty()
-    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args], stdout=follower,
-                             stderr=subprocess.DEVNULL, env=env)
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, stream: follower}
+    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args], env=env, **streams)
     os.close(follower)
     chunks = []
     while True:
@@ -230,7 +231,7 @@ def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
         chunks.append(chunk)
     os.close(leader)
     assert child.wait(timeout=120) == 0
-    return b"".join(chunks).decode()
+    return b"".join(chunks).decode(errors="replace")
 
 
 def test_colour_on_a_terminal_but_never_with_no_color(forked: str) -> None:
@@ -303,27 +304,11 @@ def test_resolve_refuses_an_unknown_tag(forked: str) -> None:
 
 def _stderr_on_a_terminal(args: list[str]) -> str:
     """What the command writes to stderr when that is a terminal, escape codes removed."""
-    import pty
     import re
 
-    leader, follower = pty.openpty()
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
     env.pop("NO_COLOR", None)
-    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args],
-                             stdout=subprocess.DEVNULL, stderr=follower, env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    assert child.wait(timeout=120) == 0
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _on_a_terminal(args, env, stream="stderr"))
 
 
 def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
