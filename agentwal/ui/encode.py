@@ -5,7 +5,10 @@ whole. :func:`tree` turns a value into nested nodes the page renders as a
 collapsible tree: text past :data:`TEXT_CHARS` and containers past
 :data:`ITEMS` entries are cut, each cut node saying its full size; bytes
 show a short preview; a blob reference becomes a link to download it.
-:func:`preview` is one line of JSON, abbreviated the same way. Pure: no I/O.
+:func:`preview` is one line of JSON, abbreviated the same way. A LangGraph
+saver's payload (``{"t", "b", "view"}``, see ``integrations/langgraph``) is
+drawn as its decoded view, marked with the serializer's tag and the size of
+the bytes it stands for. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def tree(value: Any, blob_url: str, depth: int = 0) -> dict[str, Any]:
     if isinstance(value, BlobRef):
         return {"type": "blob", "sha256": value.sha256, "size": value.size,
                 "media_type": value.media_type, "url": blob_url}
+    if _is_serialized(value):  # a LangGraph saver's payload: its readable view, marked
+        node = tree(value["view"], blob_url, depth)
+        node["serialized"] = {"kind": value["t"], "length": len(value["b"])}
+        return node
     if isinstance(value, dict):
         if depth >= DEPTH:
             return _cut_preview(value)
@@ -67,6 +74,16 @@ def tree(value: Any, blob_url: str, depth: int = 0) -> dict[str, Any]:
     if isinstance(value, (decimal.Decimal, uuid.UUID)):
         return {"type": "other", "kind": type(value).__name__, "value": str(value)}
     return {"type": "other", "kind": type(value).__name__, "value": to_json(value)[:TEXT_CHARS]}
+
+
+#: The type tags of the serializers whose payloads the LangGraph saver gives a view.
+SERIALIZED_KINDS = ("msgpack", "json", "null", "empty", "str")
+
+
+def _is_serialized(value: Any) -> bool:
+    """``{"t": tag, "b": bytes, "view": value}``: what ``AgentWALSaver(readable=True)`` stores."""
+    return (isinstance(value, dict) and set(value) == {"t", "b", "view"}
+            and value["t"] in SERIALIZED_KINDS and isinstance(value["b"], bytes))
 
 
 def _cut_preview(value: Any) -> dict[str, Any]:

@@ -123,6 +123,16 @@ def test_tree_shows_typed_values_readably() -> None:
     assert [k for k, _ in items["m"]["items"]] == ["[1, 2]"]
 
 
+def test_a_langgraph_payload_shows_its_decoded_view() -> None:
+    payload = {"t": "msgpack", "b": b"\x81\xa1a\x01", "view": {"a": 1}}
+    node = tree({"v/root/x/1": payload, "plain": {"t": "msgpack", "b": b"", "other": 1}}, "")
+    items = dict(node["items"])
+    assert items["v/root/x/1"]["type"] == "dict"
+    assert items["v/root/x/1"]["items"] == [["a", {"type": "int", "value": 1}]]
+    assert items["v/root/x/1"]["serialized"] == {"kind": "msgpack", "length": 4}
+    assert "serialized" not in items["plain"]  # another shape stays as it is
+
+
 def test_diff_of_a_growing_list_is_the_appended_item(client: TestClient) -> None:
     d = get(client, "/api/runs/run-a/diff?a=4&b=5")
     [change] = d["changed"]["messages"]

@@ -185,13 +185,20 @@ async function checkpointView(run, id) {
   return el("div", {}, el("h2", {}, `Checkpoint #${c.id}`), meta, el("h3", {}, "State"), state);
 }
 
+function serializedNote(node) {
+  // A LangGraph payload: the tree shows its decoded view; say what it stands for.
+  return node.serialized
+    ? el("span", { class: "muted serialized" }, ` (LangGraph ${node.serialized.kind}, ${size(node.serialized.length)}, decoded)`)
+    : null;
+}
+
 function treeNode(label, node, depth) {
   const key = el("span", { class: "key" }, label);
   if (node.type === "dict" || node.type === "list") {
     const n = node.length;
     const summary = el("summary", {}, key, el("span", { class: "muted" },
       node.type === "dict" ? ` {${n} key${n === 1 ? "" : "s"}}`
-        : node.kind === "set" ? ` set of ${n}` : ` [${n} item${n === 1 ? "" : "s"}]`));
+        : node.kind === "set" ? ` set of ${n}` : ` [${n} item${n === 1 ? "" : "s"}]`), serializedNote(node));
     const kids = node.type === "dict"
       ? node.items.map(([k, v]) => treeNode(k, v, depth + 1))
       : node.items.map((v, i) => treeNode(`[${i}]`, v, depth + 1));
@@ -199,7 +206,7 @@ function treeNode(label, node, depth) {
       node.truncated ? el("div", { class: "cut" }, `… ${n - node.items.length} more not shown`) : null));
     return det;
   }
-  return el("div", { class: "leaf" }, key, ": ", leafValue(node));
+  return el("div", { class: "leaf" }, key, ": ", leafValue(node), serializedNote(node));
 }
 
 function leafValue(node) {
