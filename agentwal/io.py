@@ -258,9 +258,11 @@ def writer_holder(directory: str) -> tuple[bool | None, int | None]:
     """Whether a process holds the writer lock of ``directory``, and the pid it wrote.
 
     Read-only and lock-free, so it never disturbs a writer: on Linux the
-    kernel's ``/proc/locks`` says whether the ``LOCK`` file is held; elsewhere
-    the answer is None (unknown). The pid is the last holder's (the file
-    keeps it after that process ends), or None when the file has none.
+    kernel's ``/proc/locks`` says whether the ``LOCK`` file is held (and, should
+    its numbers not match the file's, ``/proc/<pid>/fd`` whether the pid the
+    file names still has it open); elsewhere the answer is None (unknown).
+    The pid is the last holder's (the file keeps it after that process ends),
+    or None when the file has none.
     """
     path = os.path.join(directory, "LOCK")
     try:
@@ -280,4 +282,20 @@ def writer_holder(directory: str) -> tuple[bool | None, int | None]:
         return None, pid
     held = any(len(p) > 5 and p[1] == "FLOCK" and p[5] == want
                for p in (line.split() for line in lines))
+    if not held and pid is not None:  # a file system whose locks list other numbers
+        held = _keeps_open(pid, os.path.realpath(path))
     return held, pid
+
+
+def _keeps_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open (a writer keeps its LOCK file open)."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:  # gone, or not ours to look at
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(os.path.join(fds, name)) == path:
+                return True
+    return False

@@ -101,3 +101,24 @@ def test_ctrl_c_is_exit_130_without_a_traceback(tmp_path: Path,
     monkeypatch.setattr(maintenance, "open_ro", interrupted)
     code, out, err = run("verify", str(tmp_path))
     assert code == 130 and "interrupted" in err and out == ""
+
+
+@linux_only
+def test_the_writer_is_found_by_its_open_lock_file_too(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc/locks names the file by other numbers (some file systems), the pid in
+    LOCK that still has the file open is the writer."""
+    import agentwal.io as io_module
+
+    path = str(tmp_path / "s.awal")
+    real_open = open
+
+    def no_locks(file: object, *args: object, **kw: object) -> object:
+        if file == "/proc/locks":
+            return real_open(os.devnull, *args, **kw)  # type: ignore[call-overload]
+        return real_open(file, *args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", no_locks)
+    with agentwal.open(path):
+        assert io_module.writer_holder(path) == (True, os.getpid())
+    assert io_module.writer_holder(path) == (False, os.getpid())
