@@ -265,3 +265,50 @@ def _read_pid(fd: int) -> int | None:
         return int(text) if text else None
     except (OSError, ValueError):
         return None
+
+
+def writer_holder(directory: str) -> tuple[bool | None, int | None]:
+    """Whether a process holds the writer lock of ``directory``, and the pid it wrote.
+
+    Read-only and lock-free, so it never disturbs a writer: on Linux the
+    kernel's ``/proc/locks`` says whether the ``LOCK`` file is held (and, should
+    its numbers not match the file's, ``/proc/<pid>/fd`` whether the pid the
+    file names still has it open); elsewhere the answer is None (unknown).
+    The pid is the last holder's (the file keeps it after that process ends),
+    or None when the file has none.
+    """
+    path = os.path.join(directory, "LOCK")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False, None  # no LOCK file: never opened for writing
+    try:
+        st = os.fstat(fd)
+        pid = _read_pid(fd)
+    finally:
+        os.close(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, pid
+    held = any(len(p) > 5 and p[1] == "FLOCK" and p[5] == want
+               for p in (line.split() for line in lines))
+    if not held and pid is not None:  # a file system whose locks list other numbers
+        held = _keeps_open(pid, os.path.realpath(path))
+    return held, pid
+
+
+def _keeps_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open (a writer keeps its LOCK file open)."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:  # gone, or not ours to look at
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(os.path.join(fds, name)) == path:
+                return True
+    return False

@@ -42,6 +42,7 @@ from .types import (
     Checkpoint,
     Diff,
     Durability,
+    Progress,
     TreeDiff,
     TreeFile,
     check_checkpoint_id,
@@ -563,7 +564,8 @@ class Store:
     def compact(self, *, keep_last: int | None = None,
                 older_than: datetime.timedelta | None = None,
                 runs: list[str] | tuple[str, ...] | set[str] | None = None,
-                vacuum: bool = False, keep_fork_origins: bool = True) -> CompactReport:
+                vacuum: bool = False, keep_fork_origins: bool = True,
+                progress: Progress | None = None) -> CompactReport:
         """Drop old checkpoints and free the history only they used.
 
         Per run (every run, or those in ``runs``) the checkpoints kept are:
@@ -594,6 +596,11 @@ class Store:
             runs: compact only these runs (default: all).
             vacuum: also shrink the LMDB file.
             keep_fork_origins: never drop a checkpoint a fork started from.
+            progress: ``progress(phase, done, total)``, called in this thread
+                as the work goes: ``("fold", 0|1, 1)``, ``("runs", runs done,
+                runs)``, then with ``vacuum`` ``("vacuum", 0|1, 1)``. It runs
+                while the store holds its fold lock: keep it quick and do not
+                call the store from it; what it raises propagates.
 
         Returns:
             A :class:`CompactReport` (checkpoints dropped, bytes of LMDB
@@ -624,7 +631,7 @@ class Store:
                 raise TypeError("runs is a list of run ids, not one str")
             selected = sorted({check_key(r, "run id") for r in runs})
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
-                                               keep_fork_origins)
+                                               keep_fork_origins, progress)
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
@@ -941,7 +948,7 @@ class Store:
 
     # -- verify, backup, stats, closing ---------------------------------------------
 
-    def verify(self) -> VerifyReport:
+    def verify(self, *, progress: Progress | None = None) -> VerifyReport:
         """Recompute every checksum and hash chain and cross-check state against history.
 
         Reads every entry of every LMDB database (each value's CRC, its
@@ -959,6 +966,13 @@ class Store:
         own open does. Time is proportional to every byte ever committed
         (history included): it rehashes them all.
 
+        Args:
+            progress: ``progress(phase, done, total)``, called in this thread
+                as the checks go: ``("snapshot", groups of databases checked,
+                10)``, ``("log", segments, segments)``, ``("blobs", bytes,
+                bytes)``. A writer holds its fold lock meanwhile: keep it quick
+                and do not call the store from it; what it raises propagates.
+
         Returns:
             A :class:`VerifyReport` (``ok``, ``problems``, ``checked``, ``notes``).
 
@@ -971,9 +985,10 @@ class Store:
             for p in report.problems:
                 print(p.where, p.what)
         """
-        return self._engine.audit.verify()
+        return self._engine.audit.verify(progress)
 
-    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+    def backup(self, dest: str | os.PathLike[str], *,
+               progress: Progress | None = None) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.
 
         Works while the store is open and commits go on. The backup holds
@@ -993,6 +1008,12 @@ class Store:
             dest: a path that does not exist (its parent is created if missing).
                 The store's files are read through its file system (``fs=``);
                 the backup is written to the operating system's.
+            progress: ``progress(phase, done, total)``, called in this thread
+                as the copy goes: ``("log", segments copied, segments)``,
+                ``("snapshot", 0|1, 1)`` (one LMDB copy), ``("blobs", files
+                copied, None)``. Locks may be held meanwhile: keep it quick and
+                do not call the store from it; what it raises propagates (and
+                nothing is published at ``dest``).
 
         Returns:
             A :class:`BackupReport`: ``path``, ``lsn`` (every commit up to it
@@ -1012,7 +1033,7 @@ class Store:
             store.backup("/backups/state-2024-05-01.awal")
             agentwal.open("/backups/state-2024-05-01.awal", readonly=True).verify()
         """
-        return self._engine.audit.backup(dest)
+        return self._engine.audit.backup(dest, progress)
 
     def stats(self) -> dict[str, Any]:
         """Sizes, LSNs, counters and what the last recovery did (a new dict)."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from ..errors import CorruptionError
 from ..format import SNAPSHOT_DIR, WAL_DIR
 from ..io import OsFileSystem, io_error
+from ..types import Progress
 from .backup import BackupReport, Copier, check_destination
 from .blobs import BlobMissing, blob_path
 from .snapshot import Snapshot, check_lmdb_file
@@ -47,7 +48,7 @@ class Audit:
     def __init__(self, engine: Engine) -> None:
         self._e = engine
 
-    def verify(self) -> VerifyReport:
+    def verify(self, progress: Progress | None = None) -> VerifyReport:
         """Every offline check, in one consistent view (``Store.verify``)."""
         e = self._e
         e._check_open()
@@ -77,16 +78,17 @@ class Audit:
                 raise io_error(exc, e.path, "cannot read the WAL") from None
             if snap is None:
                 return verify_store(None, wal, store_id=e.store_id, limit=limit,
-                                    problems=found)
+                                    problems=found, progress=progress)
             ltxn = snap.begin_read()
             try:
                 report = verify_store(snap.raw(ltxn), wal, store_id=e.store_id,
-                                      limit=limit, problems=found)
+                                      limit=limit, problems=found, progress=progress)
             finally:
                 snap.end_read(ltxn)
-        return self.verify_blobs(report)
+        return self.verify_blobs(report, progress)
 
-    def verify_blobs(self, report: VerifyReport) -> VerifyReport:
+    def verify_blobs(self, report: VerifyReport,
+                     progress: Progress | None = None) -> VerifyReport:
         """``report`` plus the blob files: each referenced one exists, with its size and SHA-256."""
         e = self._e
         problems = list(report.problems)
@@ -113,7 +115,10 @@ class Audit:
         for path, reason in trees:
             rel = os.path.relpath(path, e.path)
             problems.append(Problem(rel, reason, rel))
+        total = sum(r.size for r in refs)
         for ref in refs:
+            if progress is not None:
+                progress("blobs", checked.get("blob_bytes", 0), total)
             rel = os.path.relpath(blob_path(e._blobs.root, ref.sha256), e.path)
             try:
                 with e._blobs.open(ref, verify=False) as reader:
@@ -125,9 +130,12 @@ class Audit:
                 problems.append(Problem(rel, exc.reason, rel, offset=exc.offset))
             checked["blobs"] = checked.get("blobs", 0) + 1
             checked["blob_bytes"] = checked.get("blob_bytes", 0) + ref.size
+        if progress is not None and refs:
+            progress("blobs", total, total)
         return VerifyReport(not problems, problems, checked, notes)
 
-    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+    def backup(self, dest: str | os.PathLike[str],
+               progress: Progress | None = None) -> BackupReport:
         """A consistent copy of the store at ``dest`` (``Store.backup``)."""
         e = self._e
         e._check_open()
@@ -136,7 +144,7 @@ class Audit:
         target = os.fspath(dest)
         out = OsFileSystem()  # the backup is a directory of the OS, like LMDB's copy in it
         tmp = check_destination(out, e.path, target)
-        copier = Copier(e._fs, out, e.path, tmp)
+        copier = Copier(e._fs, out, e.path, tmp, progress)
         try:
             copier.copy_control()
             if e._pipe is None:  # another process may fold: the log first, then LMDB

@@ -35,7 +35,7 @@ RANK = {
     "local.effectlog": 7, "local.audit": 7, "local.runs": 7,
     "local.backend": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
-    "workspace": 8, "snapshot": 8,
+    "workspace": 8, "snapshot": 8, "health": 8,
     "integrations": 9,
 }
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).
