@@ -18,7 +18,7 @@ Example::
 """
 
 import os
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from . import errors
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
@@ -81,6 +81,11 @@ __version__ = "0.1.0"
 _PG_PREFIXES = ("postgresql://", "postgres://")
 
 
+def is_postgres_dsn(target: object) -> TypeGuard[str]:
+    """True if ``target`` is a PostgreSQL URI (``postgresql://`` or ``postgres://``)."""
+    return isinstance(target, str) and target.startswith(_PG_PREFIXES)
+
+
 def open(target: str | os.PathLike[str], **options: Any) -> Store:
     """Open a store: a directory path (the local engine) or a PostgreSQL DSN.
 
@@ -93,7 +98,7 @@ def open(target: str | os.PathLike[str], **options: Any) -> Store:
     ``Store`` that backend supports (docs/postgres.md), until one facade
     serves both backends.
     """
-    if isinstance(target, str) and target.startswith(_PG_PREFIXES):
+    if is_postgres_dsn(target):
         from .postgres import open_postgres
 
         return cast("Store", open_postgres(target, **options))

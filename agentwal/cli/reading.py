@@ -10,6 +10,7 @@ import click
 from rich.text import Text
 from rich.tree import Tree
 
+from .. import is_postgres_dsn
 from ..errors import RunNotFoundError
 from ..types import TreeRef
 from ..views import (
@@ -33,6 +34,7 @@ from .common import (
     emit,
     examples,
     json_option,
+    local_only,
     open_ro,
     print_renderable,
     reports_errors,
@@ -73,7 +75,8 @@ def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
     dispatched, a write-ahead log over twice --wal-max-bytes (the writer is
     not folding), a failed fold. Labels are the field names of --json,
     which prints every raw field. Opens the store read-only, so it works
-    while a writer has it open.
+    while a writer has it open. On PostgreSQL it shows the tables' rows and
+    sizes instead of the log and snapshot.
     """
     with open_ro(path) as store:
         st = store.stats()
@@ -83,7 +86,8 @@ def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
         st["runs"] = len(runs)
         st["effects"] = effect_counts(entries)
         st["outbox_pending"] = len(outbox(entries))
-        st["wal_bytes"], st["wal_segments"] = _wal_size(path)
+        if not is_postgres_dsn(path):
+            st["wal_bytes"], st["wal_segments"] = _wal_size(path)
         st["last_commit_at"] = max((h.created_at for h in heads), default=None)
     st["attention"] = _attention(path, st, wal_max_bytes)
     emit(as_json, st, lambda: _inspect_human(st))
@@ -110,7 +114,7 @@ def _attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
         n = st["outbox_pending"]
         out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "
                    f"`agentwal effects {path} --status pending`")
-    if st["wal_bytes"] > 2 * wal_max_bytes:
+    if st.get("wal_bytes", 0) > 2 * wal_max_bytes:
         out.append(f"the write-ahead log holds {size(st['wal_bytes'])}, over twice "
                    f"wal_max_bytes ({size(wal_max_bytes)}): is the writer folding?")
     for field in ("fold_error", "retention_error"):
@@ -168,7 +172,9 @@ def _inspect_human(st: dict[str, Any]) -> None:
     if rest:
         click.echo("")
         table(rest, ("other", ""))
-    rec = st.get("recovery", {})
+    if "recovery" not in st:
+        return  # PostgreSQL: no log of its own to recover
+    rec = st["recovery"]
     click.echo("")
     table([("replayed", f"{rec.get('replayed')} record(s) after LSN {rec.get('applied_lsn')}"),
            ("torn_bytes", rec.get("torn_bytes")), ("seconds", rec.get("seconds")),
@@ -323,6 +329,8 @@ def wal(path: str, limit: int | None, from_lsn: int | None, run: str | None,
     damage in the middle of the log exits with status 1. --from-lsn and
     --run are filters: a run with no records lists none.
     """
+    local_only(path, "wal", "it reads the segment files of a local write-ahead log; on "
+               "PostgreSQL, `agentwal history` lists the commits")
     rows, notes = _wal_records(path, limit, from_lsn, run)
 
     def human() -> None:

@@ -116,7 +116,8 @@ class PostgresBackend:
     """A store in one PostgreSQL schema, seen by one worker (``worker_id``)."""
 
     def __init__(self, dsn: str, *, schema: str, worker_id: str, lease_ttl: float,
-                 synchronous: bool, readonly: bool, pool_size: int) -> None:
+                 synchronous: bool, readonly: bool, pool_size: int,
+                 create: bool = True) -> None:
         self.readonly = readonly
         self.worker_id = worker_id
         self.db = Db(dsn, schema, worker_id=worker_id, pool_size=pool_size,
@@ -128,7 +129,7 @@ class PostgresBackend:
                 if readonly:
                     self.store_id = schema_mod.check(conn, schema, self.name)
                 else:
-                    self.store_id = schema_mod.install(conn, schema, self.name)
+                    self.store_id = schema_mod.install(conn, schema, self.name, create=create)
         except BaseException:
             self.db.close()
             raise

@@ -29,6 +29,7 @@ import os
 import random
 import socket
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -62,14 +63,18 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
-def open_postgres(dsn: str, *, schema: str = "agentwal", worker_id: str | None = None,
+def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None = None,
                   lease_ttl: float = 30.0, durability: Durability | str = Durability.SYNC,
-                  readonly: bool = False, pool_size: int = 4) -> PostgresStore:
+                  readonly: bool = False, pool_size: int = 4,
+                  create: bool = True) -> PostgresStore:
     """Open (creating or migrating on first open) the store in ``schema`` of a PostgreSQL server.
 
     Args:
         dsn: a libpq URI (``postgresql://user@host/db``) or conninfo string.
-        schema: the schema that holds the store (a lowercase identifier).
+            A URI may name the schema in its query (``...?schema=team_a``),
+            which is how the CLI is given one.
+        schema: the schema that holds the store (a lowercase identifier;
+            default the URI's ``schema=``, else ``"agentwal"``).
         worker_id: this worker's name in leases (default ``host/pid/random``);
             unique per live process.
         lease_ttl: seconds a lease lasts unless renewed (renewed every ttl/3
@@ -81,18 +86,23 @@ def open_postgres(dsn: str, *, schema: str = "agentwal", worker_id: str | None =
         readonly: never migrates or writes; refuses a schema older or newer
             than this code.
         pool_size: connections in this process's pool (plus one for the heartbeat).
+        create: False to refuse (``CorruptionError``) a schema with no store
+            in it instead of creating one (the CLI never creates a store).
 
     Raises:
         BackendUnavailableError: the server cannot be reached.
         SchemaVersionError: the schema is newer than this code.
-        CorruptionError: ``readonly`` and there is no store in ``schema``.
+        CorruptionError: ``readonly`` (or not ``create``) and there is no store in ``schema``.
         ValueError: a bad argument.
     """
     from .db import check_schema
 
     if not isinstance(dsn, str) or not dsn:
         raise ValueError("dsn must be a non-empty str")
-    check_schema(schema)
+    dsn, named = split_schema(dsn)
+    if schema is not None and named is not None and schema != named:
+        raise ValueError(f"the DSN names schema {named!r} and schema= says {schema!r}")
+    schema = check_schema(schema if schema is not None else named or "agentwal")
     mode = Durability(durability)
     if not isinstance(lease_ttl, (int, float)) or isinstance(lease_ttl, bool) or lease_ttl <= 0:
         raise ValueError("lease_ttl must be a number of seconds > 0")
@@ -101,8 +111,27 @@ def open_postgres(dsn: str, *, schema: str = "agentwal", worker_id: str | None =
     wid = default_worker_id() if worker_id is None else check_key(worker_id, "worker id")
     backend = PostgresBackend(dsn, schema=schema, worker_id=wid, lease_ttl=float(lease_ttl),
                               synchronous=mode is Durability.SYNC, readonly=bool(readonly),
-                              pool_size=pool_size)
+                              pool_size=pool_size, create=bool(create))
     return PostgresStore(backend, mode)
+
+
+def split_schema(dsn: str) -> tuple[str, str | None]:
+    """``(dsn without a schema= query parameter, that schema or None)``.
+
+    libpq knows no ``schema`` parameter, so a URI's is taken out before the
+    DSN reaches it; the other parameters stay as they were written.
+    """
+    base, sep, query = dsn.partition("?")
+    if not sep or "://" not in base:
+        return dsn, None
+    kept, schema = [], None
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if name == "schema":
+            schema = urllib.parse.unquote(value)
+        elif item:
+            kept.append(item)
+    return (base + "?" + "&".join(kept) if kept else base), schema
 
 
 class PostgresStore:
@@ -452,6 +481,49 @@ class PostgresStore:
 
     # -- maintenance -----------------------------------------------------------------
 
+    def refresh(self) -> None:
+        """Nothing to catch up with: every read goes to the server, so it is always current."""
+        self._b._check_open()
+
+    # What the local engine has and this backend does not yet: a typed refusal, never an
+    # AttributeError (docs/postgres.md lists them).
+
+    def snapshot(self) -> None:
+        """Not on PostgreSQL: the server's own checkpointer does what a fold does locally."""
+        raise _unsupported("store.snapshot", "The server makes commits durable by itself; "
+                           "store.sync() waits for the ones made with durability='async'.")
+
+    def compact(self, **_options: Any) -> Any:
+        """Not on PostgreSQL yet (``BackendUnsupportedError``)."""
+        raise _unsupported("store.compact", "Delete finished runs with store.delete_run; "
+                           "dropping old checkpoints of a live run is not there yet.")
+
+    def verify(self) -> Any:
+        """Not on PostgreSQL yet (``BackendUnsupportedError``)."""
+        raise _unsupported("store.verify", "Copy the runs to a local store "
+                           "(`agentwal copy`) and verify that.")
+
+    def backup(self, dest: Any) -> Any:
+        """Not on PostgreSQL: back the database up with its own tools (pg_dump, a base backup)."""
+        raise _unsupported("store.backup", "Use pg_dump --schema, or `agentwal copy` to a "
+                           "local store.")
+
+    def open_blob(self, run: str, key: str, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no blobs (``BackendUnsupportedError``)."""
+        raise _unsupported("store.open_blob", _NO_BLOBS)
+
+    def list_tree(self, run: str, key: str, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.list_tree", _NO_BLOBS)
+
+    def restore_tree(self, run: str, key: str, dest: Any, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.restore_tree", _NO_BLOBS)
+
+    def open_tree_file(self, run: str, key: str, relpath: str, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.open_tree_file", _NO_BLOBS)
+
     def sync(self) -> None:
         """Make every acknowledged commit durable now (matters with ``durability="async"``)."""
         self._b.sync()
@@ -459,8 +531,8 @@ class PostgresStore:
     def stats(self) -> dict[str, Any]:
         """Row counts and sizes of the store's tables, and this worker's leases."""
         out = self._b.stats()
-        out["retries"] = self._retries
-        out["durability"] = self.durability.value
+        out.update(path=self.path, store_id=str(self.store_id), readonly=self.readonly,
+                   retries=self._retries, durability=self.durability.value)
         return out
 
     def close(self) -> None:
@@ -475,6 +547,14 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"<agentwal.PostgresStore {self.path} worker={self.worker_id!r}>"
+
+
+_NO_BLOBS = ("Blobs and trees are not stored on PostgreSQL yet; keep them in a local store "
+             "(docs/postgres.md).")
+
+
+def _unsupported(what: str, hint: str) -> BackendUnsupportedError:
+    return BackendUnsupportedError(what, "PostgreSQL", hint)
 
 
 def _check_retry_of(store: PostgresStore, run: str, prev: object) -> None:
