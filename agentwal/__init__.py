@@ -69,6 +69,7 @@ from .local.verify import Problem, VerifyReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store
 from .store import open as _open_local
+from .transfer import CopyReport
 from .tree import GITIGNORE
 from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
@@ -154,6 +155,7 @@ __all__ = [
     "BlobSourceError",
     "NotABlobError",
     "BackupReport",
+    "CopyReport",
     "PathExistsError",
     "Problem",
     "VerifyReport",

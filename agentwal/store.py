@@ -1562,6 +1562,15 @@ class Store:
             raise ReadOnlyError(self.path)
         return self._pipe
 
+    def copy_runs(self, dest: Any, runs: Any = None) -> Any:
+        """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
+
+        Either store may be local or PostgreSQL: see :func:`agentwal.transfer.copy_runs`.
+        """
+        from .transfer import copy_runs
+
+        return copy_runs(self, dest, runs)
+
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
 

@@ -213,8 +213,14 @@ class PostgresBackend:
 
     # -- committing ------------------------------------------------------------------
 
-    def commit(self, view: PgView, change: Change) -> Checkpoint | None:
+    #: ``commit(..., created=)`` stamps a given time (``copy_runs`` keeps the source's).
+    commits_at_given_time = True
+
+    def commit(self, view: PgView, change: Change, *,
+               created: float | None = None) -> Checkpoint | None:
         """Apply ``change`` as the run's next checkpoint, fenced and validated (module doc).
+
+        ``created`` is the checkpoint's time (default now), hashed like any other.
 
         Raises:
             LeaseLostError: this worker's lease is gone (nothing applied).
@@ -240,7 +246,7 @@ class PostgresBackend:
         for attempt in range(_RETRIES + 1):
             try:
                 return self._commit_once(view, lease, change, delta, digest, meta_raw,
-                                         deferred, outbox, token)
+                                         deferred, outbox, token, created)
             except _Retry:
                 if attempt == _RETRIES:
                     raise ConflictError(view.run, reason=(
@@ -251,7 +257,7 @@ class PostgresBackend:
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
                      delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
                      deferred: list[Deferred], outbox: bytes | None,
-                     token: uuid.UUID) -> Checkpoint:
+                     token: uuid.UUID, created_at: float | None) -> Checkpoint:
         run = view.run
         committing = False
         with self._conn() as conn:
@@ -266,7 +272,7 @@ class PostgresBackend:
                     raise RunExistsError(run)
                 if head != view.base:
                     self._validate(conn, run, view.base, change)
-                created = time.time()
+                created = time.time() if created_at is None else created_at
                 cid, parent = head + 1, (head or None)
                 hsh = checkpoint_hash(bytes(head_hash) if head_hash else _ZERO_HASH, run, cid,
                                       parent, created, meta_raw, change.origin, digest, outbox)

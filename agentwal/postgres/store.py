@@ -47,6 +47,7 @@ from ..errors import (
 )
 from ..ledger import DispatchReport, Ledger, Request
 from ..store import _checkpoint_id
+from ..transfer import CopyReport, copy_runs
 from ..txn import Transaction
 from ..types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .backend import Change, EffectRace, PgView, PostgresBackend
@@ -407,6 +408,13 @@ class PostgresStore:
     def runs(self) -> list[str]:
         """Run ids with at least one checkpoint, sorted."""
         return self._b.runs()
+
+    def copy_runs(self, dest: Any, runs: Any = None) -> CopyReport:
+        """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
+
+        ``dest`` is a local or PostgreSQL store: see :func:`agentwal.transfer.copy_runs`.
+        """
+        return copy_runs(self, dest, runs)
 
     # -- history writes (each a fenced commit) ---------------------------------------
 
