@@ -280,15 +280,21 @@ class PostgresStore:
             "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "
             "yet; use a local store for workspaces (docs/postgres.md).")
 
+    def _fenced(self, txn: Transaction, req: Request) -> None:
+        """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``."""
+        lease: Lease = txn._view.fence
+        self._fences[req.key] = lease
+        req.fencing_token = lease.epoch
+
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
-        self._fences[req.key] = txn._view.fence
+        self._fenced(txn, req)
         try:
             return self._ledger.run(req)
         finally:
             self._fences.pop(req.key, None)
 
     async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
-        self._fences[req.key] = txn._view.fence
+        self._fenced(txn, req)
         try:
             return await self._ledger.arun(req)
         finally:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import agentwal
 from agentwal import EffectContext, EffectInDoubtError, LeaseLostError
 from agentwal.postgres import PostgresStore
 
@@ -95,3 +96,30 @@ def test_rollback_to_and_fork_report_the_effects_made_since(pgstore: PostgresSto
     assert [e.name for e in back.effects_after] == ["charge"]
     first = pgstore.fork("r", 2, "f")
     assert first.effects_after == ()  # nothing was made after checkpoint 2
+
+
+def test_the_fencing_token_is_the_lease_epoch(open_pg: Callable[..., PostgresStore],
+                                               tmp_path: Any) -> None:
+    a, b = open_pg(worker_id="a"), open_pg(worker_id="b")
+    seen: list[int | None] = []
+
+    def call(ctx: EffectContext) -> None:
+        seen.append(ctx.fencing_token)
+
+    with a.begin("r") as txn:
+        txn.effect("first", call, mode="at_least_once")
+    asyncio.run(_aeffect(a, call))
+    a.release("r")
+    with b.begin("r") as txn:  # a new holder: a higher token
+        txn.effect("third", call, mode="at_least_once")
+    assert seen == [1, 1, 2]  # a's first lease on the run, then b's
+    with agentwal.open(str(tmp_path / "local.awal"), durability="none") as local, \
+            local.begin("r") as txn:
+        txn.effect("local", call, mode="at_least_once")
+    assert seen[3] is None  # a local store leases no runs
+
+
+async def _aeffect(store: PostgresStore, call: Callable[[EffectContext], None]) -> None:
+    txn = store.begin("r")
+    await txn.aeffect("second", call, mode="at_least_once")
+    txn.commit()
