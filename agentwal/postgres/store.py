@@ -281,8 +281,14 @@ class PostgresStore:
             "yet; use a local store for workspaces (docs/postgres.md).")
 
     def _fenced(self, txn: Transaction, req: Request) -> None:
-        """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``."""
+        """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``.
+
+        Past the lease's local deadline (or once it is known lost) this raises
+        LeaseLostError before anything reaches the server: a holder cut off
+        from it learns nothing new there, and must start no call.
+        """
         lease: Lease = txn._view.fence
+        lease.check()
         self._fences[req.key] = lease
         req.fencing_token = lease.epoch
 
