@@ -510,6 +510,14 @@ class PostgresBackend:
                                "AND ordinal = %s LIMIT 1", (run, checkpoint, ordinal)).fetchone()
         return None if row is None else str(row[0])
 
+    def position_zero(self, run: str, lo: int, hi: int) -> list[EffectRecord]:
+        """The entries at position 0 of checkpoints ``lo..hi`` of ``run``, newest first."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT entry FROM effects WHERE run = %s AND ordinal = 0 "
+                                "AND ckpt BETWEEN %s AND %s ORDER BY ckpt DESC",
+                                (run, lo, hi)).fetchall()
+        return [decode_entry(bytes(r[0])) for r in rows]
+
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
                       fence: Lease | None = None) -> EffectRecord:
         """Store ``entry`` durably if the stored one is still ``expect`` (compare-and-set).

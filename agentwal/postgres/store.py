@@ -23,19 +23,30 @@ lists what is not there yet).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import os
 import random
 import socket
+import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from ..aio import is_async_callable, off_loop
 from ..codec import decode_stored
-from ..effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
+from ..effects import (
+    STATUSES,
+    EffectContext,
+    EffectMode,
+    EffectRecord,
+    derive_key,
+    effects_after,
+)
 from ..errors import (
     BackendUnsupportedError,
     CheckpointNotFoundError,
@@ -48,7 +59,7 @@ from ..errors import (
 from ..ledger import DispatchReport, Ledger, Request
 from ..store import _checkpoint_id
 from ..transfer import CopyReport, copy_runs
-from ..txn import Transaction
+from ..txn import Begin, Transaction, check_effect_args
 from ..types import BlobRef, Checkpoint, Diff, Durability, check_key
 from .backend import Change, EffectRace, PgView, PostgresBackend
 from .leases import Lease
@@ -57,6 +68,8 @@ __all__ = ["PostgresStore", "open_postgres"]
 
 T = TypeVar("T")
 _UNSET: Any = object()
+#: How far back ``_effect_adopt`` looks for an uncommitted attempt (as the local store).
+_ADOPT_WALK = 32
 
 
 def default_worker_id() -> str:
@@ -158,6 +171,9 @@ class PostgresStore:
         #: effect key -> the lease of the step running it (its ledger writes are fenced by it)
         self._fences: dict[str, Lease | None] = {}
         self._retries = 0
+        #: (run, checkpoint) -> the live transaction whose step uses the effect positions there
+        self._pos_owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
+        self._pos_lock = threading.Lock()
 
     # -- leases ----------------------------------------------------------------------
 
@@ -213,8 +229,11 @@ class PostgresStore:
         """Run ``fn(txn)`` and commit it, redoing it on ``ConflictError`` (not on a lost lease)."""
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError("retries must be an int >= 0")
-        if not callable(fn) or inspect.iscoroutinefunction(fn):
-            raise TypeError("fn must be a synchronous callable fn(txn)")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("store.transact runs a synchronous step; for an async step use "
+                            "`await store.atransact(run, step)`")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(txn)")
         prev: Transaction | None = None
         for attempt in range(retries + 1):
             txn = self.begin(run, retry_of=prev)
@@ -235,6 +254,48 @@ class PostgresStore:
                 self._retries += 1
                 prev = txn
                 time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
+            except BaseException:
+                if txn.state == "active":
+                    txn.rollback()
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
+        """:meth:`begin` for asyncio (``async with store.abegin(run) as txn:``).
+
+        The lease and the head are fetched at the call (two short round
+        trips); a clean exit commits with ``await txn.acommit()``, off the loop.
+        """
+        return Begin(self.begin(run, retry_of=retry_of))
+
+    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
+                        retries: int = 10) -> T:
+        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``."""
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if not inspect.iscoroutinefunction(fn) and not is_async_callable(fn):
+            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
+                            "for a synchronous one use store.transact(run, step)")
+        prev: Transaction | None = None
+        for attempt in range(retries + 1):
+            txn = self.begin(run, retry_of=prev)
+            try:
+                result = await fn(txn)
+                if txn.state == "active":
+                    await txn.acommit()
+                return result
+            except LeaseLostError:
+                if txn.state == "active":
+                    txn.rollback()
+                raise
+            except ConflictError:
+                if txn.state == "active":
+                    txn.rollback()
+                if txn.state == "committed" or attempt == retries:
+                    raise
+                self._retries += 1
+                prev = txn
+                await asyncio.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
             except BaseException:
                 if txn.state == "active":
                     txn.rollback()
@@ -307,12 +368,34 @@ class PostgresStore:
             self._fences.pop(req.key, None)
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
-        """Positions at ``base`` belong to the step that begins there: refuse a stale step."""
+        """Positions at ``base`` belong to one step: refuse a second live one, or a stale one.
+
+        As ``Store._effect_claim``: another live transaction of this worker
+        begun from the same checkpoint (not a retry in the same chain) gets
+        ``ConflictError``, and so does a transaction begun before the run
+        moved on, unless it is a retry anchored there. Other workers cannot
+        race here: the run's lease keeps them out.
+        """
+        run = txn.run
+        with self._pos_lock:
+            ref = self._pos_owners.get((run, base))
+            other = ref() if ref is not None else None
+            if (other is not None and other is not txn and other.state == "active"
+                    and other._chain is not txn._chain):
+                raise ConflictError(run, reason=(
+                    f"another transaction on this run, begun from checkpoint {base}, is "
+                    "calling effects there; nothing was called or recorded. Two steps cannot "
+                    "run from one checkpoint: retry once it commits (store.transact does)."))
+            if other is not txn:
+                if len(self._pos_owners) > 4096:
+                    self._pos_owners = {k: r for k, r in self._pos_owners.items()
+                                        if (t := r()) is not None and t.state == "active"}
+                self._pos_owners[(run, base)] = weakref.ref(txn)
         if txn._inherited:
             return
-        head = self._b.begin(txn.run, lease=False).base
+        head = self._b.begin(run, lease=False).base
         if head != base:
-            raise ConflictError(txn.run, reason=(
+            raise ConflictError(run, reason=(
                 f"the run moved on from checkpoint {base} (where this transaction began) to "
                 f"{head}; its effect positions there belong to the step that committed. "
                 "Nothing was called or recorded; retry the step from the new head "
@@ -320,7 +403,40 @@ class PostgresStore:
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
-        return None  # finding an uncommitted attempt from an older checkpoint: not yet here
+        """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
+
+        The local store's rule (``Store._effect_adopt``): a step that died or
+        conflicted after calling an effect leaves entries no commit marked; if
+        the run moved on without effects meanwhile, its retry begins at a later
+        head. Walking back from ``base`` (at most ``_ADOPT_WALK`` checkpoints,
+        one query), the first checkpoint whose position 0 holds a live entry
+        decides: committed, or ``base`` itself, means a new step (None); an
+        uncommitted entry of the same effect (name, args, mode, derived key) is
+        the earlier attempt, whose checkpoint is returned. The walk never
+        crosses a ``rollback_to`` or a fork's first checkpoint.
+        """
+        run = txn.run
+        if base == 0 or self._b.begin(run, lease=False).base != base:
+            return None  # a run's first step, or a stale one (which _effect_claim refuses)
+        found = None
+        for e0 in self._b.position_zero(run, max(base - _ADOPT_WALK, 0), base):
+            if e0.status == "retired":
+                continue
+            if e0.checkpoint == base or e0.committed_in is not None:
+                return None  # this step's own positions, or a step that committed
+            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
+                    and not e0.keyed and e0.key == derive_key(self.store_id, run, e0.checkpoint,
+                                                              name, 0, epoch=epoch))
+            if not same:
+                return None
+            found = e0.checkpoint
+            break
+        if found is None:
+            return None
+        for c in self.history(run, limit=base - found):
+            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
+                return None
+        return found
 
     # Ledger's engine hooks (agentwal.ledger._Engine).
 
@@ -489,6 +605,78 @@ class PostgresStore:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         return self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+
+    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
+               mode: EffectMode | str, args: Any = None,
+               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
+               retries: int = 0,
+               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
+               backoff: float = 0.1) -> Any:
+        """An effect that belongs to no transaction, identified by its business ``key``.
+
+        ``agentwal.Store.effect``'s contract, under this worker's lease on
+        ``run`` (taken if it does not hold it): its intent and outcome are
+        fenced by the lease like a step's, and ``ctx.fencing_token`` is its epoch.
+
+        Raises:
+            What ``txn.effect`` raises; LeaseHeldError, ReadOnlyError, StoreClosedError.
+        """
+        req, lease = self._standalone(run, name, fn, key=key, mode=mode, args=args,
+                                      probe=probe, idempotent=idempotent, retries=retries,
+                                      retry_on=retry_on, backoff=backoff, allow_async=False)
+        self._fences[req.key] = lease
+        try:
+            return self._ledger.run(req)
+        finally:
+            self._fences.pop(req.key, None)
+
+    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                      key: str, mode: EffectMode | str, args: Any = None,
+                      probe: Callable[[EffectContext], Any] | None = None,
+                      idempotent: bool = False, retries: int = 0,
+                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
+                                                                   TimeoutError),
+                      backoff: float = 0.1) -> Any:
+        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions)."""
+        req, lease = await off_loop(lambda: self._standalone(
+            run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
+            retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
+        self._fences[req.key] = lease
+        try:
+            return await self._ledger.arun(req)
+        finally:
+            self._fences.pop(req.key, None)
+
+    def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                    key: str, mode: EffectMode | str, args: Any,
+                    probe: Callable[[EffectContext], Any] | None, idempotent: bool,
+                    retries: int, retry_on: tuple[type[BaseException], ...], backoff: float,
+                    allow_async: bool) -> tuple[Request, Lease]:
+        """The checked, keyed ledger request of a ``store.effect``, and the lease fencing it."""
+        check_key(run, "run id")
+        self._writable()
+        if not isinstance(key, str):
+            raise TypeError("store.effect needs key=, a business key (str): with no "
+                            "transaction there is no position to derive one from")
+        req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
+                                               probe=probe, idempotent=idempotent,
+                                               retries=retries, backoff=backoff,
+                                               allow_async=allow_async, where="store")
+        lease = self._b.leases.ensure(run)
+        view = self._b.begin(run, lease=False)
+        req = Request(name, fn, req_mode, args_raw, key, run, view.base, None, probe,
+                      bool(idempotent), retries, tuple(retry_on), float(backoff), True,
+                      fencing_token=lease.epoch)
+        return req, lease
+
+    def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
+        """Set a recorded effect aside and free its position (as ``Store.retire_effect``).
+
+        Raises:
+            EffectNotFoundError, EffectNotRetirableError, ReadOnlyError, StoreClosedError.
+        """
+        self._writable()
+        return self._ledger.retire(effect_id, by=by)
 
     def resolve_effect(self, effect_id: str, *, result: Any = _UNSET, not_applied: bool = False,
                        by: str | None = None) -> EffectRecord:

@@ -101,6 +101,10 @@ def test_writing_commands_are_one_more_worker(filled: PostgresStore, url: str) -
     code, out = run("resolve", url, pending.effect_id, "--not-applied", "--json")
     assert code == 0, out
     assert filled.effects(status="pending") == []
+    [done] = filled.effects(status="done")
+    code, out = run("retire", url, done.effect_id, "--by", "ops", "--json")
+    assert code == 0, out
+    assert [e.status for e in filled.effects(run="run-b") if e.name == "charge"] == ["retired"]
 
 
 def test_a_run_another_worker_holds_is_refused(filled: PostgresStore, url: str) -> None:

@@ -123,3 +123,23 @@ async def _aeffect(store: PostgresStore, call: Callable[[EffectContext], None]) 
     txn = store.begin("r")
     await txn.aeffect("second", call, mode="at_least_once")
     txn.commit()
+
+
+def test_store_effect_is_fenced_and_refused_read_only(open_pg: Callable[..., PostgresStore]
+                                                      ) -> None:
+    a, b = open_pg(worker_id="a"), open_pg(worker_id="b")
+    tokens: list[int | None] = []
+
+    def call(ctx: EffectContext) -> str:
+        tokens.append(ctx.fencing_token)
+        return "ok"
+
+    assert a.effect("r", "notify", call, key="n/1", mode="at_least_once") == "ok"
+    assert a.effect("r", "notify", call, key="n/1", mode="at_least_once") == "ok"  # recorded
+    assert tokens == [1]
+    with pytest.raises(agentwal.LeaseHeldError):  # a holds the run
+        b.effect("r", "notify", call, key="n/2", mode="at_least_once")
+    reader = open_pg(worker_id="r", readonly=True)
+    with pytest.raises(agentwal.ReadOnlyError):
+        reader.effect("r", "notify", call, key="n/3", mode="at_least_once")
+    assert tokens == [1] and [e.key for e in a.effects(run="r")] == ["n/1"]
