@@ -70,7 +70,7 @@ def backend_of(store: Any) -> Any:
     if isinstance(store, Store):
         from .local.backend import LocalBackend
 
-        return LocalBackend(store)
+        return LocalBackend(store._engine)
     inner = getattr(store, "_b", None)
     if inner is None:
         raise TypeError(f"not an agentwal store: {type(store).__name__}")

@@ -57,10 +57,9 @@ from ..errors import (
     RunNotFoundError,
 )
 from ..ledger import DispatchReport, Ledger, Request
-from ..store import _checkpoint_id
 from ..transfer import CopyReport, copy_runs
 from ..txn import Begin, Transaction, check_effect_args
-from ..types import BlobRef, Checkpoint, Diff, Durability, check_key
+from ..types import BlobRef, Checkpoint, Diff, Durability, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PgView, PostgresBackend
 from .leases import Lease
 
@@ -476,7 +475,7 @@ class PostgresStore:
         if at is None:
             raw = self._b.read(self._b.begin(run, lease=False), key)
         else:
-            raw = self._b.state_at(run, _checkpoint_id(at), key=key).get(key)
+            raw = self._b.state_at(run, check_checkpoint_id(at), key=key).get(key)
         return default if raw is None else self._decode(raw, f"{run!r}/{key!r}")
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
@@ -492,7 +491,7 @@ class PostgresStore:
                 raise RunNotFoundError(run)
             raw = self._b.scan(view, "")
         else:
-            raw = self._b.state_at(run, _checkpoint_id(at))
+            raw = self._b.state_at(run, check_checkpoint_id(at))
         return {k: self._decode(v, f"{run!r}/{k!r}") for k, v in sorted(raw.items())}
 
     def head(self, run: str) -> Checkpoint | None:
@@ -510,15 +509,15 @@ class PostgresStore:
             head = self._b.head(run)
             if head is None:
                 raise RunNotFoundError(run)
-            if not 1 <= _checkpoint_id(before) <= head.id:
+            if not 1 <= check_checkpoint_id(before) <= head.id:
                 raise CheckpointNotFoundError(run, before)
         return self._b.checkpoints(run, limit=limit, before=before)
 
     def diff(self, run: str, a: int, b: int) -> Diff:
         """What changed in ``run`` from checkpoint ``a`` to checkpoint ``b``."""
         check_key(run, "run id")
-        ra = self._b.state_at(run, _checkpoint_id(a))
-        rb = self._b.state_at(run, _checkpoint_id(b))
+        ra = self._b.state_at(run, check_checkpoint_id(a))
+        rb = self._b.state_at(run, check_checkpoint_id(b))
 
         def dec(raw: bytes, k: str, cid: int) -> Any:
             return self._decode(raw, f"{run!r}/{k!r} at {cid}")
@@ -549,7 +548,7 @@ class PostgresStore:
     def rollback_to(self, run: str, checkpoint: int) -> Checkpoint:
         """A new checkpoint (parent: the head) whose state equals the state at ``checkpoint``."""
         check_key(run, "run id")
-        cid = _checkpoint_id(checkpoint)
+        cid = check_checkpoint_id(checkpoint)
         self._writable()
         view = self._b.begin(run)
         target = self._b.state_at(run, cid)
@@ -566,7 +565,7 @@ class PostgresStore:
         """Start ``new_run`` from the state of ``run`` at ``checkpoint`` (its first checkpoint)."""
         check_key(run, "run id")
         check_key(new_run, "run id")
-        cid = _checkpoint_id(checkpoint)
+        cid = check_checkpoint_id(checkpoint)
         self._writable()
         target: dict[str, bytes | None] = dict(self._b.state_at(run, cid))
         if self._b.head(new_run) is not None:
