@@ -138,6 +138,10 @@ class EffectContext:
             seen, so a worker that lost the run cannot act through it; None
             where runs are not leased (a local store, whose one writer
             process holds them all) and for outbox dispatch.
+        conn: for ``txn.effect(..., transactional=True)`` on PostgreSQL, the
+            psycopg connection whose open transaction also records the
+            outcome: write the business rows through it (never commit or roll
+            it back); None otherwise.
     """
 
     key: str
@@ -148,6 +152,7 @@ class EffectContext:
     name: str = ""
     mode: EffectMode = EffectMode.AT_LEAST_ONCE
     fencing_token: int | None = None
+    conn: Any = None
 
 
 @dataclass(frozen=True, slots=True)

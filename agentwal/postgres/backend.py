@@ -510,6 +510,14 @@ class PostgresBackend:
                                "AND ordinal = %s LIMIT 1", (run, checkpoint, ordinal)).fetchone()
         return None if row is None else str(row[0])
 
+    def fenced_share(self, conn: psycopg.Connection[Any], lease: Lease) -> None:
+        """In ``conn``'s open transaction: lock the run's row ``FOR SHARE``, check ``lease``."""
+        try:
+            self._lock_fenced(conn, lease.run, lease, share=True)
+        except LeaseLostError:
+            self.leases.forget(lease, "the server refused the lease")
+            raise
+
     def position_zero(self, run: str, lo: int, hi: int) -> list[EffectRecord]:
         """The entries at position 0 of checkpoints ``lo..hi`` of ``run``, newest first."""
         with self._conn() as conn:
@@ -534,11 +542,7 @@ class PostgresBackend:
         with self._conn() as conn, conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
             if fence is not None:
-                try:
-                    self._lock_fenced(conn, fence.run, fence, share=True)
-                except LeaseLostError:
-                    self.leases.forget(fence, "the server refused the lease")
-                    raise
+                self.fenced_share(conn, fence)
             row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
                                (entry.key,)).fetchone()
             found = None if row is None else decode_entry(bytes(row[0]))

@@ -37,20 +37,27 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from psycopg import pq as psycopg_pq
+
 from ..aio import is_async_callable, off_loop
-from ..codec import decode_stored
+from ..codec import decode_stored, loads
 from ..effects import (
     STATUSES,
     EffectContext,
     EffectMode,
     EffectRecord,
+    decode_entry,
     derive_key,
+    effect_id_for,
     effects_after,
+    encode_entry,
 )
 from ..errors import (
     BackendUnsupportedError,
     CheckpointNotFoundError,
     ConflictError,
+    EffectDivergenceError,
+    EffectNotAppliedError,
     LeaseLostError,
     ReadOnlyError,
     RunExistsError,
@@ -365,6 +372,69 @@ class PostgresStore:
             return await self._ledger.arun(req)
         finally:
             self._fences.pop(req.key, None)
+
+    def _txn_effect_transactional(self, txn: Transaction, req: Request) -> Any:
+        """``txn.effect(..., transactional=True)``: ``fn`` and its outcome in one transaction.
+
+        One PostgreSQL transaction on one session: fence (the run's row ``FOR
+        SHARE``, owner, epoch, expiry), lock the key's ledger row, then either
+        return the recorded result (a retry of a step whose effect committed)
+        or call ``fn(ctx)`` with ``ctx.conn`` and insert the ``done`` entry; the
+        COMMIT makes ``fn``'s rows and the entry durable together. When ``fn``
+        raises, everything rolls back and its exception propagates: there is
+        no intent, so nothing is ever in doubt.
+
+        Raises:
+            LeaseLostError: the lease is gone (nothing called).
+            EffectDivergenceError: the key or position holds another effect, or
+                an entry a non-transactional call made (nothing called).
+            EffectNotAppliedError: ``fn`` returned with its SQL failed (the
+                transaction aborted): nothing of it was committed.
+            UnencodableValueError: ``fn``'s result cannot be stored (rolled back).
+            Whatever ``fn`` raised (rolled back, nothing recorded).
+        """
+        self._fenced(txn, req)
+        lease: Lease = txn._view.fence
+        if req.claim is not None:
+            req.claim()
+        self._ledger._check_position(req)
+        args = loads(req.args_raw)
+        try:
+            with self._b._conn() as conn, conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")
+                self._b.fenced_share(conn, lease)
+                row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
+                                   (req.key,)).fetchone()
+                if row is not None:
+                    return _recorded(decode_entry(bytes(row[0])), req)
+                ctx = EffectContext(req.key, effect_id_for(req.key), req.run, 1, args,
+                                    req.name, req.mode, lease.epoch, conn)
+                try:
+                    result = req.fn(ctx)
+                except BaseException as exc:
+                    raise _FnRaised(exc) from exc
+                if conn.info.transaction_status == psycopg_pq.TransactionStatus.INERROR:
+                    raise _FnRaised(EffectNotAppliedError(
+                        effect_id_for(req.key), req.key,
+                        f"effect {req.name!r}: a statement fn ran on ctx.conn failed, which "
+                        "aborted the transaction; nothing of it was committed or recorded. "
+                        "Let the error propagate (or fix the statement) and retry the step."))
+                now = time.time()
+                entry = EffectRecord(
+                    effect_id_for(req.key), req.key, req.name, req.mode, req.run,
+                    req.checkpoint, req.ordinal, False, "done", 1, args, req.digest,
+                    result=result, idempotent=req.idempotent, created_at=now, updated_at=now,
+                    keyed=req.keyed)
+                try:
+                    raw = encode_entry(entry)
+                except BaseException as exc:
+                    raise _FnRaised(exc) from exc
+                conn.execute("INSERT INTO effects (key, run, ckpt, ordinal, entry) "
+                             "VALUES (%s, %s, %s, %s, %s)",
+                             (req.key, req.run, req.checkpoint, req.ordinal, raw))
+        except _FnRaised as wrapped:
+            raise wrapped.exc from None
+        return result
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         """Positions at ``base`` belong to one step: refuse a second live one, or a stale one.
@@ -754,6 +824,28 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"<agentwal.PostgresStore {self.path} worker={self.worker_id!r}>"
+
+
+class _FnRaised(Exception):
+    """Carries what a transactional effect's ``fn`` raised past the psycopg error translation."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _recorded(entry: EffectRecord, req: Request) -> Any:
+    """The result recorded under ``req``'s key, or EffectDivergenceError."""
+    if (entry.name, entry.args_digest, entry.mode) != (req.name, req.digest, req.mode):
+        raise EffectDivergenceError(
+            entry.effect_id, req.key, f"key {req.key!r} holds effect {entry.name!r} "
+            f"({entry.effect_id}) with other arguments or mode; nothing was called")
+    if entry.status not in ("done", "resolved"):
+        raise EffectDivergenceError(
+            entry.effect_id, req.key, f"key {req.key!r} holds a {entry.status} entry of "
+            f"{entry.name!r} ({entry.effect_id}) made without transactional=True; nothing "
+            "was called. Settle it (store.resolve_effect) or retire it (store.retire_effect).")
+    return entry.result
 
 
 _NO_BLOBS = ("Blobs and trees are not stored on PostgreSQL yet; keep them in a local store "

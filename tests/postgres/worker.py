@@ -25,6 +25,10 @@
   effect whose function appends a line to the file CALLS, printing
   ``{"effect": result or error code, "token": fencing token seen}``, then
   commit, printing ``{"committed": id}`` or ``{"error": code}``.
+- ``txeffect RUN``: take the lease, begin, and call a transactional
+  exactly_once effect whose function inserts a row into ``orders`` through
+  ``ctx.conn``, prints ``{"inserted": true}`` and waits for a line on stdin
+  (the test kills it there); if it gets one, commit and print the outcome.
 - ``claim N``: claim up to N runs at a time until a claim returns none,
   printing ``{"claimed": [...], "epochs": {...}}`` per claim, then ``{"done": true}``.
 """
@@ -152,6 +156,18 @@ def main() -> None:
             say(effect=txn.effect("send", call, mode="at_least_once"), token=tokens)
         except Error as exc:
             say(effect=exc.code, token=tokens)
+        commit_and_say(txn)
+    elif mode == "txeffect":
+        run = rest[0]
+        txn = store.begin(run)
+
+        def order(ctx: Any) -> str:
+            ctx.conn.execute("INSERT INTO orders (key, who) VALUES (%s, %s)", (ctx.key, worker))
+            say(inserted=True)
+            sys.stdin.readline()
+            return "ordered"
+
+        txn["order"] = txn.effect("order", order, mode="exactly_once", transactional=True)
         commit_and_say(txn)
     elif mode == "claim":
         n = int(rest[0])
