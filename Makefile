@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph lint format clean
+.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph bench-postgres lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench-compare: $(STAMP)
 
 bench-langgraph: $(STAMP)
 	$(PY) bench/langgraph_compare.py
+
+# agentwal on a throwaway PostgreSQL: steps/s beside the local engine; workers beside pgbench.
+bench-postgres: $(STAMP)
+	$(PY) bench/bench_postgres.py
+	$(PY) bench/bench_postgres_fleet.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agentwal tests bench
