@@ -82,6 +82,7 @@ def test_local_to_postgres_and_back(tmp_path: Path,
         assert report.runs == ["run-a", "run-b", "run-f"] and report.renumbered == {}
         assert report.checkpoints == 6 and report.effects == len(src.effects())
         assert_same(src, pg, times=True)
+        assert pg.verify().ok
         assert pg.stats()["leases_held"] == []  # the copier let the runs go
         with agentwal.open(str(tmp_path / "back.awal"), durability="none") as back:
             pg.copy_runs(back)
