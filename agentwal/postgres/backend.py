@@ -56,16 +56,19 @@ from ..codec import checkpoint_hash, decode_meta, encode_meta
 from ..effects import (
     Deferred,
     EffectRecord,
+    args_digest,
     decode_entry,
     encode_entry,
     encode_outbox,
     mark_committed,
     outbox_entries,
+    outstanding,
 )
 from ..errors import (
     BackendUnavailableError,
     CheckpointNotFoundError,
     ConflictError,
+    EffectDivergenceError,
     LeaseLostError,
     ReadOnlyError,
     RunExistsError,
@@ -241,12 +244,11 @@ class PostgresBackend:
         digest = hashlib.sha256(cbor2.dumps(delta)).digest()
         meta_raw = encode_meta(dict(change.meta))
         deferred = list(change.deferred)
-        outbox = encode_outbox(deferred) if deferred else None
         token = uuid.uuid4()
         for attempt in range(_RETRIES + 1):
             try:
                 return self._commit_once(view, lease, change, delta, digest, meta_raw,
-                                         deferred, outbox, token, created)
+                                         deferred, token, created)
             except _Retry:
                 if attempt == _RETRIES:
                     raise ConflictError(view.run, reason=(
@@ -256,8 +258,8 @@ class PostgresBackend:
 
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
                      delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
-                     deferred: list[Deferred], outbox: bytes | None,
-                     token: uuid.UUID, created_at: float | None) -> Checkpoint:
+                     deferred: list[Deferred], token: uuid.UUID,
+                     created_at: float | None) -> Checkpoint:
         run = view.run
         committing = False
         with self._conn() as conn:
@@ -272,6 +274,8 @@ class PostgresBackend:
                     raise RunExistsError(run)
                 if head != view.base:
                     self._validate(conn, run, view.base, change)
+                deferred = self._dedup_outbox(conn, deferred)
+                outbox = encode_outbox(deferred) if deferred else None
                 created = time.time() if created_at is None else created_at
                 cid, parent = head + 1, (head or None)
                 hsh = checkpoint_hash(bytes(head_hash) if head_hash else _ZERO_HASH, run, cid,
@@ -304,6 +308,41 @@ class PostgresBackend:
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+
+    def _dedup_outbox(self, conn: psycopg.Connection[Any],
+                      deferred: list[Deferred]) -> list[Deferred]:
+        """Drop outbox entries whose business key the ledger has (as the local commit does).
+
+        Raises:
+            EffectDivergenceError: the key is recorded (or asked for earlier in this
+                commit) with another name, mode or arguments; nothing is committed.
+        """
+        keys = sorted({d[3] for d in deferred if d[3] is not None})
+        if not keys:
+            return deferred
+        rows = conn.execute("SELECT key, entry FROM effects WHERE key = ANY(%s)",
+                            (keys,)).fetchall()
+        known: dict[str, tuple[str, str, str]] = {}
+        for key, raw in rows:
+            e = decode_entry(bytes(raw))
+            known[str(key)] = (e.name, e.mode.value, e.args_digest)
+        kept: list[Deferred] = []
+        for d in deferred:
+            name, mode, args_raw, key, _idem = d
+            if key is None:
+                kept.append(d)
+                continue
+            want = (name, mode, args_digest(args_raw))
+            found = known.get(key)
+            if found is None:
+                known[key] = want
+                kept.append(d)
+            elif found != want:
+                raise EffectDivergenceError(
+                    None, key, f"outbox entry {name!r} has business key {key!r}, which the "
+                    f"ledger holds for {found[0]!r} ({found[1]}) with other inputs; nothing "
+                    "was committed. Use a key that names one request.")
+        return kept
 
     def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
                      share: bool = False, seq: bool = False) -> tuple[Any, ...]:
@@ -486,6 +525,10 @@ class PostgresBackend:
                 if int(row[0]) == 0:
                     raise RunNotFoundError(run)
                 conn.execute("DELETE FROM checkpoints WHERE run = %s", (run,))
+                # The ledger keeps the run's entries, but their positions are free: a run
+                # made again under the id derives new keys at the same positions.
+                conn.execute("UPDATE effects SET ordinal = NULL WHERE run = %s "
+                             "AND ordinal IS NOT NULL", (run,))
                 conn.execute("UPDATE runs SET head = 0, head_hash = NULL, "
                              "run_epoch = nextval('commit_seq') WHERE run = %s", (run,))
                 conn.execute("COMMIT")
@@ -553,7 +596,7 @@ class PostgresBackend:
                 "ON CONFLICT (key) DO UPDATE SET entry = EXCLUDED.entry, run = EXCLUDED.run, "
                 "ckpt = EXCLUDED.ckpt, ordinal = EXCLUDED.ordinal",
                 (entry.key, entry.run, entry.checkpoint, entry.ordinal, raw))
-        return entry
+        return decode_entry(raw)  # as recorded, sharing nothing with the caller's object
 
     def effects(self) -> list[EffectRecord]:
         """Every ledger entry, in key order."""
@@ -563,7 +606,7 @@ class PostgresBackend:
 
     def outbox(self) -> list[EffectRecord]:
         """The outbox entries not yet settled, in commit order."""
-        pending = [e for e in self.effects() if e.deferred and e.status == "pending"]
+        pending = [e for e in self.effects() if e.deferred and outstanding(e)]
         return sorted(pending, key=lambda e: e.order or (0, 0))
 
     # -- maintenance -----------------------------------------------------------------
