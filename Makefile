@@ -47,10 +47,12 @@ bench-compare: $(STAMP)
 bench-langgraph: $(STAMP)
 	$(PY) bench/langgraph_compare.py
 
-# agentwal on a throwaway PostgreSQL: steps/s beside the local engine; workers beside pgbench.
+# agentwal on a throwaway PostgreSQL: steps/s beside the local engine; workers beside pgbench;
+# AgentWALSaver beside LangGraph's PostgresSaver.
 bench-postgres: $(STAMP)
 	$(PY) bench/bench_postgres.py
 	$(PY) bench/bench_postgres_fleet.py
+	$(PY) bench/langgraph_postgres_compare.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agentwal tests bench
