@@ -58,6 +58,7 @@ from ..errors import (
     ConflictError,
     EffectDivergenceError,
     EffectNotAppliedError,
+    LeaseHeldError,
     LeaseLostError,
     ReadOnlyError,
     RunExistsError,
@@ -669,13 +670,48 @@ class PostgresStore:
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
                  probes: dict[str, Callable[[EffectContext], Any]] | None = None,
                  run: str | None = None, limit: int | None = None) -> DispatchReport:
-        """Run committed outbox entries (``txn.defer``) in commit order (as ``Store.dispatch``)."""
+        """Run committed outbox entries (``txn.defer``) in commit order, under each run's lease.
+
+        As ``Store.dispatch``; this worker takes the lease of each run with
+        pending entries (and gives back those it took only for this), so the
+        ledger writes of a dispatch are fenced like a step's. The entries of a
+        run another worker holds are left to that owner, reported ``skipped``,
+        and nothing of them is called or written.
+        """
         self._writable()
         if run is not None:
             check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        pending = [e for e in self._b.outbox() if run is None or e.run == run]
+        leases: dict[str, Lease] = {}
+        took: list[str] = []
+        for r in dict.fromkeys(e.run for e in pending):
+            fresh = self._b.leases.held(r) is None
+            try:
+                leases[r] = self._b.leases.ensure(r)
+            except LeaseHeldError as exc:
+                # A lease that is not ours: the ledger's first write of such an entry
+                # (its intent) is refused before the handler is called.
+                leases[r] = Lease(r, 0, 0.0, lost=f"run {r!r} is leased by {exc.holder!r}; "
+                                  "its owner dispatches it")
+                continue
+            if fresh:
+                took.append(r)
+        self._fences.update((e.key, leases[e.run]) for e in pending)
+        try:
+            report = self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        finally:
+            for e in pending:
+                self._fences.pop(e.key, None)
+            for r in took:
+                self._b.leases.release(r)
+        refused = {e.effect_id: leases[e.run].lost for e in pending
+                   if leases[e.run].epoch == 0}
+        report.skipped.extend((eid, str(refused[eid])) for eid, _ in report.failed
+                              if eid in refused)
+        report.failed[:] = [(eid, err) for eid, err in report.failed if eid not in refused]
+        return report
 
     def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
                mode: EffectMode | str, args: Any = None,

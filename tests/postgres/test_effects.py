@@ -143,3 +143,20 @@ def test_store_effect_is_fenced_and_refused_read_only(open_pg: Callable[..., Pos
     with pytest.raises(agentwal.ReadOnlyError):
         reader.effect("r", "notify", call, key="n/3", mode="at_least_once")
     assert tokens == [1] and [e.key for e in a.effects(run="r")] == ["n/1"]
+
+
+def test_dispatch_runs_under_each_runs_lease(open_pg: Callable[..., PostgresStore]) -> None:
+    owner, dispatcher = open_pg(worker_id="owner"), open_pg(worker_id="dispatcher")
+    for run in ("held", "free"):
+        with owner.begin(run) as txn:
+            txn.defer("mail", mode="at_least_once", args={"run": run})
+    owner.release("free")
+    sent: list[str] = []
+    report = dispatcher.dispatch({"mail": lambda ctx: sent.append(ctx.args["run"])})
+    assert sent == ["free"] and len(report.done) == 1
+    [(_eid, why)] = report.skipped
+    assert "'owner'" in why  # the run's owner dispatches its own entries
+    assert dispatcher.stats()["leases_held"] == []  # the lease it took for this is given back
+    assert [e.run for e in owner.effects(status="pending")] == ["held"]
+    assert len(owner.dispatch({"mail": lambda ctx: sent.append(ctx.args["run"])}).done) == 1
+    assert sent == ["free", "held"]
