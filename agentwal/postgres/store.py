@@ -321,10 +321,7 @@ class PostgresStore:
 
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
         view: PgView = txn._view
-        change = Change(run=txn.run, writes=dict(txn._writes), reads=frozenset(txn._reads),
-                        prefixes=frozenset(txn._prefixes), meta=dict(txn._meta),
-                        deferred=tuple(txn._deferred), effects=tuple(txn._effect_keys))
-        return self._b.commit(view, change)
+        return self._b.commit(view, txn._change())
 
     def _txn_release(self, txn: Transaction) -> None:
         self._b.end(txn._view)
