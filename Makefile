@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph bench-report lint format clean
+.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph bench-postgres bench-report lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ bench-compare: $(STAMP)
 
 bench-langgraph: $(STAMP)
 	$(PY) bench/langgraph_compare.py
+
+# agentwal on a throwaway PostgreSQL: steps/s beside the local engine; workers beside pgbench;
+# AgentWALSaver beside LangGraph's PostgresSaver.
+bench-postgres: $(STAMP)
+	$(PY) bench/bench_postgres.py
+	$(PY) bench/bench_postgres_fleet.py
+	$(PY) bench/langgraph_postgres_compare.py
 
 # docs/benchmarks.md's generated section and its plots (docs/images/bench/*.png), from one
 # run of every side-by-side measurement saved to bench/report.json (about 10 minutes).

@@ -18,7 +18,7 @@ Example::
 """
 
 import os
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from . import errors
 from .effects import NOT_APPLIED, UNKNOWN, EffectContext, EffectMode, EffectRecord
@@ -69,6 +69,7 @@ from .local.verify import Problem, VerifyReport
 from .retention import CompactReport, KeepFor, KeepLast
 from .store import Store
 from .store import open as _open_local
+from .transfer import CopyReport
 from .tree import GITIGNORE
 from .treeio import RestoreReport
 from .txn import Savepoint, Transaction
@@ -79,6 +80,11 @@ __version__ = "0.1.0"
 
 #: DSN prefixes that open the PostgreSQL backend (``agentwal.postgres``).
 _PG_PREFIXES = ("postgresql://", "postgres://")
+
+
+def is_postgres_dsn(target: object) -> TypeGuard[str]:
+    """True if ``target`` is a PostgreSQL URI (``postgresql://`` or ``postgres://``)."""
+    return isinstance(target, str) and target.startswith(_PG_PREFIXES)
 
 
 def open(target: str | os.PathLike[str], **options: Any) -> Store:
@@ -93,7 +99,7 @@ def open(target: str | os.PathLike[str], **options: Any) -> Store:
     ``Store`` that backend supports (docs/postgres.md), until one facade
     serves both backends.
     """
-    if isinstance(target, str) and target.startswith(_PG_PREFIXES):
+    if is_postgres_dsn(target):
         from .postgres import open_postgres
 
         return cast("Store", open_postgres(target, **options))
@@ -149,6 +155,7 @@ __all__ = [
     "BlobSourceError",
     "NotABlobError",
     "BackupReport",
+    "CopyReport",
     "PathExistsError",
     "Problem",
     "VerifyReport",

@@ -132,6 +132,16 @@ class EffectContext:
         args: the recorded arguments (a copy decoded from what was recorded).
         name: the effect's name.
         mode: its mode.
+        fencing_token: the epoch of the run's lease this call is made under
+            (PostgreSQL; it grows with every change of holder), for a
+            downstream that refuses a token lower than the highest it has
+            seen, so a worker that lost the run cannot act through it; None
+            where runs are not leased (a local store, whose one writer
+            process holds them all) and for outbox dispatch.
+        conn: for ``txn.effect(..., transactional=True)`` on PostgreSQL, the
+            psycopg connection whose open transaction also records the
+            outcome: write the business rows through it (never commit or roll
+            it back); None otherwise.
     """
 
     key: str
@@ -141,6 +151,8 @@ class EffectContext:
     args: Any
     name: str = ""
     mode: EffectMode = EffectMode.AT_LEAST_ONCE
+    fencing_token: int | None = None
+    conn: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import is_postgres_dsn
 from .format import WAL_DIR
 from .io import OsFileSystem, writer_holder
 from .local.wal import list_segments
@@ -59,8 +60,11 @@ def inspect(store: Any, path: str, wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES) -
     st["runs"] = len(runs)
     st["effects"] = effect_counts(entries)
     st["outbox_pending"] = len(outbox(entries))
-    st["wal_bytes"], st["wal_segments"] = _wal_size(path)
     st["last_commit_at"] = max((h.created_at for h in heads), default=None)
+    if is_postgres_dsn(path):  # no log, snapshot or lock file of its own: the tables' rows
+        st["attention"] = attention(path, st, wal_max_bytes)
+        return st
+    st["wal_bytes"], st["wal_segments"] = _wal_size(path)
     st["unfolded_records"] = max(0, st["visible_lsn"] - st["applied_lsn"])
     held, pid = writer_holder(path)
     if not store.readonly:
@@ -95,7 +99,7 @@ def attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
         n = st["outbox_pending"]
         out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "
                    f"`agentwal effects {path} --status pending`")
-    if st["wal_bytes"] > 2 * wal_max_bytes:
+    if st.get("wal_bytes", 0) > 2 * wal_max_bytes:
         out.append(f"the write-ahead log holds {size(st['wal_bytes'])}, over twice "
                    f"wal_max_bytes ({size(wal_max_bytes)}): the writer is not folding "
                    "(a failed fold, or a writer stuck or gone); its log says why")

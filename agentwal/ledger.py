@@ -117,6 +117,8 @@ class Request:
     #: called under the position's lock before anything else: raises
     #: ConflictError if the position is not the caller's to use (txn.effect)
     claim: Callable[[], None] | None = None
+    #: the lease epoch the call is made under, passed on as ctx.fencing_token
+    fencing_token: int | None = None
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -509,7 +511,7 @@ class Ledger:
 
     def _context(self, req: Request, entry: EffectRecord, attempt: int) -> EffectContext:
         return EffectContext(entry.key, entry.effect_id, entry.run, attempt,
-                             loads(req.args_raw), entry.name, entry.mode)
+                             loads(req.args_raw), entry.name, entry.mode, req.fencing_token)
 
     # -- the outbox ---------------------------------------------------------------
 

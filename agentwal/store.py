@@ -633,6 +633,15 @@ class Store:
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
                                                keep_fork_origins, progress)
 
+    def copy_runs(self, dest: Any, runs: Any = None) -> Any:
+        """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
+
+        Either store may be local or PostgreSQL: see :func:`agentwal.transfer.copy_runs`.
+        """
+        from .transfer import copy_runs
+
+        return copy_runs(self, dest, runs)
+
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
         return self._engine.runs.names()

@@ -47,6 +47,7 @@ from .backend import Change
 from .codec import decode_stored, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
+    BackendUnsupportedError,
     ConflictError,
     DiskFullError,
     EffectDivergenceError,
@@ -460,7 +461,7 @@ class Transaction:
                probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
                retries: int = 0,
                retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
-               backoff: float = 0.1) -> Any:
+               backoff: float = 0.1, transactional: bool = False) -> Any:
         """Call ``fn(ctx)`` under an explicit contract, recorded in the effects ledger.
 
         The intent is made durable before ``fn`` runs and the outcome when it
@@ -484,6 +485,12 @@ class Transaction:
             idempotent: the downstream dedups by ``ctx.key``.
             retries: extra attempts (same key) on the exceptions in ``retry_on``,
                 each recorded, with ``backoff`` seconds doubling between them.
+            transactional: on PostgreSQL, with ``mode="exactly_once"``: ``fn``
+                gets ``ctx.conn`` inside the database transaction that records
+                the outcome, so the rows it writes there and the ledger entry
+                commit together (or, when ``fn`` raises, neither does, and
+                nothing is recorded): never in doubt, no probe needed. Other
+                backends raise ``BackendUnsupportedError``.
 
         Returns:
             The result of ``fn`` (or of the probe, or the recorded one).
@@ -505,21 +512,48 @@ class Transaction:
             receipt = txn.effect("charge-card", charge, mode="exactly_once",
                                  args={"amount": 4900}, idempotent=True)
         """
+        if transactional:
+            in_txn = self._transactional_hook(mode, retries)
+            req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
+                                       idempotent=idempotent, retries=0, retry_on=retry_on,
+                                       backoff=backoff, allow_async=False, transactional=True)
+            with self._recording(req):
+                return in_txn(self, req)
         req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
                                    idempotent=idempotent, retries=retries, retry_on=retry_on,
                                    backoff=backoff, allow_async=False)
         with self._recording(req):
             return self._engine._txn_effect(self, req)
 
+    def _transactional_hook(self, mode: object, retries: int) -> Callable[..., Any]:
+        """The engine's ``_txn_effect_transactional``, or the error saying why there is none."""
+        self._check()
+        if mode not in (EffectMode.EXACTLY_ONCE, "exactly_once"):
+            raise ValueError("transactional=True is for mode='exactly_once' (the business rows "
+                             "and the outcome commit together)")
+        if retries:
+            raise ValueError("transactional=True takes no retries: a failed call rolls back "
+                             "and records nothing, so the step itself is retried")
+        hook: Callable[..., Any] | None = getattr(self._engine, "_txn_effect_transactional",
+                                                  None)
+        if hook is None:
+            raise BackendUnsupportedError(
+                "txn.effect(transactional=True)", "local",
+                "It needs the business tables in the same database as the ledger: open the "
+                "store on PostgreSQL, or use mode='exactly_once' with idempotent=True or a probe.")
+        return hook
+
     def _effect_request(self, name: str, fn: Callable[[EffectContext], Any], *,
                         mode: EffectMode | str, args: Any, key: str | None,
                         probe: Callable[[EffectContext], Any] | None, idempotent: bool,
                         retries: int, retry_on: tuple[type[BaseException], ...],
-                        backoff: float, allow_async: bool) -> Request:
+                        backoff: float, allow_async: bool,
+                        transactional: bool = False) -> Request:
         """Check the arguments of ``effect``/``aeffect`` and take the next position."""
         self._check()
         req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
-                                               probe=probe, idempotent=idempotent,
+                                               probe=probe,
+                                               idempotent=idempotent or transactional,
                                                retries=retries, backoff=backoff,
                                                allow_async=allow_async, where="txn")
         if self._anchor is None:

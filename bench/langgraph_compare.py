@@ -114,16 +114,18 @@ def run_steps(saver: BaseCheckpointSaver[Any], states: list[dict[str, Any]], sta
 
 
 def measure(name: str, saver: BaseCheckpointSaver[Any], fold: Any, where: str,
-            threads: int, steps: int, size: int) -> dict[str, Any]:
+            threads: int, steps: int, size: int,
+            footprint: Any = disk_bytes) -> dict[str, Any]:
+    """Drive ``saver``; ``footprint(where)`` is its storage in bytes (default: on disk)."""
     states = [{"config": {"configurable": {"thread_id": f"thread-{t}", "checkpoint_ns": ""}},
                "messages": []} for t in range(threads)]
     head = max(steps - TAIL, 0)
     elapsed = run_steps(saver, states, 0, head, size)
     fold()
-    before = disk_bytes(where)
+    before = footprint(where)
     elapsed += run_steps(saver, states, head, steps - head, size)
     fold()
-    after = disk_bytes(where)
+    after = footprint(where)
     cfgs = [{"configurable": {"thread_id": f"thread-{t}", "checkpoint_ns": ""}}
             for t in range(threads)]
     lat = []

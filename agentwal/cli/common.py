@@ -36,6 +36,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 from rich.text import Text
 
+from .. import is_postgres_dsn
 from ..errors import Error
 from ..types import Progress
 from ..views import jsonable
@@ -63,9 +64,25 @@ def json_option(fn: F) -> F:
                         help="Print JSON instead of a table; errors too.")(fn)
 
 
+_DIRECTORY = click.Path(exists=True, file_okay=False)
+
+
+def _store_location(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A PostgreSQL URI as given, else a directory that must exist (else a usage error)."""
+    if is_postgres_dsn(value):
+        return value
+    return str(_DIRECTORY.convert(value, param, ctx))
+
+
 def store_argument(fn: F) -> F:
-    """The store directory argument (must exist)."""
-    return click.argument("path", type=click.Path(exists=True, file_okay=False))(fn)
+    """The store argument: a directory that exists, or a ``postgresql://`` URI."""
+    return click.argument("path", metavar="STORE", callback=_store_location)(fn)
+
+
+def local_only(path: str, command: str, why: str) -> None:
+    """A usage error (exit 2) if ``path`` is a PostgreSQL URI: ``command`` reads local files."""
+    if is_postgres_dsn(path):
+        raise usage(f"agentwal {command} needs a local store directory: {why}")
 
 
 class Failure(click.ClickException):
@@ -165,18 +182,24 @@ def quiet_broken_pipe() -> None:
 
 
 def open_ro(path: str) -> Any:
-    """Open a store read-only (works beside a live writer)."""
+    """Open a store read-only (works beside a live writer, or beside the fleet's workers)."""
     from .. import open as open_store
 
     return open_store(path, readonly=True)
 
 
 def open_rw(path: str) -> Any:
-    """Open an existing store for writing; never creates one, never expires ledger entries."""
+    """Open an existing store for writing; never creates one, never expires ledger entries.
+
+    On PostgreSQL this process is one more worker: a run another worker holds
+    gives ``LeaseHeldError`` (exit 1), and its own leases end when it exits.
+    """
     from .. import open as open_store
     from ..errors import CorruptionError
     from ..format import CONTROL_FILE
 
+    if is_postgres_dsn(path):
+        return open_store(path, create=False)
     if not os.path.exists(os.path.join(path, CONTROL_FILE)):
         raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
                               "Check the path; this command never creates a store.")

@@ -1,4 +1,4 @@
-"""Commands that look after a store: verify, backup, compact."""
+"""Commands that look after a store: verify, backup, copy, compact."""
 
 from __future__ import annotations
 
@@ -87,6 +87,42 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     emit(as_json, data, lambda: click.echo(
         f"backed up {path} to {rep.path}: {rep.files} files, {size(rep.bytes)}, every commit "
         f"up to LSN {rep.lsn}, in {rep.seconds:.2f} s"))
+
+
+@main.command(epilog=examples(
+    "agentwal copy state.awal 'postgresql://app@db/agents?schema=team_a'",
+    "agentwal copy 'postgresql://app@db/agents' local.awal --run run-42 --run run-43"))
+@store_argument
+@click.argument("dest", metavar="DEST")
+@click.option("--run", "runs", multiple=True, metavar="RUN",
+              help="Copy this run (repeat for more); default every run.")
+@json_option
+@reports_errors
+def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
+    """Copy runs with their whole history and effects ledger into DEST (store.copy_runs).
+
+    Either side is a store directory or a PostgreSQL URI; DEST is created
+    if it does not exist (a new directory, or a new schema), else opened
+    for writing. Ids, parents, metadata, fork origins, the state at every
+    checkpoint and the ledger entries are the source's; DEST stamps its own
+    hashes (verify passes there) and, unless it is PostgreSQL, commit times.
+    A run DEST already holds exits 1 (run_exists) before anything is
+    written, as does a blob or tree value (backend_unsupported). Opens the
+    source read-only.
+    """
+    from .. import is_postgres_dsn
+    from .. import open as open_store
+
+    if not is_postgres_dsn(dest) and os.path.exists(dest) and not os.path.isdir(dest):
+        raise usage(f"DEST {dest!r} is a file: give a store directory or a PostgreSQL URI")
+    with open_ro(path) as src, open_store(dest) as out, progress_bar(f"copy to {dest}"):
+        rep = src.copy_runs(out, runs=list(runs) or None)
+    data = dataclasses.asdict(rep)
+    emit(as_json, data, lambda: click.echo(
+        f"copied {len(rep.runs)} run(s) ({', '.join(rep.runs) or 'none'}) to {dest}: "
+        f"{rep.checkpoints} checkpoints, {rep.effects} ledger entries"
+        + "".join(f"; {run} renumbered from {min(ids)} to 1 (compacted)"
+                  for run, ids in rep.renumbered.items())))
 
 
 # -- compact ----------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .common import (
     emit,
     examples,
     json_option,
+    local_only,
     open_ro,
     print_renderable,
     reports_errors,
@@ -63,7 +64,8 @@ def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
     which prints every raw field (the per-process counters too: folds,
     retries ...). Opens the store read-only, so it works while a writer has
     it open; whether the writer's last fold failed is not on disk, so it
-    shows only through the log's growth.
+    shows only through the log's growth. On PostgreSQL it shows the tables'
+    rows and sizes instead of the log and snapshot.
     """
     with open_ro(path) as store:
         st = health.inspect(store, path, wal_max_bytes)
@@ -122,7 +124,9 @@ def _inspect_human(st: dict[str, Any]) -> None:
     if rest:
         click.echo("")
         table(rest, ("other", ""))
-    rec = st.get("recovery", {})
+    if "recovery" not in st:
+        return  # PostgreSQL: no log of its own to recover
+    rec = st["recovery"]
     seconds = rec.get("seconds")
     click.echo("")
     table([("replayed", f"{rec.get('replayed')} record(s) after LSN {rec.get('applied_lsn')}"),
@@ -279,6 +283,8 @@ def wal(path: str, limit: int | None, from_lsn: int | None, run: str | None,
     damage in the middle of the log exits with status 1. --from-lsn and
     --run are filters: a run with no records lists none.
     """
+    local_only(path, "wal", "it reads the segment files of a local write-ahead log; on "
+               "PostgreSQL, `agentwal history` lists the commits")
     rows, notes = _wal_records(path, limit, from_lsn, run)
 
     def human() -> None:

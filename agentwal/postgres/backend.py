@@ -56,16 +56,19 @@ from ..codec import checkpoint_hash, decode_meta, encode_meta
 from ..effects import (
     Deferred,
     EffectRecord,
+    args_digest,
     decode_entry,
     encode_entry,
     encode_outbox,
     mark_committed,
     outbox_entries,
+    outstanding,
 )
 from ..errors import (
     BackendUnavailableError,
     CheckpointNotFoundError,
     ConflictError,
+    EffectDivergenceError,
     LeaseLostError,
     ReadOnlyError,
     RunExistsError,
@@ -116,7 +119,8 @@ class PostgresBackend:
     """A store in one PostgreSQL schema, seen by one worker (``worker_id``)."""
 
     def __init__(self, dsn: str, *, schema: str, worker_id: str, lease_ttl: float,
-                 synchronous: bool, readonly: bool, pool_size: int) -> None:
+                 synchronous: bool, readonly: bool, pool_size: int,
+                 create: bool = True) -> None:
         self.readonly = readonly
         self.worker_id = worker_id
         self.db = Db(dsn, schema, worker_id=worker_id, pool_size=pool_size,
@@ -128,7 +132,7 @@ class PostgresBackend:
                 if readonly:
                     self.store_id = schema_mod.check(conn, schema, self.name)
                 else:
-                    self.store_id = schema_mod.install(conn, schema, self.name)
+                    self.store_id = schema_mod.install(conn, schema, self.name, create=create)
         except BaseException:
             self.db.close()
             raise
@@ -212,8 +216,14 @@ class PostgresBackend:
 
     # -- committing ------------------------------------------------------------------
 
-    def commit(self, view: PgView, change: Change) -> Checkpoint | None:
+    #: ``commit(..., created=)`` stamps a given time (``copy_runs`` keeps the source's).
+    commits_at_given_time = True
+
+    def commit(self, view: PgView, change: Change, *,
+               created: float | None = None) -> Checkpoint | None:
         """Apply ``change`` as the run's next checkpoint, fenced and validated (module doc).
+
+        ``created`` is the checkpoint's time (default now), hashed like any other.
 
         Raises:
             LeaseLostError: this worker's lease is gone (nothing applied).
@@ -234,12 +244,11 @@ class PostgresBackend:
         digest = hashlib.sha256(cbor2.dumps(delta)).digest()
         meta_raw = encode_meta(dict(change.meta))
         deferred = list(change.deferred)
-        outbox = encode_outbox(deferred) if deferred else None
         token = uuid.uuid4()
         for attempt in range(_RETRIES + 1):
             try:
                 return self._commit_once(view, lease, change, delta, digest, meta_raw,
-                                         deferred, outbox, token)
+                                         deferred, token, created)
             except _Retry:
                 if attempt == _RETRIES:
                     raise ConflictError(view.run, reason=(
@@ -249,8 +258,8 @@ class PostgresBackend:
 
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
                      delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
-                     deferred: list[Deferred], outbox: bytes | None,
-                     token: uuid.UUID) -> Checkpoint:
+                     deferred: list[Deferred], token: uuid.UUID,
+                     created_at: float | None) -> Checkpoint:
         run = view.run
         committing = False
         with self._conn() as conn:
@@ -265,7 +274,9 @@ class PostgresBackend:
                     raise RunExistsError(run)
                 if head != view.base:
                     self._validate(conn, run, view.base, change)
-                created = time.time()
+                deferred = self._dedup_outbox(conn, deferred)
+                outbox = encode_outbox(deferred) if deferred else None
+                created = time.time() if created_at is None else created_at
                 cid, parent = head + 1, (head or None)
                 hsh = checkpoint_hash(bytes(head_hash) if head_hash else _ZERO_HASH, run, cid,
                                       parent, created, meta_raw, change.origin, digest, outbox)
@@ -297,6 +308,41 @@ class PostgresBackend:
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+
+    def _dedup_outbox(self, conn: psycopg.Connection[Any],
+                      deferred: list[Deferred]) -> list[Deferred]:
+        """Drop outbox entries whose business key the ledger has (as the local commit does).
+
+        Raises:
+            EffectDivergenceError: the key is recorded (or asked for earlier in this
+                commit) with another name, mode or arguments; nothing is committed.
+        """
+        keys = sorted({d[3] for d in deferred if d[3] is not None})
+        if not keys:
+            return deferred
+        rows = conn.execute("SELECT key, entry FROM effects WHERE key = ANY(%s)",
+                            (keys,)).fetchall()
+        known: dict[str, tuple[str, str, str]] = {}
+        for key, raw in rows:
+            e = decode_entry(bytes(raw))
+            known[str(key)] = (e.name, e.mode.value, e.args_digest)
+        kept: list[Deferred] = []
+        for d in deferred:
+            name, mode, args_raw, key, _idem = d
+            if key is None:
+                kept.append(d)
+                continue
+            want = (name, mode, args_digest(args_raw))
+            found = known.get(key)
+            if found is None:
+                known[key] = want
+                kept.append(d)
+            elif found != want:
+                raise EffectDivergenceError(
+                    None, key, f"outbox entry {name!r} has business key {key!r}, which the "
+                    f"ledger holds for {found[0]!r} ({found[1]}) with other inputs; nothing "
+                    "was committed. Use a key that names one request.")
+        return kept
 
     def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
                      share: bool = False, seq: bool = False) -> tuple[Any, ...]:
@@ -479,6 +525,10 @@ class PostgresBackend:
                 if int(row[0]) == 0:
                     raise RunNotFoundError(run)
                 conn.execute("DELETE FROM checkpoints WHERE run = %s", (run,))
+                # The ledger keeps the run's entries, but their positions are free: a run
+                # made again under the id derives new keys at the same positions.
+                conn.execute("UPDATE effects SET ordinal = NULL WHERE run = %s "
+                             "AND ordinal IS NOT NULL", (run,))
                 conn.execute("UPDATE runs SET head = 0, head_hash = NULL, "
                              "run_epoch = nextval('commit_seq') WHERE run = %s", (run,))
                 conn.execute("COMMIT")
@@ -503,6 +553,22 @@ class PostgresBackend:
                                "AND ordinal = %s LIMIT 1", (run, checkpoint, ordinal)).fetchone()
         return None if row is None else str(row[0])
 
+    def fenced_share(self, conn: psycopg.Connection[Any], lease: Lease) -> None:
+        """In ``conn``'s open transaction: lock the run's row ``FOR SHARE``, check ``lease``."""
+        try:
+            self._lock_fenced(conn, lease.run, lease, share=True)
+        except LeaseLostError:
+            self.leases.forget(lease, "the server refused the lease")
+            raise
+
+    def position_zero(self, run: str, lo: int, hi: int) -> list[EffectRecord]:
+        """The entries at position 0 of checkpoints ``lo..hi`` of ``run``, newest first."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT entry FROM effects WHERE run = %s AND ordinal = 0 "
+                                "AND ckpt BETWEEN %s AND %s ORDER BY ckpt DESC",
+                                (run, lo, hi)).fetchall()
+        return [decode_entry(bytes(r[0])) for r in rows]
+
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
                       fence: Lease | None = None) -> EffectRecord:
         """Store ``entry`` durably if the stored one is still ``expect`` (compare-and-set).
@@ -519,11 +585,7 @@ class PostgresBackend:
         with self._conn() as conn, conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
             if fence is not None:
-                try:
-                    self._lock_fenced(conn, fence.run, fence, share=True)
-                except LeaseLostError:
-                    self.leases.forget(fence, "the server refused the lease")
-                    raise
+                self.fenced_share(conn, fence)
             row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
                                (entry.key,)).fetchone()
             found = None if row is None else decode_entry(bytes(row[0]))
@@ -534,7 +596,7 @@ class PostgresBackend:
                 "ON CONFLICT (key) DO UPDATE SET entry = EXCLUDED.entry, run = EXCLUDED.run, "
                 "ckpt = EXCLUDED.ckpt, ordinal = EXCLUDED.ordinal",
                 (entry.key, entry.run, entry.checkpoint, entry.ordinal, raw))
-        return entry
+        return decode_entry(raw)  # as recorded, sharing nothing with the caller's object
 
     def effects(self) -> list[EffectRecord]:
         """Every ledger entry, in key order."""
@@ -544,7 +606,7 @@ class PostgresBackend:
 
     def outbox(self) -> list[EffectRecord]:
         """The outbox entries not yet settled, in commit order."""
-        pending = [e for e in self.effects() if e.deferred and e.status == "pending"]
+        pending = [e for e in self.effects() if e.deferred and outstanding(e)]
         return sorted(pending, key=lambda e: e.order or (0, 0))
 
     # -- maintenance -----------------------------------------------------------------

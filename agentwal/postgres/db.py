@@ -148,12 +148,10 @@ class Db:
             BackendUnavailableError: it does not, within the connect timeout.
         """
         with translate(self.where):
-            try:
-                self.pool.open(wait=True, timeout=self._connect_timeout)
-            except psycopg_pool.PoolTimeout:
-                # the pool hides why: one direct attempt says it
-                psycopg.connect(self.dsn, **self._kwargs).close()
-                raise
+            # One direct attempt first: a refused or misspelt server fails now, with its
+            # reason (the pool would retry until its timeout, then hide why).
+            psycopg.connect(self.dsn, **self._kwargs).close()
+            self.pool.open(wait=True, timeout=self._connect_timeout)
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:

@@ -101,6 +101,8 @@ class Leases:
         self.ttl = float(ttl)
         self._held: dict[str, Lease] = {}
         self._lock = threading.Lock()
+        #: held while a lease is taken or renewed in place by ``ensure``
+        self._acquiring = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hb_conn: psycopg.Connection[Any] | None = None
@@ -119,14 +121,18 @@ class Leases:
         lease = self.held(run)
         if lease is not None:
             return lease
-        with self._lock:
-            late = self._held.get(run)
-        if late is not None and late.lost is None:
-            with self.db.connection() as conn:
-                self._extend(conn, [late])
-            if late.live():
-                return late
-        return self.acquire(run)
+        with self._acquiring:  # threads of this worker: one acquires, the others find it held
+            lease = self.held(run)
+            if lease is not None:
+                return lease
+            with self._lock:
+                late = self._held.get(run)
+            if late is not None and late.lost is None:
+                with self.db.connection() as conn:
+                    self._extend(conn, [late])
+                if late.live():
+                    return late
+            return self.acquire(run)
 
     def acquire(self, run: str) -> Lease:
         """Take the lease on ``run`` with a new epoch (free, expired, or ours).

@@ -120,17 +120,21 @@ def _refuse_newer(where: str, version: int) -> None:
         raise SchemaVersionError(where, version, VERSION)
 
 
-def install(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID:
-    """Create or upgrade the store in ``schema``; returns its store id.
+def install(conn: psycopg.Connection[Any], schema: str, where: str, *,
+            create: bool = True) -> uuid.UUID:
+    """Create (unless not ``create``) or upgrade the store in ``schema``; returns its store id.
 
     Raises:
         SchemaVersionError: the stored schema is newer than this code (nothing changed).
+        CorruptionError: not ``create`` and there is no store in ``schema`` (nothing made).
     """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                      (f"agentwal-migrate:{schema}",))
-        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         version, store_id = _stored(conn, schema)
+        if store_id is None and not create:
+            raise _no_store(where, "this open never creates one")
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         _refuse_newer(where, version)
         conn.execute(f'SET LOCAL search_path = "{schema}"')
         for step in range(version, VERSION):
@@ -145,6 +149,10 @@ def install(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID
     return store_id
 
 
+def _no_store(where: str, why: str) -> CorruptionError:
+    return CorruptionError(where, None, "no store here", f"Check the DSN and schema; {why}.")
+
+
 def check(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID:
     """The store id of the store in ``schema``, for a read-only open; writes nothing.
 
@@ -155,8 +163,7 @@ def check(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID:
     """
     version, store_id = _stored(conn, schema)
     if store_id is None:
-        raise CorruptionError(where, None, "no store here",
-                              "Check the DSN and schema; a read-only open never creates one.")
+        raise _no_store(where, "a read-only open never creates one")
     _refuse_newer(where, version)
     if version < VERSION:
         raise SchemaVersionError(where, version, VERSION)

@@ -23,38 +23,62 @@ lists what is not there yet).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import os
 import random
 import socket
+import threading
 import time
+import urllib.parse
 import uuid
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..codec import decode_stored
-from ..effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
+from psycopg import pq as psycopg_pq
+
+from ..aio import is_async_callable, off_loop
+from ..codec import decode_stored, loads
+from ..effects import (
+    STATUSES,
+    EffectContext,
+    EffectMode,
+    EffectRecord,
+    decode_entry,
+    derive_key,
+    effect_id_for,
+    effects_after,
+    encode_entry,
+)
 from ..errors import (
     BackendUnsupportedError,
     CheckpointNotFoundError,
     ConflictError,
+    EffectDivergenceError,
+    EffectNotAppliedError,
+    LeaseHeldError,
     LeaseLostError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
 )
 from ..ledger import DispatchReport, Ledger, Request
-from ..store import _checkpoint_id
-from ..txn import Transaction
-from ..types import BlobRef, Checkpoint, Diff, Durability, check_key
+from ..local.verify.report import VerifyReport
+from ..transfer import CopyReport, copy_runs
+from ..txn import Begin, Transaction, check_effect_args
+from ..types import BlobRef, Checkpoint, Diff, Durability, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PgView, PostgresBackend
 from .leases import Lease
+from .verify import verify as verify_tables
 
 __all__ = ["PostgresStore", "open_postgres"]
 
 T = TypeVar("T")
 _UNSET: Any = object()
+#: How far back ``_effect_adopt`` looks for an uncommitted attempt (as the local store).
+_ADOPT_WALK = 32
 
 
 def default_worker_id() -> str:
@@ -62,14 +86,18 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
-def open_postgres(dsn: str, *, schema: str = "agentwal", worker_id: str | None = None,
+def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None = None,
                   lease_ttl: float = 30.0, durability: Durability | str = Durability.SYNC,
-                  readonly: bool = False, pool_size: int = 4) -> PostgresStore:
+                  readonly: bool = False, pool_size: int = 4,
+                  create: bool = True) -> PostgresStore:
     """Open (creating or migrating on first open) the store in ``schema`` of a PostgreSQL server.
 
     Args:
         dsn: a libpq URI (``postgresql://user@host/db``) or conninfo string.
-        schema: the schema that holds the store (a lowercase identifier).
+            A URI may name the schema in its query (``...?schema=team_a``),
+            which is how the CLI is given one.
+        schema: the schema that holds the store (a lowercase identifier;
+            default the URI's ``schema=``, else ``"agentwal"``).
         worker_id: this worker's name in leases (default ``host/pid/random``);
             unique per live process.
         lease_ttl: seconds a lease lasts unless renewed (renewed every ttl/3
@@ -81,18 +109,23 @@ def open_postgres(dsn: str, *, schema: str = "agentwal", worker_id: str | None =
         readonly: never migrates or writes; refuses a schema older or newer
             than this code.
         pool_size: connections in this process's pool (plus one for the heartbeat).
+        create: False to refuse (``CorruptionError``) a schema with no store
+            in it instead of creating one (the CLI never creates a store).
 
     Raises:
         BackendUnavailableError: the server cannot be reached.
         SchemaVersionError: the schema is newer than this code.
-        CorruptionError: ``readonly`` and there is no store in ``schema``.
+        CorruptionError: ``readonly`` (or not ``create``) and there is no store in ``schema``.
         ValueError: a bad argument.
     """
     from .db import check_schema
 
     if not isinstance(dsn, str) or not dsn:
         raise ValueError("dsn must be a non-empty str")
-    check_schema(schema)
+    dsn, named = split_schema(dsn)
+    if schema is not None and named is not None and schema != named:
+        raise ValueError(f"the DSN names schema {named!r} and schema= says {schema!r}")
+    schema = check_schema(schema if schema is not None else named or "agentwal")
     mode = Durability(durability)
     if not isinstance(lease_ttl, (int, float)) or isinstance(lease_ttl, bool) or lease_ttl <= 0:
         raise ValueError("lease_ttl must be a number of seconds > 0")
@@ -101,8 +134,27 @@ def open_postgres(dsn: str, *, schema: str = "agentwal", worker_id: str | None =
     wid = default_worker_id() if worker_id is None else check_key(worker_id, "worker id")
     backend = PostgresBackend(dsn, schema=schema, worker_id=wid, lease_ttl=float(lease_ttl),
                               synchronous=mode is Durability.SYNC, readonly=bool(readonly),
-                              pool_size=pool_size)
+                              pool_size=pool_size, create=bool(create))
     return PostgresStore(backend, mode)
+
+
+def split_schema(dsn: str) -> tuple[str, str | None]:
+    """``(dsn without a schema= query parameter, that schema or None)``.
+
+    libpq knows no ``schema`` parameter, so a URI's is taken out before the
+    DSN reaches it; the other parameters stay as they were written.
+    """
+    base, sep, query = dsn.partition("?")
+    if not sep or "://" not in base:
+        return dsn, None
+    kept, schema = [], None
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if name == "schema":
+            schema = urllib.parse.unquote(value)
+        elif item:
+            kept.append(item)
+    return (base + "?" + "&".join(kept) if kept else base), schema
 
 
 class PostgresStore:
@@ -128,6 +180,9 @@ class PostgresStore:
         #: effect key -> the lease of the step running it (its ledger writes are fenced by it)
         self._fences: dict[str, Lease | None] = {}
         self._retries = 0
+        #: (run, checkpoint) -> the live transaction whose step uses the effect positions there
+        self._pos_owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
+        self._pos_lock = threading.Lock()
 
     # -- leases ----------------------------------------------------------------------
 
@@ -183,8 +238,11 @@ class PostgresStore:
         """Run ``fn(txn)`` and commit it, redoing it on ``ConflictError`` (not on a lost lease)."""
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError("retries must be an int >= 0")
-        if not callable(fn) or inspect.iscoroutinefunction(fn):
-            raise TypeError("fn must be a synchronous callable fn(txn)")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("store.transact runs a synchronous step; for an async step use "
+                            "`await store.atransact(run, step)`")
+        if not callable(fn):
+            raise TypeError("fn must be callable as fn(txn)")
         prev: Transaction | None = None
         for attempt in range(retries + 1):
             txn = self.begin(run, retry_of=prev)
@@ -211,6 +269,48 @@ class PostgresStore:
                 raise
         raise AssertionError("unreachable")  # the loop returns or raises
 
+    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
+        """:meth:`begin` for asyncio (``async with store.abegin(run) as txn:``).
+
+        The lease and the head are fetched at the call (two short round
+        trips); a clean exit commits with ``await txn.acommit()``, off the loop.
+        """
+        return Begin(self.begin(run, retry_of=retry_of))
+
+    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
+                        retries: int = 10) -> T:
+        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``."""
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError("retries must be an int >= 0")
+        if not inspect.iscoroutinefunction(fn) and not is_async_callable(fn):
+            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
+                            "for a synchronous one use store.transact(run, step)")
+        prev: Transaction | None = None
+        for attempt in range(retries + 1):
+            txn = self.begin(run, retry_of=prev)
+            try:
+                result = await fn(txn)
+                if txn.state == "active":
+                    await txn.acommit()
+                return result
+            except LeaseLostError:
+                if txn.state == "active":
+                    txn.rollback()
+                raise
+            except ConflictError:
+                if txn.state == "active":
+                    txn.rollback()
+                if txn.state == "committed" or attempt == retries:
+                    raise
+                self._retries += 1
+                prev = txn
+                await asyncio.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
+            except BaseException:
+                if txn.state == "active":
+                    txn.rollback()
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
     # Transaction's engine hooks (agentwal.txn._Engine).
 
     def _txn_read(self, txn: Transaction, key: str) -> bytes | None:
@@ -221,10 +321,7 @@ class PostgresStore:
 
     def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
         view: PgView = txn._view
-        change = Change(run=txn.run, writes=dict(txn._writes), reads=frozenset(txn._reads),
-                        prefixes=frozenset(txn._prefixes), meta=dict(txn._meta),
-                        deferred=tuple(txn._deferred), effects=tuple(txn._effect_keys))
-        return self._b.commit(view, change)
+        return self._b.commit(view, txn._change())
 
     def _txn_release(self, txn: Transaction) -> None:
         self._b.end(txn._view)
@@ -251,27 +348,124 @@ class PostgresStore:
             "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "
             "yet; use a local store for workspaces (docs/postgres.md).")
 
+    def _fenced(self, txn: Transaction, req: Request) -> None:
+        """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``.
+
+        Past the lease's local deadline (or once it is known lost) this raises
+        LeaseLostError before anything reaches the server: a holder cut off
+        from it learns nothing new there, and must start no call.
+        """
+        lease: Lease = txn._view.fence
+        lease.check()
+        self._fences[req.key] = lease
+        req.fencing_token = lease.epoch
+
     def _txn_effect(self, txn: Transaction, req: Request) -> Any:
-        self._fences[req.key] = txn._view.fence
+        self._fenced(txn, req)
         try:
             return self._ledger.run(req)
         finally:
             self._fences.pop(req.key, None)
 
     async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
-        self._fences[req.key] = txn._view.fence
+        self._fenced(txn, req)
         try:
             return await self._ledger.arun(req)
         finally:
             self._fences.pop(req.key, None)
 
+    def _txn_effect_transactional(self, txn: Transaction, req: Request) -> Any:
+        """``txn.effect(..., transactional=True)``: ``fn`` and its outcome in one transaction.
+
+        One PostgreSQL transaction on one session: fence (the run's row ``FOR
+        SHARE``, owner, epoch, expiry), lock the key's ledger row, then either
+        return the recorded result (a retry of a step whose effect committed)
+        or call ``fn(ctx)`` with ``ctx.conn`` and insert the ``done`` entry; the
+        COMMIT makes ``fn``'s rows and the entry durable together. When ``fn``
+        raises, everything rolls back and its exception propagates: there is
+        no intent, so nothing is ever in doubt.
+
+        Raises:
+            LeaseLostError: the lease is gone (nothing called).
+            EffectDivergenceError: the key or position holds another effect, or
+                an entry a non-transactional call made (nothing called).
+            EffectNotAppliedError: ``fn`` returned with its SQL failed (the
+                transaction aborted): nothing of it was committed.
+            UnencodableValueError: ``fn``'s result cannot be stored (rolled back).
+            Whatever ``fn`` raised (rolled back, nothing recorded).
+        """
+        self._fenced(txn, req)
+        lease: Lease = txn._view.fence
+        if req.claim is not None:
+            req.claim()
+        self._ledger._check_position(req)
+        args = loads(req.args_raw)
+        try:
+            with self._b._conn() as conn, conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")
+                self._b.fenced_share(conn, lease)
+                row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
+                                   (req.key,)).fetchone()
+                if row is not None:
+                    return _recorded(decode_entry(bytes(row[0])), req)
+                ctx = EffectContext(req.key, effect_id_for(req.key), req.run, 1, args,
+                                    req.name, req.mode, lease.epoch, conn)
+                try:
+                    result = req.fn(ctx)
+                except BaseException as exc:
+                    raise _FnRaised(exc) from exc
+                if conn.info.transaction_status == psycopg_pq.TransactionStatus.INERROR:
+                    raise _FnRaised(EffectNotAppliedError(
+                        effect_id_for(req.key), req.key,
+                        f"effect {req.name!r}: a statement fn ran on ctx.conn failed, which "
+                        "aborted the transaction; nothing of it was committed or recorded. "
+                        "Let the error propagate (or fix the statement) and retry the step."))
+                now = time.time()
+                entry = EffectRecord(
+                    effect_id_for(req.key), req.key, req.name, req.mode, req.run,
+                    req.checkpoint, req.ordinal, False, "done", 1, args, req.digest,
+                    result=result, idempotent=req.idempotent, created_at=now, updated_at=now,
+                    keyed=req.keyed)
+                try:
+                    raw = encode_entry(entry)
+                except BaseException as exc:
+                    raise _FnRaised(exc) from exc
+                conn.execute("INSERT INTO effects (key, run, ckpt, ordinal, entry) "
+                             "VALUES (%s, %s, %s, %s, %s)",
+                             (req.key, req.run, req.checkpoint, req.ordinal, raw))
+        except _FnRaised as wrapped:
+            raise wrapped.exc from None
+        return result
+
     def _effect_claim(self, txn: Transaction, base: int) -> None:
-        """Positions at ``base`` belong to the step that begins there: refuse a stale step."""
+        """Positions at ``base`` belong to one step: refuse a second live one, or a stale one.
+
+        As ``Store._effect_claim``: another live transaction of this worker
+        begun from the same checkpoint (not a retry in the same chain) gets
+        ``ConflictError``, and so does a transaction begun before the run
+        moved on, unless it is a retry anchored there. Other workers cannot
+        race here: the run's lease keeps them out.
+        """
+        run = txn.run
+        with self._pos_lock:
+            ref = self._pos_owners.get((run, base))
+            other = ref() if ref is not None else None
+            if (other is not None and other is not txn and other.state == "active"
+                    and other._chain is not txn._chain):
+                raise ConflictError(run, reason=(
+                    f"another transaction on this run, begun from checkpoint {base}, is "
+                    "calling effects there; nothing was called or recorded. Two steps cannot "
+                    "run from one checkpoint: retry once it commits (store.transact does)."))
+            if other is not txn:
+                if len(self._pos_owners) > 4096:
+                    self._pos_owners = {k: r for k, r in self._pos_owners.items()
+                                        if (t := r()) is not None and t.state == "active"}
+                self._pos_owners[(run, base)] = weakref.ref(txn)
         if txn._inherited:
             return
-        head = self._b.begin(txn.run, lease=False).base
+        head = self._b.begin(run, lease=False).base
         if head != base:
-            raise ConflictError(txn.run, reason=(
+            raise ConflictError(run, reason=(
                 f"the run moved on from checkpoint {base} (where this transaction began) to "
                 f"{head}; its effect positions there belong to the step that committed. "
                 "Nothing was called or recorded; retry the step from the new head "
@@ -279,7 +473,40 @@ class PostgresStore:
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
-        return None  # finding an uncommitted attempt from an older checkpoint: not yet here
+        """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
+
+        The local store's rule (``Store._effect_adopt``): a step that died or
+        conflicted after calling an effect leaves entries no commit marked; if
+        the run moved on without effects meanwhile, its retry begins at a later
+        head. Walking back from ``base`` (at most ``_ADOPT_WALK`` checkpoints,
+        one query), the first checkpoint whose position 0 holds a live entry
+        decides: committed, or ``base`` itself, means a new step (None); an
+        uncommitted entry of the same effect (name, args, mode, derived key) is
+        the earlier attempt, whose checkpoint is returned. The walk never
+        crosses a ``rollback_to`` or a fork's first checkpoint.
+        """
+        run = txn.run
+        if base == 0 or self._b.begin(run, lease=False).base != base:
+            return None  # a run's first step, or a stale one (which _effect_claim refuses)
+        found = None
+        for e0 in self._b.position_zero(run, max(base - _ADOPT_WALK, 0), base):
+            if e0.status == "retired":
+                continue
+            if e0.checkpoint == base or e0.committed_in is not None:
+                return None  # this step's own positions, or a step that committed
+            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
+                    and not e0.keyed and e0.key == derive_key(self.store_id, run, e0.checkpoint,
+                                                              name, 0, epoch=epoch))
+            if not same:
+                return None
+            found = e0.checkpoint
+            break
+        if found is None:
+            return None
+        for c in self.history(run, limit=base - found):
+            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
+                return None
+        return found
 
     # Ledger's engine hooks (agentwal.ledger._Engine).
 
@@ -319,7 +546,7 @@ class PostgresStore:
         if at is None:
             raw = self._b.read(self._b.begin(run, lease=False), key)
         else:
-            raw = self._b.state_at(run, _checkpoint_id(at), key=key).get(key)
+            raw = self._b.state_at(run, check_checkpoint_id(at), key=key).get(key)
         return default if raw is None else self._decode(raw, f"{run!r}/{key!r}")
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
@@ -335,7 +562,7 @@ class PostgresStore:
                 raise RunNotFoundError(run)
             raw = self._b.scan(view, "")
         else:
-            raw = self._b.state_at(run, _checkpoint_id(at))
+            raw = self._b.state_at(run, check_checkpoint_id(at))
         return {k: self._decode(v, f"{run!r}/{k!r}") for k, v in sorted(raw.items())}
 
     def head(self, run: str) -> Checkpoint | None:
@@ -353,15 +580,15 @@ class PostgresStore:
             head = self._b.head(run)
             if head is None:
                 raise RunNotFoundError(run)
-            if not 1 <= _checkpoint_id(before) <= head.id:
+            if not 1 <= check_checkpoint_id(before) <= head.id:
                 raise CheckpointNotFoundError(run, before)
         return self._b.checkpoints(run, limit=limit, before=before)
 
     def diff(self, run: str, a: int, b: int) -> Diff:
         """What changed in ``run`` from checkpoint ``a`` to checkpoint ``b``."""
         check_key(run, "run id")
-        ra = self._b.state_at(run, _checkpoint_id(a))
-        rb = self._b.state_at(run, _checkpoint_id(b))
+        ra = self._b.state_at(run, check_checkpoint_id(a))
+        rb = self._b.state_at(run, check_checkpoint_id(b))
 
         def dec(raw: bytes, k: str, cid: int) -> Any:
             return self._decode(raw, f"{run!r}/{k!r} at {cid}")
@@ -380,12 +607,19 @@ class PostgresStore:
         """Run ids with at least one checkpoint, sorted."""
         return self._b.runs()
 
+    def copy_runs(self, dest: Any, runs: Any = None) -> CopyReport:
+        """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
+
+        ``dest`` is a local or PostgreSQL store: see :func:`agentwal.transfer.copy_runs`.
+        """
+        return copy_runs(self, dest, runs)
+
     # -- history writes (each a fenced commit) ---------------------------------------
 
     def rollback_to(self, run: str, checkpoint: int) -> Checkpoint:
         """A new checkpoint (parent: the head) whose state equals the state at ``checkpoint``."""
         check_key(run, "run id")
-        cid = _checkpoint_id(checkpoint)
+        cid = check_checkpoint_id(checkpoint)
         self._writable()
         view = self._b.begin(run)
         target = self._b.state_at(run, cid)
@@ -402,7 +636,7 @@ class PostgresStore:
         """Start ``new_run`` from the state of ``run`` at ``checkpoint`` (its first checkpoint)."""
         check_key(run, "run id")
         check_key(new_run, "run id")
-        cid = _checkpoint_id(checkpoint)
+        cid = check_checkpoint_id(checkpoint)
         self._writable()
         target: dict[str, bytes | None] = dict(self._b.state_at(run, cid))
         if self._b.head(new_run) is not None:
@@ -434,13 +668,120 @@ class PostgresStore:
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
                  probes: dict[str, Callable[[EffectContext], Any]] | None = None,
                  run: str | None = None, limit: int | None = None) -> DispatchReport:
-        """Run committed outbox entries (``txn.defer``) in commit order (as ``Store.dispatch``)."""
+        """Run committed outbox entries (``txn.defer``) in commit order, under each run's lease.
+
+        As ``Store.dispatch``; this worker takes the lease of each run with
+        pending entries (and gives back those it took only for this), so the
+        ledger writes of a dispatch are fenced like a step's. The entries of a
+        run another worker holds are left to that owner, reported ``skipped``,
+        and nothing of them is called or written.
+        """
         self._writable()
         if run is not None:
             check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        pending = [e for e in self._b.outbox() if run is None or e.run == run]
+        leases: dict[str, Lease] = {}
+        took: list[str] = []
+        for r in dict.fromkeys(e.run for e in pending):
+            fresh = self._b.leases.held(r) is None
+            try:
+                leases[r] = self._b.leases.ensure(r)
+            except LeaseHeldError as exc:
+                # A lease that is not ours: the ledger's first write of such an entry
+                # (its intent) is refused before the handler is called.
+                leases[r] = Lease(r, 0, 0.0, lost=f"run {r!r} is leased by {exc.holder!r}; "
+                                  "its owner dispatches it")
+                continue
+            if fresh:
+                took.append(r)
+        self._fences.update((e.key, leases[e.run]) for e in pending)
+        try:
+            report = self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        finally:
+            for e in pending:
+                self._fences.pop(e.key, None)
+            for r in took:
+                self._b.leases.release(r)
+        refused = {e.effect_id: leases[e.run].lost for e in pending
+                   if leases[e.run].epoch == 0}
+        report.skipped.extend((eid, str(refused[eid])) for eid, _ in report.failed
+                              if eid in refused)
+        report.failed[:] = [(eid, err) for eid, err in report.failed if eid not in refused]
+        return report
+
+    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
+               mode: EffectMode | str, args: Any = None,
+               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
+               retries: int = 0,
+               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
+               backoff: float = 0.1) -> Any:
+        """An effect that belongs to no transaction, identified by its business ``key``.
+
+        ``agentwal.Store.effect``'s contract, under this worker's lease on
+        ``run`` (taken if it does not hold it): its intent and outcome are
+        fenced by the lease like a step's, and ``ctx.fencing_token`` is its epoch.
+
+        Raises:
+            What ``txn.effect`` raises; LeaseHeldError, ReadOnlyError, StoreClosedError.
+        """
+        req, lease = self._standalone(run, name, fn, key=key, mode=mode, args=args,
+                                      probe=probe, idempotent=idempotent, retries=retries,
+                                      retry_on=retry_on, backoff=backoff, allow_async=False)
+        self._fences[req.key] = lease
+        try:
+            return self._ledger.run(req)
+        finally:
+            self._fences.pop(req.key, None)
+
+    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                      key: str, mode: EffectMode | str, args: Any = None,
+                      probe: Callable[[EffectContext], Any] | None = None,
+                      idempotent: bool = False, retries: int = 0,
+                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
+                                                                   TimeoutError),
+                      backoff: float = 0.1) -> Any:
+        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions)."""
+        req, lease = await off_loop(lambda: self._standalone(
+            run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
+            retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
+        self._fences[req.key] = lease
+        try:
+            return await self._ledger.arun(req)
+        finally:
+            self._fences.pop(req.key, None)
+
+    def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                    key: str, mode: EffectMode | str, args: Any,
+                    probe: Callable[[EffectContext], Any] | None, idempotent: bool,
+                    retries: int, retry_on: tuple[type[BaseException], ...], backoff: float,
+                    allow_async: bool) -> tuple[Request, Lease]:
+        """The checked, keyed ledger request of a ``store.effect``, and the lease fencing it."""
+        check_key(run, "run id")
+        self._writable()
+        if not isinstance(key, str):
+            raise TypeError("store.effect needs key=, a business key (str): with no "
+                            "transaction there is no position to derive one from")
+        req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
+                                               probe=probe, idempotent=idempotent,
+                                               retries=retries, backoff=backoff,
+                                               allow_async=allow_async, where="store")
+        lease = self._b.leases.ensure(run)
+        view = self._b.begin(run, lease=False)
+        req = Request(name, fn, req_mode, args_raw, key, run, view.base, None, probe,
+                      bool(idempotent), retries, tuple(retry_on), float(backoff), True,
+                      fencing_token=lease.epoch)
+        return req, lease
+
+    def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
+        """Set a recorded effect aside and free its position (as ``Store.retire_effect``).
+
+        Raises:
+            EffectNotFoundError, EffectNotRetirableError, ReadOnlyError, StoreClosedError.
+        """
+        self._writable()
+        return self._ledger.retire(effect_id, by=by)
 
     def resolve_effect(self, effect_id: str, *, result: Any = _UNSET, not_applied: bool = False,
                        by: str | None = None) -> EffectRecord:
@@ -453,6 +794,56 @@ class PostgresStore:
 
     # -- maintenance -----------------------------------------------------------------
 
+    def refresh(self) -> None:
+        """Nothing to catch up with: every read goes to the server, so it is always current."""
+        self._b._check_open()
+
+    # What the local engine has and this backend does not yet: a typed refusal, never an
+    # AttributeError (docs/postgres.md lists them).
+
+    def snapshot(self) -> None:
+        """Not on PostgreSQL: the server's own checkpointer does what a fold does locally."""
+        raise _unsupported("store.snapshot", "The server makes commits durable by itself; "
+                           "store.sync() waits for the ones made with durability='async'.")
+
+    def compact(self, **_options: Any) -> Any:
+        """Not on PostgreSQL yet (``BackendUnsupportedError``)."""
+        raise _unsupported("store.compact", "Delete finished runs with store.delete_run; "
+                           "dropping old checkpoints of a live run is not there yet.")
+
+    def verify(self) -> VerifyReport:
+        """Recompute every run's hash chain from the rows and check what they name.
+
+        One repeatable-read pass (commits may go on): contiguous ids and
+        parents, each checkpoint's deltas against its digest, the chain of
+        hashes, the runs' heads, every content-addressed value against its
+        SHA-256, every value and ledger entry decodes
+        (``agentwal/postgres/verify.py``). Changes nothing.
+        """
+        self._b._check_open()
+        return verify_tables(self._b)
+
+    def backup(self, dest: Any) -> Any:
+        """Not on PostgreSQL: back the database up with its own tools (pg_dump, a base backup)."""
+        raise _unsupported("store.backup", "Use pg_dump --schema, or `agentwal copy` to a "
+                           "local store.")
+
+    def open_blob(self, run: str, key: str, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no blobs (``BackendUnsupportedError``)."""
+        raise _unsupported("store.open_blob", _NO_BLOBS)
+
+    def list_tree(self, run: str, key: str, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.list_tree", _NO_BLOBS)
+
+    def restore_tree(self, run: str, key: str, dest: Any, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.restore_tree", _NO_BLOBS)
+
+    def open_tree_file(self, run: str, key: str, relpath: str, **_options: Any) -> Any:
+        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.open_tree_file", _NO_BLOBS)
+
     def sync(self) -> None:
         """Make every acknowledged commit durable now (matters with ``durability="async"``)."""
         self._b.sync()
@@ -460,8 +851,8 @@ class PostgresStore:
     def stats(self) -> dict[str, Any]:
         """Row counts and sizes of the store's tables, and this worker's leases."""
         out = self._b.stats()
-        out["retries"] = self._retries
-        out["durability"] = self.durability.value
+        out.update(path=self.path, store_id=str(self.store_id), readonly=self.readonly,
+                   retries=self._retries, durability=self.durability.value)
         return out
 
     def close(self) -> None:
@@ -476,6 +867,36 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"<agentwal.PostgresStore {self.path} worker={self.worker_id!r}>"
+
+
+class _FnRaised(Exception):
+    """Carries what a transactional effect's ``fn`` raised past the psycopg error translation."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _recorded(entry: EffectRecord, req: Request) -> Any:
+    """The result recorded under ``req``'s key, or EffectDivergenceError."""
+    if (entry.name, entry.args_digest, entry.mode) != (req.name, req.digest, req.mode):
+        raise EffectDivergenceError(
+            entry.effect_id, req.key, f"key {req.key!r} holds effect {entry.name!r} "
+            f"({entry.effect_id}) with other arguments or mode; nothing was called")
+    if entry.status not in ("done", "resolved"):
+        raise EffectDivergenceError(
+            entry.effect_id, req.key, f"key {req.key!r} holds a {entry.status} entry of "
+            f"{entry.name!r} ({entry.effect_id}) made without transactional=True; nothing "
+            "was called. Settle it (store.resolve_effect) or retire it (store.retire_effect).")
+    return entry.result
+
+
+_NO_BLOBS = ("Blobs and trees are not stored on PostgreSQL yet; keep them in a local store "
+             "(docs/postgres.md).")
+
+
+def _unsupported(what: str, hint: str) -> BackendUnsupportedError:
+    return BackendUnsupportedError(what, "PostgreSQL", hint)
 
 
 def _check_retry_of(store: PostgresStore, run: str, prev: object) -> None:

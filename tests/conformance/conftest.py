@@ -13,6 +13,7 @@ from tests.conformance.kinds import KINDS
 
 @pytest.fixture(params=sorted(KINDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    b = KINDS[request.param].open_backend(str(tmp_path))
+    kind = KINDS[request.param]
+    b = kind.open_backend(str(tmp_path), **{f: request.getfixturevalue(f) for f in kind.fixtures})
     yield b
     b.close()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import agentwal
 from agentwal import EffectContext, EffectInDoubtError, LeaseLostError
 from agentwal.postgres import PostgresStore
 
@@ -95,3 +96,67 @@ def test_rollback_to_and_fork_report_the_effects_made_since(pgstore: PostgresSto
     assert [e.name for e in back.effects_after] == ["charge"]
     first = pgstore.fork("r", 2, "f")
     assert first.effects_after == ()  # nothing was made after checkpoint 2
+
+
+def test_the_fencing_token_is_the_lease_epoch(open_pg: Callable[..., PostgresStore],
+                                               tmp_path: Any) -> None:
+    a, b = open_pg(worker_id="a"), open_pg(worker_id="b")
+    seen: list[int | None] = []
+
+    def call(ctx: EffectContext) -> None:
+        seen.append(ctx.fencing_token)
+
+    with a.begin("r") as txn:
+        txn.effect("first", call, mode="at_least_once")
+    asyncio.run(_aeffect(a, call))
+    a.release("r")
+    with b.begin("r") as txn:  # a new holder: a higher token
+        txn.effect("third", call, mode="at_least_once")
+    assert seen == [1, 1, 2]  # a's first lease on the run, then b's
+    with agentwal.open(str(tmp_path / "local.awal"), durability="none") as local, \
+            local.begin("r") as txn:
+        txn.effect("local", call, mode="at_least_once")
+    assert seen[3] is None  # a local store leases no runs
+
+
+async def _aeffect(store: PostgresStore, call: Callable[[EffectContext], None]) -> None:
+    txn = store.begin("r")
+    await txn.aeffect("second", call, mode="at_least_once")
+    txn.commit()
+
+
+def test_store_effect_is_fenced_and_refused_read_only(open_pg: Callable[..., PostgresStore]
+                                                      ) -> None:
+    a, b = open_pg(worker_id="a"), open_pg(worker_id="b")
+    tokens: list[int | None] = []
+
+    def call(ctx: EffectContext) -> str:
+        tokens.append(ctx.fencing_token)
+        return "ok"
+
+    assert a.effect("r", "notify", call, key="n/1", mode="at_least_once") == "ok"
+    assert a.effect("r", "notify", call, key="n/1", mode="at_least_once") == "ok"  # recorded
+    assert tokens == [1]
+    with pytest.raises(agentwal.LeaseHeldError):  # a holds the run
+        b.effect("r", "notify", call, key="n/2", mode="at_least_once")
+    reader = open_pg(worker_id="r", readonly=True)
+    with pytest.raises(agentwal.ReadOnlyError):
+        reader.effect("r", "notify", call, key="n/3", mode="at_least_once")
+    assert tokens == [1] and [e.key for e in a.effects(run="r")] == ["n/1"]
+
+
+def test_dispatch_runs_under_each_runs_lease(open_pg: Callable[..., PostgresStore]) -> None:
+    owner, dispatcher = open_pg(worker_id="owner"), open_pg(worker_id="dispatcher")
+    for run in ("held", "free"):
+        with owner.begin(run) as txn:
+            txn.defer("mail", mode="at_least_once", args={"run": run})
+    owner.release("free")
+    sent: list[str] = []
+    report = dispatcher.dispatch({"mail": lambda ctx: sent.append(ctx.args["run"])})
+    assert sent == ["free"] and len(report.done) == 1
+    [(_eid, why)] = report.skipped
+    assert "'owner'" in why  # the run's owner dispatches its own entries
+    assert dispatcher.stats()["leases_held"] == []  # the lease it took for this is given back
+    assert [e.run for e in owner.effects(status="pending")] == ["held"]
+    assert len(owner.dispatch({"mail": lambda ctx: sent.append(ctx.args["run"])}).done) == 1
+    assert sent == ["free", "held"]

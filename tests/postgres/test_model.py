@@ -13,6 +13,7 @@ the next open with a new epoch).
 from __future__ import annotations
 
 import contextlib
+import types
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -56,7 +57,9 @@ class _OnPostgres:
     def _open_pg(self) -> PostgresStore:
         store = open_postgres(_server["dsn"], schema=self.schema, worker_id="model",
                               durability="async", pool_size=2)
-        store._fold_lock = contextlib.nullcontext()  # type: ignore[attr-defined]
+        # the machine holds the local engine's fold lock around history reads; no folds here
+        store._engine = types.SimpleNamespace(  # type: ignore[attr-defined]
+            _fold_lock=contextlib.nullcontext())
         return store
 
     def _crash_or_close(self, crash: bool) -> None:

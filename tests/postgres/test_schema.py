@@ -17,6 +17,7 @@ from agentwal import (
 )
 from agentwal.postgres import PostgresStore, open_postgres
 from agentwal.postgres.schema import VERSION
+from agentwal.postgres.store import split_schema
 
 
 def _tables(dsn: str, schema: str) -> set[str]:
@@ -135,3 +136,34 @@ def test_server_gone_while_open_is_a_typed_error(pg_dsn: str,
 def test_bad_options_are_refused(pg_dsn: str, bad: dict[str, object]) -> None:
     with pytest.raises((ValueError, agentwal.InvalidKeyError)):
         open_postgres(pg_dsn, **bad)  # type: ignore[arg-type]
+
+
+def test_the_uri_can_name_the_schema(pg_dsn: str, pg_schema: str) -> None:
+    url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={pg_schema}"
+    with agentwal.open(url, worker_id="w1") as store, store.begin("r") as txn:
+        txn["k"] = 1
+    with open_postgres(pg_dsn, schema=pg_schema, worker_id="w2", readonly=True) as store:
+        assert store.get("r", "k") == 1
+    with pytest.raises(ValueError, match="names schema"):
+        open_postgres(url, schema="other", worker_id="w3")
+
+
+@pytest.mark.parametrize(("dsn", "split"), [
+    ("postgresql://u@h/db?schema=a", ("postgresql://u@h/db", "a")),
+    ("postgresql://u@h/db?host=%2Ftmp&schema=a&port=5", ("postgresql://u@h/db?host=%2Ftmp&port=5",
+                                                        "a")),
+    ("postgresql://u@h/db?sslmode=off", ("postgresql://u@h/db?sslmode=off", None)),
+    ("host=h dbname=db", ("host=h dbname=db", None)),
+])
+def test_split_schema_keeps_the_other_parameters_as_written(
+        dsn: str, split: tuple[str, str | None]) -> None:
+    assert split_schema(dsn) == split
+
+
+def test_create_false_refuses_a_missing_store(pg_dsn: str, pg_schema: str,
+                                              open_pg: Callable[..., PostgresStore]) -> None:
+    with pytest.raises(CorruptionError, match="no store here"):
+        open_pg(worker_id="w", create=False)
+    assert _tables(pg_dsn, pg_schema) == set()
+    open_pg(worker_id="w")
+    assert open_pg(worker_id="w2", create=False).runs() == []

@@ -19,6 +19,16 @@
 - ``race RUN``: print ``{"ready": true}``, wait for a ``go`` line, try the
   lease once, print ``{"won": epoch}`` or ``{"held": holder}``; keep it until
   the next line.
+- ``partition RUN CALLS``: commit one step, begin the next and put ``who``,
+  print ``{"ready": epoch}``; on a line from stdin (the test has cut the
+  link by then) wait one TTL, so the local deadline has passed, then try an
+  effect whose function appends a line to the file CALLS, printing
+  ``{"effect": result or error code, "token": fencing token seen}``, then
+  commit, printing ``{"committed": id}`` or ``{"error": code}``.
+- ``txeffect RUN``: take the lease, begin, and call a transactional
+  exactly_once effect whose function inserts a row into ``orders`` through
+  ``ctx.conn``, prints ``{"inserted": true}`` and waits for a line on stdin
+  (the test kills it there); if it gets one, commit and print the outcome.
 - ``claim N``: claim up to N runs at a time until a claim returns none,
   printing ``{"claimed": [...], "epochs": {...}}`` per claim, then ``{"done": true}``.
 """
@@ -125,6 +135,40 @@ def main() -> None:
         except LeaseHeldError as exc:
             say(held=exc.holder)
         sys.stdin.readline()  # hold the lease until every racer has reported
+    elif mode == "partition":
+        run, calls = rest
+        with store.begin(run) as txn:
+            txn["who"] = worker
+        txn = store.begin(run)
+        txn["who"] = worker + " (late)"
+        say(ready=txn._view.fence.epoch)
+        sys.stdin.readline()
+        time.sleep(float(ttl))
+        tokens: list[int | None] = []
+
+        def call(ctx: Any) -> str:
+            tokens.append(ctx.fencing_token)
+            with open(calls, "a") as f:
+                f.write(f"called with token {ctx.fencing_token}\n")
+            return "sent"
+
+        try:
+            say(effect=txn.effect("send", call, mode="at_least_once"), token=tokens)
+        except Error as exc:
+            say(effect=exc.code, token=tokens)
+        commit_and_say(txn)
+    elif mode == "txeffect":
+        run = rest[0]
+        txn = store.begin(run)
+
+        def order(ctx: Any) -> str:
+            ctx.conn.execute("INSERT INTO orders (key, who) VALUES (%s, %s)", (ctx.key, worker))
+            say(inserted=True)
+            sys.stdin.readline()
+            return "ordered"
+
+        txn["order"] = txn.effect("order", order, mode="exactly_once", transactional=True)
+        commit_and_say(txn)
     elif mode == "claim":
         n = int(rest[0])
         while True:

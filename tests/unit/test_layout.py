@@ -16,9 +16,9 @@ PKG = Path(agentwal.__file__).parent
 # Lower ranks never import higher ones (STYLE.md: errors/types → io → wal →
 # snapshot/effects → txn → recovery → store → cli). history.py is pure
 # encoding logic beside the codec; retention.py pure planning beside it; postgres/
-# (the PostgreSQL backend) sits beside store. Modules under agentwal/local/ (the
-# embedded engine) are ranked one by one ("local.snapshot" covers the package);
-# every other package as a whole.
+# (the PostgreSQL backend) and transfer (copy_runs across backends) sit beside
+# store. Modules under agentwal/local/ (the embedded engine) are ranked one by
+# one ("local.snapshot" covers the package); every other package as a whole.
 # docs/development.md shows this table (test_the_docs_show_this_table).
 RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
@@ -29,7 +29,7 @@ RANK = {
     "local.reads": 4, "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
-    "store": 7, "postgres": 7,
+    "store": 7, "postgres": 7, "transfer": 7,
     # the engine and its parts (each references Engine, for typing only)
     "local.engine": 7, "local.fold": 7, "local.maintenance": 7, "local.blobrefs": 7,
     "local.effectlog": 7, "local.audit": 7, "local.runs": 7,

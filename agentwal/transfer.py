@@ -1,0 +1,208 @@
+"""``copy_runs``: runs with their whole history and effects ledger, from one store to another.
+
+Theory of operation: both stores are reached through their backends (the
+``agentwal.backend`` operations: ``checkpoints``, ``state_at``, ``begin``/
+``commit``, ``effects``/``record_effect``), so a local store and a
+PostgreSQL store copy to each other, and to their own kind, with one
+procedure. For each run, oldest checkpoint first, the destination commits
+what changed from the previous checkpoint's state (raw stored bytes, never
+decoded), with that checkpoint's metadata and, for a fork's first
+checkpoint, its origin. Each destination checkpoint is a real commit of the
+destination, so its hash chain is the destination's own and ``verify``
+passes there; ids, parents, metadata, the state at every checkpoint and
+fork origins are the source's. The run's ledger entries are then recorded
+in the destination as they are (same keys, same ids, same statuses), so a
+retried step there finds its earlier attempt's effects, and an entry in
+doubt stays in doubt.
+
+What is not carried over: the commit times and hashes (each destination
+stamps its own commits; PostgreSQL keeps the source's times, since its
+commits take a given time), the LSNs (each store has its own sequence), and
+blob or tree values (refused before anything is written: their files are
+the local engine's).
+
+Everything is checked before the first write: the runs exist in the
+source, none exists in the destination, no ledger entry of theirs is
+already in the destination under another content, no value is a blob. A
+copy that fails midway leaves the runs it finished and part of the one it
+was on; ``delete_run`` that one and copy it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .backend import Change
+from .codec import is_blob_ref
+from .effects import EffectRecord
+from .errors import BackendUnsupportedError, ReadOnlyError, RunExistsError, RunNotFoundError
+from .types import Checkpoint, check_key
+
+__all__ = ["CopyReport", "copy_runs"]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyReport:
+    """What ``copy_runs`` copied.
+
+    Attributes:
+        runs: the run ids copied, in the order they were.
+        checkpoints: checkpoints committed in the destination.
+        effects: ledger entries recorded in the destination.
+        renumbered: per run whose retained history had gaps (compaction
+            dropped checkpoints), ``{source id: destination id}``; the
+            destination numbers its checkpoints 1, 2, 3...
+    """
+
+    runs: list[str]
+    checkpoints: int
+    effects: int
+    renumbered: dict[str, dict[int, int]]
+
+
+def backend_of(store: Any) -> Any:
+    """The backend a public store object writes through (local or PostgreSQL)."""
+    from .store import Store
+
+    if isinstance(store, Store):
+        from .local.backend import LocalBackend
+
+        return LocalBackend(store._engine)
+    inner = getattr(store, "_b", None)
+    if inner is None:
+        raise TypeError(f"not an agentwal store: {type(store).__name__}")
+    return inner
+
+
+def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None) -> CopyReport:
+    """Copy ``runs`` (default: every run) of store ``src`` into store ``dest`` (module doc).
+
+    Raises:
+        RunNotFoundError: a run named is not in ``src``.
+        RunExistsError: a run is already in ``dest`` (nothing written).
+        BackendUnsupportedError: a value is a blob or tree (nothing written).
+        ValueError: ``dest`` is ``src``, or holds a ledger entry of these runs
+            with other content (nothing written).
+        LeaseHeldError: on PostgreSQL, another worker holds a run in ``dest``.
+        ReadOnlyError: ``dest`` is read-only.
+    """
+    if dest is src:
+        raise ValueError("copy_runs: the destination is the source store")
+    if dest.readonly:
+        raise ReadOnlyError(dest.path)
+    sb, db = backend_of(src), backend_of(dest)
+    names = sorted(set(sb.runs()) if runs is None else {check_key(r, "run id") for r in runs})
+    plans = {run: _history(sb, run) for run in names}
+    there = set(db.runs())
+    for run in names:
+        if run in there:
+            raise RunExistsError(run)
+    entries = [e for e in sb.effects() if e.run in plans]
+    for e in entries:
+        found = db.effect(e.key)
+        if found is not None and found != e:
+            raise ValueError(f"the destination already holds ledger entry {e.key!r} "
+                             f"(effect {e.effect_id}) with other content; nothing was copied")
+    for run, hist in plans.items():
+        _refuse_blobs(sb, run, hist)
+    copied = checkpoints = 0
+    renumbered: dict[str, dict[int, int]] = {}
+    for run in _origins_first(names, plans):
+        ids = _copy_history(sb, db, dest, run, plans[run], [e for e in entries if e.run == run])
+        checkpoints += len(ids)
+        if any(old != new for old, new in ids.items()):
+            renumbered[run] = ids
+        for e in entries:
+            if e.run == run and db.effect(e.key) is None:
+                db.record_effect(_renumber(e, ids), expect=None)
+                copied += 1
+    return CopyReport(_origins_first(names, plans), checkpoints, copied, renumbered)
+
+
+def _history(sb: Any, run: str) -> list[Checkpoint]:
+    hist = list(reversed(sb.checkpoints(run)))
+    if not hist:
+        raise RunNotFoundError(run)
+    return hist
+
+
+def _origins_first(names: list[str], plans: dict[str, list[Checkpoint]]) -> list[str]:
+    """``names`` with every fork after the run it was forked from (when that is copied too)."""
+    out: list[str] = []
+    done: set[str] = set()
+
+    def visit(run: str, path: frozenset[str]) -> None:
+        if run in done or run in path:
+            return
+        origin = plans[run][0].origin
+        if origin is not None and origin[0] in plans:
+            visit(origin[0], path | {run})
+        done.add(run)
+        out.append(run)
+
+    for run in names:
+        visit(run, frozenset())
+    return out
+
+
+def _states(sb: Any, run: str, hist: list[Checkpoint]
+            ) -> Iterator[tuple[Checkpoint, dict[str, bytes | None]]]:
+    """Each checkpoint with what changed from the one before (None: deleted)."""
+    prev: dict[str, bytes] = {}
+    for c in hist:
+        state = sb.state_at(run, c.id)
+        delta: dict[str, bytes | None] = {k: v for k, v in state.items() if prev.get(k) != v}
+        delta.update((k, None) for k in prev.keys() - state.keys())
+        yield c, delta
+        prev = state
+
+
+def _refuse_blobs(sb: Any, run: str, hist: list[Checkpoint]) -> None:
+    for c, delta in _states(sb, run, hist):
+        blob = next((k for k, v in delta.items() if is_blob_ref(v)), None)
+        if blob is not None:
+            raise BackendUnsupportedError(
+                "copy_runs of a blob or tree value", "copy", f"run {run!r} holds one at key "
+                f"{blob!r} (checkpoint {c.id}); nothing was copied. Its files live in the "
+                "local store's blob directory; back that store up with store.backup instead.")
+
+
+def _copy_history(sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
+                  entries: list[EffectRecord]) -> dict[int, int]:
+    """Commit the run's checkpoints in ``db``; returns ``{source id: destination id}``."""
+    ids: dict[int, int] = {}
+    keeps_time = bool(getattr(db, "commits_at_given_time", False))
+    try:
+        for c, delta in _states(sb, run, hist):
+            # The keys of the entries this checkpoint committed: the destination's commit
+            # marks them when they are there (they are recorded after), and they make a
+            # checkpoint that changed no key (only effects, or an outbox) a commit too.
+            made_here = tuple(e.key for e in entries if c.id in (e.committed_in, (
+                e.checkpoint if e.deferred else None))) or (f"agentwal-copy:{run}:{c.id}",)
+            change = Change(run=run, writes=delta, prefixes=frozenset({""}), meta=c.meta,
+                            origin=c.origin if not ids else None, effects=made_here)
+            view = db.begin(run)
+            try:
+                made = (db.commit(view, change, created=c.created_at) if keeps_time
+                        else db.commit(view, change))
+            finally:
+                db.end(view)
+            ids[c.id] = made.id
+    finally:
+        release = getattr(dest, "release", None)
+        if release is not None:
+            release(run)
+    return ids
+
+
+def _renumber(e: EffectRecord, ids: dict[int, int]) -> EffectRecord:
+    """``e`` with its checkpoint positions in the destination's numbering."""
+    if all(old == new for old, new in ids.items()):
+        return e
+    return dataclasses.replace(
+        e, checkpoint=ids.get(e.checkpoint, e.checkpoint),
+        committed_in=None if e.committed_in is None else ids.get(e.committed_in,
+                                                                   e.committed_in))

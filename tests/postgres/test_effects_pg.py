@@ -1,0 +1,39 @@
+"""``tests/effects/test_effects.py`` (the ledger: modes, in doubt, divergence) on PostgreSQL.
+
+The same test functions, given a PostgreSQL store as ``store``; those that
+need what only a local store has are left out by name below, and those that
+take no ``store`` (they open local stores of their own) are not collected twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import pytest
+
+from agentwal.postgres import PostgresStore
+from tests.effects import test_effects as local
+from tests.effects.conftest import _disarm, down  # noqa: F401  (their fixtures)
+from tests.effects.test_effects import *  # noqa: F403  (the tests, collected here)
+
+
+@pytest.fixture
+def store(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
+    return open_pg(worker_id="w1")
+
+
+#: they need the local stats' record counters, its WAL record size limit, or a disk-full
+#: injected into the local engine
+LOCAL_ONLY = {
+    "test_stats_count_effect_records_apart_from_commits",
+    "test_oversized_entries_are_refused_not_logged",
+    "test_retry_on_never_catches_the_stores_own_errors",
+    "test_outcome_that_cannot_be_recorded_is_reported_in_doubt",
+}
+for _name in LOCAL_ONLY:
+    globals().pop(_name, None)
+assert all(hasattr(local, n) for n in LOCAL_ONLY)
+for _name, _fn in list(globals().items()):  # those that open local stores of their own
+    if _name.startswith("test_") and "store" not in inspect.signature(_fn).parameters:
+        del globals()[_name]
