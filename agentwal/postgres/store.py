@@ -68,7 +68,7 @@ from ..ledger import DispatchReport, Ledger, Request
 from ..local.verify.report import VerifyReport
 from ..transfer import CopyReport, copy_runs
 from ..txn import Begin, Transaction, check_effect_args
-from ..types import BlobRef, Checkpoint, Diff, Durability, check_checkpoint_id, check_key
+from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PgView, PostgresBackend
 from .leases import Lease
 from .verify import verify as verify_tables
@@ -811,19 +811,25 @@ class PostgresStore:
         raise _unsupported("store.compact", "Delete finished runs with store.delete_run; "
                            "dropping old checkpoints of a live run is not there yet.")
 
-    def verify(self) -> VerifyReport:
+    def verify(self, *, progress: Progress | None = None) -> VerifyReport:
         """Recompute every run's hash chain from the rows and check what they name.
 
         One repeatable-read pass (commits may go on): contiguous ids and
         parents, each checkpoint's deltas against its digest, the chain of
         hashes, the runs' heads, every content-addressed value against its
         SHA-256, every value and ledger entry decodes
-        (``agentwal/postgres/verify.py``). Changes nothing.
+        (``agentwal/postgres/verify.py``). Changes nothing. ``progress`` (see
+        ``Store.verify``) hears one phase, ``tables``: 0 of 1, then 1 of 1.
         """
         self._b._check_open()
-        return verify_tables(self._b)
+        if progress is not None:
+            progress("tables", 0, 1)
+        report = verify_tables(self._b)
+        if progress is not None:
+            progress("tables", 1, 1)
+        return report
 
-    def backup(self, dest: Any) -> Any:
+    def backup(self, dest: Any, **_options: Any) -> Any:
         """Not on PostgreSQL: back the database up with its own tools (pg_dump, a base backup)."""
         raise _unsupported("store.backup", "Use pg_dump --schema, or `agentwal copy` to a "
                            "local store.")
