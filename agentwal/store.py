@@ -60,6 +60,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import errno
 import gc
 import inspect
 import os
@@ -99,12 +100,14 @@ from .errors import (
     RunNotFoundError,
     StoreBusyError,
     StoreClosedError,
+    StoreLimitError,
     TreePathError,
 )
 from .format import (
     BLOB_REF_PREFIX,
     BLOBS_DIR,
     DEFAULT_SEGMENT_BYTES,
+    FIRST_SEGMENT_BYTES,
     MIN_SEGMENT_BYTES,
     SNAPSHOT_DIR,
     TREE_MEDIA_TYPE,
@@ -113,15 +116,24 @@ from .format import (
 from .io import DISK_FULL_ERRNOS, FileSystem, OsFileSystem, WriterLock
 from .ledger import DispatchReport, Ledger, Request
 from .local.apply import apply_record, from_pending, replay
+from .local.background import BUSY, IDLE, STOP, Worker
 from .local.backup import BackupReport, Copier, check_destination
 from .local.blobs import BlobMissing, BlobReader, BlobStore, blob_path
 from .local.commit import CommitPipeline, Pending
 from .local.control import create_control, read_control
 from .local.memtable import Memtable
+from .local.opening import no_control, prepare
 from .local.reads import LayeredReader, Pin, View, epoch_at, in_txn
-from .local.recovery import Plan, recover
+from .local.recovery import Lost, Plan, recover
 from .local.snapshot import FoldRun, MapFull, RunInfo, Snapshot, check_lmdb_file
-from .local.verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
+from .local.verify import (
+    LMDB_FILE,
+    Problem,
+    VerifyReport,
+    check_control,
+    check_mark,
+    read_wal,
+)
 from .local.verify import verify as verify_store
 from .local.wal import Writer
 from .retention import CompactReport, Policy, Tally, check_args, policy_args
@@ -147,6 +159,8 @@ _NEWEST = 1 << 63  # a snapshot LSN past every record
 _VACUUM_WAIT = 10.0
 #: Seconds between two passes of the automatic retention policy (``retain=``).
 _RETAIN_EVERY = 60.0
+#: ``retain=`` also runs after this many commits since its last pass.
+_RETAIN_COMMITS = 1000
 _UNSET: Any = object()
 T = TypeVar("T")
 
@@ -167,6 +181,7 @@ def open(
     map_size: int | None = None,
     effect_retention: datetime.timedelta | None = datetime.timedelta(days=30),
     retain: Policy | tuple[Policy, ...] | None = None,
+    recover: str | None = None,
 ) -> Store:
     """Open (or create) the store in directory ``path`` and recover it.
 
@@ -178,10 +193,12 @@ def open(
         wal_max_bytes: fold the log into LMDB once it holds this many bytes.
         fs: the file system for the WAL and control file (default: the OS).
         sync_interval: seconds between background syncs in ``async`` mode.
-        segment_bytes: size of each preallocated WAL segment (default:
-            a quarter of ``wal_max_bytes``, at most 16 MiB).
+        segment_bytes: size of each preallocated WAL segment (default: the
+            first 64 KiB, each next one twice the last, up to a quarter of
+            ``wal_max_bytes``, at most 16 MiB).
         map_size: initial LMDB map size (address space, not disk; default
-            1 TiB on 64-bit). A full map is doubled when no read is open.
+            twice the snapshot file, at least 64 MiB). A full map is doubled
+            when no read is open.
         effect_retention: how long settled effects-ledger entries (done,
             resolved, not applied) are kept after their last update, so their
             keys still dedup (default 30 days; None keeps them forever).
@@ -192,16 +209,23 @@ def open(
             ``compact(keep_last=..., older_than=...)`` after a fold, at most
             once a minute (never ``vacuum``). None (default): history is kept
             until ``compact()`` is called.
+        recover: ``"prefix"`` opens a damaged store read-only up to the last
+            intact record before the damage in its log, instead of raising
+            ``CorruptionError``; ``store.lost`` then says what could not be
+            read (None: nothing). Damage to LMDB itself still raises.
 
     Returns:
         An open :class:`Store` (also a context manager).
 
     Raises:
         StoreLockedError: another process has it open for writing.
+        StoreNotFoundError: ``readonly`` and there is no store at ``path``, or
+            the parent directory of ``path`` does not exist.
+        NotAStoreError: ``path`` is a file, or a directory of other files
+            (never turned into a store).
         CorruptionError: a file of the store is damaged; nothing was changed.
         DiskFullError: no space to create the store or repair the log.
         DurabilityError: an I/O error (a failed write or fsync) while opening.
-        CorruptionError: ``readonly`` and there is no store at ``path``.
         ValueError: a bad argument.
 
     Example::
@@ -215,13 +239,21 @@ def open(
         raise ValueError(f"wal_max_bytes must be at least {MIN_SEGMENT_BYTES}")
     if sync_interval <= 0:
         raise ValueError("sync_interval must be positive")
+    first_segment = segment_bytes
     if segment_bytes is None:
         segment_bytes = max(MIN_SEGMENT_BYTES * 16, min(DEFAULT_SEGMENT_BYTES, wal_max_bytes // 4))
+        first_segment = FIRST_SEGMENT_BYTES
     if segment_bytes < MIN_SEGMENT_BYTES:
         raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
     if effect_retention is not None and effect_retention.total_seconds() < 0:
         raise ValueError("effect_retention must not be negative")
     keep_last, older_than = policy_args(retain)
+    if recover not in (None, "prefix"):
+        raise ValueError(f"recover must be None or 'prefix', not {recover!r}")
+    if recover is not None:
+        if retain is not None:
+            raise ValueError("recover='prefix' opens read-only: no retain=")
+        readonly = True
     if readonly and retain is not None:
         raise ValueError("retain= needs a writable store (readonly=False)")
     store = Store(os.fspath(path), mode, readonly, wal_max_bytes, fs or OsFileSystem(),
@@ -230,6 +262,8 @@ def open(
         store._effect_retention = effect_retention.total_seconds()
     if retain is not None:
         store._retain = (keep_last, older_than)
+    store._first_segment_bytes = first_segment
+    store._recover_prefix = recover == "prefix"
     try:
         store._open()
     except OSError as exc:
@@ -248,6 +282,10 @@ def _io_error(exc: OSError, path: str, what: str) -> Error:
         return DiskFullError(where, f"{what}: no room to write {where!r} "
                              f"({exc.strerror or exc}). Free some space and open the store "
                              "again.")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return StoreLimitError(exc.filename or path, f"{what}: no file descriptor left "
+                               f"({exc.strerror})", "Close stores this process no longer uses, "
+                               "or raise the limit (`ulimit -n`; each open store uses about 5).")
     return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
@@ -261,18 +299,6 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _background(ref: weakref.ref[Store], wake: threading.Condition, step: str,
-                interval: float) -> None:
-    """A store's background thread: wake (notified or every ``interval``), do ``step``."""
-    while True:
-        with wake:
-            wake.wait(interval)
-        store = ref()
-        if store is None or not getattr(store, step)():
-            return
-        del store
 
 
 def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
@@ -368,6 +394,10 @@ class Store:
         self._fs = fs
         self._sync_interval = sync_interval
         self._segment_bytes = segment_bytes
+        self._first_segment_bytes: int | None = None  # None: every segment segment_bytes
+        self._recover_prefix = False  # open(recover="prefix"): stop at damage, say what's lost
+        #: with ``recover="prefix"``: what the log holds past the intact prefix (None: nothing)
+        self.lost: Lost | None = None
         self._map_size = map_size
         self._split_commits_for_test = False  # harness self-test only: breaks atomicity
         self._lock = threading.Lock()
@@ -378,7 +408,9 @@ class Store:
         self._writer_lock: WriterLock | None = None
         self._snap: Snapshot | None = None
         self._pipe: CommitPipeline | None = None
-        self._threads: list[threading.Thread] = []
+        self._workers: list[Worker] = []
+        self._folder: Worker | None = None  # the fold thread (started when a fold is wanted)
+        self._flusher: Worker | None = None  # async mode's flush thread (while writes are unsynced)
         self._active = Memtable()
         self._frozen: Memtable | None = None
         self._visible = 0
@@ -406,7 +438,9 @@ class Store:
         #: ``(keep_last, older_than)`` of ``retain=``; applied by the fold thread
         self._retain: tuple[int | None, datetime.timedelta | None] | None = None
         self._retain_every = _RETAIN_EVERY
-        self._retain_next = 0.0  # monotonic time of the next retention pass
+        self._retain_next = time.monotonic() + _RETAIN_EVERY  # the next timed retention pass
+        self._retain_commits = 0  # commits since the last retention pass
+        self._retain_wanted = False  # a pass is due: the fold thread runs it
         self._retain_error: BaseException | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
@@ -417,20 +451,16 @@ class Store:
     def _open(self) -> None:
         fs, path = self._fs, self.path
         wal_dir = os.path.join(path, WAL_DIR)
-        if self.readonly:
-            if not os.path.isdir(path):
-                raise CorruptionError(path, None, "no store here",
-                                      "Check the path; a read-only open never creates a store.")
-        else:
-            fs.mkdir(path)
-            fs.fsync_dir(os.path.dirname(os.path.abspath(path)))
+        prepare(fs, path, readonly=self.readonly)
+        if not self.readonly:
             self._writer_lock = WriterLock(path)
             self._writer_lock.acquire()
         ctl = read_control(fs, path)
         if ctl is None:
             if self.readonly:
-                raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
-                                      "Check the path; a read-only open never creates a store.")
+                missing = no_control(path, fs.listdir(wal_dir) if fs.exists(wal_dir) else [])
+                if missing is not None:
+                    raise missing
             if fs.exists(wal_dir) and fs.listdir(wal_dir):
                 raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
             ctl = create_control(fs, path)
@@ -465,6 +495,7 @@ class Store:
                     ended = old.txn if old.users == 0 else None
             self._active = mem
             self._applied = applied
+            self.lost = plan.lost
             self._visible = plan.next_lsn - 1
             self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
                                   torn_bytes=plan.torn_bytes, actions=plan.notes,
@@ -474,7 +505,8 @@ class Store:
         if self.readonly:
             return
         self._snap.end_read(ltxn)
-        w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes)
+        w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes,
+                   self._first_segment_bytes)
         if plan.resume is not None:
             seg, header, end = plan.resume
             w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
@@ -506,7 +538,8 @@ class Store:
                                           f"snapshot belongs to store {sid}, not {self.store_id}")
                 try:
                     plan = recover(self._fs, wal_dir, applied, self.store_id,
-                                   readonly=self.readonly, start=self._snap.reader(ltxn).log_pos())
+                                   readonly=self.readonly, start=self._snap.reader(ltxn).log_pos(),
+                                   prefix=self._recover_prefix)
                 except OSError as exc:
                     raise _io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
                 return ltxn, applied, plan
@@ -521,18 +554,17 @@ class Store:
         raise AssertionError("unreachable")
 
     def _start_threads(self) -> None:
-        # The threads hold the store weakly, so a store dropped without close()
-        # is still collected, and its finalizer releases the writer lock.
+        # Started only when there is work (local/background.py): an idle store has none.
         self._stop = False
-        ref = weakref.ref(self)
-        jobs = [("agentwal-fold", "_fold_step", 1.0)]
+        self._folder = Worker(self, self._wake, "_fold_step", 1.0, "agentwal-fold")
+        self._workers = [self._folder]
         if self.durability is Durability.ASYNC:
-            jobs.append(("agentwal-flush", "_flush_step", self._sync_interval))
-        for name, step, interval in jobs:
-            t = threading.Thread(target=_background, args=(ref, self._wake, step, interval),
-                                 name=name, daemon=True)
-            self._threads.append(t)
-            t.start()
+            self._flusher = Worker(self, self._wake, "_flush_step", self._sync_interval,
+                                   "agentwal-flush")
+            self._workers.append(self._flusher)
+        with self._lock:
+            if self._fold_wanted:
+                self._folder.kick()
 
     # -- views ----------------------------------------------------------------------
 
@@ -925,8 +957,26 @@ class Store:
         assert self._pipe is not None
         if (self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes
                 and time.monotonic() >= self._fold_retry_at):
-            self._fold_wanted = True
-            self._wake.notify_all()
+            self._want_fold()
+        if self._flusher is not None and self._pipe.writer.written_lsn > \
+                self._pipe.writer.synced_lsn:
+            self._flusher.kick()
+        if self._retain is not None:
+            self._retain_commits += len(batch)
+            if not self._retain_wanted and self._retain_due() and self._folder is not None:
+                self._retain_wanted = True
+                self._folder.kick()
+
+    def _retain_due(self) -> bool:
+        """Due: ``_RETAIN_COMMITS`` commits, or ``_retain_every`` s, since the last pass."""
+        return self._retain_commits >= _RETAIN_COMMITS or (
+            self._retain_commits > 0 and time.monotonic() >= self._retain_next)
+
+    def _want_fold(self) -> None:
+        """Ask the fold thread for a fold (starting it if idle); under ``_lock``."""
+        self._fold_wanted = True
+        if self._folder is not None:
+            self._folder.kick()
 
     def sync(self) -> None:
         """Make every acknowledged commit durable now (a no-op in ``sync`` mode).
@@ -938,39 +988,41 @@ class Store:
         if self._pipe is not None:
             self._pipe.sync()
 
-    def _flush_step(self) -> bool:
-        """Async mode's background flush; False once the thread should stop."""
+    def _flush_step(self) -> str:
+        """Async mode's background flush: BUSY, IDLE (nothing unsynced) or STOP."""
         pipe = self._pipe
         if pipe is None or self._stop:
-            return False
+            return STOP
         # A failed sync stops the writer; the commits that follow report it.
         with contextlib.suppress(Error), pipe.flush_lock:
             if pipe.writer.broken is None and not pipe.writer.closed:
+                if pipe.writer.written_lsn <= pipe.writer.synced_lsn:
+                    return IDLE
                 pipe.sync_written()
-        return True
+        return BUSY
 
     # -- folding ------------------------------------------------------------------------
 
-    def _fold_step(self) -> bool:
-        """The fold thread's work when woken; False once the thread should stop."""
+    def _fold_step(self) -> str:
+        """The fold thread's work when woken: BUSY, IDLE (no fold wanted) or STOP."""
         with self._lock:
             if self._stop:
-                return False
-            if not self._fold_wanted:
-                return True
-            self._fold_wanted = False
+                return STOP
+            if not self._fold_wanted and not self._retain_wanted:
+                return IDLE
+            self._fold_wanted = self._retain_wanted = False
         try:
-            self._fold()
+            self._fold()  # a retention pass folds first too: it drops only folded history
             self._fold_error = None
         except Error as exc:
             self._fold_error = exc
             self._fold_retry_at = time.monotonic() + 1.0  # not on every batch
-            return True
+            return BUSY
         except BaseException as exc:
             self._fold_error = exc
-            return False
+            return STOP
         self._retain_step()
-        return True
+        return BUSY
 
     def snapshot(self) -> None:
         """Fold the WAL into LMDB now and remove the segments it covers.
@@ -986,6 +1038,7 @@ class Store:
         if self.readonly:
             raise ReadOnlyError(self.path)
         self._fold()
+        self._retain_step(force=True)
 
     def _fold(self) -> None:
         """Fold everything published so far (a table left by a failed fold first)."""
@@ -1382,8 +1435,7 @@ class Store:
         pipe.delete_run(run)
         failpoints.hit("delete_run_after_record")
         with self._lock:
-            self._fold_wanted = True
-            self._wake.notify_all()
+            self._want_fold()
 
     def compact(self, *, keep_last: int | None = None,
                 older_than: datetime.timedelta | None = None,
@@ -1540,11 +1592,18 @@ class Store:
                 self._wake.notify_all()
         failpoints.hit("vacuum_after_swap")
 
-    def _retain_step(self) -> None:
-        """Apply ``retain=`` after a background fold, at most once per ``_retain_every`` s."""
-        if self._retain is None or time.monotonic() < self._retain_next:
+    def _retain_step(self, *, force: bool = False) -> None:
+        """Apply ``retain=``: when ``force`` (``snapshot()``, ``close()``) or when due.
+
+        Due after a fold once ``_retain_every`` seconds or ``_RETAIN_COMMITS``
+        commits have passed since the last pass (``_publish`` also asks the
+        fold thread for a pass then). A failure is kept for ``stats()``.
+        """
+        if self._retain is None or not (force or self._retain_due()
+                                         or time.monotonic() >= self._retain_next):
             return
         self._retain_next = time.monotonic() + self._retain_every
+        self._retain_commits = 0
         keep_last, older_than = self._retain
         cutoff = None if older_than is None else time.time() - older_than.total_seconds()
         try:
@@ -2238,6 +2297,9 @@ class Store:
                 wal = read_wal(self._fs, os.path.join(self.path, WAL_DIR))
             except OSError as exc:
                 raise _io_error(exc, self.path, "cannot read the WAL") from None
+            lacks, acked = check_mark(self._fs, self.path, self.store_id, wal, self._applied)
+            found.extend(lacks)
+            limit = max(limit, acked)
             if snap is None:
                 return verify_store(None, wal, store_id=self.store_id, limit=limit,
                                     problems=found)
@@ -2402,6 +2464,7 @@ class Store:
             if self._pipe is not None and self._pipe.writer.broken is None:
                 self.sync()
                 self._fold()
+                self._retain_step(force=True)
         finally:
             self._closed = True
             self._release_all()
@@ -2414,10 +2477,9 @@ class Store:
             if self._pipe is not None:
                 self._pipe.closed = True  # a commit past _check_open() stops here
             self._wake.notify_all()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout=30)
-        self._threads = []
+        for w in self._workers:
+            w.join(timeout=30)
+        self._workers = []
         if self._pipe is not None:
             got = self._pipe.flush_lock.acquire(timeout=30)  # let a batch being written finish
             try:

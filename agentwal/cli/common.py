@@ -142,12 +142,12 @@ def open_ro(path: str) -> Any:
 def open_rw(path: str) -> Any:
     """Open an existing store for writing; never creates one, never expires ledger entries."""
     from .. import open as open_store
-    from ..errors import CorruptionError
+    from ..errors import StoreNotFoundError
     from ..format import CONTROL_FILE
 
     if not os.path.exists(os.path.join(path, CONTROL_FILE)):
-        raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
-                              "Check the path; this command never creates a store.")
+        raise StoreNotFoundError(path, "no agentwal store here (no CONTROL file)",
+                                 "Check the path; this command never creates a store.")
     return open_store(path, effect_retention=None)
 
 
