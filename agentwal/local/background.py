@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["BUSY", "IDLE", "STOP", "Worker"]
@@ -31,8 +32,8 @@ BUSY, IDLE, STOP = "busy", "idle", "stop"
 class Worker:
     """One lazily started background thread of a store."""
 
-    def __init__(self, store: Any, wake: threading.Condition, step: str, interval: float,
-                 name: str, *, idle_rounds: int = 3) -> None:
+    def __init__(self, store: Any, wake: threading.Condition, step: Callable[[Any], str],
+                 interval: float, name: str, *, idle_rounds: int = 3) -> None:
         self._ref = weakref.ref(store)
         self._wake = wake
         self._step = step
@@ -71,7 +72,7 @@ class Worker:
                 self._kicked = False
             store = self._ref()
             try:
-                answer = STOP if store is None else getattr(store, self._step)()
+                answer = STOP if store is None else self._step(store)
             except BaseException:
                 with self._wake:
                     self.thread = None  # the next kick starts a new thread

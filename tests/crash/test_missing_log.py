@@ -26,6 +26,7 @@ from agentwal.cli import main
 from agentwal.errors import CorruptionError
 from agentwal.local.wal.frame import parse_header
 from agentwal.local.wal.reader import scan_segment
+from agentwal.testing import crash
 
 STEPS = 20
 FOLD_AT = 10
@@ -139,7 +140,7 @@ def test_verify_reports_a_log_deleted_under_an_open_store(tmp_path: Path) -> Non
             ro.close()
         assert not report.ok
         assert any("missing" in p.what for p in report.problems), report.problems
-        store._release_all()  # like a kill: the store must not fold over the deleted log
+        crash(store)  # like a kill: the store must not fold over the deleted log
 
 
 def test_a_store_without_a_log_mark_opens_and_gets_one(tmp_path: Path) -> None:
@@ -165,7 +166,7 @@ def test_a_torn_acknowledged_slot_falls_back_to_the_other(tmp_path: Path) -> Non
     for i in range(3):
         with store.begin("chat") as txn:
             txn["step"] = i
-    store._release_all()
+    crash(store)
     raw = bytearray((path / "LOGMARK").read_bytes())
     sid = store.store_id
     slots = [read_mark(agentwal.io.OsFileSystem(), str(path), sid)]

@@ -24,6 +24,7 @@ import agentwal
 from agentwal.cli import main
 from agentwal.errors import CorruptionError, PathExistsError
 from agentwal.local.salvage import salvage
+from agentwal.testing import crash
 from agentwal.testing.corrupt import (
     VARIANTS,
     WAL_KINDS,
@@ -74,7 +75,7 @@ def test_recover_prefix_says_what_was_lost(tmp_path: Path) -> None:
     for i in range(20):
         with store.begin("a" if i % 2 else "b") as txn:
             txn["i"] = i
-    store._release_all()  # killed: never folded
+    crash(store)  # killed: never folded
     seg = sorted((path / "wal").glob("*.wal"))[-1]
     data = bytearray(seg.read_bytes())
     header = parse_header(bytes(data))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import agentwal
 from agentwal import KeepFor, KeepLast
-from agentwal.store import _RETAIN_COMMITS
+from agentwal.local.engine import _RETAIN_COMMITS
 
 
 def _session(path: Path, steps: int, **kw: object) -> None:

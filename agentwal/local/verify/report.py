@@ -22,12 +22,12 @@ from ...errors import CorruptionError
 from ...format import CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR, parse_segment_name
 from ...io import FileSystem, read_all
 from ..control import read_control
-from ..logmark import LOGMARK_FILE, mark_problems, read_mark
+from ..logmark import LOGMARK_FILE, LogMark, mark_problems, read_mark
 from ..wal.frame import parse_header
 from ..wal.reader import scan_segment
 
 __all__ = ["LMDB_FILE", "Findings", "Problem", "Source", "VerifyReport", "WalFile",
-           "check_control", "check_mark", "read_wal"]
+           "check_control", "check_mark", "load_mark", "read_wal"]
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -137,16 +137,24 @@ def check_control(fs: FileSystem, store: str, store_id: uuid.UUID) -> list[Probl
     return []
 
 
-def check_mark(fs: FileSystem, store: str, store_id: uuid.UUID, wal: list[WalFile],
-               applied: int) -> tuple[list[Problem], int]:
-    """Problems of the log against ``LOGMARK``, and the LSN the mark says was acknowledged."""
+def load_mark(fs: FileSystem, store: str, store_id: uuid.UUID
+              ) -> tuple[LogMark | None, list[Problem]]:
+    """``LOGMARK`` (None: there is none, or it is damaged) and its problems."""
     try:
-        mark = read_mark(fs, store, store_id)
+        return read_mark(fs, store, store_id), []
     except CorruptionError as exc:
-        return [Problem(LOGMARK_FILE, exc.reason, LOGMARK_FILE, offset=exc.offset)], 0
+        return None, [Problem(LOGMARK_FILE, exc.reason, LOGMARK_FILE, offset=exc.offset)]
     except OSError as exc:
-        return [Problem(LOGMARK_FILE, f"cannot be read: {exc.strerror or exc}",
-                        LOGMARK_FILE)], 0
+        return None, [Problem(LOGMARK_FILE, f"cannot be read: {exc.strerror or exc}",
+                              LOGMARK_FILE)]
+
+
+def check_mark(mark: LogMark | None, wal: list[WalFile], applied: int
+               ) -> tuple[list[Problem], int]:
+    """Problems of the log against ``mark``, and the LSN the mark says was acknowledged.
+
+    ``mark`` must have been read before ``wal``, and ``applied`` after it.
+    """
     if mark is None:
         return [], 0
     found = {}
