@@ -13,6 +13,10 @@ ends; the decision to end is taken under the store's lock, where ``kick``
 also runs, so work that appears meanwhile always finds a thread that will
 see it (``kicked`` is set and the thread goes on).
 
+A thread that cannot be started (the process is out of threads) is not an
+error of the commit that asked for it: the work waits for the next kick
+(the next commit, or ``close()``, which folds itself).
+
 The thread holds the store weakly, so a store dropped without ``close()``
 is still collected and its finalizer releases the writer lock.
 """
@@ -49,7 +53,10 @@ class Worker:
         if self.thread is None:
             t = threading.Thread(target=self._run, name=self._name, daemon=True)
             self.thread = t
-            t.start()
+            try:
+                t.start()
+            except RuntimeError:  # no thread left in the process: the next kick tries again
+                self.thread = None
         else:
             self._wake.notify_all()
 
