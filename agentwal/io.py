@@ -41,6 +41,7 @@ __all__ = [
     "OsFileSystem",
     "WriterLock",
     "read_all",
+    "replace_file",
     "write_all",
     "open_source",
 ]
@@ -179,6 +180,25 @@ def write_all(fs: FileSystem, fd: int, offset: int, data: bytes) -> None:
             raise OSError(errno.EIO, "write made no progress")
         offset += n
         view = view[n:]
+
+
+def replace_file(fs: FileSystem, directory: str, name: str, data: bytes) -> None:
+    """Make ``directory/name`` hold ``data``, atomically and durably, through the seam.
+
+    Written to ``name.tmp``, fsynced, renamed over ``name``, and ``directory``
+    fsynced: after a crash the file is the old one or the new one, whole.
+    """
+    path = os.path.join(directory, name)
+    tmp = path + ".tmp"
+    fd = fs.open(tmp, create=True)
+    try:
+        fs.truncate(fd, 0)
+        write_all(fs, fd, 0, data)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, path)
+    fs.fsync_dir(directory)
 
 
 def read_all(fs: FileSystem, path: str) -> bytes:

@@ -44,7 +44,7 @@ import cbor2
 from ..codec import CodecError, loads
 from ..errors import CorruptionError
 from ..format import segment_name
-from ..io import FileSystem, read_all, write_all
+from ..io import FileSystem, read_all, replace_file, write_all
 
 __all__ = ["LOGMARK_FILE", "MARK_FORMAT", "LogMark", "mark_problems", "read_mark", "write_acked",
            "write_mark"]
@@ -137,18 +137,8 @@ def write_mark(fs: FileSystem, directory: str, store_id: uuid.UUID, mark: LogMar
 
     Raises ``OSError`` like any write.
     """
-    path = os.path.join(directory, LOGMARK_FILE)
-    tmp = path + ".tmp"
     image = encode_mark(store_id, mark)
-    fd = fs.open(tmp, create=True)
-    try:
-        fs.truncate(fd, 0)
-        write_all(fs, fd, 0, image)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
-    fs.rename(tmp, path)
-    fs.fsync_dir(directory)
+    replace_file(fs, directory, LOGMARK_FILE, image)
     return int(struct.unpack_from("<I", image, _BODY_CRC)[0])
 
 
