@@ -33,13 +33,14 @@ import sys
 from io import FileIO
 from typing import Protocol, runtime_checkable
 
-from .errors import StoreLockedError
+from .errors import DiskFullError, DurabilityError, Error, StoreLimitError, StoreLockedError
 
 __all__ = [
     "DISK_FULL_ERRNOS",
     "FileSystem",
     "OsFileSystem",
     "WriterLock",
+    "io_error",
     "read_all",
     "replace_file",
     "write_all",
@@ -49,6 +50,22 @@ __all__ = [
 #: errnos that mean "no room for this write": a full disk, a quota, a file-size
 #: limit. Nothing was acknowledged, and the store works again once there is room.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+
+def io_error(exc: OSError, path: str, what: str) -> Error:
+    """The typed error for an I/O failure (not damage: the bytes read were fine)."""
+    if exc.errno in DISK_FULL_ERRNOS:
+        where = exc.filename or path
+        return DiskFullError(where, f"{what}: no room to write {where!r} "
+                             f"({exc.strerror or exc}). Free some space and open the store "
+                             "again.")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return StoreLimitError(exc.filename or path, f"{what}: no file descriptor left "
+                               f"({exc.strerror})", "Close stores this process no longer uses, "
+                               "or raise the limit (`ulimit -n`; each open store uses about 5).")
+    return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
+
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700

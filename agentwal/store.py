@@ -425,7 +425,7 @@ class Store:
         """
         check_key(run, "run id")
         check_key(key)
-        raw = self._engine.value(run, key, None if at is None else _checkpoint_id(at))
+        raw = self._engine.runs.value(run, key, None if at is None else _checkpoint_id(at))
         return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
@@ -444,14 +444,14 @@ class Store:
             before = store.state("run-42", at=7)
         """
         check_key(run, "run id")
-        raw = self._engine.state_raw(run, None if at is None else _checkpoint_id(at))
+        raw = self._engine.runs.state_raw(run, None if at is None else _checkpoint_id(at))
         return {k: decode_stored(b, self.path, f"{run!r}/{k!r}")
                 for k, b in sorted(raw.items()) if b is not None}
 
     def head(self, run: str) -> Checkpoint | None:
         """The run's latest checkpoint, or None if it has none."""
         check_key(run, "run id")
-        return self._engine.head(run)
+        return self._engine.runs.head(run)
 
     def history(self, run: str, *, limit: int | None = None,
                 before: int | None = None) -> list[Checkpoint]:
@@ -476,7 +476,8 @@ class Store:
         check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._engine.history(run, limit, None if before is None else _checkpoint_id(before))
+        upto = None if before is None else _checkpoint_id(before)
+        return self._engine.runs.history(run, limit, upto)
 
     def diff(self, run: str, a: int, b: int) -> Diff:
         """What changed in ``run`` from checkpoint ``a`` to checkpoint ``b``.
@@ -496,7 +497,7 @@ class Store:
             print(sorted(d.changed))
         """
         check_key(run, "run id")
-        return self._engine.diff(run, _checkpoint_id(a), _checkpoint_id(b))
+        return self._engine.runs.diff(run, _checkpoint_id(a), _checkpoint_id(b))
 
     # -- writes beside transactions -------------------------------------------------
 
@@ -526,7 +527,7 @@ class Store:
         """
         check_key(run, "run id")
         cid = _checkpoint_id(checkpoint)
-        ckpt = self._engine.rollback_to(run, cid)
+        ckpt = self._engine.runs.rollback_to(run, cid)
         return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
@@ -556,7 +557,7 @@ class Store:
         check_key(run, "run id")
         check_key(new_run, "run id")
         cid = _checkpoint_id(checkpoint)
-        ckpt = self._engine.fork(run, cid, new_run)
+        ckpt = self._engine.runs.fork(run, cid, new_run)
         return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     # -- deletion and retention -----------------------------------------------------
@@ -590,7 +591,7 @@ class Store:
             assert store.head("run-42") is None
         """
         check_key(run, "run id")
-        self._engine.delete_run(run)
+        self._engine.runs.delete_run(run)
 
     def compact(self, *, keep_last: int | None = None,
                 older_than: datetime.timedelta | None = None,
@@ -660,7 +661,7 @@ class Store:
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
-        return self._engine.runs()
+        return self._engine.runs.names()
 
     def refresh(self) -> None:
         """Read-only stores: catch up with what the writer has committed since."""
@@ -702,7 +703,7 @@ class Store:
             with store.open_blob("train", "weights", at=12) as f:
                 shutil.copyfileobj(f, out)
         """
-        return self._engine.open_blob(run, key, at, verify)
+        return self._engine.blobrefs.open_blob(run, key, at, verify)
 
     def restore_tree(self, run: str, key: str, dest: str | os.PathLike[str], *,
                      at: int | None = None) -> RestoreReport:
@@ -738,7 +739,7 @@ class Store:
             store.restore_tree("agent", "workspace", "repo/", at=12)
         """
         self._engine._check_open()
-        return self._engine.restore_tree(run, key, dest, at)
+        return self._engine.blobrefs.restore_tree(run, key, dest, at)
 
     def open_tree_file(self, run: str, key: str, relpath: str, *,
                        at: int | None = None) -> BlobReader:
@@ -769,7 +770,7 @@ class Store:
             parts = split_relpath(relpath)
         except ValueError as exc:
             raise TreePathError(str(relpath), f"is not a path inside a tree ({exc})") from None
-        return self._engine.open_tree_file(run, key, relpath, parts, at)
+        return self._engine.blobrefs.open_tree_file(run, key, relpath, parts, at)
 
     def list_tree(self, run: str, key: str, *, at: int | None = None) -> list[TreeFile]:
         """Every file and link of the tree ``key`` holds (latest, or at checkpoint ``at``).
@@ -787,12 +788,12 @@ class Store:
                 print(f.path, f.size)
         """
         self._engine._check_open()
-        return self._engine.list_tree(run, key, at)
+        return self._engine.blobrefs.list_tree(run, key, at)
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
                      exclude: Any) -> TreeDiff:
         """What differs on disk at ``path`` from the run's latest tree at ``key`` (Workspace)."""
-        return self._engine._tree_status(run, key, path, exclude)
+        return self._engine.blobrefs.tree_status(run, key, path, exclude)
 
     # -- effects --------------------------------------------------------------------
 
@@ -816,7 +817,7 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        return [e for e in sorted(self._engine._effect_all(),
+        return [e for e in sorted(self._engine.effectlog.entries(),
                                   key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 
@@ -1003,7 +1004,7 @@ class Store:
             for p in report.problems:
                 print(p.where, p.what)
         """
-        return self._engine.verify()
+        return self._engine.audit.verify()
 
     def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.
@@ -1044,7 +1045,7 @@ class Store:
             store.backup("/backups/state-2024-05-01.awal")
             agentwal.open("/backups/state-2024-05-01.awal", readonly=True).verify()
         """
-        return self._engine.backup(dest)
+        return self._engine.audit.backup(dest)
 
     def stats(self) -> dict[str, Any]:
         """Sizes, LSNs, counters and what the last recovery did (a new dict)."""

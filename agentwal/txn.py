@@ -29,7 +29,7 @@ whose earlier attempt recorded effects (``store.transact``,
 ``store.begin(run, retry_of=txn)``), at that first attempt's base: the
 *anchor*, shared by every attempt of the step (its *chain*), so a retry meets
 what the earlier attempts recorded. Before an effect runs, the engine checks
-that its position is still this step's to use (``Store._effect_claim``). A
+that its position is still this step's to use (``EffectLog.claim`` in the local engine). A
 commit carries the keys of the effects the transaction recorded, and a
 commit of a transaction that recorded an effect always makes a checkpoint,
 so the next step starts from new positions.
@@ -44,6 +44,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import is_async_callable, off_loop
+from .backend import Change
 from .codec import decode_stored, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
@@ -225,6 +226,12 @@ class Transaction:
         """Discard every change; the transaction is finished. Nothing was written."""
         self._check()
         self._finish("rolled_back")
+
+    def _change(self) -> Change:
+        """What committing now applies, as the backend seam's value object (copies)."""
+        return Change(run=self.run, writes=dict(self._writes), reads=frozenset(self._reads),
+                      prefixes=frozenset(self._prefixes), meta=dict(self._meta),
+                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys))
 
     def _finish(self, state: str) -> None:
         self._state = state

@@ -70,7 +70,7 @@ class Maintenance:
             before = self.file_bytes()
             tally = self.compact_locked(selected, keep_last, cutoff, keep_fork_origins)
             failpoints.hit("compact_after_commit")
-            e._sweep_blobs()  # the blob files no kept checkpoint names any more
+            e.blobrefs.sweep()  # the blob files no kept checkpoint names any more
             if vacuum:
                 self.vacuum()
             after = self.file_bytes()
@@ -167,7 +167,7 @@ class Maintenance:
         try:
             with e._fold_lock:
                 self.compact_locked(None, keep_last, cutoff, True)
-                e._sweep_blobs()
+                e.blobrefs.sweep()
             e._counters["retention_passes"] += 1
             e._retain_error = None
         except Error as exc:
