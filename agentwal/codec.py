@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import enum
 import hashlib
 import threading
 import uuid
@@ -108,6 +109,18 @@ _ONE_MINUTE = datetime.timedelta(minutes=1)
 _SCALARS = (str, bytes, bool, int, float, type(None), uuid.UUID)
 
 
+def _subclass_reason(obj: object) -> str:
+    """Why a subclass of a storable scalar (an enum member, a ``str`` subclass) is refused."""
+    base = next((b for b in _SCALARS if isinstance(obj, b)), None)
+    kind = f"enum member {obj!r}" if isinstance(obj, enum.Enum) else \
+        f"a {type(obj).__name__} (a subclass of {base.__name__ if base else 'object'})"
+    if base is None:
+        return f"{kind} is not storable: store its .value or its name"
+    return (f"{kind} would read back as a plain {base.__name__}: store "
+            + ("its .value" if isinstance(obj, enum.Enum) else f"{base.__name__}(x)")
+            + " instead")
+
+
 def check_value(key: str, value: object) -> None:
     """Refuse what would not read back as it was written.
 
@@ -115,7 +128,9 @@ def check_value(key: str, value: object) -> None:
     set/frozenset, aware datetime (not an offset in (0, 1 minute)), finite Decimal
     (not -0), UUID, nested within :data:`MAX_VALUE_DEPTH` levels. Tuples read
     back as lists (as tuples where they are dict keys or set members) and
-    bytearrays as bytes; everything else reads back equal.
+    bytearrays as bytes; everything else reads back equal. Subclasses of the
+    scalar types (a ``str`` or ``int`` enum, ``numpy.float64``) and enum
+    members are refused: they would read back as the plain base type.
 
     Raises:
         UnencodableValueError: naming ``key`` and the offending part.
@@ -123,8 +138,10 @@ def check_value(key: str, value: object) -> None:
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         obj, depth = stack.pop()
-        if isinstance(obj, _SCALARS):
+        if type(obj) in _SCALARS:
             continue
+        if isinstance(obj, (*_SCALARS, enum.Enum)):
+            raise UnencodableValueError(key, _subclass_reason(obj))
         if depth > MAX_VALUE_DEPTH:
             raise UnencodableValueError(key, f"it nests containers deeper than {MAX_VALUE_DEPTH}")
         if isinstance(obj, dict):

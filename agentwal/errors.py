@@ -53,7 +53,25 @@ __all__ = [
     "TreeSourceError",
     "UnsafeTreeError",
     "RestoreError",
+    "StoreNotFoundError",
+    "NotAStoreError",
+    "StoreLimitError",
+    "TransactionThreadError",
 ]
+
+
+#: How many characters of a key or run id a message shows.
+SHOWN_CHARS = 60
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to about :data:`SHOWN_CHARS` characters, saying how long it was."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
+    text = repr(value)
+    if len(text) > SHOWN_CHARS + 20:
+        return f"{text[:SHOWN_CHARS]}... ({type(value).__name__}, {len(text)} characters as repr)"
+    return text
 
 
 class Error(Exception):
@@ -89,14 +107,15 @@ class ConflictError(Error):
         self.deleted = deleted
         self.effects = tuple(effects)
         if deleted:
-            text = (f"run {run!r} was deleted (store.delete_run) after this transaction began; "
+            text = (f"run {_shown(run)} was deleted (store.delete_run) after this transaction "
+                    "began; "
                     "nothing was applied. Begin a new transaction if the run should start "
                     "afresh.")
         elif reason is not None:
-            text = f"run {run!r}: {reason}"
+            text = f"run {_shown(run)}: {reason}"
         else:
-            what = f"key {key!r}" if key is not None else "a key range"
-            text = (f"run {run!r}: {what} was changed by a concurrent commit after this "
+            what = f"key {_shown(key)}" if key is not None else "a key range"
+            text = (f"run {_shown(run)}: {what} was changed by a concurrent commit after this "
                     "transaction began; nothing was applied. Begin a new transaction and retry.")
         if self.effects:
             names = ", ".join(repr(n) for n in self.effects[:5])
@@ -157,9 +176,34 @@ class TransactionClosedError(Error):
         self.run = run
         self.state = state
         super().__init__(
-            f"the transaction on run {run!r} is already {state}. Begin a new one "
+            f"the transaction on run {_shown(run)} is already {state}. Begin a new one "
             "with store.begin(run)."
         )
+
+
+class TransactionThreadError(Error):
+    """A transaction was used from a thread other than the one that began it.
+
+    A transaction is one thread's (one asyncio task's): its buffered writes,
+    read set and effect positions are not guarded for concurrent use. Begin
+    a transaction in each thread instead. In asyncio code use ``acommit``,
+    ``aeffect``, ``aput_blob`` and ``aput_tree``, which run their I/O off the
+    loop on the transaction's behalf. The call did nothing; the transaction
+    stays usable from its own thread.
+
+    Attributes:
+        run: the transaction's run. thread: the name of the refused thread.
+    """
+
+    code = "transaction_thread"
+
+    def __init__(self, run: str, thread: str) -> None:
+        self.run = run
+        self.thread = thread
+        super().__init__(
+            f"the transaction on run {_shown(run)} belongs to the thread that began it, not "
+            f"to thread {thread!r}; nothing was done. Begin a transaction in this thread "
+            "(asyncio code: use acommit, aeffect, aput_blob, aput_tree).")
 
 
 class MissingKeyError(Error, KeyError):
@@ -172,7 +216,8 @@ class MissingKeyError(Error, KeyError):
         self.key = key
         Exception.__init__(
             self,
-            f"run {run!r} has no key {key!r}. Use txn.get(key, default) to supply a default.",
+            f"run {_shown(run)} has no key {_shown(key)}. Use txn.get(key, default) to supply "
+            "a default.",
         )
 
     def __str__(self) -> str:  # KeyError would repr() the message
@@ -186,7 +231,8 @@ class InvalidKeyError(Error, ValueError):
 
     def __init__(self, key: object, reason: str) -> None:
         self.key = key
-        super().__init__(f"invalid key {key!r}: {reason}. Keys are str of 1..400 UTF-8 bytes.")
+        super().__init__(f"invalid key {_shown(key)}: {reason}. Keys are str of 1..400 "
+                         "UTF-8 bytes.")
 
 
 class UnencodableValueError(Error, TypeError):
@@ -197,7 +243,7 @@ class UnencodableValueError(Error, TypeError):
     def __init__(self, key: str, reason: str) -> None:
         self.key = key
         super().__init__(
-            f"value for key {key!r} cannot be stored: {reason}. Store None, bool, int, "
+            f"value for key {_shown(key)} cannot be stored: {reason}. Store None, bool, int, "
             "float, str, bytes, list, tuple, dict, set, Decimal, UUID or an aware datetime."
         )
 
@@ -364,7 +410,7 @@ class CheckpointNotFoundError(Error, LookupError):
         self.run = run
         self.checkpoint = checkpoint
         super().__init__(
-            f"run {run!r} has no checkpoint {checkpoint}. List the retained ones with "
+            f"run {_shown(run)} has no checkpoint {checkpoint}. List the retained ones with "
             "store.history(run)."
         )
 
@@ -376,7 +422,7 @@ class RunNotFoundError(Error, LookupError):
 
     def __init__(self, run: str) -> None:
         self.run = run
-        super().__init__(f"no run {run!r} in this store. List the runs with store.runs().")
+        super().__init__(f"no run {_shown(run)} in this store. List the runs with store.runs().")
 
 
 class RunExistsError(Error, ValueError):
@@ -386,7 +432,7 @@ class RunExistsError(Error, ValueError):
 
     def __init__(self, run: str) -> None:
         self.run = run
-        super().__init__(f"run {run!r} already exists; nothing was changed. Fork into a run "
+        super().__init__(f"run {_shown(run)} already exists; nothing was changed. Fork into a run "
                          "id that has no checkpoint.")
 
 
@@ -433,8 +479,65 @@ class NotABlobError(Error, TypeError):
         self.run = run
         self.key = key
         self.kind = kind
-        super().__init__(f"{run!r}/{key!r} holds a {kind}, not a blob. Read it with "
+        super().__init__(f"{_shown(run)}/{_shown(key)} holds a {kind}, not a blob. Read it with "
                          "store.get(); open_blob opens only values stored with txn.put_blob.")
+
+
+class StoreNotFoundError(Error):
+    """There is no store at the path, and this open may not create one.
+
+    Raised by a read-only open (and by CLI commands that never create a
+    store) of a path that holds no store, and by any open whose parent
+    directory does not exist (agentwal creates only the store's own
+    directory). Nothing was created.
+
+    Attributes:
+        path: the path given. reason: what is missing.
+    """
+
+    code = "store_not_found"
+
+    def __init__(self, path: str, reason: str, hint: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path!r}: {reason}. {hint}")
+
+
+class NotAStoreError(Error):
+    """The path is something other than a store: a regular file, or a directory of other files.
+
+    agentwal never turns a directory that holds other files into a store,
+    nor writes over a file. Nothing was created or changed.
+
+    Attributes:
+        path: the path given. reason: what is there instead.
+    """
+
+    code = "not_a_store"
+
+    def __init__(self, path: str, reason: str, hint: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path!r}: {reason}. {hint}")
+
+
+class StoreLimitError(Error):
+    """A limit of the process or the system, not of the disk or the store, was reached.
+
+    The process has no address space left to map another LMDB snapshot, or
+    no file descriptor left (``ulimit -n``). Nothing was changed; the
+    message names the limit and how to raise it.
+
+    Attributes:
+        path: the file being opened or mapped. limit: the limit, in words.
+    """
+
+    code = "store_limit"
+
+    def __init__(self, path: str, limit: str, hint: str) -> None:
+        self.path = path
+        self.limit = limit
+        super().__init__(f"{path!r}: {limit}. {hint}")
 
 
 class PathExistsError(Error):
@@ -476,7 +579,7 @@ class LeaseHeldError(StoreLockedError):
         else:
             stamp = datetime.datetime.fromtimestamp(expires, datetime.timezone.utc).isoformat()
             when = f"its lease ends at {stamp} unless the holder renews it"
-        self.args = (f"run {run!r} is leased by worker {holder!r} ({when}); nothing was "
+        self.args = (f"run {_shown(run)} is leased by worker {holder!r} ({when}); nothing was "
                      "changed. Work on another run (store.claim_runs() adopts runs whose "
                      "holder died), or try again after the lease ends.",)
 
@@ -597,7 +700,7 @@ class NotATreeError(Error, TypeError):
         self.run = run
         self.key = key
         self.kind = kind
-        super().__init__(f"{run!r}/{key!r} holds a {kind}, not a tree. Tree operations "
+        super().__init__(f"{_shown(run)}/{_shown(key)} holds a {kind}, not a tree. Tree operations "
                          "(restore_tree, open_tree_file) read only values stored with "
                          "txn.put_tree.")
 

@@ -69,6 +69,8 @@ MAX_CBOR_DEPTH = 256
 
 #: Default nominal segment size (segments are preallocated with zeros).
 DEFAULT_SEGMENT_BYTES = 16 << 20
+#: With the default segment size, the first segment's size; each next one doubles.
+FIRST_SEGMENT_BYTES = 64 << 10
 MIN_SEGMENT_BYTES = 4096
 
 CONTROL_FILE = "CONTROL"

@@ -33,7 +33,7 @@ import sys
 from io import FileIO
 from typing import Protocol, runtime_checkable
 
-from .errors import DiskFullError, DurabilityError, Error, StoreLockedError
+from .errors import DiskFullError, DurabilityError, Error, StoreLimitError, StoreLockedError
 
 __all__ = [
     "DISK_FULL_ERRNOS",
@@ -42,6 +42,7 @@ __all__ = [
     "WriterLock",
     "io_error",
     "read_all",
+    "replace_file",
     "write_all",
     "open_source",
 ]
@@ -59,6 +60,10 @@ def io_error(exc: OSError, path: str, what: str) -> Error:
         return DiskFullError(where, f"{what}: no room to write {where!r} "
                              f"({exc.strerror or exc}). Free some space and open the store "
                              "again.")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return StoreLimitError(exc.filename or path, f"{what}: no file descriptor left "
+                               f"({exc.strerror})", "Close stores this process no longer uses, "
+                               "or raise the limit (`ulimit -n`; each open store uses about 5).")
     return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
@@ -192,6 +197,25 @@ def write_all(fs: FileSystem, fd: int, offset: int, data: bytes) -> None:
             raise OSError(errno.EIO, "write made no progress")
         offset += n
         view = view[n:]
+
+
+def replace_file(fs: FileSystem, directory: str, name: str, data: bytes) -> None:
+    """Make ``directory/name`` hold ``data``, atomically and durably, through the seam.
+
+    Written to ``name.tmp``, fsynced, renamed over ``name``, and ``directory``
+    fsynced: after a crash the file is the old one or the new one, whole.
+    """
+    path = os.path.join(directory, name)
+    tmp = path + ".tmp"
+    fd = fs.open(tmp, create=True)
+    try:
+        fs.truncate(fd, 0)
+        write_all(fs, fd, 0, data)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, path)
+    fs.fsync_dir(directory)
 
 
 def read_all(fs: FileSystem, path: str) -> bytes:

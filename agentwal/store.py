@@ -32,7 +32,7 @@ from . import aio, failpoints
 from .codec import decode_stored
 from .effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
 from .errors import ConflictError, ReadOnlyError, TreePathError
-from .format import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
+from .format import DEFAULT_SEGMENT_BYTES, FIRST_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport, Request
 from .retention import CompactReport, Policy, check_args, policy_args
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .local.backup import BackupReport
     from .local.blobs import BlobReader
     from .local.engine import Engine
+    from .local.recovery import Lost
     from .local.verify import VerifyReport
     from .treeio import RestoreReport
 
@@ -75,6 +76,7 @@ def open(
     map_size: int | None = None,
     effect_retention: datetime.timedelta | None = datetime.timedelta(days=30),
     retain: Policy | tuple[Policy, ...] | None = None,
+    recover: str | None = None,
 ) -> Store:
     """Open (or create) the store in directory ``path`` and recover it.
 
@@ -86,30 +88,42 @@ def open(
         wal_max_bytes: fold the log into LMDB once it holds this many bytes.
         fs: the file system for the WAL and control file (default: the OS).
         sync_interval: seconds between background syncs in ``async`` mode.
-        segment_bytes: size of each preallocated WAL segment (default:
-            a quarter of ``wal_max_bytes``, at most 16 MiB).
+        segment_bytes: size of each preallocated WAL segment (default: the
+            first 64 KiB, each next one twice the last, up to a quarter of
+            ``wal_max_bytes``, at most 16 MiB).
         map_size: initial LMDB map size (address space, not disk; default
-            1 TiB on 64-bit). A full map is doubled when no read is open.
+            twice the snapshot file, at least 64 MiB). A full map is doubled
+            when no read is open.
         effect_retention: how long settled effects-ledger entries (done,
             resolved, not applied) are kept after their last update, so their
             keys still dedup (default 30 days; None keeps them forever).
             Entries in doubt, failed or pending are never dropped.
         retain: an automatic retention policy, ``agentwal.KeepLast(n)``,
             ``agentwal.KeepFor(timedelta)`` or a tuple of both (a checkpoint
-            either keeps is kept): the background fold thread runs
-            ``compact(keep_last=..., older_than=...)`` after a fold, at most
-            once a minute (never ``vacuum``). None (default): history is kept
+            either keeps is kept), applied (``compact(keep_last=...,
+            older_than=...)``, never ``vacuum``) at ``close()``, at
+            ``snapshot()``, and by the fold thread after 1000 commits or a
+            minute since its last pass. None (default): history is kept
             until ``compact()`` is called.
+        recover: ``"prefix"`` opens a damaged store read-only up to the last
+            intact record before the damage in its log, instead of raising
+            ``CorruptionError``; ``store.lost`` then says what could not be
+            read (None: nothing). Damage to LMDB itself still raises.
 
     Returns:
         An open :class:`Store` (also a context manager).
 
     Raises:
         StoreLockedError: another process has it open for writing.
-        CorruptionError: a file of the store is damaged; nothing was changed.
+        StoreNotFoundError: ``readonly`` and there is no store at ``path``, or
+            the parent directory of ``path`` does not exist.
+        NotAStoreError: ``path`` is a file, or a directory of other files
+            (never turned into a store).
+        CorruptionError: a file of the store is damaged, or the log lacks
+            records LOGMARK says were acknowledged; nothing was changed.
+        StoreLimitError: no address space or file descriptor left.
         DiskFullError: no space to create the store or repair the log.
         DurabilityError: an I/O error (a failed write or fsync) while opening.
-        CorruptionError: ``readonly`` and there is no store at ``path``.
         ValueError: a bad argument.
 
     Example::
@@ -123,13 +137,21 @@ def open(
         raise ValueError(f"wal_max_bytes must be at least {MIN_SEGMENT_BYTES}")
     if sync_interval <= 0:
         raise ValueError("sync_interval must be positive")
+    first_segment = segment_bytes
     if segment_bytes is None:
         segment_bytes = max(MIN_SEGMENT_BYTES * 16, min(DEFAULT_SEGMENT_BYTES, wal_max_bytes // 4))
+        first_segment = FIRST_SEGMENT_BYTES
     if segment_bytes < MIN_SEGMENT_BYTES:
         raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES}")
     if effect_retention is not None and effect_retention.total_seconds() < 0:
         raise ValueError("effect_retention must not be negative")
     keep_last, older_than = policy_args(retain)
+    if recover not in (None, "prefix"):
+        raise ValueError(f"recover must be None or 'prefix', not {recover!r}")
+    if recover is not None:
+        if retain is not None:
+            raise ValueError("recover='prefix' opens read-only: no retain=")
+        readonly = True
     if readonly and retain is not None:
         raise ValueError("retain= needs a writable store (readonly=False)")
     from .local.engine import open_engine  # the engine loads with the first store
@@ -139,7 +161,8 @@ def open(
                          segment_bytes=segment_bytes, map_size=map_size,
                          effect_retention=None if effect_retention is None
                          else effect_retention.total_seconds(),
-                         retain=None if retain is None else (keep_last, older_than))
+                         retain=None if retain is None else (keep_last, older_than),
+                         first_segment_bytes=first_segment, recover_prefix=recover == "prefix")
     return Store(engine)
 
 
@@ -209,6 +232,16 @@ class Store:
     def store_id(self) -> Any:
         """The store's identity (a UUID, from its CONTROL file)."""
         return self._engine.store_id
+
+    @property
+    def lost(self) -> Lost | None:
+        """With ``open(recover="prefix")``: what the log holds past its intact prefix.
+
+        A ``Lost`` (``first_lsn``, ``last_lsn``, ``where``, ``reason``,
+        ``checkpoints`` found intact after the damage, ``effects``), or None
+        when the log read to its end (and always for other opens).
+        """
+        return self._engine.lost
 
     # -- transactions ---------------------------------------------------------------
 

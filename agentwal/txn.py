@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import is_async_callable, off_loop
 from .backend import Change
@@ -55,6 +56,7 @@ from .errors import (
     RunExistsError,
     StoreClosedError,
     TransactionClosedError,
+    TransactionThreadError,
     UnencodableValueError,
 )
 from .format import TREE_MEDIA_TYPE
@@ -70,6 +72,8 @@ _MISSING: Any = object()
 #: What a failed commit raises when it certainly applied nothing (its blobs may be unpinned).
 _NOT_APPLIED = (ConflictError, DiskFullError, UnencodableValueError, RunExistsError,
                 StoreClosedError)
+
+T = TypeVar("T")
 
 
 class _Engine(Protocol):
@@ -142,6 +146,10 @@ class Transaction:
         self._effects_made = 0  # effect positions used (never rolled back: effects are not)
         self._effect_names: dict[str, int] = {}
         self._state = "active"
+        #: the thread that began it, and one the transaction is lent to while its
+        #: owner awaits an agentwal call that runs off the event loop (``_lent``)
+        self._owner = threading.get_ident()
+        self._borrower: int | None = None
         self.checkpoint: Checkpoint | None = None
         self._blob_pins: list[str] = []  # hashes put_blob pinned for this transaction
         self._blobs_in_doubt = False  # a commit failed with an unknown outcome: keep them
@@ -170,6 +178,21 @@ class Transaction:
     def _check(self) -> None:
         if self._state != "active":
             raise TransactionClosedError(self.run, self._state.replace("_", " "))
+        me = threading.get_ident()
+        if me != self._owner and me != self._borrower:
+            raise TransactionThreadError(self.run, threading.current_thread().name)
+
+    async def _lent(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` off the loop, on a thread this transaction is lent to meanwhile."""
+
+        def call() -> T:
+            self._borrower = threading.get_ident()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._borrower = None
+
+        return await off_loop(call)
 
     def commit(self) -> Checkpoint | None:
         """Validate, log and publish the change; returns the new checkpoint.
@@ -710,7 +733,25 @@ class Transaction:
             What :meth:`commit` raises, and ``asyncio.CancelledError``.
         """
         self._check()
-        return await off_loop(self.commit)
+        return await self._lent(self.commit)
+
+    async def aput_blob(self, key: str, source: Any, *, media_type: str | None = None
+                        ) -> BlobRef:
+        """:meth:`put_blob` for asyncio code: the blob's write and fsync run off the loop.
+
+        Same arguments, result and errors as :meth:`put_blob`.
+        """
+        self._check()
+        return await self._lent(self.put_blob, key, source, media_type=media_type)
+
+    async def aput_tree(self, key: str, path: str | os.PathLike[str], *, exclude: Any = None
+                        ) -> TreeRef:
+        """:meth:`put_tree` for asyncio code: reading and storing the tree run off the loop.
+
+        Same arguments, result and errors as :meth:`put_tree`.
+        """
+        self._check()
+        return await self._lent(self.put_tree, key, path, exclude=exclude)
 
     async def __aenter__(self) -> Transaction:
         return self.__enter__()

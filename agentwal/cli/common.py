@@ -195,14 +195,14 @@ def open_rw(path: str) -> Any:
     gives ``LeaseHeldError`` (exit 1), and its own leases end when it exits.
     """
     from .. import open as open_store
-    from ..errors import CorruptionError
+    from ..errors import StoreNotFoundError
     from ..format import CONTROL_FILE
 
     if is_postgres_dsn(path):
         return open_store(path, create=False)
     if not os.path.exists(os.path.join(path, CONTROL_FILE)):
-        raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
-                              "Check the path; this command never creates a store.")
+        raise StoreNotFoundError(path, "no agentwal store here (no CONTROL file)",
+                                 "Check the path; this command never creates a store.")
     return open_store(path, effect_retention=None)
 
 

@@ -60,8 +60,56 @@ def verify(path: str, as_json: bool) -> None:
     emit(as_json, data, human)
     if not report.ok:
         click.echo(f"{len(report.problems)} problem(s) found; the store is damaged. Restore "
-                   "it from a backup, or copy out what still reads (agentwal show).", err=True)
+                   "it from a backup, or copy out what still reads (agentwal salvage STORE "
+                   "DEST, or agentwal show STORE RUN --key K).", err=True)
         sys.exit(1)
+
+
+@main.command(epilog=examples("agentwal salvage state.awal rescued.awal",
+                              "agentwal salvage state.awal rescued.awal --json"))
+@store_argument
+@click.argument("dest", type=click.Path(file_okay=False))
+@json_option
+@reports_errors
+def salvage(path: str, dest: str, as_json: bool) -> None:
+    """Write a new, healthy store DEST from everything a damaged store still reads.
+
+    Opens STORE read-only up to the last intact record before the damage in
+    its log (``agentwal.open(path, recover="prefix")``), copies every run's
+    history up to there (checkpoint by checkpoint, with its metadata, blobs
+    and trees) and the effects ledger into DEST.tmp, then renames it to DEST.
+    Reports what was copied and what was lost (the LSN range, the runs and
+    checkpoints found after the damage). STORE is never changed. Exits 1 if
+    DEST (or DEST.tmp) exists.
+    """
+    from ..local.salvage import describe_lost
+    from ..local.salvage import salvage as salvage_store
+
+    real_src, real_dest = os.path.realpath(path), os.path.realpath(dest)
+    if os.path.commonpath([real_src, real_dest]) == real_src:
+        raise usage(f"DEST {dest!r} is inside the store {path!r}; salvage to a directory "
+                    "outside it.")
+    with progress_bar(f"salvage {path} into {dest}"):
+        rep = salvage_store(path, dest)
+    data = dataclasses.asdict(rep)
+
+    def human() -> None:
+        total = sum(rep.checkpoints.values())
+        click.echo(f"salvaged {path} into {rep.path}: {len(rep.checkpoints)} runs, {total} "
+                   f"checkpoints, {rep.effects} effects-ledger entries")
+        for run, n in sorted(rep.checkpoints.items()):
+            click.echo(f"  {run}: {n} checkpoints")
+        if rep.lost is not None:
+            click.echo(describe_lost(rep.lost))
+        else:
+            click.echo("nothing lost: the log read to its end")
+        for line in rep.skipped:
+            click.echo(f"skipped: {line}")
+        if rep.renumbered:
+            click.echo("renumbered (compacted history; ids start at 1 in DEST): "
+                       + ", ".join(rep.renumbered))
+
+    emit(as_json, data, human)
 
 
 @main.command(epilog=examples("agentwal backup state.awal /backups/state-$(date +%F).awal"))

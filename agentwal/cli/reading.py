@@ -230,15 +230,24 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
     """Show a run's latest committed state, or its state at a checkpoint (values as JSON).
 
     With KEY, only that value: plain JSON (the value itself with --json). A
-    KEY or --key the state does not hold is a usage error (exit 2).
+    KEY or --key the state does not hold is a usage error (exit 2). With KEY
+    or --key only those keys are read, so a damaged value under another key
+    does not stop them (copy out what still reads).
     """
+    wanted = ([key] if key is not None else []) + list(keys)
     with open_ro(path) as store:
-        state = store.state(run, at=at)
+        if wanted:  # read only those keys: a damaged value elsewhere does not block them
+            if at is None and store.head(run) is None:
+                raise RunNotFoundError(run)
+            absent = object()
+            got = {k: store.get(run, k, absent, at=at) for k in dict.fromkeys(wanted)}
+            state = {k: v for k, v in got.items() if v is not absent}
+        else:
+            state = store.state(run, at=at)
         trees = {k: store.list_tree(run, k, at=at) for k, v in state.items()
                  if isinstance(v, TreeRef)}
     for k, files in trees.items():  # a tree value shows as its file listing
         state[k] = {**jsonable(state[k]), "files": [tree_file_row(f) for f in files]}
-    wanted = ([key] if key is not None else []) + list(keys)
     missing = [k for k in wanted if k not in state]
     if missing:
         where = f"checkpoint {at}" if at else "its latest commit"

@@ -33,7 +33,15 @@ from ..types import Progress
 from .backup import BackupReport, Copier, check_destination
 from .blobs import BlobMissing, blob_path
 from .snapshot import Snapshot, check_lmdb_file
-from .verify import LMDB_FILE, Problem, VerifyReport, check_control, read_wal
+from .verify import (
+    LMDB_FILE,
+    Problem,
+    VerifyReport,
+    check_control,
+    check_mark,
+    load_mark,
+    read_wal,
+)
 from .verify import verify as verify_store
 
 if TYPE_CHECKING:
@@ -72,10 +80,23 @@ class Audit:
                 with contextlib.suppress(CorruptionError):
                     limit = max(limit, snap.reader(ltxn).meta()[0])
                 snap.end_read(ltxn)
+            # LOGMARK before the log (an older mark is still true of a newer log), and
+            # LMDB's applied LSN after it (a fold may have removed what the mark names).
+            mark, bad_mark = load_mark(e._fs, e.path, e.store_id)
+            found.extend(bad_mark)
             try:
                 wal = read_wal(e._fs, os.path.join(e.path, WAL_DIR))
             except OSError as exc:
                 raise io_error(exc, e.path, "cannot read the WAL") from None
+            applied = e._applied
+            if e.readonly and snap is not None:
+                ltxn = snap.begin_read()
+                with contextlib.suppress(CorruptionError):
+                    applied = max(applied, snap.reader(ltxn).meta()[0])
+                snap.end_read(ltxn)
+            lacks, acked = check_mark(mark, wal, applied)
+            found.extend(lacks)
+            limit = max(limit, acked)
             if snap is None:
                 return verify_store(None, wal, store_id=e.store_id, limit=limit,
                                     problems=found, progress=progress)

@@ -22,7 +22,7 @@ import cbor2
 from ..codec import CodecError, loads
 from ..errors import CorruptionError
 from ..format import CONTROL_FILE, FORMAT_VERSION
-from ..io import FileSystem, read_all, write_all
+from ..io import FileSystem, read_all, replace_file
 
 __all__ = ["Control", "create_control", "read_control"]
 
@@ -79,16 +79,5 @@ def create_control(fs: FileSystem, directory: str) -> Control:
     ctl = Control(uuid.uuid4(), FORMAT_VERSION, time.time())
     body = cbor2.dumps({"format": ctl.format, "store_id": ctl.store_id.bytes,
                         "created_at": ctl.created_at})
-    data = _MAGIC + struct.pack("<I", zlib.crc32(body)) + body
-    path = os.path.join(directory, CONTROL_FILE)
-    tmp = path + ".tmp"
-    fd = fs.open(tmp, create=True)
-    try:
-        fs.truncate(fd, 0)
-        write_all(fs, fd, 0, data)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
-    fs.rename(tmp, path)
-    fs.fsync_dir(directory)
+    replace_file(fs, directory, CONTROL_FILE, _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
     return ctl

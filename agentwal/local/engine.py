@@ -98,6 +98,7 @@ from ..types import (
 )
 from .apply import apply_record, from_pending, replay
 from .audit import Audit
+from .background import BUSY, IDLE, STOP, Worker
 from .blobrefs import BlobRefs
 from .blobs import BlobStore
 from .commit import CommitPipeline, Pending
@@ -106,8 +107,9 @@ from .effectlog import EffectLog
 from .fold import Folder
 from .maintenance import Maintenance
 from .memtable import Memtable
+from .opening import no_control, prepare
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
-from .recovery import Plan, recover
+from .recovery import Lost, Plan, recover
 from .runs import Runs
 from .snapshot import RunInfo, Snapshot
 from .wal import Writer
@@ -117,6 +119,8 @@ __all__ = ["Engine", "open_engine"]
 _NEWEST = 1 << 63  # a snapshot LSN past every record
 #: Seconds between two passes of the automatic retention policy (``retain=``).
 _RETAIN_EVERY = 60.0
+#: ``retain=`` also runs after this many commits since its last pass.
+_RETAIN_COMMITS = 1000
 T = TypeVar("T")
 
 
@@ -136,18 +140,6 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _background(ref: weakref.ref[Engine], wake: threading.Condition,
-                step: Callable[[Engine], bool], interval: float) -> None:
-    """An engine's background thread: wake (notified or every ``interval``), do ``step``."""
-    while True:
-        with wake:
-            wake.wait(interval)
-        engine = ref()
-        if engine is None or not step(engine):
-            return
-        del engine
-
-
 def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
                      writer: Writer | None) -> None:
     """Finalizer of a store dropped without close(): like a crash, nothing is written."""
@@ -163,7 +155,9 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
 def open_engine(path: str, durability: Durability, *, readonly: bool, wal_max_bytes: int,
                 fs: FileSystem, sync_interval: float, segment_bytes: int,
                 map_size: int | None, effect_retention: float | None,
-                retain: tuple[int | None, datetime.timedelta | None] | None) -> Engine:
+                retain: tuple[int | None, datetime.timedelta | None] | None,
+                first_segment_bytes: int | None = None, recover_prefix: bool = False
+                ) -> Engine:
     """Open (or create) the store at ``path`` and recover it (``agentwal.open``'s work).
 
     The arguments are checked by the caller. On any failure every handle taken
@@ -171,6 +165,8 @@ def open_engine(path: str, durability: Durability, *, readonly: bool, wal_max_by
     """
     engine = Engine(path, durability, readonly, wal_max_bytes, fs, sync_interval,
                     segment_bytes, map_size, effect_retention=effect_retention, retain=retain)
+    engine._first_segment_bytes = first_segment_bytes
+    engine._recover_prefix = recover_prefix
     try:
         engine._open()
     except OSError as exc:
@@ -198,6 +194,10 @@ class Engine:
         self._fs = fs
         self._sync_interval = sync_interval
         self._segment_bytes = segment_bytes
+        self._first_segment_bytes: int | None = None  # None: every segment segment_bytes
+        self._recover_prefix = False  # open(recover="prefix"): stop at damage, say what's lost
+        #: with ``recover="prefix"``: what the log holds past the intact prefix (None: nothing)
+        self.lost: Lost | None = None
         self._map_size = map_size
         self._split_commits_for_test = False  # harness self-test only: breaks atomicity
         self._lock = threading.Lock()
@@ -208,7 +208,9 @@ class Engine:
         self._writer_lock: WriterLock | None = None
         self._snap: Snapshot | None = None
         self._pipe: CommitPipeline | None = None
-        self._threads: list[threading.Thread] = []
+        self._workers: list[Worker] = []
+        self._folder: Worker | None = None  # the fold thread (started when a fold is wanted)
+        self._flusher: Worker | None = None  # async mode's flush thread (while writes are unsynced)
         self._active = Memtable()
         self._frozen: Memtable | None = None
         self._visible = 0
@@ -236,7 +238,9 @@ class Engine:
         #: ``(keep_last, older_than)`` of ``retain=``; applied by the fold thread
         self._retain = retain
         self._retain_every = _RETAIN_EVERY
-        self._retain_next = 0.0  # monotonic time of the next retention pass
+        self._retain_next = time.monotonic() + _RETAIN_EVERY  # the next timed retention pass
+        self._retain_commits = 0  # commits since the last retention pass
+        self._retain_wanted = False  # a pass is due: the fold thread runs it
         self._retain_error: BaseException | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
@@ -251,20 +255,16 @@ class Engine:
     def _open(self) -> None:
         fs, path = self._fs, self.path
         wal_dir = os.path.join(path, WAL_DIR)
-        if self.readonly:
-            if not os.path.isdir(path):
-                raise CorruptionError(path, None, "no store here",
-                                      "Check the path; a read-only open never creates a store.")
-        else:
-            fs.mkdir(path)
-            fs.fsync_dir(os.path.dirname(os.path.abspath(path)))
+        prepare(fs, path, readonly=self.readonly)
+        if not self.readonly:
             self._writer_lock = WriterLock(path)
             self._writer_lock.acquire()
         ctl = read_control(fs, path)
         if ctl is None:
             if self.readonly:
-                raise CorruptionError(path, None, "not an agentwal store (no CONTROL file)",
-                                      "Check the path; a read-only open never creates a store.")
+                missing = no_control(path, fs.listdir(wal_dir) if fs.exists(wal_dir) else [])
+                if missing is not None:
+                    raise missing
             if fs.exists(wal_dir) and fs.listdir(wal_dir):
                 raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
             ctl = create_control(fs, path)
@@ -299,6 +299,7 @@ class Engine:
                     ended = old.txn if old.users == 0 else None
             self._active = mem
             self._applied = applied
+            self.lost = plan.lost
             self._visible = plan.next_lsn - 1
             self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
                                   torn_bytes=plan.torn_bytes, actions=plan.notes,
@@ -308,7 +309,8 @@ class Engine:
         if self.readonly:
             return
         self._snap.end_read(ltxn)
-        w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes)
+        w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes,
+                   self._first_segment_bytes)
         if plan.resume is not None:
             seg, header, end = plan.resume
             w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
@@ -339,7 +341,8 @@ class Engine:
                                           f"snapshot belongs to store {sid}, not {self.store_id}")
                 try:
                     plan = recover(self._fs, wal_dir, applied, self.store_id,
-                                   readonly=self.readonly, start=self._snap.reader(ltxn).log_pos())
+                                   readonly=self.readonly, start=self._snap.reader(ltxn).log_pos(),
+                                   prefix=self._recover_prefix)
                 except OSError as exc:
                     raise io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
                 return ltxn, applied, plan
@@ -359,19 +362,19 @@ class Engine:
                 Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
 
     def _start_threads(self) -> None:
-        # The threads hold the store weakly, so a store dropped without close()
-        # is still collected, and its finalizer releases the writer lock.
+        # Started only when there is work (local/background.py): an idle store has none.
+        # The threads hold the engine weakly, so a store dropped without close() is
+        # still collected, and its finalizer releases the writer lock.
         self._stop = False
-        ref = weakref.ref(self)
-        jobs: list[tuple[str, Callable[[Engine], bool], float]] = [
-            ("agentwal-fold", lambda e: e.folder.step(), 1.0)]
+        self._folder = Worker(self, self._wake, lambda e: e.folder.step(), 1.0, "agentwal-fold")
+        self._workers = [self._folder]
         if self.durability is Durability.ASYNC:
-            jobs.append(("agentwal-flush", lambda e: e._flush_step(), self._sync_interval))
-        for name, step, interval in jobs:
-            t = threading.Thread(target=_background, args=(ref, self._wake, step, interval),
-                                 name=name, daemon=True)
-            self._threads.append(t)
-            t.start()
+            self._flusher = Worker(self, self._wake, lambda e: e._flush_step(),
+                                   self._sync_interval, "agentwal-flush")
+            self._workers.append(self._flusher)
+        with self._lock:
+            if self._fold_wanted:
+                self._folder.kick()
 
     def refresh(self) -> None:
         """Read-only engines: load what the writer has committed since (``Store.refresh``)."""
@@ -612,8 +615,26 @@ class Engine:
         assert self._pipe is not None
         if (self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes
                 and time.monotonic() >= self._fold_retry_at):
-            self._fold_wanted = True
-            self._wake.notify_all()
+            self._want_fold()
+        if self._flusher is not None and self._pipe.writer.written_lsn > \
+                self._pipe.writer.synced_lsn:
+            self._flusher.kick()
+        if self._retain is not None:
+            self._retain_commits += len(batch)
+            if not self._retain_wanted and self._retain_due() and self._folder is not None:
+                self._retain_wanted = True
+                self._folder.kick()
+
+    def _retain_due(self) -> bool:
+        """Due: ``_RETAIN_COMMITS`` commits, or ``_retain_every`` s, since the last pass."""
+        return self._retain_commits >= _RETAIN_COMMITS or (
+            self._retain_commits > 0 and time.monotonic() >= self._retain_next)
+
+    def _want_fold(self) -> None:
+        """Ask the fold thread for a fold (starting it if idle); under ``_lock``."""
+        self._fold_wanted = True
+        if self._folder is not None:
+            self._folder.kick()
 
     def _epoch_at(self, run: str, lsn: int) -> int:
         """The run id's epoch for a commit at ``lsn`` being published; under ``_lock``."""
@@ -636,16 +657,18 @@ class Engine:
         if self._pipe is not None:
             self._pipe.sync()
 
-    def _flush_step(self) -> bool:
-        """Async mode's background flush; False once the thread should stop."""
+    def _flush_step(self) -> str:
+        """Async mode's background flush: BUSY, IDLE (nothing unsynced) or STOP."""
         pipe = self._pipe
         if pipe is None or self._stop:
-            return False
+            return STOP
         # A failed sync stops the writer; the commits that follow report it.
         with contextlib.suppress(Error), pipe.flush_lock:
             if pipe.writer.broken is None and not pipe.writer.closed:
+                if pipe.writer.written_lsn <= pipe.writer.synced_lsn:
+                    return IDLE
                 pipe.sync_written()
-        return True
+        return BUSY
 
     def snapshot(self) -> None:
         """Fold the WAL into LMDB now (``Store.snapshot``)."""
@@ -653,6 +676,7 @@ class Engine:
         if self.readonly:
             raise ReadOnlyError(self.path)
         self.folder.fold()
+        self.maintenance.retain_step(force=True)
 
     # -- reads ----------------------------------------------------------------------
 
@@ -708,6 +732,7 @@ class Engine:
             if self._pipe is not None and self._pipe.writer.broken is None:
                 self.sync()
                 self.folder.fold()
+                self.maintenance.retain_step(force=True)
         finally:
             self._closed = True
             self._release_all()
@@ -720,10 +745,9 @@ class Engine:
             if self._pipe is not None:
                 self._pipe.closed = True  # a commit past _check_open() stops here
             self._wake.notify_all()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout=30)
-        self._threads = []
+        for w in self._workers:
+            w.join(timeout=30)
+        self._workers = []
         if self._pipe is not None:
             got = self._pipe.flush_lock.acquire(timeout=30)  # let a batch being written finish
             try:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from .. import failpoints
 from ..errors import DiskFullError, DurabilityError, Error
+from .background import BUSY, IDLE, STOP
 from .memtable import Memtable
 from .snapshot import FoldRun, MapFull
 
@@ -49,27 +50,31 @@ class Folder:
     def __init__(self, engine: Engine) -> None:
         self._e = engine
 
-    def step(self) -> bool:
-        """The fold thread's work when woken; False once the thread should stop."""
+    def step(self) -> str:
+        """The fold thread's work when woken: BUSY, IDLE (nothing wanted) or STOP.
+
+        A retention pass that is due (``_retain_wanted``) folds first too: it
+        drops only folded history.
+        """
         e = self._e
         with e._lock:
             if e._stop:
-                return False
-            if not e._fold_wanted:
-                return True
-            e._fold_wanted = False
+                return STOP
+            if not e._fold_wanted and not e._retain_wanted:
+                return IDLE
+            e._fold_wanted = e._retain_wanted = False
         try:
             self.fold()
             e._fold_error = None
         except Error as exc:
             e._fold_error = exc
             e._fold_retry_at = time.monotonic() + 1.0  # not on every batch
-            return True
+            return BUSY
         except BaseException as exc:
             e._fold_error = exc
-            return False
+            return STOP
         e.maintenance.retain_step()
-        return True
+        return BUSY
 
     def fold(self) -> None:
         """Fold everything published so far (a table left by a failed fold first)."""

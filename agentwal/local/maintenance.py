@@ -13,9 +13,12 @@ transaction; this module runs them in order against a live engine:
    process's reads to end while new views wait (``_swapping``), and swap
    the file in under the engine lock (:meth:`Maintenance.vacuum`).
 
-``retain=`` runs steps 2 and 3 after a background fold, at most once per
-``_retain_every`` seconds (:meth:`Maintenance.retain_step`); its error is
-kept for ``stats()`` and the next pass tries again.
+``retain=`` runs steps 2 and 3 (:meth:`Maintenance.retain_step`) at
+``close()`` and ``snapshot()`` after their fold, and on the fold thread after
+a fold once ``_retain_every`` seconds or ``_RETAIN_COMMITS`` commits have
+passed since the last pass (the engine's ``_publish`` asks the fold thread
+for one then, folding first); its error is kept for ``stats()`` and the next
+pass tries again.
 
 Crash windows: before the compaction's LMDB transaction commits nothing is
 dropped; after it, the dropped checkpoints are gone (``snapshot/compact.py``).
@@ -160,12 +163,14 @@ class Maintenance:
                 e._wake.notify_all()
         failpoints.hit("vacuum_after_swap")
 
-    def retain_step(self) -> None:
-        """Apply ``retain=`` after a background fold, at most once per ``_retain_every`` s."""
+    def retain_step(self, *, force: bool = False) -> None:
+        """Apply ``retain=``: when ``force`` (``snapshot()``, ``close()``) or when due."""
         e = self._e
-        if e._retain is None or time.monotonic() < e._retain_next:
+        if e._retain is None or not (force or e._retain_due()
+                                     or time.monotonic() >= e._retain_next):
             return
         e._retain_next = time.monotonic() + e._retain_every
+        e._retain_commits = 0
         keep_last, older_than = e._retain
         cutoff = None if older_than is None else time.time() - older_than.total_seconds()
         try:

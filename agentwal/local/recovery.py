@@ -24,6 +24,10 @@ Rules, in order:
 6. If the log ends before ``applied_lsn`` (LMDB is durable past the last
    record on disk), the writer starts a new segment at ``applied_lsn + 1``
    instead of writing after the gap.
+7. The log must hold what the log mark (``logmark.py``) says it held: every
+   marked segment not covered by ``applied_lsn``, at its full size, and every
+   record up to the mark's acknowledged LSN. Anything less is a deleted,
+   truncated or older-copy log: ``CorruptionError``, never an empty store.
 
 Record types: a commit (``REC_COMMIT``) becomes a :class:`Replayed`, an
 effects-ledger entry a :class:`ReplayedEffect`, a run deletion
@@ -40,6 +44,7 @@ durable before the store is used, so recovering again reaches the same plan.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, field
 
 from .. import failpoints
@@ -51,11 +56,37 @@ from ..format import (
     TMP_SUFFIX,
 )
 from ..io import FileSystem, write_all
+from .logmark import MARK_HINT, mark_problems, read_mark
 from .records import Record, Replayed, ReplayedDelete, ReplayedEffect, decode_record
 from .wal import SegmentFile, SegmentHeader, list_segments
 from .wal.writer import Segment
 
-__all__ = ["Plan", "Replayed", "ReplayedDelete", "ReplayedEffect", "plan", "recover", "repair"]
+__all__ = ["Lost", "Plan", "Replayed", "ReplayedDelete", "ReplayedEffect", "plan", "recover",
+           "repair"]
+
+
+@dataclass
+class Lost:
+    """What a ``recover="prefix"`` open could not read: the log from ``first_lsn`` on.
+
+    Attributes:
+        first_lsn: the first LSN missing or damaged (the prefix ends before it).
+        last_lsn: the highest LSN known to have been written (a valid frame
+            found after the damage, or the log mark's acknowledged LSN);
+            None when nothing after the damage is known.
+        where: the file (and offset) of the damage.
+        reason: what is wrong there.
+        checkpoints: ``{run: [checkpoint ids]}`` of the commits found intact
+            after the damage (lost with it: nothing after a gap is replayed).
+        effects: how many effects-ledger records were found after the damage.
+    """
+
+    first_lsn: int
+    last_lsn: int | None
+    where: str
+    reason: str
+    checkpoints: dict[str, list[int]] = field(default_factory=dict)
+    effects: int = 0
 
 
 @dataclass
@@ -72,6 +103,7 @@ class Plan:
     torn_bytes: int = 0
     replayed_bytes: int = 0  # frame bytes of the records to replay
     notes: list[str] = field(default_factory=list)
+    lost: Lost | None = None  # ``prefix`` plans only: where the readable prefix ends
 
 
 def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
@@ -83,13 +115,52 @@ def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
 
 
 def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,
-         start: tuple[int, int] | None = None) -> Plan:
+         start: tuple[int, int] | None = None, *, prefix: bool = False) -> Plan:
     """Decide what to replay and repair; raises :class:`CorruptionError`.
 
     ``start=(segment first LSN, offset)`` is where the snapshot says the log
     continues after ``applied_lsn``; the folded frames before it are not read.
+    With ``prefix`` a damage ends the plan instead of raising: the records
+    before it are replayed and ``lost`` says where and what follows (for a
+    read-only ``recover="prefix"`` open, which never repairs).
     """
+    if not prefix:
+        return _plan(segments, applied_lsn, store_id, start)
     p = Plan(next_lsn=applied_lsn + 1)
+    try:
+        return _plan(segments, applied_lsn, store_id, start, into=p)
+    except CorruptionError as exc:
+        p.resume, p.zero, p.remove = None, None, []
+        p.lost = _lost_after(segments, p.next_lsn, exc)
+        return p
+
+
+def _lost_after(segments: list[SegmentFile], first: int, exc: CorruptionError) -> Lost:
+    """What the log holds from LSN ``first`` on, as far as its intact frames tell."""
+    where = exc.path if exc.offset is None else f"{exc.path} @ {exc.offset}"
+    lost = Lost(first, None, where, exc.reason)
+    for seg in segments:
+        if seg.header is None:
+            continue
+        scan = seg.scan()
+        for f in [*scan.frames, *scan.later]:
+            if f.lsn < first:
+                continue
+            lost.last_lsn = max(lost.last_lsn or 0, f.lsn)
+            try:
+                rec = decode_record(f.lsn, f.type, f.flags, f.payload)
+            except CodecError:
+                continue
+            if isinstance(rec, Replayed):
+                lost.checkpoints.setdefault(rec.record.run, []).append(rec.record.id)
+            elif isinstance(rec, ReplayedEffect):
+                lost.effects += 1
+    return lost
+
+
+def _plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,
+          start: tuple[int, int] | None = None, *, into: Plan | None = None) -> Plan:
+    p = into if into is not None else Plan(next_lsn=applied_lsn + 1)
     for seg in segments:
         if seg.header is not None and seg.header.store_id != store_id:
             raise CorruptionError(seg.path, 16, f"segment belongs to store {seg.header.store_id}, "
@@ -118,17 +189,19 @@ def plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,
             hint = (start[1], expected)
         scan = seg.scan(hint)
         last = i == len(needed) - 1
+        if into is not None or scan.state == "clean" or (scan.state == "torn" and last):
+            # A prefix plan keeps the intact frames before a damage (then raises below).
+            for f in scan.frames:
+                if f.lsn >= expected:
+                    p.records.append(_decode(seg, f.offset, f.lsn, f.type, f.flags, f.payload))
+                    p.replayed_bytes += f.end - f.offset
+                    expected = p.next_lsn = f.lsn + 1
         if scan.state == "corrupt":
             raise CorruptionError(seg.path, scan.end, scan.reason)
         if scan.state == "torn" and not last:
             # The writer synced this segment whole before creating the next one.
             raise CorruptionError(seg.path, scan.end, f"{scan.reason}, in a segment that was "
                                   f"synced before {needed[i + 1].name} was created")
-        for f in scan.frames:
-            if f.lsn >= expected:
-                p.records.append(_decode(seg, f.offset, f.lsn, f.type, f.flags, f.payload))
-                p.replayed_bytes += f.end - f.offset
-                expected = f.lsn + 1
         log_end = scan.next_lsn
         if p.resume is not None:
             p.earlier.append(p.resume[0])
@@ -176,15 +249,37 @@ def repair(fs: FileSystem, wal_dir: str, p: Plan) -> None:
 
 
 def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
-            readonly: bool, start: tuple[int, int] | None = None) -> Plan:
-    """Read the log, plan, and (unless ``readonly``) repair. Returns the plan."""
+            readonly: bool, start: tuple[int, int] | None = None,
+            prefix: bool = False) -> Plan:
+    """Read the log, plan, and (unless ``readonly``) repair. Returns the plan.
+
+    ``prefix`` (read-only only): stop at the first damage instead of raising,
+    and say in ``plan.lost`` what could not be read.
+    """
+    assert readonly or not prefix
     failpoints.hit("recovery_before_replay")
+    store_dir = os.path.dirname(wal_dir)
+    # Read before the segments: an older mark is still true of a newer log.
+    mark = read_mark(fs, store_dir, store_id) if isinstance(store_id, uuid.UUID) else None
     segments = list_segments(fs, wal_dir) if fs.exists(wal_dir) else []
-    if applied_lsn and not segments:
+    if applied_lsn and not segments and not prefix:
         # A store always keeps its current segment, even right after a fold.
         raise CorruptionError(wal_dir, None, f"the log is missing: the snapshot covers LSN "
-                              f"{applied_lsn} but no segment remains")
-    p = plan(segments, applied_lsn, store_id, start)
+                              f"{applied_lsn} but no segment remains", MARK_HINT)
+    p = plan(segments, applied_lsn, store_id, start, prefix=prefix)
+    if mark is not None:
+        lacks = mark_problems(mark, {s.first_lsn: len(s.data) for s in segments}, applied_lsn,
+                              p.next_lsn - 1)
+        if lacks and not prefix:
+            raise CorruptionError(wal_dir, None, "the log lacks records it had acknowledged: "
+                                  + "; ".join(lacks), MARK_HINT)
+        if lacks and p.lost is None:
+            p.lost = Lost(p.next_lsn, mark.acked if mark.acked >= p.next_lsn else None,
+                          wal_dir, "; ".join(lacks))
+        elif p.lost is not None and mark.acked > (p.lost.last_lsn or 0):
+            p.lost.last_lsn = mark.acked
+    if prefix and applied_lsn and not segments and p.lost is None:
+        p.lost = Lost(applied_lsn + 1, None, wal_dir, "no log segment remains")
     if fs.exists(wal_dir):
         for name in fs.listdir(wal_dir):
             if name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX):

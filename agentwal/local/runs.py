@@ -225,5 +225,4 @@ class Runs:
         pipe.delete_run(run)
         failpoints.hit("delete_run_after_record")
         with e._lock:
-            e._fold_wanted = True
-            e._wake.notify_all()
+            e._want_fold()

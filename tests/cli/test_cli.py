@@ -129,3 +129,24 @@ def test_compact(tmp_path: Path) -> None:
     with agentwal.open(path):  # a writer holds the store
         code, out = run("compact", path, "--keep-last", "1")
     assert code == 1 and "store_locked" in out
+
+
+def test_show_key_reads_only_that_key_past_a_damaged_value(tmp_path: Path) -> None:
+    """Issue #10, case 4: `show --key` reads one key, so one damaged value does not block it."""
+    from tests.stores import Raw
+
+    path = str(tmp_path / "s")
+    with agentwal.open(path) as store, store.begin("r") as txn:
+        txn["good"] = {"plan": "ok"}
+        txn["bad"] = "x" * 50
+    with Raw(path) as raw:
+        k, v = next((k, v) for k, v in raw.entries("state") if k.endswith(b"bad"))
+        raw.put_raw("state", k, v[:-1] + bytes([v[-1] ^ 0xFF]))  # the seal now fails
+    runner = CliRunner()
+    whole = runner.invoke(main, ["show", path, "r"])
+    assert whole.exit_code == 1 and "corruption" in whole.output
+    one = runner.invoke(main, ["show", path, "r", "--key", "good", "--json"])
+    assert one.exit_code == 0, one.output
+    assert json.loads(one.output) == {"good": {"plan": "ok"}}
+    again = runner.invoke(main, ["show", path, "r", "good"])
+    assert again.exit_code == 0 and '"plan"' in again.output

@@ -145,8 +145,8 @@ def test_errors_with_json_are_a_json_document(tmp_path: Path) -> None:
     empty.mkdir()
     code, out, err = run("verify", str(empty), "--json")
     doc = json.loads(out)
-    assert code == 1 and doc["error"]["code"] == "corruption" and doc["error"]["exit_code"] == 1
-    assert "corruption" in err
+    assert code == 1 and doc["error"]["code"] == "store_not_found"
+    assert doc["error"]["exit_code"] == 1 and "store_not_found" in err
     code, out, _ = run("verify", str(tmp_path / "missing"), "--json")
     assert code == 2 and json.loads(out)["error"]["code"] == "usage"
 

@@ -156,7 +156,7 @@ def test_effects_usage_and_problems(ledger: tuple[str, dict[str, str]], tmp_path
     empty = tmp_path / "empty"
     empty.mkdir()
     code, _, err = run("effects", str(empty))
-    assert code == 1 and "corruption" in err and not list(empty.iterdir())
+    assert code == 1 and "store_not_found" in err and not list(empty.iterdir())
 
 
 def test_effects_check_exits_1_on_in_doubt_or_failed(
@@ -253,7 +253,7 @@ def test_resolve_problems_exit_1(ledger: tuple[str, dict[str, str]], tmp_path: P
     empty = tmp_path / "empty"
     empty.mkdir()
     code, _, err = run("resolve", str(empty), ids["pay"], "--not-applied")
-    assert code == 1 and "corruption" in err
+    assert code == 1 and "store_not_found" in err
     assert not list(empty.iterdir())  # a writing command never creates a store
     assert _entry(path, ids["pay"]).status == "in_doubt"  # nothing above changed it
 

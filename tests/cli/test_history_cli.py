@@ -151,7 +151,7 @@ def test_writing_commands_refuse_a_locked_store_and_a_missing_one(store: str,
     empty = tmp_path / "empty"
     empty.mkdir()
     code, _, err = run("rollback", str(empty), "r", "1")
-    assert code == 1 and "corruption" in err and not os.listdir(empty)
+    assert code == 1 and "store_not_found" in err and not os.listdir(empty)
 
 
 # -- verify ---------------------------------------------------------------------------------

@@ -218,8 +218,12 @@ def test_flipped_byte_in_a_key_is_corruption_when_the_state_is_read(
     assert "checksum mismatch in value of key" in corruption_at(first, "read")
 
 
-def test_truncated_wal_tail_after_an_abandoned_store_is_a_committed_prefix(
+def test_truncated_wal_tail_after_an_abandoned_store_is_detected(
         bases: dict[str, Base], checker: Checker, tmp_path: Path) -> None:
+    """LOGMARK knows the segment's size and the synced LSN: a cut log is refused (issue #10).
+
+    A store without LOGMARK (made before it existed) still opens to a committed prefix.
+    """
     b = bases["sync-abandon"]
     assert b.applied < b.commits - 3
 
@@ -238,6 +242,10 @@ def test_truncated_wal_tail_after_an_abandoned_store_is_a_committed_prefix(
 
     lost: list[int] = []
     copy = damaged(b, tmp_path, "tail", cut)
+    ok, detail, first = check(checker, b, copy, scope="wal")
+    assert ok, detail
+    assert detail.startswith("detected at open") and "is truncated" in first["message"], first
+    os.unlink(os.path.join(copy, "LOGMARK"))
     ok, detail, _ = check(checker, b, copy, scope="wal")
     assert ok, detail
     assert detail == f"prefix {b.commits - lost[0]}/{b.commits}", detail
@@ -320,6 +328,7 @@ def test_judge_allows_a_prefix_only_for_wal_damage(bases: dict[str, Base], check
         header = parse_header(data)
         assert not isinstance(header, str)
         os.truncate(path, scan_segment(data, header).frames[-1].offset)
+        os.unlink(os.path.join(copy, "LOGMARK"))  # as a store made before LOGMARK: a prefix
 
     answer = checker.check(damaged(b, tmp_path, "tail", cut), b.workload.runs)
     ok, detail = judge(b, Damage("k", "wal", "", 0, ""), answer)

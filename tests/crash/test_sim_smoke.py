@@ -18,7 +18,7 @@ from agentwal.testing import FaultPlan, SimulatedCrash, SimulatedDisk
 from agentwal.testing import crash as crash_store
 
 MODELS = ("strict", "prefix", "reorder")
-SEEDS = range(16)
+SEEDS = range(32)  # the log mark's unsynced slot write is one more op a prefix may stop at
 
 
 def open_store(path: str, disk: SimulatedDisk) -> agentwal.Store:

@@ -152,6 +152,9 @@ def test_backup_during_concurrent_commits(path: str, tmp_path: Path) -> None:
         t.start()
     made = []
     try:
+        deadline = time.monotonic() + 60  # every run exists before the first backup (under load
+        while len(acked) < 4 and time.monotonic() < deadline:  # 0.2 s was not always enough)
+            time.sleep(0.01)
         time.sleep(0.2)
         for i in range(4):
             with lock:

@@ -136,15 +136,24 @@ def test_a_clean_commit_counts_no_conflict(store: agentwal.Store) -> None:
 def test_conflict_with_a_commit_that_is_queued_but_not_yet_written(
         store: agentwal.Store) -> None:
     commit(store, "r", k=0)
-    late = store.begin("r")
-    late["k"] = "late"
     seen: dict[str, Any] = {}
+    begun, go = threading.Event(), threading.Event()
+
+    def late_step() -> None:  # a transaction is one thread's: begun and committed here
+        late = store.begin("r")
+        late["k"] = "late"
+        begun.set()
+        go.wait(30)
+        seen["late"] = _outcome(late.commit)
+
+    t = threading.Thread(target=late_step)
+    t.start()
+    assert begun.wait(30)
 
     def while_queued() -> None:
         # "first" is validated and queued, nothing written or visible yet.
         seen["visible"] = store.get("r", "k")
-        t = threading.Thread(target=lambda: seen.setdefault("late", _outcome(late.commit)))
-        t.start()
+        go.set()
         t.join(30)  # raised within the validation's 5 s wait; a wrongly accepted one queues
 
     (first,) = queue_behind_a_blocked_leader(store, [lambda: commit(store, "r", k="first")],

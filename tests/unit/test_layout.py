@@ -25,6 +25,7 @@ RANK = {
     "types": 1, "codec": 1, "history": 1, "retention": 1, "tree": 1,
     "io": 2, "aio": 2,
     "local.control": 3, "local.wal": 3, "local.blobs": 3, "treeio": 3,
+    "local.logmark": 3, "local.opening": 3, "local.background": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,
@@ -35,7 +36,7 @@ RANK = {
     "local.effectlog": 7, "local.audit": 7, "local.runs": 7,
     "local.backend": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
-    "workspace": 8, "snapshot": 8, "health": 8,
+    "workspace": 8, "snapshot": 8, "health": 8, "local.salvage": 8,
     "integrations": 9,
 }
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).

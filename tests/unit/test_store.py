@@ -232,7 +232,7 @@ def test_readonly_refresh_sees_new_commits(path: str) -> None:
 
 
 def test_readonly_open_of_missing_store(tmp_path: Path) -> None:
-    with pytest.raises(errors.CorruptionError):
+    with pytest.raises(errors.StoreNotFoundError):
         agentwal.open(str(tmp_path / "nothing"), readonly=True)
 
 

@@ -388,12 +388,29 @@ def test_vacuum_shrinks_the_file(path: str) -> None:
         check_history_counts(store)
 
 
+def _read_for_a_while(store: agentwal.Store, seconds: float) -> None:
+    """A thread begins a transaction (an LMDB read), reads, and rolls it back ``seconds`` later.
+
+    Returns once the read is open. (A transaction is its thread's: the rollback
+    happens in the thread that began it.)
+    """
+    begun = threading.Event()
+
+    def hold() -> None:
+        txn = store.begin("r")
+        assert txn.get("step") is not None
+        begun.set()
+        time.sleep(seconds)
+        txn.rollback()
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert begun.wait(30)
+
+
 def test_vacuum_waits_for_open_reads(store: agentwal.Store) -> None:
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 30, model)
-    txn = store.begin("r")  # holds an LMDB read
-    assert txn.get("step") == 30
-    threading.Timer(0.3, txn.rollback).start()
+    _read_for_a_while(store, 0.3)  # another thread's transaction holds an LMDB read
     started = time.monotonic()
     report = store.compact(keep_last=3, vacuum=True)
     assert report.vacuumed and time.monotonic() - started >= 0.25
@@ -460,7 +477,7 @@ def test_retain_keep_last_is_applied_by_the_fold_thread(path: str) -> None:
     store = agentwal.open(path, durability="none", wal_max_bytes=16 << 10,
                           segment_bytes=4096, retain=KeepLast(5))
     try:
-        store._engine._retain_every = 0.0
+        store._engine._retain_every = store._engine._retain_next = 0.0
         model: dict[int, dict[str, Any]] = {}
         build(store, "r", 60, model)
         for _ in range(20):  # incompressible: the WAL passes wal_max_bytes, a fold runs
@@ -468,10 +485,9 @@ def test_retain_keep_last_is_applied_by_the_fold_thread(path: str) -> None:
         _wait_for(lambda: store.stats()["retention_passes"] > 0)
         store.snapshot()
         store._engine._retain_next = 0.0
-        store._engine._fold_wanted = True  # one more background fold, then a pass
         passes = store.stats()["retention_passes"]
         with store._engine._lock:
-            store._engine._wake.notify_all()
+            store._engine._want_fold()  # one more background fold, then a pass
         _wait_for(lambda: store.stats()["retention_passes"] > passes)
         assert [c.id for c in store.history("r")] == [60, 59, 58, 57, 56]
         assert store.state("r", at=56) == model[56]
@@ -484,11 +500,13 @@ def test_retain_is_rate_limited(path: str) -> None:
     store = agentwal.open(path, durability="none", wal_max_bytes=16 << 10,
                           segment_bytes=4096, retain=(KeepLast(5), KeepFor(dt.timedelta(0))))
     try:
+        store._engine._retain_next = 0.0  # as if a minute had passed since the open
         for _ in range(60):
             commit(store, "r", pad=os.urandom(1500))
         _wait_for(lambda: store.stats()["folds"] >= 3)
         time.sleep(0.2)
-        assert store.stats()["retention_passes"] == 1  # the first fold only: once a minute
+        # One pass (the first commit found it due), then none within the minute.
+        assert store.stats()["retention_passes"] == 1
     finally:
         store.close()
 
@@ -769,9 +787,7 @@ def test_stats_waits_out_a_vacuums_file_swap(store: agentwal.Store,
     store.snapshot()
     snap = store._engine._snap
     assert snap is not None
-    txn = store.begin("r")  # holds an LMDB read: the vacuum waits for it
-    assert txn.get("step") == 30
-    threading.Timer(0.3, txn.rollback).start()
+    _read_for_a_while(store, 0.3)  # holds an LMDB read: the vacuum waits for it
     checked, began = threading.Event(), threading.Event()
     real_begin, real_swap, real_readers = snap.begin_read, snap.swap_in, snap.readers
     threads: list[threading.Thread] = []

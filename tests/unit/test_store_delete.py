@@ -163,8 +163,12 @@ def test_delete_replays_after_a_crash_and_the_next_fold_removes_it(path: str) ->
     store = agentwal.open(path, durability="sync")
     _fill(store, "r", 4)
     store.snapshot()
+    # The deletion asks the fold thread for a fold at once: make it fail, so the crash
+    # below finds LMDB still holding the run (as a crash before that fold would).
+    failpoints.arm("delete_run_fold_before_commit", exc=errors.DiskFullError(path))
     store.delete_run("r")
     crash_store(store)  # a crash: LMDB still has the run
+    failpoints.disarm()
     with agentwal.open(path) as store:
         _assert_gone(store, "r")
         assert store.stats()["folded_runs"] == 1

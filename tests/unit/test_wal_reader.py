@@ -136,6 +136,17 @@ def lsns(p: recovery.Plan) -> list[int]:
     return [r.lsn for r in p.records]
 
 
+def unsynced_tail(wal_dir: Path) -> None:
+    """Let the damage a test makes to the last records stand for a write never synced.
+
+    The writer's LOGMARK says those records were acknowledged (they were
+    synced), and rightly refuses a log cut before them; a real torn tail is
+    a write the mark never claimed. Without the mark, recovery reads the log
+    as a store made before LOGMARK did.
+    """
+    (wal_dir.parent / "LOGMARK").unlink()
+
+
 def recover(wal_dir: Path, applied: int = 0, *, readonly: bool = False) -> recovery.Plan:
     return recovery.recover(FS, str(wal_dir), applied, STORE, readonly=readonly)
 
@@ -267,6 +278,7 @@ def test_torn_last_frame_garbage_in_payload(wal: Path) -> None:
 
 def test_torn_last_frame_is_zeroed_by_recovery(wal: Path) -> None:
     write_log(wal, [[1], [2], [3]])
+    unsynced_tail(wal)
     path = only_segment(wal)
     last = frames_of(path)[-1]
     patch(path, last.offset + RECORD_HEADER_SIZE, b"\xff" * 8)
@@ -749,6 +761,7 @@ def test_log_ending_before_applied_lsn_resumes_consistently(wal: Path) -> None:
 
 def test_recover_repair_resume_and_recover_again(wal: Path) -> None:
     write_log(wal, [[1], [2], [3, 4]])
+    unsynced_tail(wal)
     path = only_segment(wal)
     last = frames_of(path)[-1]
     patch(path, last.offset + RECORD_HEADER_SIZE + 2, b"\x00\xff\x00\xff")
@@ -776,6 +789,7 @@ def test_recover_repair_resume_and_recover_again(wal: Path) -> None:
 
 def test_recover_resume_rotates_out_of_truncated_segment(wal: Path) -> None:
     write_log(wal, [[1], [2], [3]])
+    unsynced_tail(wal)
     path = only_segment(wal)
     last = frames_of(path)[-1]
     os.truncate(path, last.offset + 10)
@@ -807,6 +821,7 @@ def test_recover_across_segments_then_resume(wal: Path) -> None:
 
 def test_recover_readonly_changes_nothing(wal: Path) -> None:
     write_log(wal, [[1], [2]])
+    unsynced_tail(wal)
     path = only_segment(wal)
     last = frames_of(path)[-1]
     patch(path, last.offset + RECORD_HEADER_SIZE, b"\xff" * 8)

@@ -47,13 +47,33 @@ from .writer import FoldWriter
 __all__ = ["DB_NAMES", "FoldRun", "MapFull", "RawEntries", "RunInfo", "Snapshot",
            "SnapshotReader", "check_lmdb_file", "unseal"]
 
-_DEFAULT_MAP = (1 << 40) if sys.maxsize > 2**32 else (1 << 30)
+#: The least address space a writer reserves for LMDB; a full map is doubled on demand.
+MIN_MAP = 64 << 20
+#: The least a read-only open reserves: it cannot grow its map while it holds a read,
+#: so it keeps room for the writer's growth (address space only, never disk).
+MIN_READ_MAP = 1 << 30 if sys.maxsize > 2**32 else 256 << 20
+
+
+def initial_map_size(data_path: str, readonly: bool) -> int:
+    """The map to open ``data_path`` with: in proportion to the file, a power of two.
+
+    A writer reserves twice the file (at least :data:`MIN_MAP`) and doubles
+    the map when a fold fills it; a read-only open reserves eight times (at
+    least :data:`MIN_READ_MAP`). So thousands of stores fit in one process's
+    address space, where a fixed 1 TiB each allowed about 126.
+    """
+    try:
+        size = os.path.getsize(data_path)
+    except OSError:
+        size = 0
+    want = max(MIN_READ_MAP if readonly else MIN_MAP, size * (8 if readonly else 2))
+    return 1 << (want - 1).bit_length()
 
 
 class Snapshot:
     """The LMDB environment under ``<store>/snapshot``."""
 
-    def __init__(self, directory: str, *, readonly: bool, map_size: int = _DEFAULT_MAP) -> None:
+    def __init__(self, directory: str, *, readonly: bool, map_size: int | None = None) -> None:
         self.directory = directory
         self.readonly = readonly
         self._write_lock = threading.Lock()
@@ -64,6 +84,8 @@ class Snapshot:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             env.discard(os.path.join(directory, VACUUM))  # a vacuum interrupted before its rename
         check_lmdb_file(data)
+        if map_size is None:
+            map_size = initial_map_size(data, readonly)
         try:
             shared = env.acquire(directory, readonly, map_size)
         except env.Error as exc:
@@ -88,10 +110,25 @@ class Snapshot:
             shared = self._live()
             try:
                 txn = shared.env.begin(buffers=False)
+            except env.MapResizedError:
+                txn = self._adopt_map(shared)
             except env.Error as exc:
                 raise env.translate(exc, self.directory, "cannot begin a read") from None
             shared.readers += 1
         return txn
+
+    def _adopt_map(self, shared: env.Shared) -> Any:
+        """Another process grew the data past this map: adopt its size (no read may be open)."""
+        if shared.readers:
+            raise DurabilityError(os.path.join(self.directory, DATA),
+                                  "the writer grew the snapshot past the address space this "
+                                  "process reserved for it, and reads are open here; finish "
+                                  "them (or close and reopen this read-only store)")
+        try:
+            shared.env.set_mapsize(0)
+            return shared.env.begin(buffers=False)
+        except env.Error as exc:
+            raise env.translate(exc, self.directory, "cannot begin a read") from None
 
     def end_read(self, txn: Any) -> None:
         """End a read transaction from :meth:`begin_read` (once)."""

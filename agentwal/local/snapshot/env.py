@@ -29,6 +29,7 @@ folded state.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import threading
@@ -44,18 +45,20 @@ from ...errors import (
     DurabilityError,
     ReadOnlyError,
     StoreClosedError,
+    StoreLimitError,
     TooManyReadersError,
 )
 from ...io import DISK_FULL_ERRNOS, OsFileSystem
 from .layout import DATA, DB_KEYS, LOCK, Dbs
 from .lmdbfile import check_lmdb_file
 
-__all__ = ["Error", "MapFull", "MapFullError", "Shared", "acquire", "closed", "discard", "lock",
-           "release", "swap_file", "translate"]
+__all__ = ["Error", "MapFull", "MapFullError", "MapResizedError", "Shared", "acquire", "closed",
+           "discard", "lock", "release", "swap_file", "translate"]
 
 #: LMDB's exception root and its map-full error, for the snapshot's other modules.
 Error = lmdb.Error
 MapFullError = lmdb.MapFullError
+MapResizedError = lmdb.MapResizedError
 
 
 class MapFull(Exception):
@@ -79,6 +82,16 @@ def translate(exc: Exception, directory: str, what: str, *, reading: bool = Fals
         return StoreClosedError(os.path.dirname(directory))
     if isinstance(exc, lmdb.ReadersFullError):
         return TooManyReadersError(path)
+    if getattr(exc, "code", None) == errno.ENOMEM or "Cannot allocate memory" in str(exc):
+        return StoreLimitError(path, f"the process has no address space left to map the "
+                               f"snapshot ({what}: {exc})",
+                               "Close stores this process no longer uses, or open them with "
+                               "a smaller map_size; check `ulimit -v`.")
+    if getattr(exc, "code", None) in (errno.EMFILE, errno.ENFILE) or \
+            "Too many open files" in str(exc):
+        return StoreLimitError(path, f"no file descriptor left ({what}: {exc})",
+                               "Close stores this process no longer uses, or raise the limit "
+                               "(`ulimit -n`; each open store uses about 5).")
     if (isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc)
             or getattr(exc, "code", None) in DISK_FULL_ERRNOS):
         return DiskFullError(path, f"no room to write the snapshot {path!r} ({what}); "

@@ -60,13 +60,15 @@ from .report import (
     VerifyReport,
     WalFile,
     check_control,
+    check_mark,
+    load_mark,
     read_wal,
 )
 from .snapshot_checks import CACHE_BYTES, SnapshotChecker
 from .wal_checks import check_wal
 
 __all__ = ["CACHE_BYTES", "LMDB_FILE", "Problem", "Source", "VerifyReport", "WalFile",
-           "check_control", "read_wal", "verify"]
+           "check_control", "check_mark", "load_mark", "read_wal", "verify"]
 
 
 def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit: int,

@@ -22,9 +22,12 @@ from ...errors import CorruptionError
 from ...format import CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR, parse_segment_name
 from ...io import FileSystem, read_all
 from ..control import read_control
+from ..logmark import LOGMARK_FILE, LogMark, mark_problems, read_mark
+from ..wal.frame import parse_header
+from ..wal.reader import scan_segment
 
 __all__ = ["LMDB_FILE", "Findings", "Problem", "Source", "VerifyReport", "WalFile",
-           "check_control", "read_wal"]
+           "check_control", "check_mark", "load_mark", "read_wal"]
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -132,6 +135,41 @@ def check_control(fs: FileSystem, store: str, store_id: uuid.UUID) -> list[Probl
         return [Problem(CONTROL_FILE, f"names store {ctl.store_id}; the store opened as "
                         f"{store_id}", CONTROL_FILE)]
     return []
+
+
+def load_mark(fs: FileSystem, store: str, store_id: uuid.UUID
+              ) -> tuple[LogMark | None, list[Problem]]:
+    """``LOGMARK`` (None: there is none, or it is damaged) and its problems."""
+    try:
+        return read_mark(fs, store, store_id), []
+    except CorruptionError as exc:
+        return None, [Problem(LOGMARK_FILE, exc.reason, LOGMARK_FILE, offset=exc.offset)]
+    except OSError as exc:
+        return None, [Problem(LOGMARK_FILE, f"cannot be read: {exc.strerror or exc}",
+                              LOGMARK_FILE)]
+
+
+def check_mark(mark: LogMark | None, wal: list[WalFile], applied: int
+               ) -> tuple[list[Problem], int]:
+    """Problems of the log against ``mark``, and the LSN the mark says was acknowledged.
+
+    ``mark`` must have been read before ``wal``, and ``applied`` after it.
+    """
+    if mark is None:
+        return [], 0
+    found = {}
+    last = 0
+    for f in wal:
+        first = parse_segment_name(f.name)
+        if f.data is None or first is None:
+            continue
+        found[first] = len(f.data)
+        header = parse_header(f.data)
+        if not isinstance(header, str) and header.first_lsn == first:
+            last = scan_segment(f.data, header).next_lsn - 1
+    where = os.path.join(WAL_DIR, "")
+    return [Problem(where, what, where) for what in mark_problems(mark, found, applied, last)], \
+        mark.acked
 
 
 class Findings:

@@ -44,6 +44,7 @@ from ...format import (
     segment_name,
 )
 from ...io import DISK_FULL_ERRNOS, FileSystem, write_all
+from ..logmark import LogMark, write_acked, write_mark
 from .frame import SegmentHeader, encode_frame, encode_header
 
 __all__ = ["PendingRecord", "Segment", "Writer"]
@@ -75,11 +76,13 @@ class Writer:
     """Owns the tail of the log: the current segment and where the next frame goes."""
 
     def __init__(self, fs: FileSystem, wal_dir: str, store_id: uuid.UUID,
-                 segment_bytes: int) -> None:
+                 segment_bytes: int, first_bytes: int | None = None) -> None:
         self.fs = fs
         self.wal_dir = wal_dir
         self.store_id = store_id
         self.segment_bytes = segment_bytes
+        #: the first segment's size; each next one doubles, up to ``segment_bytes``
+        self.first_bytes = min(segment_bytes, first_bytes or segment_bytes)
         self.segments: list[Segment] = []
         self.broken: DurabilityError | None = None
         self.closed = False
@@ -92,6 +95,9 @@ class Writer:
         self._salt = 0
         self._offset = 0
         self._dirty = False  # the current segment has unsynced writes
+        self._mark_crc: int | None = None  # seed of the log mark's slots; None: no mark file
+        self._mark_slot = 0
+        self._marked = 0  # the acknowledged LSN the mark holds
 
     # -- opening ---------------------------------------------------------------
 
@@ -104,6 +110,7 @@ class Writer:
         self._offset = offset
         self.position = (seg.first_lsn, offset)
         self.synced_lsn = self.written_lsn = last_lsn
+        self.write_mark()
 
     def start(self, first_lsn: int, number: int = 0, earlier: list[Segment] | None = None) -> None:
         """Start a new segment whose first record will have LSN ``first_lsn``.
@@ -181,6 +188,8 @@ class Writer:
         if self._dirty:
             self._fsync_current()
         self.synced_lsn = target
+        if target > self._marked and self._mark_crc is not None:
+            self._note_acked(target)
         failpoints.hit("after_fsync")
 
     def _fsync_current(self) -> None:
@@ -201,11 +210,13 @@ class Writer:
                 self._fsync_current()
             self.synced_lsn = self.written_lsn
             self._close_fd()
+        prev = self.segments[-1].size if self.segments else 0
         if self.segments and self.segments[-1].first_lsn == first_lsn:
             # The current segment holds no record yet (a first record too big
             # for it): the new one takes its name, number and place.
             number = self.segments.pop().number
-        size = max(self.segment_bytes, need)
+        # Small stores stay small: the first segment is small, each next one twice the last.
+        size = max(min(self.segment_bytes, max(self.first_bytes, 2 * prev)), need)
         path = os.path.join(self.wal_dir, segment_name(first_lsn))
         tmp = path + TMP_SUFFIX
         header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32))
@@ -237,6 +248,7 @@ class Writer:
         self._salt = header.salt
         self._offset = SEGMENT_HEADER_SIZE
         self.segments.append(Segment(number, first_lsn, path, size))
+        self.write_mark()
 
     def _abandon(self, tmp: str, path: str, fd: int | None) -> None:
         """Best-effort removal of a segment whose creation failed."""
@@ -254,7 +266,8 @@ class Writer:
         self._check()
         doomed = [s for s, nxt in zip(self.segments, self.segments[1:], strict=False)
                   if nxt.first_lsn <= lsn + 1]
-        if not doomed:
+        # The mark first, so it never names a segment that is gone.
+        if not self.write_mark(self.segments[len(doomed):]) or not doomed:
             return 0
         failpoints.hit("before_segment_remove")
         try:
@@ -267,6 +280,34 @@ class Writer:
                                f"cannot remove old segments: {exc.strerror or exc}") from None
         self.segments = self.segments[len(doomed):]
         return len(doomed)
+
+    def write_mark(self, segments: list[Segment] | None = None) -> bool:
+        """Record the log's segments and synced LSN in the store's log mark.
+
+        Best effort: a failed write leaves the previous mark, which is still
+        true (it names fewer segments and an older LSN), so the failure is
+        not the commit's. Returns False when it failed.
+        """
+        segs = self.segments if segments is None else segments
+        mark = LogMark(self.synced_lsn, tuple((s.first_lsn, s.size) for s in segs))
+        try:
+            self._mark_crc = write_mark(self.fs, os.path.dirname(self.wal_dir), self.store_id,
+                                        mark)
+        except OSError:
+            return False
+        self._marked = self.synced_lsn
+        return True
+
+    def _note_acked(self, lsn: int) -> None:
+        """Say in the mark's next slot that the log is durable through ``lsn`` (best effort)."""
+        assert self._mark_crc is not None
+        try:
+            write_acked(self.fs, os.path.dirname(self.wal_dir), self._mark_slot, lsn,
+                        self._mark_crc)
+        except OSError:
+            return  # the mark keeps an older LSN, which is still true
+        self._mark_slot ^= 1
+        self._marked = lsn
 
     def size_bytes(self) -> int:
         """Bytes of log on disk (preallocation included)."""
