@@ -20,9 +20,12 @@ It also holds the two rules that tie effect positions to steps:
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from ..backend import EffectRace
 from ..effects import EffectMode, EffectRecord, decode_entry, derive_key, encode_entry, outstanding
 from ..errors import ConflictError, ReadOnlyError
 
@@ -35,6 +38,21 @@ __all__ = ["EffectLog"]
 
 #: How many checkpoints back a step looks for an uncommitted attempt of itself.
 _ADOPT_WALK = 32
+#: Locks striped over the keys, for the compare-and-set of ``write_if``.
+_CAS_STRIPES = 64
+
+
+def _same(found: EffectRecord | None, expect: EffectRecord | None) -> bool:
+    """True if ``found`` is the entry ``expect`` was, but for a commit mark since.
+
+    A commit marks its effects' entries ``committed_in`` (once, first commit
+    wins) without the ledger, and every write carries that mark over
+    (``effects.carry_mark``): a mark added meanwhile is no lost race.
+    """
+    if found is None or expect is None:
+        return found is expect
+    return found == expect or (expect.committed_in is None
+                               and dataclasses.replace(found, committed_in=None) == expect)
 
 
 class EffectLog:
@@ -42,6 +60,7 @@ class EffectLog:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
+        self._cas = tuple(threading.Lock() for _ in range(_CAS_STRIPES))
 
     def adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
@@ -177,6 +196,23 @@ class EffectLog:
         recorded = decode_entry(raw)
         e._pipe.record_effect(recorded, raw)
         return decode_entry(raw)
+
+    def write_if(self, entry: EffectRecord, expect: EffectRecord | None) -> EffectRecord:
+        """:meth:`write` ``entry`` if its key still holds ``expect``; returns it as stored.
+
+        Compare-and-set: the read, the comparison and the write hold a lock of
+        the key's stripe, so two writers of one key in this process never both
+        win; the writer lock keeps other processes out.
+
+        Raises:
+            EffectRace: the key holds another entry (nothing written).
+        """
+        with self._cas[hash(entry.key) % _CAS_STRIPES]:
+            found = self.get(entry.key)
+            if not _same(found, expect):
+                raise EffectRace(entry.key, found)
+            written = self.write(entry)
+        return self.get(entry.key) or written
 
     def layers(self, v: View) -> list[dict[str, tuple[EffectRecord, bytes]]]:
         """Copies of the view's memtable ledgers, newest first (other threads add to them)."""

@@ -98,6 +98,7 @@ from ..types import (
 )
 from .apply import apply_record, from_pending, replay
 from .audit import Audit
+from .backend import LocalBackend
 from .blobrefs import BlobRefs
 from .blobs import BlobStore
 from .commit import CommitPipeline, Pending
@@ -230,7 +231,8 @@ class Engine:
                           "retention_passes": 0, "retries": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
-        self._ledger = Ledger(self)
+        self.backend = LocalBackend(self)  # the seam's view of this engine
+        self._ledger = Ledger(self.backend)
         self._effect_retention = effect_retention  # seconds; None keeps settled entries
         self._next_expiry = 0.0
         #: ``(keep_last, older_than)`` of ``retain=``; applied by the fold thread
@@ -553,23 +555,6 @@ class Engine:
 
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         self.effectlog.claim(txn, base)
-
-    # -- the ledger hooks (ledger._Engine) ----------------------------------------------
-
-    def _effect_get(self, key: str) -> EffectRecord | None:
-        return self.effectlog.get(key)
-
-    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        return self.effectlog.key_at(run, checkpoint, ordinal)
-
-    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
-        return self.effectlog.write(entry)
-
-    def _effect_all(self) -> list[EffectRecord]:
-        return self.effectlog.entries()
-
-    def _effect_outbox(self) -> list[EffectRecord]:
-        return self.effectlog.outbox()
 
     # -- commit.Tables: what the pipeline reaches through the engine ----------------
 
