@@ -165,12 +165,7 @@ class EffectLog:
         for layer in (e._active, e._frozen):
             if layer is not None and key in layer.effects:
                 return layer.effects[key][0]
-        assert e._snap is not None
-        ltxn = e._snap.begin_read()
-        try:
-            return e._snap.reader(ltxn).effect(key)
-        finally:
-            e._snap.end_read(ltxn)
+        return e._lmdb_now(lambda r: r.effect(key))
 
     def get(self, key: str) -> EffectRecord | None:
         e = self._e
@@ -223,10 +218,11 @@ class EffectLog:
     def entries(self) -> list[EffectRecord]:
         """Every ledger entry (fresh objects: callers may keep and change them)."""
         e = self._e
+
         def read(v: View) -> list[EffectRecord]:
             snap = e._snap
             assert snap is not None
-            out = {e.key: e for e in e._lmdb(v, lambda t: list(snap.reader(t).effects()))}
+            out = {x.key: x for x in e._lmdb(v, lambda t: list(snap.reader(t).effects()))}
             for layer in reversed(self.layers(v)):
                 out.update((k, decode_entry(raw)) for k, (_e, raw) in layer.items())
             return list(out.values())
@@ -236,16 +232,17 @@ class EffectLog:
     def outbox(self) -> list[EffectRecord]:
         """Unsettled outbox entries in commit order."""
         e = self._e
+
         def read(v: View) -> list[EffectRecord]:
             snap = e._snap
             assert snap is not None
             keys = set(e._lmdb(v, lambda t: snap.reader(t).outbox()))
             for layer in self.layers(v):
-                keys.update(k for k, (e, _raw) in layer.items() if e.deferred)
-            return [e for e in (self.get_in(v, k) for k in keys)
-                    if e is not None and e.deferred and outstanding(e)]
+                keys.update(k for k, (x, _raw) in layer.items() if x.deferred)
+            return [x for x in (self.get_in(v, k) for k in keys)
+                    if x is not None and x.deferred and outstanding(x)]
 
-        return sorted(e._with_view(read), key=lambda e: e.order or (0, 0))
+        return sorted(e._with_view(read), key=lambda x: x.order or (0, 0))
 
     def get_in(self, v: View, key: str) -> EffectRecord | None:
         e = self._e

@@ -110,7 +110,7 @@ from .memtable import Memtable
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .recovery import Plan, recover
 from .runs import Runs
-from .snapshot import RunInfo, Snapshot
+from .snapshot import RunInfo, Snapshot, SnapshotReader
 from .wal import Writer
 
 __all__ = ["Engine", "open_engine"]
@@ -569,12 +569,7 @@ class Engine:
                 return entry[0].id, entry[1]
             if rm.deleted:  # deleted, and nothing committed since
                 return None
-        assert self._snap is not None
-        ltxn = self._snap.begin_read()
-        try:
-            info = self._snap.reader(ltxn).run_info(run)
-        finally:
-            self._snap.end_read(ltxn)
+        info = self._lmdb_now(lambda r: r.run_info(run))
         return (info.head, info.head_hash) if info is not None else None
 
     def oldest_snapshot(self) -> int:
@@ -605,10 +600,14 @@ class Engine:
 
     def _folded_epoch(self, run: str) -> int:
         """LMDB's epoch of run id ``run`` (0: never deleted)."""
+        return self._lmdb_now(lambda r: r.epoch(run))
+
+    def _lmdb_now(self, fn: Callable[[SnapshotReader], T]) -> T:
+        """``fn`` of a fresh LMDB read, outside any view (for the pipeline, under ``_lock``)."""
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
-            return self._snap.reader(ltxn).epoch(run)
+            return fn(self._snap.reader(ltxn))
         finally:
             self._snap.end_read(ltxn)
 
