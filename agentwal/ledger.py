@@ -19,10 +19,15 @@ Crash windows ("if we die here, the next attempt sees ..."):
   and exactly_once needs a probe or an idempotent downstream.
 - outcome durable: ``done``; every later attempt returns the recorded result.
 
-Every record goes through the commit pipeline as a ``REC_EFFECT`` WAL record,
-fsynced whatever the store's durability mode, and is visible once durable.
-The module does no I/O of its own; it talks to the store through
-:class:`_Engine`.
+Every record is a durable write through ``backend.LedgerStore.record_effect``
+(locally a ``REC_EFFECT`` WAL record, fsynced whatever the store's durability
+mode, visible once durable). Each write is a compare-and-set on the entry the
+executor last read or wrote for that key: the per-key lock below keeps this
+process's executors apart, and the compare-and-set keeps any other writer of
+the ledger (another host's worker) from being overwritten blindly. An intent
+that loses the race is decided again from the entry that won (nothing was
+called yet); an outcome that loses it leaves the entry in doubt. The module
+does no I/O of its own.
 
 The decisions are one generator (``Ledger._steps``, sans-IO like h11's
 state machine): it yields the operations it needs (read an entry, write
@@ -51,6 +56,7 @@ from typing import Any, NamedTuple, Protocol
 
 from . import failpoints
 from .aio import OwnerLock, discard, off_loop
+from .backend import EffectRace, LedgerStore
 from .codec import encode_value, loads
 from .effects import (
     CALL,
@@ -86,6 +92,12 @@ __all__ = ["DispatchReport", "Ledger", "Request"]
 
 
 class _Engine(Protocol):
+    """The older shape of a ledger's storage: hooks whose write does its own compare-and-set.
+
+    ``PostgresStore`` implements it today; :class:`_Hooks` adapts it to
+    ``backend.LedgerStore``, which is what the executor uses.
+    """
+
     store_id: Any
 
     def _effect_get(self, key: str) -> EffectRecord | None: ...
@@ -93,6 +105,29 @@ class _Engine(Protocol):
     def _effect_write(self, entry: EffectRecord) -> EffectRecord: ...
     def _effect_all(self) -> list[EffectRecord]: ...
     def _effect_outbox(self) -> list[EffectRecord]: ...
+
+
+class _Hooks:
+    """``backend.LedgerStore`` over an :class:`_Engine`'s hooks (their write checks itself)."""
+
+    def __init__(self, engine: _Engine) -> None:
+        self._e = engine
+
+    def effect(self, key: str) -> EffectRecord | None:
+        return self._e._effect_get(key)
+
+    def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
+        return self._e._effect_key_at(run, checkpoint, ordinal)
+
+    def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
+                      fence: object | None = None) -> EffectRecord:
+        return self._e._effect_write(entry)
+
+    def effects(self) -> list[EffectRecord]:
+        return self._e._effect_all()
+
+    def outbox(self) -> list[EffectRecord]:
+        return self._e._effect_outbox()
 
 
 @dataclass
@@ -157,9 +192,13 @@ class _Read(NamedTuple):
 
 
 class _Write(NamedTuple):
-    """Op: make ``entry`` durable (answer: the entry as recorded)."""
+    """Op: make ``entry`` durable if the key still holds ``expect`` (answer: it as stored).
+
+    A lost race is thrown in as :class:`~agentwal.backend.EffectRace`.
+    """
 
     entry: EffectRecord
+    expect: EffectRecord | None
 
 
 class _Call(NamedTuple):
@@ -216,6 +255,14 @@ def _refuse_awaitable(value: Any, req: Request, what: str) -> None:
         f"call `await txn.aeffect(...)`. {left}")
 
 
+class _Raced(Exception):
+    """An intent lost its compare-and-set to ``found``: decide again from it."""
+
+    def __init__(self, found: EffectRecord | None) -> None:
+        super().__init__(found)
+        self.found = found
+
+
 class _FnFailed(Exception):
     """``fn`` raised ``exc`` (already recorded as ``failed``)."""
 
@@ -239,8 +286,8 @@ def _who() -> str:
 class Ledger:
     """Runs effects for one store; shared by its threads."""
 
-    def __init__(self, engine: _Engine) -> None:
-        self._engine = engine
+    def __init__(self, store: LedgerStore | _Engine) -> None:
+        self._store: LedgerStore = store if isinstance(store, LedgerStore) else _Hooks(store)
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, ...], tuple[OwnerLock, int]] = {}
 
@@ -323,16 +370,16 @@ class Ledger:
         """Under the locks: claim the position, read the key's entry, check the position."""
         if req.claim is not None:
             req.claim()
-        entry = self._engine._effect_get(req.key)
+        entry = self._store.effect(req.key)
         if req.ordinal is not None:
             self._check_position(req)
         return entry
 
     def _check_position(self, req: Request) -> None:
         assert req.ordinal is not None
-        there = self._engine._effect_key_at(req.run, req.checkpoint, req.ordinal)
+        there = self._store.effect_at(req.run, req.checkpoint, req.ordinal)
         if there is not None and there != req.key:
-            other = self._engine._effect_get(there)
+            other = self._store.effect(there)
             if other is not None and other.status == "retired":
                 return  # set aside by retire_effect: the position is free
             what = (f"{other.name!r} ({other.effect_id}, args {_brief(other.args)})"
@@ -357,9 +404,9 @@ class Ledger:
         while not isinstance(op, _Done):
             try:
                 if isinstance(op, _Read):
-                    answer: Any = self._engine._effect_get(op.key)
+                    answer: Any = self._store.effect(op.key)
                 elif isinstance(op, _Write):
-                    answer = self._engine._effect_write(op.entry)
+                    answer = self._store.record_effect(op.entry, expect=op.expect)
                 elif isinstance(op, _Call):
                     answer = req.fn(op.ctx)
                 elif isinstance(op, _Probe):
@@ -381,9 +428,10 @@ class Ledger:
         while not isinstance(op, _Done):
             try:
                 if isinstance(op, _Read):
-                    answer: Any = await off_loop(self._engine._effect_get, op.key)
+                    answer: Any = await off_loop(self._store.effect, op.key)
                 elif isinstance(op, _Write):
-                    answer = await off_loop(self._engine._effect_write, op.entry)
+                    answer = await off_loop(self._store.record_effect, op.entry,
+                                            expect=op.expect)
                 elif isinstance(op, (_Call, _Probe)):
                     call = req.fn if isinstance(op, _Call) else req.probe
                     assert call is not None
@@ -419,7 +467,7 @@ class Ledger:
             if step == NOT_APPLIED_ERR:
                 assert entry is not None
                 if entry.status != "not_applied":
-                    yield _Write(entry.replace(status="not_applied"))
+                    yield _Write(entry.replace(status="not_applied"), entry)
                 raise EffectNotAppliedError(
                     entry.effect_id, entry.key,
                     f"effect {entry.name!r} ({entry.effect_id}, key {entry.key!r}) was not "
@@ -433,11 +481,16 @@ class Ledger:
                 step = after_probe(answer, req.mode, req.idempotent)
                 if step == RETURN:
                     encode_value(f"probe result of effect {req.name!r}", answer)
-                    entry = yield _Write(entry.replace(status="done", result=answer, error=None))
+                    entry = yield _Write(entry.replace(status="done", result=answer, error=None),
+                                         entry)
                 continue
             assert step == CALL
             try:
                 return (yield from self._call(req, entry, digest))
+            except _Raced as raced:  # nothing was called: decide again from the winner
+                entry = raced.found
+                step = decide(entry, name=req.name, digest=digest, mode=req.mode,
+                              has_probe=req.probe is not None, idempotent=req.idempotent)
             except _FnFailed as failed:
                 exc = failed.exc
                 if retries_left <= 0 or not isinstance(exc, req.retry_on):
@@ -458,6 +511,7 @@ class Ledger:
         intent stays in doubt, as the plain function that made it did run.
         """
         now = time.time()
+        stored = entry  # what the key holds: the intent's compare-and-set expects it
         if entry is not None and entry.status == "retired":
             yield from self._archive(entry)
             entry = None
@@ -470,22 +524,25 @@ class Ledger:
         else:
             entry = entry.replace(status="in_doubt", attempts=entry.attempts + 1)
         failpoints.hit("effect_before_intent")
-        yield _Write(entry)
+        try:
+            entry = yield _Write(entry, stored)
+        except EffectRace as race:
+            raise _Raced(race.found) from None
         failpoints.hit("effect_after_intent")
         try:
             result = yield _Call(self._context(req, entry, entry.attempts))
         except Exception as exc:
             failpoints.hit("after_effect_call")
-            yield from self._outcome(entry.replace(status="failed", error=_describe(exc)))
+            yield from self._outcome(entry.replace(status="failed", error=_describe(exc)), entry)
             raise _FnFailed(exc) from exc
         _refuse_awaitable(result, req, "fn")
         failpoints.hit("after_effect_call")
         try:
             done = yield from self._outcome(entry.replace(status="done", result=result,
-                                                          error=None))
+                                                          error=None), entry)
         except UnencodableValueError as exc:
             # The call happened; its result cannot be kept. Record that, loudly.
-            yield from self._outcome(entry.replace(status="failed", error=_describe(exc)))
+            yield from self._outcome(entry.replace(status="failed", error=_describe(exc)), entry)
             raise
         failpoints.hit("effect_after_outcome")
         return done.result
@@ -493,15 +550,28 @@ class Ledger:
     def _archive(self, entry: EffectRecord) -> _Steps:
         """Keep a retired entry under an archive key before its key is reused."""
         akey = archive_key(entry.key, entry.updated_at, entry.attempts)
+        there = yield _Read(akey)  # a crash after archiving leaves it there already
         yield _Write(entry.replace(
             key=akey, effect_id=effect_id_for(akey), ordinal=None, retired_from=entry.key,
-            updated_at=entry.updated_at))
+            updated_at=entry.updated_at), there)
 
-    def _outcome(self, entry: EffectRecord) -> Generator[_Op, Any, EffectRecord]:
-        """Record the outcome of a call that happened; a store failure leaves it in doubt."""
+    def _outcome(self, entry: EffectRecord, intent: EffectRecord
+                 ) -> Generator[_Op, Any, EffectRecord]:
+        """Record the outcome of a call that happened (over ``intent``, as stored).
+
+        A store failure, or another writer's entry where the intent was,
+        leaves the entry in doubt.
+        """
         try:
-            recorded: EffectRecord = yield _Write(entry)
+            recorded: EffectRecord = yield _Write(entry, intent)
             return recorded
+        except EffectRace as exc:
+            raise EffectInDoubtError(
+                entry.effect_id, entry.key,
+                f"effect {entry.name!r} ({entry.effect_id}) was called, but another writer "
+                f"changed its entry meanwhile ({exc}), so its outcome was not recorded; it "
+                "stays in doubt. Check the downstream and settle it with "
+                "store.resolve_effect.") from None
         except (DiskFullError, DurabilityError, StoreClosedError) as exc:
             raise EffectInDoubtError(
                 entry.effect_id, entry.key,
@@ -523,7 +593,7 @@ class Ledger:
         report = DispatchReport()
         held: dict[str, str] = {}  # run -> why its later entries wait
         count = 0
-        for entry in self._engine._effect_outbox():
+        for entry in self._store.outbox():
             if run is not None and entry.run != run:
                 continue
             if limit is not None and count >= limit:
@@ -552,7 +622,7 @@ class Ledger:
                           entry.idempotent, digest=entry.args_digest)
             try:
                 with self._locked(("key", entry.key)):
-                    self._drive(req, self._engine._effect_get(entry.key))
+                    self._drive(req, self._store.effect(entry.key))
                 report.done.append(eid)
             except (EffectInDoubtError, EffectNotAppliedError) as exc:
                 report.in_doubt.append((eid, str(exc)))
@@ -569,27 +639,24 @@ class Ledger:
     def resolve(self, effect_id: str, *, result: Any, not_applied: bool,
                 by: str | None) -> EffectRecord:
         """Settle an unsettled entry by hand (see ``Store.resolve_effect``)."""
-        entry = self.find(effect_id)
-        with self._locked(("key", entry.key)):
-            entry = self._engine._effect_get(entry.key) or entry
+
+        def settle(entry: EffectRecord) -> EffectRecord:
             if entry.status in ("done", "resolved", "retired") or (
                     entry.status == "not_applied" and not_applied):
                 raise EffectSettledError(effect_id, entry.status)
             if not_applied:
-                settled = entry.replace(status="not_applied", resolved_by=by or _who(),
-                                        resolved_at=time.time())
-            else:
-                encode_value(f"result of effect {entry.name!r}", result)
-                settled = entry.replace(status="resolved", result=result,
-                                        resolved_by=by or _who(), resolved_at=time.time())
-            self._engine._effect_write(settled)
-            return settled
+                return entry.replace(status="not_applied", resolved_by=by or _who(),
+                                     resolved_at=time.time())
+            encode_value(f"result of effect {entry.name!r}", result)
+            return entry.replace(status="resolved", result=result, resolved_by=by or _who(),
+                                 resolved_at=time.time())
+
+        return self._settle(effect_id, settle)
 
     def retire(self, effect_id: str, *, by: str | None) -> EffectRecord:
         """Set an entry aside, keeping it as history (see ``Store.retire_effect``)."""
-        entry = self.find(effect_id)
-        with self._locked(("key", entry.key)):
-            entry = self._engine._effect_get(entry.key) or entry
+
+        def set_aside(entry: EffectRecord) -> EffectRecord:
             if entry.status == "retired":
                 raise EffectNotRetirableError(effect_id, "it is retired already")
             if entry.deferred:
@@ -597,15 +664,33 @@ class Ledger:
                     effect_id, "it is an outbox entry (txn.defer), which holds no step's "
                     "position. Settle it with store.resolve_effect(effect_id, result=...) or "
                     "(effect_id, not_applied=True) instead")
-            retired = entry.replace(status="retired", retired_status=entry.status,
-                                    resolved_by=by or _who(), resolved_at=time.time())
-            return self._engine._effect_write(retired)
+            return entry.replace(status="retired", retired_status=entry.status,
+                                 resolved_by=by or _who(), resolved_at=time.time())
+
+        return self._settle(effect_id, set_aside)
+
+    def _settle(self, effect_id: str, change: Callable[[EffectRecord], EffectRecord]
+                ) -> EffectRecord:
+        """Write ``change(entry)`` over the entry with ``effect_id``, under its key's lock.
+
+        The write expects the entry just read; if another writer changed it
+        in between, read it again and decide again.
+        """
+        entry = self.find(effect_id)
+        with self._locked(("key", entry.key)):
+            while True:
+                stored = self._store.effect(entry.key)
+                new = change(stored or entry)
+                try:
+                    return self._store.record_effect(new, expect=stored)
+                except EffectRace:
+                    continue
 
     def find(self, effect_id: str) -> EffectRecord:
         """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""
         if not isinstance(effect_id, str):
             raise TypeError("effect_id must be str")
-        for e in self._engine._effect_all():
+        for e in self._store.effects():
             if e.effect_id == effect_id:
                 return e
         raise EffectNotFoundError(effect_id)

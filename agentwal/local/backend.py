@@ -9,11 +9,11 @@ second backend must meet. A :class:`LocalView` wraps one engine view (a
 snapshot LSN, the memtable layers, an LMDB read transaction); its ``base``
 and ``epoch`` are computed once at :meth:`LocalBackend.begin`.
 
-``record_effect``'s compare-and-set holds the ledger's lock on the entry's
-key (the lock every ledger write of that key holds) between reading the
-stored entry and logging the new one; the store's writer lock keeps other
-processes out. That makes today's implicit rule (ledger writes of one key
-never race) a checked one.
+``record_effect`` is the engine's compare-and-set
+(``EffectLog.write_if``): a lock striped over the keys is held from reading
+the stored entry to logging the new one, and the store's writer lock keeps
+other processes out. The executor (``ledger.py``) writes every entry this
+way, so its rule (one writer of a key at a time) is checked, not assumed.
 
 Nothing here touches a file or LMDB itself; it only calls the engine.
 """
@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..backend import Change, EffectRace
+from ..backend import Change
 from ..effects import EffectRecord
 from ..types import Checkpoint
 
@@ -129,12 +129,7 @@ class LocalBackend:
 
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
                       fence: object | None = None) -> EffectRecord:
-        s = self._s
-        with s._ledger._locked(("key", entry.key)):
-            found = s.effectlog.get(entry.key)
-            if found != expect:
-                raise EffectRace(entry.key, found)
-            return s.effectlog.write(entry)
+        return self._s.effectlog.write_if(entry, expect)
 
     def effects(self) -> list[EffectRecord]:
         self._s._check_open()

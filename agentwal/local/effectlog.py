@@ -20,9 +20,12 @@ It also holds the two rules that tie effect positions to steps:
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from ..backend import EffectRace
 from ..effects import EffectMode, EffectRecord, decode_entry, derive_key, encode_entry, outstanding
 from ..errors import ConflictError, ReadOnlyError
 
@@ -35,6 +38,21 @@ __all__ = ["EffectLog"]
 
 #: How many checkpoints back a step looks for an uncommitted attempt of itself.
 _ADOPT_WALK = 32
+#: Locks striped over the keys, for the compare-and-set of ``write_if``.
+_CAS_STRIPES = 64
+
+
+def _same(found: EffectRecord | None, expect: EffectRecord | None) -> bool:
+    """True if ``found`` is the entry ``expect`` was, but for a commit mark since.
+
+    A commit marks its effects' entries ``committed_in`` (once, first commit
+    wins) without the ledger, and every write carries that mark over
+    (``effects.carry_mark``): a mark added meanwhile is no lost race.
+    """
+    if found is None or expect is None:
+        return found is expect
+    return found == expect or (expect.committed_in is None
+                               and dataclasses.replace(found, committed_in=None) == expect)
 
 
 class EffectLog:
@@ -42,6 +60,7 @@ class EffectLog:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
+        self._cas = tuple(threading.Lock() for _ in range(_CAS_STRIPES))
 
     def adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
@@ -146,12 +165,7 @@ class EffectLog:
         for layer in (e._active, e._frozen):
             if layer is not None and key in layer.effects:
                 return layer.effects[key][0]
-        assert e._snap is not None
-        ltxn = e._snap.begin_read()
-        try:
-            return e._snap.reader(ltxn).effect(key)
-        finally:
-            e._snap.end_read(ltxn)
+        return e._lmdb_now(lambda r: r.effect(key))
 
     def get(self, key: str) -> EffectRecord | None:
         e = self._e
@@ -178,6 +192,23 @@ class EffectLog:
         e._pipe.record_effect(recorded, raw)
         return decode_entry(raw)
 
+    def write_if(self, entry: EffectRecord, expect: EffectRecord | None) -> EffectRecord:
+        """:meth:`write` ``entry`` if its key still holds ``expect``; returns it as stored.
+
+        Compare-and-set: the read, the comparison and the write hold a lock of
+        the key's stripe, so two writers of one key in this process never both
+        win; the writer lock keeps other processes out.
+
+        Raises:
+            EffectRace: the key holds another entry (nothing written).
+        """
+        with self._cas[hash(entry.key) % _CAS_STRIPES]:
+            found = self.get(entry.key)
+            if not _same(found, expect):
+                raise EffectRace(entry.key, found)
+            written = self.write(entry)
+        return self.get(entry.key) or written
+
     def layers(self, v: View) -> list[dict[str, tuple[EffectRecord, bytes]]]:
         """Copies of the view's memtable ledgers, newest first (other threads add to them)."""
         e = self._e
@@ -187,10 +218,11 @@ class EffectLog:
     def entries(self) -> list[EffectRecord]:
         """Every ledger entry (fresh objects: callers may keep and change them)."""
         e = self._e
+
         def read(v: View) -> list[EffectRecord]:
             snap = e._snap
             assert snap is not None
-            out = {e.key: e for e in e._lmdb(v, lambda t: list(snap.reader(t).effects()))}
+            out = {x.key: x for x in e._lmdb(v, lambda t: list(snap.reader(t).effects()))}
             for layer in reversed(self.layers(v)):
                 out.update((k, decode_entry(raw)) for k, (_e, raw) in layer.items())
             return list(out.values())
@@ -200,16 +232,17 @@ class EffectLog:
     def outbox(self) -> list[EffectRecord]:
         """Unsettled outbox entries in commit order."""
         e = self._e
+
         def read(v: View) -> list[EffectRecord]:
             snap = e._snap
             assert snap is not None
             keys = set(e._lmdb(v, lambda t: snap.reader(t).outbox()))
             for layer in self.layers(v):
-                keys.update(k for k, (e, _raw) in layer.items() if e.deferred)
-            return [e for e in (self.get_in(v, k) for k in keys)
-                    if e is not None and e.deferred and outstanding(e)]
+                keys.update(k for k, (x, _raw) in layer.items() if x.deferred)
+            return [x for x in (self.get_in(v, k) for k in keys)
+                    if x is not None and x.deferred and outstanding(x)]
 
-        return sorted(e._with_view(read), key=lambda e: e.order or (0, 0))
+        return sorted(e._with_view(read), key=lambda x: x.order or (0, 0))
 
     def get_in(self, v: View, key: str) -> EffectRecord | None:
         e = self._e

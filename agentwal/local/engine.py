@@ -98,6 +98,7 @@ from ..types import (
 )
 from .apply import apply_record, from_pending, replay
 from .audit import Audit
+from .backend import LocalBackend
 from .background import BUSY, IDLE, STOP, Worker
 from .blobrefs import BlobRefs
 from .blobs import BlobStore
@@ -111,7 +112,7 @@ from .opening import no_control, prepare
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
 from .recovery import Lost, Plan, recover
 from .runs import Runs
-from .snapshot import RunInfo, Snapshot
+from .snapshot import RunInfo, Snapshot, SnapshotReader
 from .wal import Writer
 
 __all__ = ["Engine", "open_engine"]
@@ -232,7 +233,8 @@ class Engine:
                           "retention_passes": 0, "retries": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
-        self._ledger = Ledger(self)
+        self.backend = LocalBackend(self)  # the seam's view of this engine
+        self._ledger = Ledger(self.backend)
         self._effect_retention = effect_retention  # seconds; None keeps settled entries
         self._next_expiry = 0.0
         #: ``(keep_last, older_than)`` of ``retain=``; applied by the fold thread
@@ -558,23 +560,6 @@ class Engine:
     def _effect_claim(self, txn: Transaction, base: int) -> None:
         self.effectlog.claim(txn, base)
 
-    # -- the ledger hooks (ledger._Engine) ----------------------------------------------
-
-    def _effect_get(self, key: str) -> EffectRecord | None:
-        return self.effectlog.get(key)
-
-    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        return self.effectlog.key_at(run, checkpoint, ordinal)
-
-    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
-        return self.effectlog.write(entry)
-
-    def _effect_all(self) -> list[EffectRecord]:
-        return self.effectlog.entries()
-
-    def _effect_outbox(self) -> list[EffectRecord]:
-        return self.effectlog.outbox()
-
     # -- commit.Tables: what the pipeline reaches through the engine ----------------
 
     def head_of(self, run: str) -> tuple[int, bytes] | None:
@@ -588,12 +573,7 @@ class Engine:
                 return entry[0].id, entry[1]
             if rm.deleted:  # deleted, and nothing committed since
                 return None
-        assert self._snap is not None
-        ltxn = self._snap.begin_read()
-        try:
-            info = self._snap.reader(ltxn).run_info(run)
-        finally:
-            self._snap.end_read(ltxn)
+        info = self._lmdb_now(lambda r: r.run_info(run))
         return (info.head, info.head_hash) if info is not None else None
 
     def oldest_snapshot(self) -> int:
@@ -642,10 +622,14 @@ class Engine:
 
     def _folded_epoch(self, run: str) -> int:
         """LMDB's epoch of run id ``run`` (0: never deleted)."""
+        return self._lmdb_now(lambda r: r.epoch(run))
+
+    def _lmdb_now(self, fn: Callable[[SnapshotReader], T]) -> T:
+        """``fn`` of a fresh LMDB read, outside any view (for the pipeline, under ``_lock``)."""
         assert self._snap is not None
         ltxn = self._snap.begin_read()
         try:
-            return self._snap.reader(ltxn).epoch(run)
+            return fn(self._snap.reader(ltxn))
         finally:
             self._snap.end_read(ltxn)
 

@@ -106,10 +106,10 @@ class Folder:
             effects = list(frozen.effects.values())
             if resets:  # a deleted run's effect positions are not folded (entries are)
                 gone = {fr.run for fr in runs if fr.reset}
-                effects = [(e, raw) if e.ordinal is None or e.run not in gone
-                           or frozen.effect_pos.get((e.run, e.checkpoint, e.ordinal)) == e.key
-                           else (dataclasses.replace(e, ordinal=None), raw)
-                           for e, raw in effects]
+                effects = [(x, raw) if x.ordinal is None or x.run not in gone
+                           or frozen.effect_pos.get((x.run, x.checkpoint, x.ordinal)) == x.key
+                           else (dataclasses.replace(x, ordinal=None), raw)
+                           for x, raw in effects]
             expire = None
             if e._effect_retention is not None and time.time() >= e._next_expiry:
                 expire = time.time() - e._effect_retention

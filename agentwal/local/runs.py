@@ -139,6 +139,7 @@ class Runs:
     def _diff(self, run: str, ca: int, cb: int, ra: dict[str, bytes], rb: dict[str, bytes]
               ) -> Diff:
         e = self._e
+
         def dec(raw: bytes, k: str, cid: int) -> Any:
             return decode_stored(raw, e.path, f"{run!r}/{k!r} at {cid}")
 

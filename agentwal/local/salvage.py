@@ -77,7 +77,7 @@ def salvage(src_path: str, dest: str) -> SalvageReport:
             for run in src.runs():
                 _copy_run(src, out, run, report)
             for entry in src.effects():
-                out._engine._effect_write(entry)
+                out._engine.effectlog.write(entry)
                 report.effects += 1
     fs = OsFileSystem()
     fs.rename(tmp, dest)

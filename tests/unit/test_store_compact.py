@@ -732,8 +732,8 @@ def test_a_process_opening_during_the_swap_waits_and_reads_the_new_file(path: st
 
 
 def test_compact_calls_the_blob_sweep_hook_after_its_transaction(store: agentwal.Store) -> None:
-    """The blobs branch sweeps unreferenced blobs in ``Store._sweep_blobs``: compact (and the
-    retain= pass) call it after the LMDB transaction, under the fold lock."""
+    """Unreferenced blobs are swept by ``BlobRefs.sweep``: compact (and the retain= pass)
+    call it after the LMDB transaction, under the fold lock."""
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 10, model)
     calls: list[list[int]] = []
