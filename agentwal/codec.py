@@ -55,6 +55,7 @@ from .types import BlobRef, TreeRef
 __all__ = [
     "CodecError",
     "CommitRecord",
+    "DecodedValues",
     "decode_commit",
     "check_value",
     "decode_delta",
@@ -108,6 +109,39 @@ _ONE_MINUTE = datetime.timedelta(minutes=1)
 _SCALARS = (str, bytes, bool, int, float, type(None), uuid.UUID)
 
 
+#: Exact scalar types the fast walk takes as they are (a subclass takes the full check).
+_PLAIN_SCALARS = frozenset({str, bytes, bool, int, float, type(None)})
+
+
+def _plain(obj: object, depth: int) -> bool:
+    """True if ``obj`` is exact scalars in exact dicts (str keys) and lists, within the depth.
+
+    :func:`check_value`'s fast path, the shape of nearly every agent value:
+    one look at each item's exact type, no stack of pairs. Whatever it
+    accepts the full walk accepts too; anything else (tuples, sets,
+    datetimes, subclasses...) it leaves to the full walk, so what is refused
+    and how does not change.
+    """
+    t = type(obj)
+    if t in _PLAIN_SCALARS:
+        return True
+    if depth > MAX_VALUE_DEPTH:
+        return False
+    if t is dict:
+        for k, v in obj.items():  # type: ignore[attr-defined]
+            if type(k) is not str:
+                return False
+            if type(v) not in _PLAIN_SCALARS and not _plain(v, depth + 1):
+                return False
+        return True
+    if t is list:
+        for v in obj:  # type: ignore[attr-defined]  # noqa: SIM110 (a loop beats all() here)
+            if type(v) not in _PLAIN_SCALARS and not _plain(v, depth + 1):
+                return False
+        return True
+    return False
+
+
 def check_value(key: str, value: object) -> None:
     """Refuse what would not read back as it was written.
 
@@ -120,6 +154,8 @@ def check_value(key: str, value: object) -> None:
     Raises:
         UnencodableValueError: naming ``key`` and the offending part.
     """
+    if _plain(value, 1):
+        return
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         obj, depth = stack.pop()
@@ -183,6 +219,60 @@ def decode_stored(data: bytes, path: str, what: str) -> Any:
         return decode_value(data)
     except CodecError as exc:
         raise CorruptionError(path, None, f"{what}: {exc}") from None
+
+
+#: Types whose values cannot change once decoded (a blob or tree ref is a frozen dataclass).
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, BlobRef, TreeRef})
+_AS_IS, _FLAT_DICT, _FLAT_LIST = 0, 1, 2
+
+
+class DecodedValues:
+    """Recently decoded small values, by read slot: a repeated read skips the CBOR decode.
+
+    An entry holds the stored bytes and their value; it serves a read only
+    if the bytes read now are equal, so it can never return another value
+    than decoding would. Only values a caller cannot change through the
+    result are kept: immutable scalars as they are, and dicts or lists of
+    immutable scalars, returned as a fresh shallow copy each time (the kept
+    one is a copy too, never the object a caller got). Bounded: emptied when
+    full. Safe from any thread (each step is one dict operation).
+    """
+
+    __slots__ = ("_entries", "_limit", "_small")
+
+    def __init__(self, limit: int = 1024, small: int = 512) -> None:
+        self._entries: dict[tuple[str, str], tuple[bytes, Any, int]] = {}
+        self._limit = limit
+        self._small = small
+
+    def decode(self, run: str, key: str, data: bytes, path: str, label: str = "") -> Any:
+        """``decode_stored(data, path, f"{label}{run!r}/{key!r}")``, from the entry of
+        ``(run, key)`` if it holds ``data``."""
+        slot = (run, key)
+        hit = self._entries.get(slot)
+        if hit is not None and hit[0] == data:
+            kind = hit[2]
+            if kind == _AS_IS:
+                return hit[1]
+            return dict(hit[1]) if kind == _FLAT_DICT else list(hit[1])
+        value = decode_stored(data, path, f"{label}{run!r}/{key!r}")
+        if len(data) <= self._small:
+            t = type(value)
+            if t in _IMMUTABLE:
+                kept, kind = value, _AS_IS
+            elif t is dict and all(type(v) in _IMMUTABLE for v in value.values()):
+                kept, kind = dict(value), _FLAT_DICT
+            elif t is list and all(type(v) in _IMMUTABLE for v in value):
+                kept, kind = list(value), _FLAT_LIST
+            else:
+                return value
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[slot] = (bytes(data), kept, kind)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _refuse_tag(decoder: Any) -> Any:

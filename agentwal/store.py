@@ -72,7 +72,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from . import aio, failpoints
-from .codec import CodecError, decode_blob_ref, decode_stored, is_blob_ref
+from .codec import CodecError, DecodedValues, decode_blob_ref, decode_stored, is_blob_ref
 from .effects import (
     STATUSES,
     EffectContext,
@@ -409,6 +409,8 @@ class Store:
         self._retain_next = 0.0  # monotonic time of the next retention pass
         self._retain_error: BaseException | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
+        #: small values lately read, decoded (``get``, ``txn.get``): a repeated read skips CBOR
+        self._decoded = DecodedValues()
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
         self._trees = TreeStore(self._blobs, path, readonly=readonly)
 
@@ -609,6 +611,33 @@ class Store:
     def _raw_at(self, view: _View, run: str, cid: int,
                 key: str | None = None) -> dict[str, bytes]:
         return self._reads(view).state_at(run, cid, key)
+
+    def _latest_raw(self, run: str, key: str) -> bytes | None:
+        """The newest stored bytes of ``key`` (None: absent): a view's read without the view.
+
+        Everything happens under ``_lock``, so no publish, prune or fold can
+        move between the memtable lookup and LMDB's read: the layers newest
+        first, then (if none decides the key) one short LMDB read that
+        :meth:`Snapshot.latest` begins and ends itself. A read-only store
+        (one shared, pinned LMDB transaction) and a vacuum's swap take the
+        view path.
+        """
+        self._check_open()
+        snap = self._snap
+        assert snap is not None
+        if not self.readonly:
+            with self._lock:
+                if not self._swapping:
+                    lsn = self._visible
+                    found, value = self._active.lookup(run, key, lsn)
+                    if found:
+                        return value
+                    if self._frozen is not None:
+                        found, value = self._frozen.lookup(run, key, lsn)
+                        if found:
+                            return value
+                    return snap.latest(run, key)
+        return self._with_view(lambda v: self._read(v, run, key))
 
     def _with_view(self, fn: Callable[[_View], T]) -> T:
         view = self._view()
@@ -1098,7 +1127,7 @@ class Store:
         check_key(run, "run id")
         check_key(key)
         if at is None:
-            raw = self._with_view(lambda v: self._read(v, run, key))
+            raw = self._latest_raw(run, key)
         else:
             cid = _checkpoint_id(at)
 
@@ -1107,7 +1136,10 @@ class Store:
                 return self._raw_at(v, run, cid, key).get(key)
 
             raw = self._with_view(read_at)
-        return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
+            return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
+        if raw is None:
+            return default
+        return self._decoded.decode(run, key, raw, self.path)
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
         """The run's state as a new dict: the latest, or as of checkpoint ``at``.
@@ -1924,8 +1956,9 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        return [e for e in sorted(self._effect_all(),
-                                  key=lambda e: (e.created_at, e.order or (0, 0), e.key))
+        found = self._effect_all() if run is None and status is None else \
+            self._effect_query(run, status)
+        return [e for e in sorted(found, key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
@@ -2154,6 +2187,30 @@ class Store:
             out = {e.key: e for e in self._lmdb(v, lambda t: list(snap.reader(t).effects()))}
             for layer in reversed(self._effect_layers(v)):
                 out.update((k, decode_entry(raw)) for k, (_e, raw) in layer.items())
+            return list(out.values())
+
+        return self._with_view(read)
+
+    def _effect_query(self, run: str | None, status: str | None) -> list[EffectRecord]:
+        """The ledger entries of ``run`` and/or ``status``: LMDB's through its indexes
+        (a store without them yet scans), then the memtables' (fresh objects)."""
+        def match(e: EffectRecord) -> bool:
+            return (run is None or e.run == run) and (status is None or e.status == status)
+
+        def read(v: _View) -> list[EffectRecord]:
+            snap = self._snap
+            assert snap is not None
+            folded = self._lmdb(v, lambda t: snap.reader(t).effects_of(run, status))
+            if folded is None:
+                folded = [e for e in self._lmdb(v, lambda t: list(snap.reader(t).effects()))
+                          if match(e)]
+            out = {e.key: e for e in folded}
+            for layer in reversed(self._effect_layers(v)):  # oldest first
+                for k, (e, raw) in layer.items():
+                    if match(e):
+                        out[k] = decode_entry(raw)
+                    else:  # a newer version that no longer matches hides LMDB's
+                        out.pop(k, None)
             return list(out.values())
 
         return self._with_view(read)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .aio import is_async_callable, off_loop
-from .codec import decode_stored, encode_blob_ref, encode_value
+from .codec import DecodedValues, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
     ConflictError,
@@ -68,6 +68,11 @@ _MISSING: Any = object()
 #: What a failed commit raises when it certainly applied nothing (its blobs may be unpinned).
 _NOT_APPLIED = (ConflictError, DiskFullError, UnencodableValueError, RunExistsError,
                 StoreClosedError)
+
+
+#: Small values transactions read lately, decoded; an entry serves only the same bytes,
+#: so it is shared by every store and backend of the process.
+_DECODED = DecodedValues()
 
 
 class _Engine(Protocol):
@@ -237,7 +242,7 @@ class Transaction:
         return self._engine._txn_read(self, key)
 
     def _decode(self, raw: bytes, key: str) -> Any:
-        return decode_stored(raw, self._engine.path, f"value of {self.run!r}/{key!r}")
+        return _DECODED.decode(self.run, key, raw, self._engine.path, "value of ")
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key`` as this transaction sees it, or ``default``.

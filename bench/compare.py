@@ -480,6 +480,11 @@ def growth(seed: int = 5) -> dict[str, Any]:
             st = store.stats()
             used = (st["lmdb_last_page"] + 1) * st["lmdb_page_size"]
             final = store.get("chat", "messages")
+            state_s = []
+            for _ in range(5):  # the head of a folded 200-message list
+                t0 = time.perf_counter()
+                store.state("chat")
+                state_s.append(time.perf_counter() - t0)
             if len(final) != GROWTH_STEPS:
                 raise RuntimeError("the conversation lost messages")
         finally:
@@ -490,7 +495,58 @@ def growth(seed: int = 5) -> dict[str, Any]:
         "lmdb_used_bytes": used,
         "folds_during_steps": folds_during,
         "whole_list_bytes": len(agentwal.codec.encode_value("m", final)),
+        "state_head_s": min(state_s),
     }
+
+
+# -- the effects ledger ------------------------------------------------------------------------
+
+LEDGER_RUNS, LEDGER_PER_RUN = 200, 100
+
+
+def ledger_queries(repeats: int) -> dict[str, Any]:
+    """``store.effects(run=...)`` and ``(run=..., status=...)`` among 20,000 folded entries.
+
+    200 runs each commit 100 deferred effects (outbox entries, ``pending``),
+    then ``snapshot()`` folds them. Each query is timed (wall, best of
+    ``repeats``) and its Python allocation peak traced (``tracemalloc``),
+    beside the unfiltered ``store.effects()`` that reads the whole ledger.
+    """
+    import tracemalloc
+
+    out: dict[str, Any] = {}
+    with scratch_dir() as d:
+        store = agentwal.open(os.path.join(d, "ledger.awal"), durability="none")
+        try:
+            for r in range(LEDGER_RUNS):
+                with store.begin(f"run-{r}") as txn:
+                    for i in range(LEDGER_PER_RUN):
+                        txn.defer("notify", mode="at_least_once", args={"i": i})
+            store.snapshot()
+            queries: list[tuple[str, Callable[[], list[Any]], int]] = [
+                ("ledger_all", store.effects, LEDGER_RUNS * LEDGER_PER_RUN),
+                ("ledger_run", lambda: store.effects(run="run-7"), LEDGER_PER_RUN),
+                ("ledger_run_status",
+                 lambda: store.effects(run="run-7", status="pending"), LEDGER_PER_RUN),
+                ("ledger_status_none", lambda: store.effects(status="in_doubt"), 0),
+            ]
+            for key, fn, want in queries:
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    got = fn()
+                    times.append(time.perf_counter() - t0)
+                if len(got) != want:
+                    raise RuntimeError(f"{key}: {len(got)} entries, not {want}")
+                tracemalloc.start()
+                fn()
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                out[f"{key}_s"] = min(times)
+                out[f"{key}_peak_bytes"] = peak
+        finally:
+            store.close()
+    return out
 
 
 # -- open times ------------------------------------------------------------------------------
@@ -593,6 +649,7 @@ def environment() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "lmdb": ".".join(map(str, lmdb.version())),
         "agentwal": getattr(agentwal, "__version__", "?"),
+        "agentwal_path": os.path.dirname(agentwal.__file__),
     }
 
 
@@ -612,6 +669,7 @@ def run(
     wal_value_bytes: int = RECORD,
     do_reads: bool = True,
     do_throughput: bool = True,
+    do_ledger: bool = True,
     read_repeats: int = 7,
     growth_runs: int = 3,
 ) -> dict[str, Any]:
@@ -666,6 +724,12 @@ def run(
         figures.update({k: min(v) for k, v in rs.items()})
         log("reads (µs per call, min of repeats): " +
             ", ".join(f"{k} {min(v):.2f}" for k, v in rs.items()))
+    if do_ledger:
+        lq = ledger_queries(3 if read_repeats < 7 else 5)
+        figures.update(lq)
+        detail["ledger"] = lq
+        log("effects ledger of 20,000 entries: " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms" for k, v in lq.items() if k.endswith("_s")))
     if growth_runs:
         convs = [growth(seed=5 + i) for i in range(growth_runs)]
         for c in convs:
@@ -675,14 +739,16 @@ def run(
             samples.setdefault("growth_log_bytes_step200", []).append(float(lb[-1]))
             samples.setdefault("growth_history_bytes_per_ckpt", []).append(
                 c["lmdb_used_bytes"] / GROWTH_STEPS)
+            samples.setdefault("growth_state_head_ms", []).append(c["state_head_s"] * 1e3)
         for k in ("growth_cpu_11_30_us", "growth_cpu_last20_us", "growth_log_bytes_step200",
-                  "growth_history_bytes_per_ckpt"):
+                  "growth_history_bytes_per_ckpt", "growth_state_head_ms"):
             figures[k] = statistics.median(samples[k])
         detail["growth"] = [
             {"cpu_us": [round(x, 1) for x in c["cpu_us"]], "log_bytes": c["log_bytes"],
              "lmdb_used_bytes": c["lmdb_used_bytes"],
              "folds_during_steps": c["folds_during_steps"],
-             "whole_list_bytes": c["whole_list_bytes"]} for c in convs]
+             "whole_list_bytes": c["whole_list_bytes"],
+             "state_head_s": c["state_head_s"]} for c in convs]
         log(f"growing conversation: commit 200 logged {figures['growth_log_bytes_step200']:,.0f} B,"
             f" put+commit {figures['growth_cpu_11_30_us']:.0f} µs (steps 11-30) -> "
             f"{figures['growth_cpu_last20_us']:.0f} µs (181-200), history "
@@ -746,6 +812,14 @@ def print_table(res: dict[str, Any]) -> None:
         print(f"\n{'reads of a small value (thread CPU)':<44}{'min µs':>12}")
         for key, label in READS:
             print(f"{label:<44}{figs[key]:>12.2f}")
+    if "ledger_all_s" in figs:
+        print(f"\n{'effects ledger, 20,000 folded entries':<44}{'best ms':>12}{'peak MB':>10}")
+        for key, label in (("ledger_all", "effects() (every entry)"),
+                           ("ledger_run", "effects(run=) (100 entries)"),
+                           ("ledger_run_status", "effects(run=, status=) (100)"),
+                           ("ledger_status_none", "effects(status=in_doubt) (none)")):
+            print(f"{label:<44}{figs[key + '_s'] * 1e3:>12.2f}"
+                  f"{figs[key + '_peak_bytes'] / MIB:>10.2f}")
     if "growth_log_bytes_step200" in figs:
         print(f"\n{'growing conversation (200 steps, medians)':<44}{'value':>12}")
         step200 = figs["growth_log_bytes_step200"]
@@ -754,6 +828,8 @@ def print_table(res: dict[str, Any]) -> None:
         print(f"{'put+commit CPU, steps 181-200 (µs)':<44}{figs['growth_cpu_last20_us']:>12,.0f}")
         print(f"{'folded history, bytes per checkpoint':<44}"
               f"{figs['growth_history_bytes_per_ckpt']:>12,.0f}")
+        print(f"{'state() of the folded head (ms, best of 5)':<44}"
+              f"{figs['growth_state_head_ms']:>12.3f}")
     if "open_wal_64mib_warm_s" in figs:
         ow = res["detail"]["open_wal"]
         print(f"\n{'open / recovery':<44}{'median s':>12}")
@@ -796,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-open", action="store_true", help="skip the open/recovery measurements")
     ap.add_argument("--no-throughput", action="store_true", help="skip the commits/s slices")
     ap.add_argument("--no-reads", action="store_true", help="skip the read micro-benchmarks")
+    ap.add_argument("--no-ledger", action="store_true",
+                    help="skip the effects-ledger queries")
     ap.add_argument("--no-growth", action="store_true",
                     help="skip the growing-conversation figures")
     ap.add_argument(
@@ -825,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         wal_value_bytes=args.wal_value_bytes,
         do_reads=not args.no_reads,
         do_throughput=not args.no_throughput,
+        do_ledger=not args.no_ledger,
         read_repeats=3 if args.quick else 7,
         growth_runs=0 if args.no_growth else (1 if args.quick else 3),
     )
