@@ -63,6 +63,7 @@ __all__ = [
     "decode_stored",
     "decode_value",
     "encode_commit",
+    "encode_commit_fields",
     "encode_delta",
     "encode_meta",
     "encode_value",
@@ -309,20 +310,24 @@ def decode_value(data: bytes) -> Any:
     return loads(data)
 
 
-def encode_delta(delta: Delta, *, compress: bool = True) -> tuple[bytes, int, bytes]:
+def encode_delta(delta: Delta, *, compress: bool = True,
+                 threshold: int = COMPRESS_THRESHOLD) -> tuple[bytes, int, bytes]:
     """Encode a delta; returns ``(bytes, flags, sha256 of the uncompressed bytes)``.
 
-    Deltas of at least :data:`COMPRESS_THRESHOLD` bytes are zstd-compressed
-    when ``compress`` is true and that makes them at least 1/16 smaller.
+    Deltas of at least ``threshold`` bytes (:data:`COMPRESS_THRESHOLD`, the
+    least the format compresses, by default) are zstd-compressed when
+    ``compress`` is true and that makes them at least 1/16 smaller.
     """
     raw = bytes(cbor2.dumps(delta))
     digest = hashlib.sha256(raw).digest()
-    packed, flags = pack_payload(raw, "<commit>", compress=compress)
+    packed, flags = pack_payload(raw, "<commit>", compress=compress, threshold=threshold)
     return packed, flags, digest
 
 
-def pack_payload(raw: bytes, what: str, *, compress: bool = True) -> tuple[bytes, int]:
-    """``(bytes, flags)`` for a record payload: zstd when it helps by 1/16 or more.
+def pack_payload(raw: bytes, what: str, *, compress: bool = True,
+                 threshold: int = COMPRESS_THRESHOLD) -> tuple[bytes, int]:
+    """``(bytes, flags)`` for a record payload: zstd when it helps by 1/16 or more
+    (tried from ``threshold`` bytes, never below :data:`COMPRESS_THRESHOLD`).
 
     Raises:
         UnencodableValueError: ``raw`` is over the decompression limit.
@@ -330,7 +335,7 @@ def pack_payload(raw: bytes, what: str, *, compress: bool = True) -> tuple[bytes
     if len(raw) > MAX_DECOMPRESSED:  # recovery would refuse to inflate it
         raise UnencodableValueError(what, f"it is {len(raw)} bytes encoded, over the "
                                     f"{MAX_DECOMPRESSED} byte limit; split it up")
-    if compress and len(raw) >= COMPRESS_THRESHOLD:
+    if compress and len(raw) >= max(threshold, COMPRESS_THRESHOLD):
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) - (len(raw) >> 4):
             return packed, FLAG_ZSTD
@@ -383,12 +388,14 @@ class CommitRecord:
     effects: tuple[str, ...] = ()
 
 
+_EMPTY_MAP = b"\xa0"
+
+
 def encode_meta(meta: dict[str, Any]) -> bytes:
     """Encode checkpoint metadata once; these bytes are stored and hashed as they are."""
+    if not meta:  # the usual case: cbor2 writes the empty map as this byte too
+        return _EMPTY_MAP
     return bytes(cbor2.dumps(meta))
-
-
-_EMPTY_MAP = b"\xa0"
 
 
 def decode_meta(data: bytes) -> dict[str, Any]:
@@ -403,12 +410,20 @@ def decode_meta(data: bytes) -> dict[str, Any]:
 
 def encode_commit(rec: CommitRecord) -> bytes:
     """Encode a commit payload."""
-    origin = list(rec.origin) if rec.origin is not None else None
-    fields = [rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash, origin, rec.delta]
-    if rec.deferred is not None or rec.effects:
-        fields.append(rec.deferred)
-    if rec.effects:
-        fields.append(list(rec.effects))
+    return encode_commit_fields(rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash,
+                                rec.origin, rec.delta, rec.deferred, rec.effects)
+
+
+def encode_commit_fields(run: str, cid: int, parent: int | None, created_at: float,
+                         meta: bytes, hsh: bytes, origin: tuple[str, int] | None, delta: bytes,
+                         deferred: bytes | None = None, effects: tuple[str, ...] = ()) -> bytes:
+    """:func:`encode_commit` of the fields themselves (the commit path builds no record)."""
+    fields = [run, cid, parent, created_at, meta, hsh,
+              list(origin) if origin is not None else None, delta]
+    if deferred is not None or effects:
+        fields.append(deferred)
+    if effects:
+        fields.append(list(effects))
     return bytes(cbor2.dumps(fields))
 
 

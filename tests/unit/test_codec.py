@@ -64,14 +64,19 @@ def test_compression_is_skipped_for_a_while_when_it_never_helps(store: agentwal.
     rng = random.Random(1)
     pipe = store._pipe
     assert pipe is not None
+    from agentwal.local.commit import WAL_ZSTD_MIN
+
+    with store.begin("r") as txn:
+        txn["text"] = "abc" * 1000  # compressible, but under WAL_ZSTD_MIN: never tried
+    assert pipe._zstd_misses == 0
     for _ in range(8):  # incompressible deltas: every attempt is wasted
         with store.begin("r") as txn:
-            txn["noise"] = rng.randbytes(2000)
+            txn["noise"] = rng.randbytes(WAL_ZSTD_MIN)
     assert pipe._zstd_skip == 64
     with store.begin("r") as txn:
-        txn["text"] = "abc" * 1000  # compressible, but inside the pause: stored plain
+        txn["text"] = "abc" * WAL_ZSTD_MIN  # compressible, but inside the pause: stored plain
     assert pipe._zstd_skip == 63
-    assert store.get("r", "text") == "abc" * 1000
+    assert store.get("r", "text") == "abc" * WAL_ZSTD_MIN
 
 
 # -- blob references ----------------------------------------------------------------------
