@@ -99,6 +99,13 @@ _VALID_KEYS: set[str] = set()
 _VALID_KEYS_MAX = 4096
 
 
+def check_checkpoint_id(cid: object) -> int:
+    """``cid`` if it can be a checkpoint id (an int, not a bool), else TypeError."""
+    if isinstance(cid, bool) or not isinstance(cid, int):
+        raise TypeError(f"a checkpoint id is an int, not {type(cid).__name__}")
+    return cid
+
+
 def check_key(key: object, what: str = "key") -> str:
     """Return ``key`` if it is a valid key or run id, else raise :class:`InvalidKeyError`."""
     if type(key) is str and key in _VALID_KEYS:  # the hot path of every read

@@ -86,7 +86,11 @@ STAGES: list[tuple[int, str, list[str]]] = [
     (3, "Writer.sync", ["agentwal.local.wal.writer:Writer.sync"]),
     (4, "fdatasync", ["agentwal.io:OsFileSystem.fsync"]),
     (3, "Memtable.apply (publish)", ["agentwal.local.memtable:Memtable.apply"]),
-    (1, "_txn_release (end the read view)", ["agentwal.store:Store._txn_release"]),
+    (
+        1,
+        "_txn_release (end the read view)",
+        ["agentwal.local.engine:Engine._txn_release", "agentwal.store:Store._txn_release"],
+    ),
     (0, "Store.begin (read view + LMDB read txn)", ["agentwal.store:Store.begin"]),
     (0, "Transaction.put (check key, CBOR value)", ["agentwal.txn:Transaction.put"]),
 ]

@@ -55,7 +55,7 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
     from agentwal import history
 
     u64 = struct.Struct(">Q")
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     txn = snap.begin_read()
     try:
@@ -88,7 +88,7 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
 
 def lmdb_values(store: agentwal.Store) -> dict[tuple[str, bytes], int]:
     """``{(database, key): stored value length}`` of every LMDB entry of ``store``."""
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     txn = snap.begin_read()
     try:

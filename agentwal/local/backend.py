@@ -1,6 +1,6 @@
 """The embedded engine behind the ``backend`` Protocols: ``LocalBackend``.
 
-Theory of operation: the engine (today the body of ``store.Store``: views
+Theory of operation: the engine (``local.engine.Engine``: views
 over the memtables and LMDB, the commit pipeline, the ledger's reads and
 writes) already does everything ``backend.Backend`` names; this adapter
 gives it those names and value objects, so the conformance suite
@@ -31,7 +31,7 @@ from ..errors import ReadOnlyError
 from ..types import Checkpoint
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from .engine import Engine
 
 __all__ = ["LocalBackend", "LocalView"]
 
@@ -50,8 +50,8 @@ class LocalView:
 class LocalBackend:
     """``backend.Backend`` and ``backend.Maintenance`` over an open local store."""
 
-    def __init__(self, store: Store) -> None:
-        self._s = store
+    def __init__(self, engine: Engine) -> None:
+        self._s = engine
 
     @property
     def store_id(self) -> uuid.UUID:
@@ -110,7 +110,7 @@ class LocalBackend:
 
     def checkpoints(self, run: str, *, limit: int | None = None,
                     before: int | None = None) -> list[Checkpoint]:
-        return self._s.history(run, limit=limit, before=before)
+        return self._s.history(run, limit, before)
 
     def state_at(self, run: str, checkpoint: int, *, key: str | None = None
                  ) -> dict[str, bytes]:

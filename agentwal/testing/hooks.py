@@ -34,4 +34,4 @@ def crash(store: Store) -> None:
         crash(store)
         store = agentwal.open(path)  # recovers from the WAL
     """
-    store._release_all()
+    store._engine._release_all()

@@ -33,7 +33,7 @@ class Kind:
 
 def _local_backend(directory: str) -> Any:
     return LocalBackend(agentwal.open(os.path.join(directory, "store.awal"),
-                                      durability="none"))
+                                      durability="none")._engine)
 
 
 KINDS: dict[str, Kind] = {

@@ -113,7 +113,7 @@ def test_harness_catches_a_missing_directory_fsync(tmp_path: Path) -> None:
 
 def test_harness_catches_a_non_atomic_commit(tmp_path: Path) -> None:
     def split(store: Any) -> None:
-        store._split_commits_for_test = True
+        store._engine._split_commits_for_test = True
 
     results = _run_broken(tmp_path, store_hook=split)
     assert "partial_transaction" in _classes(results), _classes(results)

@@ -114,7 +114,7 @@ def test_kill_put_tree_in_each_window(tmp_path: Path, point: str) -> None:
                 if n > 1:
                     s.restore_tree("r", "ws", dest, at=s.head("r").id - 1)  # type: ignore[union-attr]
                     assert read(str(dest)) == expected(tmp_path, n - 2)
-            s._sweep_blobs()
+            s._engine._sweep_blobs()
             assert s.verify().ok
     assert acked >= 1
 

@@ -473,7 +473,7 @@ def test_retention_keeps_position_entries_a_step_can_still_meet(tmp_path: Path,
         assert len(s.effects()) == 1
         step(s, down, "at_most_once")  # the re-run: the record, no second call
         assert down.calls() == 1
-        s._next_expiry = 0.0  # expiry runs at most hourly: let the next fold run it
+        s._engine._next_expiry = 0.0  # expiry runs at most hourly: let the next fold run it
         s.snapshot()  # the head is now 2: position 1 can never be met again
         assert s.effects() == []
 
@@ -512,7 +512,7 @@ def test_retry_on_never_catches_the_stores_own_errors(store: agentwal.Store,
     def full(*_a: Any) -> None:
         raise agentwal.DiskFullError("wal", "simulated: no room")
 
-    monkeypatch.setattr(store._pipe, "record_effect", full)
+    monkeypatch.setattr(store._engine._pipe, "record_effect", full)
     with store.begin("r") as txn, pytest.raises(agentwal.DiskFullError):
         txn.effect("op", lambda ctx: 1, mode="at_least_once", retries=3,
                    retry_on=(Exception,), backoff=0)
@@ -520,7 +520,7 @@ def test_retry_on_never_catches_the_stores_own_errors(store: agentwal.Store,
 
 def test_outcome_that_cannot_be_recorded_is_reported_in_doubt(
         store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = store._pipe.record_effect
+    real = store._engine._pipe.record_effect
     writes: list[str] = []
 
     def second_fails(entry: Any, raw: bytes) -> int:
@@ -529,7 +529,7 @@ def test_outcome_that_cannot_be_recorded_is_reported_in_doubt(
             raise agentwal.DiskFullError("wal", "simulated: no room")
         return real(entry, raw)
 
-    monkeypatch.setattr(store._pipe, "record_effect", second_fails)
+    monkeypatch.setattr(store._engine._pipe, "record_effect", second_fails)
     with store.begin("r") as txn, pytest.raises(EffectInDoubtError, match="was called"):
         txn.effect("op", lambda ctx: 1, mode="at_least_once")
     assert store.effects()[0].status == "in_doubt"

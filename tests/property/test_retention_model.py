@@ -292,7 +292,7 @@ class RetentionMachine(RuleBasedStateMachine):
                     store.state(run)
                 assert store.history(run) == []
                 continue
-            with store._fold_lock:  # see test_store_model: a fold's window lists twice
+            with store._engine._fold_lock:  # see test_store_model: a fold's window lists twice
                 got = store.history(run)
             assert [c.id for c in got] == sorted(m.kept, reverse=True)
             assert got[0].id == m.head and store.state(run) == m.states[m.head]

@@ -44,7 +44,7 @@ def test_replaying_the_log_rebuilds_exactly_the_live_memtable(path: str) -> None
             txn["list"] = list(range(50))
             txn.defer("mail", mode="at_least_once", args="b", key="business-1")
         store.fork("b", 1, "c")
-        with store._fold_lock:  # no fold: the whole log stays in the writer's memtable
+        with store._engine._fold_lock:  # no fold: the whole log stays in the writer's memtable
             store.dispatch({"mail": lambda ctx: "sent"}, limit=2)
             store.delete_run("a")  # (this one wakes the fold thread)
             with store.begin("a") as txn:  # the id again: a new epoch for its outbox keys
@@ -52,10 +52,10 @@ def test_replaying_the_log_rebuilds_exactly_the_live_memtable(path: str) -> None
                 txn.defer("mail", mode="at_least_once", args="again")
             with store.begin("b") as txn:
                 del txn["list"]
-            live = dump(store._active)
-            assert store._frozen is None and live["runs"]["a"]["deleted"]
+            live = dump(store._engine._active)
+            assert store._engine._frozen is None and live["runs"]["a"]["deleted"]
             with agentwal.open(path, readonly=True) as ro:
-                replayed = dump(ro._active)
+                replayed = dump(ro._engine._active)
     finally:
         store.close()
     assert replayed == live

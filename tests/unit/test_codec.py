@@ -62,7 +62,7 @@ def test_compression_is_skipped_for_a_while_when_it_never_helps(store: agentwal.
     import random
 
     rng = random.Random(1)
-    pipe = store._pipe
+    pipe = store._engine._pipe
     assert pipe is not None
     from agentwal.local.commit import WAL_ZSTD_MIN
 

@@ -63,7 +63,7 @@ def sync_store(path: str, fs: FaultyFs) -> Iterator[agentwal.Store]:
 
 
 def pipe_of(store: agentwal.Store) -> CommitPipeline:
-    pipe = store._pipe
+    pipe = store._engine._pipe
     assert pipe is not None
     return pipe
 

@@ -401,7 +401,7 @@ def test_commit_racing_close_is_refused(path: str) -> None:
     # still written, into a new segment created after the lock was released.
     s = agentwal.open(path)
     commit(s, "r", a=1)
-    pipe = s._pipe
+    pipe = s._engine._pipe
     assert pipe is not None
     s.close()
     with pytest.raises(errors.StoreClosedError):

@@ -229,7 +229,7 @@ def test_kept_checkpoints_record_their_dropped_parents_hash(store: agentwal.Stor
     store.fork("r", 10, "f")
     hashes = {c.id: c.hash for c in store.history("r")}
     store.compact(keep_last=3)
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     txn = snap.begin_read()
     try:
@@ -350,7 +350,7 @@ def test_a_manifest_per_block_keeps_reads_bounded(store: agentwal.Store) -> None
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 100, model)
     store.compact(keep_last=70)  # keeps 31..100: 31 gets a manifest, 32/64/96 have theirs
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     txn = snap.begin_read()
     try:
@@ -402,7 +402,7 @@ def test_vacuum_waits_for_open_reads(store: agentwal.Store) -> None:
 
 def test_vacuum_gives_up_on_a_read_that_stays_open(store: agentwal.Store,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentwal import store as store_mod
+    from agentwal.local import maintenance as store_mod
 
     monkeypatch.setattr(store_mod, "_VACUUM_WAIT", 0.2)
     model: dict[int, dict[str, Any]] = {}
@@ -460,18 +460,18 @@ def test_retain_keep_last_is_applied_by_the_fold_thread(path: str) -> None:
     store = agentwal.open(path, durability="none", wal_max_bytes=16 << 10,
                           segment_bytes=4096, retain=KeepLast(5))
     try:
-        store._retain_every = 0.0
+        store._engine._retain_every = 0.0
         model: dict[int, dict[str, Any]] = {}
         build(store, "r", 60, model)
         for _ in range(20):  # incompressible: the WAL passes wal_max_bytes, a fold runs
             commit(store, "noise", pad=os.urandom(1500))
         _wait_for(lambda: store.stats()["retention_passes"] > 0)
         store.snapshot()
-        store._retain_next = 0.0
-        store._fold_wanted = True  # one more background fold, then a pass
+        store._engine._retain_next = 0.0
+        store._engine._fold_wanted = True  # one more background fold, then a pass
         passes = store.stats()["retention_passes"]
-        with store._lock:
-            store._wake.notify_all()
+        with store._engine._lock:
+            store._engine._wake.notify_all()
         _wait_for(lambda: store.stats()["retention_passes"] > passes)
         assert [c.id for c in store.history("r")] == [60, 59, 58, 57, 56]
         assert store.state("r", at=56) == model[56]
@@ -528,7 +528,7 @@ def test_a_read_only_store_takes_no_retain(path: str) -> None:
 
 def _remove(store: agentwal.Store, db: str, run: str, cid: int) -> None:
     """Delete one LMDB record of ``run`` behind the store's back (damage, not compaction)."""
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     with snap.env.begin(write=True) as txn:
         info = snap.reader(txn).run_info(run)
@@ -719,12 +719,12 @@ def test_compact_calls_the_blob_sweep_hook_after_its_transaction(store: agentwal
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 10, model)
     calls: list[list[int]] = []
-    store._sweep_blobs = lambda: calls.append(  # type: ignore[attr-defined]
-        [c.id for c in store.history("r")] if store._fold_lock.locked() else [])
+    store._engine._sweep_blobs = lambda: calls.append(  # type: ignore[attr-defined]
+        [c.id for c in store.history("r")] if store._engine._fold_lock.locked() else [])
     store.compact(keep_last=2)
     assert calls == [[10, 9]]
-    store._retain, store._retain_next = (1, None), 0.0
-    store._retain_step()
+    store._engine._retain, store._engine._retain_next = (1, None), 0.0
+    store._engine.maintenance.retain_step()
     assert calls[-1] == [10]
 
 
@@ -767,7 +767,7 @@ def test_stats_waits_out_a_vacuums_file_swap(store: agentwal.Store,
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 30, model)
     store.snapshot()
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     txn = store.begin("r")  # holds an LMDB read: the vacuum waits for it
     assert txn.get("step") == 30
@@ -821,7 +821,7 @@ def test_a_compaction_during_a_fork_keeps_its_origin(store: agentwal.Store,
     store.snapshot()
     compacted = threading.Event()
     failpoints.arm("compact_after_commit", "call", fn=lambda _name: compacted.set())
-    real_raw_at = store._raw_at
+    real_raw_at = store._engine._raw_at
     threads: list[threading.Thread] = []
 
     def raw_at(*args: Any, **kwargs: Any) -> Any:  # the fork checked its origin: compact now
@@ -831,7 +831,7 @@ def test_a_compaction_during_a_fork_keeps_its_origin(store: agentwal.Store,
             compacted.wait(2)  # with the fix, the compaction waits for the fork instead
         return real_raw_at(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_raw_at", raw_at)
+    monkeypatch.setattr(store._engine, "_raw_at", raw_at)
     store.fork("r", 7, "f")
     threads[0].join()
     monkeypatch.undo()

@@ -236,7 +236,7 @@ def test_a_cached_file_whose_blob_was_swept_is_read_again(store: agentwal.Store,
     with store.begin("r") as txn:
         txn.delete("ws")
     store.compact(keep_last=1)
-    store._sweep_blobs()
+    store._engine._sweep_blobs()
     assert blob_files(store) == {}
     put(store, src)
     assert files_read() == 12
@@ -283,7 +283,7 @@ def test_a_file_that_keeps_changing_fails_the_call_and_commits_nothing(
         failpoints.disarm()
         assert txn.get("ws") == old
     assert store.head("r").id == 1  # type: ignore[union-attr]
-    store._sweep_blobs()  # what the failed call stored is garbage, and only that
+    store._engine._sweep_blobs()  # what the failed call stored is garbage, and only that
     assert store.verify().ok
 
 
@@ -329,7 +329,7 @@ def test_restore_never_follows_a_link_out_of_dest(store: agentwal.Store, tmp_pat
 
 def _forge(store: agentwal.Store, top: list[Entry], key: str = "evil") -> None:
     """Commit a hand-made tree (objects written straight to the blob store)."""
-    b = store._blobs
+    b = store._engine._blobs
     data = encode_dir(top)
     obj = b.put_bytes(data)
     root = b.put_bytes(encode_root(Root(obj.sha256, obj.size, 1, 0)))
@@ -339,7 +339,7 @@ def _forge(store: agentwal.Store, top: list[Entry], key: str = "evil") -> None:
 
 
 def _forge_raw(store: agentwal.Store, raw_top: bytes, key: str = "evil") -> None:
-    b = store._blobs
+    b = store._engine._blobs
     obj = b.put_bytes(raw_top)
     root = b.put_bytes(encode_root(Root(obj.sha256, obj.size, 1, 0)))
     with store.begin("r") as txn:
@@ -352,7 +352,7 @@ def test_a_hostile_tree_is_refused_and_nothing_is_written(store: agentwal.Store,
                                                           tmp_path: Path, name: bytes) -> None:
     import cbor2
 
-    content = store._blobs.put_bytes(b"owned")
+    content = store._engine._blobs.put_bytes(b"owned")
     raw = cbor2.dumps(["awtree", 1, [[b"fine", TREE_FILE, 0o644, bytes.fromhex(content.sha256),
                                       5], [name, TREE_FILE, 0o644,
                                            bytes.fromhex(content.sha256), 5]]])
@@ -371,7 +371,7 @@ def test_a_link_and_a_directory_of_one_name_are_refused(store: agentwal.Store,
                                                         tmp_path: Path) -> None:
     import cbor2
 
-    sub = store._blobs.put_bytes(encode_dir([]))
+    sub = store._engine._blobs.put_bytes(encode_dir([]))
     raw = cbor2.dumps(["awtree", 1, [[b"a", TREE_LINK, b"/tmp"],
                                       [b"a", TREE_DIR, bytes.fromhex(sub.sha256), sub.size]]])
     _forge_raw(store, raw)
@@ -381,7 +381,7 @@ def test_a_link_and_a_directory_of_one_name_are_refused(store: agentwal.Store,
 
 
 def test_a_forged_but_well_formed_tree_restores(store: agentwal.Store, tmp_path: Path) -> None:
-    content = store._blobs.put_bytes(b"hello")
+    content = store._engine._blobs.put_bytes(b"hello")
     _forge(store, [Entry(b"f", TREE_FILE, 0o600, content.sha256, 5)])
     store.restore_tree("r", "evil", tmp_path / "d")
     assert read(str(tmp_path / "d")) == {"f": ("f", 0o600, b"hello")}
@@ -394,7 +394,7 @@ def test_exclude_patterns_skip_paths_and_restore_leaves_them_alone(store: agentw
                                                                    src: str) -> None:
     build(src, {"build/out.o": b"obj", "x.pyc": b"c", "src/y.pyc": b"c", "keep.pyc": b"k"})
     put(store, src, exclude=["build/", "*.pyc", "!keep.pyc"])
-    listing = store._trees.listing(store._stored_ref("r", "ws", None, "")[1])  # type: ignore[arg-type]
+    listing = store._engine._trees.listing(store._engine._stored_ref("r", "ws", None, "")[1])  # type: ignore[arg-type]
     assert "keep.pyc" in listing
     assert not {"build/out.o", "x.pyc", "src/y.pyc"} & listing.keys()
     Path(src, "x.pyc").write_text("changed, still excluded")
@@ -411,9 +411,9 @@ def test_gitignore_files_are_honoured_when_asked(store: agentwal.Store, src: str
                 "sub/local": b"L", "sub/dist/y": b"stays: /dist/ is anchored",
                 ".git/HEAD": b"ref: refs/heads/main\n"})
     put(store, src, exclude=agentwal.GITIGNORE)
-    ref = store._stored_ref("r", "ws", None, "")[1]
+    ref = store._engine._stored_ref("r", "ws", None, "")[1]
     assert ref is not None
-    got = set(store._trees.listing(ref))
+    got = set(store._engine._trees.listing(ref))
     assert {".gitignore", "sub/.gitignore", "sub/keep.log", "sub/dist/y"} <= got
     assert not {"a.log", "dist/x", "sub/local", ".git/HEAD"} & got
     Path(src, "sub/local").write_text("edited")
@@ -429,8 +429,8 @@ def test_a_store_inside_the_tree_is_skipped_and_never_removed(tmp_path: Path) ->
     build(str(ws), {"a.txt": b"a"})
     with agentwal.open(ws / ".agentwal", durability="none") as store:
         put(store, str(ws))
-        ref = store._stored_ref("r", "ws", None, "")[1]
-        assert set(store._trees.listing(ref)) == {"a.txt"}  # type: ignore[arg-type]
+        ref = store._engine._stored_ref("r", "ws", None, "")[1]
+        assert set(store._engine._trees.listing(ref)) == {"a.txt"}  # type: ignore[arg-type]
         store.restore_tree("r", "ws", ws)
         assert (ws / ".agentwal").is_dir()
         assert store.get("r", "ws") == store.get("r", "ws", at=1)
@@ -471,7 +471,7 @@ def test_compaction_releases_only_the_files_dropped_checkpoints_used(
     kept = hashlib.sha256(SPEC["src/app.py"]).hexdigest()  # type: ignore[arg-type]
     assert gone in blob_files(store)
     store.compact(keep_last=1)
-    store._sweep_blobs()
+    store._engine._sweep_blobs()
     files = blob_files(store)
     assert gone not in files and kept in files
     assert hashlib.sha256(b"# project\n").hexdigest() not in files  # the old README
@@ -498,8 +498,8 @@ def test_verify_checks_every_tree_object_and_file(store: agentwal.Store, src: st
 def test_verify_reports_a_missing_tree_object_and_checks_the_rest(store: agentwal.Store,
                                                                   src: str) -> None:
     put(store, src)
-    ref = store._stored_ref("r", "ws", None, "")[1]
-    root, dirs = store._trees.load(ref)  # type: ignore[arg-type]
+    ref = store._engine._stored_ref("r", "ws", None, "")[1]
+    root, dirs = store._engine._trees.load(ref)  # type: ignore[arg-type]
     sub = next(e for e in dirs[root.sha256] if e.name == b"src")
     os.remove(os.path.join(store.path, "blobs", sub.sha256[:2], sub.sha256[2:]))
     report = store.verify()
@@ -508,7 +508,7 @@ def test_verify_reports_a_missing_tree_object_and_checks_the_rest(store: agentwa
     assert report.checked["blobs"] > 3
     store.close()
     with agentwal.open(store.path) as again, pytest.raises(agentwal.CorruptionError):
-        again._sweep_blobs()  # a sweep does not guess what a missing object named
+        again._engine._sweep_blobs()  # a sweep does not guess what a missing object named
 
 
 def test_a_backup_holds_the_trees(store: agentwal.Store, src: str, tmp_path: Path) -> None:
@@ -542,7 +542,7 @@ def test_a_tree_whose_base_was_replaced_and_swept_cannot_commit(store: agentwal.
     with store.begin("r") as other:  # meanwhile the key is replaced, its tree dropped
         other.delete("ws")
     store.compact(keep_last=1)
-    store._sweep_blobs()
+    store._engine._sweep_blobs()
     with pytest.raises(agentwal.ConflictError):
         txn.commit()
     assert store.verify().ok  # no reference to a swept file was committed
@@ -558,7 +558,7 @@ def test_a_tree_whose_base_stays_commits_whole_after_a_sweep(store: agentwal.Sto
         with store.begin("r") as other:  # another key of the run: no conflict
             other["note"] = "hi"
         store.compact(keep_last=1)
-        store._sweep_blobs()
+        store._engine._sweep_blobs()
     store.restore_tree("r", "ws", tmp_path / "d")
     assert read(str(tmp_path / "d")) == read(src)
     assert store.verify().ok

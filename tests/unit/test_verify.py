@@ -380,13 +380,13 @@ def test_a_foreign_store_id_is_found(base: Built) -> None:
     """Verified as another store's, the snapshot's id and every segment header disagree."""
     other = uuid.UUID(int=1)
     with agentwal.open(base.path, readonly=True) as s:
-        assert s._snap is not None
-        txn = s._snap.begin_read()
+        assert s._engine._snap is not None
+        txn = s._engine._snap.begin_read()
         try:
             wal = read_wal(OsFileSystem(), os.path.join(base.path, "wal"))
-            report = verify_store(s._snap.raw(txn), wal, store_id=other, limit=0)
+            report = verify_store(s._engine._snap.raw(txn), wal, store_id=other, limit=0)
         finally:
-            s._snap.end_read(txn)
+            s._engine._snap.end_read(txn)
     found(report, "meta", "'store_id'", f"not {other}")
     assert any(p.file.startswith("wal/") and p.offset == 16 for p in report.problems)
 

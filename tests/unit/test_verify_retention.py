@@ -33,7 +33,7 @@ def _problems(store: agentwal.Store) -> list[str]:
 
 def _rewrite(store: agentwal.Store, db: str, run: str, cid: int, fn: Any) -> None:
     """Change one LMDB record of ``run`` behind the store's back, with a valid seal."""
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     with snap.env.begin(write=True) as txn:
         info = snap.reader(txn).run_info(run)
@@ -124,7 +124,7 @@ def test_a_gap_without_a_parent_hash_is_missing_checkpoints(store: agentwal.Stor
 def test_a_delta_left_of_a_dropped_checkpoint_belongs_to_nothing(store: agentwal.Store) -> None:
     _fill(store, "r", 40)
     store.snapshot()
-    snap = store._snap
+    snap = store._engine._snap
     assert snap is not None
     txn = snap.begin_read()
     try:
