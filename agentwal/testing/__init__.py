@@ -9,7 +9,7 @@ drops a store in-process as a crash would (nothing flushed, folded or written).
 
 from .. import failpoints
 from .disk import SECTOR, FaultPlan, FileState, SimulatedCrash, SimulatedDisk
-from .hooks import crash
+from .hooks import crash, fold_error
 
 __all__ = ["SECTOR", "FaultPlan", "FileState", "SimulatedCrash", "SimulatedDisk", "crash",
-           "failpoints"]
+           "failpoints", "fold_error"]

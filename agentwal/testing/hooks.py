@@ -7,7 +7,8 @@ without breaking every crash test: :func:`crash` stops the store's threads
 and closes its handles without flushing, folding or writing anything (the
 writer lock is released, so the same process can reopen the path and
 recover exactly what a restarted process would: the WAL's synced records
-and LMDB as of its last fold).
+and LMDB as of its last fold). :func:`fold_error` tells whether the last
+background fold failed (commits go on after a ``DiskFullError`` fold).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..store import Store
 
-__all__ = ["crash"]
+__all__ = ["crash", "fold_error"]
 
 
 def crash(store: Store) -> None:
@@ -35,3 +36,13 @@ def crash(store: Store) -> None:
         store = agentwal.open(path)  # recovers from the WAL
     """
     store._engine._release_all()
+
+
+def fold_error(store: Store) -> BaseException | None:
+    """The error of ``store``'s last failed fold, or ``None`` when it succeeded.
+
+    A background fold that fails with ``DiskFullError`` leaves the store
+    taking commits (they stay in the WAL); the next fold tries again and clears
+    this once it succeeds. ``store.stats()["fold_error"]`` gives the same as text.
+    """
+    return store._engine._fold_error

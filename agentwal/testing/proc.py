@@ -64,6 +64,7 @@ from .. import open as open_store
 from ..errors import DiskFullError, DurabilityError, Error
 from ..store import Store
 from .hooks import crash as crash_store
+from .hooks import fold_error
 from .tiers import Result
 from .workload import Oracle, Verdict, Workload, drive, read_all
 
@@ -751,7 +752,7 @@ def _commit_until_refused(store: Store, w: Workload, start: int, count: int) -> 
         except (DiskFullError, DurabilityError) as exc:
             _refusal("ERR", i, exc, store.path)
             return i, "commit"
-        fe = getattr(store, "_fold_error", None)  # a background fold failed; commits go on
+        fe = fold_error(store)  # a background fold failed; commits go on
         if isinstance(fe, Error):
             _emit("FOLDERR", type(fe).__name__, fe.code, _where(fe, store.path))
             return i + 1, "fold"
