@@ -53,6 +53,7 @@ from .format import (
 from .types import BlobRef, TreeRef
 
 __all__ = [
+    "append_encoded",
     "CodecError",
     "CommitRecord",
     "DecodedValues",
@@ -195,6 +196,45 @@ def check_value(key: str, value: object) -> None:
                                         "another value")
         else:
             raise UnencodableValueError(key, f"type {type(obj).__name__} is not storable")
+
+
+def _array_head(data: bytes) -> tuple[int, int] | None:
+    """``(count, header bytes)`` of a definite-length CBOR array, else None."""
+    if not data or data[0] >> 5 != 4:
+        return None
+    info = data[0] & 0x1F
+    if info < 24:
+        return info, 1
+    if info > 27:  # indefinite length (cbor2 never writes it) or reserved
+        return None
+    size = 1 << (info - 24)
+    if len(data) < 1 + size:
+        return None
+    return int.from_bytes(data[1:1 + size], "big"), 1 + size
+
+
+def _array_header(count: int) -> bytes:
+    """The shortest CBOR header of an array of ``count`` items (what cbor2 writes)."""
+    if count < 24:
+        return bytes([0x80 | count])
+    for info, size in ((24, 1), (25, 2), (26, 4)):
+        if count < 1 << (8 * size):
+            return bytes([0x80 | info]) + count.to_bytes(size, "big")
+    return b"\x9b" + count.to_bytes(8, "big")
+
+
+def append_encoded(stored: bytes, tail: bytes) -> bytes | None:
+    """The CBOR of the array ``stored`` followed by the items of the array ``tail``.
+
+    Byte for byte what encoding the joined list writes, made without decoding
+    either: one new header, then both bodies. None if ``stored`` is not a
+    definite-length array (``tail`` must be one, from :func:`encode_value`).
+    """
+    head = _array_head(stored)
+    more = _array_head(tail)
+    if head is None or more is None:
+        return None
+    return _array_header(head[0] + more[0]) + stored[head[1]:] + tail[more[1]:]
 
 
 def encode_value(key: str, value: object) -> bytes:

@@ -43,6 +43,7 @@ __all__ = [
     "StoreBusyError",
     "BlobSourceError",
     "NotABlobError",
+    "NotAListError",
     "PathExistsError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -435,6 +436,19 @@ class NotABlobError(Error, TypeError):
         self.kind = kind
         super().__init__(f"{run!r}/{key!r} holds a {kind}, not a blob. Read it with "
                          "store.get(); open_blob opens only values stored with txn.put_blob.")
+
+
+class NotAListError(Error, TypeError):
+    """``txn.append`` on a key whose value is not a list."""
+
+    code = "not_a_list"
+
+    def __init__(self, run: str, key: str, kind: str) -> None:
+        self.run = run
+        self.key = key
+        self.kind = kind
+        super().__init__(f"{run!r}/{key!r} holds a {kind}, not a list: txn.append adds items "
+                         "to a list only. Put the new value with txn.put.")
 
 
 class PathExistsError(Error):

@@ -43,13 +43,14 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .aio import is_async_callable, off_loop
-from .codec import DecodedValues, encode_blob_ref, encode_value
+from .codec import DecodedValues, append_encoded, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
     ConflictError,
     DiskFullError,
     EffectDivergenceError,
     MissingKeyError,
+    NotAListError,
     RunExistsError,
     StoreClosedError,
     TransactionClosedError,
@@ -307,6 +308,36 @@ class Transaction:
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)
+
+    def append(self, key: str, *items: Any) -> None:
+        """Add ``items`` at the end of the list under ``key`` (a new list if it is absent).
+
+        The cheap way to grow a list (a conversation's ``messages``): the
+        stored list is neither decoded nor encoded again; only ``items`` are
+        checked and encoded, and joined to its bytes. The result reads back
+        exactly as ``put(key, old + list(items))`` would. It reads the key
+        (a concurrent write of it conflicts, as with ``get`` then ``put``).
+
+        Raises:
+            InvalidKeyError: bad key. UnencodableValueError: an item cannot be
+            stored. NotAListError: the key holds something else. Either way
+            nothing changes. CorruptionError: the stored list is damaged.
+
+        Example::
+
+            txn.append("messages", {"role": "user", "content": "hi"})
+        """
+        self._check()
+        check_key(key)
+        tail = encode_value(key, list(items))
+        stored = self._raw(key)
+        if stored is None:
+            self._writes[key] = tail
+            return
+        joined = append_encoded(stored, tail)
+        if joined is None:
+            raise NotAListError(self.run, key, type(self._decode(stored, key)).__name__)
+        self._writes[key] = joined
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if it is absent)."""

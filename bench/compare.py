@@ -72,6 +72,7 @@ from benchlib import (
     scratch_dir,
     values,
 )
+from test_bench_history import message
 
 import agentwal
 
@@ -423,23 +424,6 @@ def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
 # -- a growing conversation -------------------------------------------------------------------
 
 GROWTH_STEPS = 200
-GROWTH_MESSAGE_BYTES = 1024
-_WORDS = ["agent", "tool", "call", "result", "plan", "step", "search", "answer", "user",
-          "assistant", "memory", "state", "retry", "error", "value", "commit", "checkpoint",
-          "model", "token", "budget", "context", "window"]
-
-
-def _message(rnd: Any, step: int) -> dict[str, Any]:
-    """A chat message whose CBOR encoding is about :data:`GROWTH_MESSAGE_BYTES` bytes."""
-    words: list[str] = []
-    size = 0
-    while size < GROWTH_MESSAGE_BYTES - 60:
-        w = rnd.choice(_WORDS)
-        words.append(w)
-        size += len(w) + 1
-    return {"role": "assistant" if step % 2 else "user", "step": step, "content": " ".join(words)}
-
-
 def growth(seed: int = 5) -> dict[str, Any]:
     """One 200-step conversation that re-puts the whole ``messages`` list at every step.
 
@@ -462,7 +446,7 @@ def growth(seed: int = 5) -> dict[str, Any]:
         try:
             written = store.stats()["wal_bytes_since_fold"]
             for step in range(1, GROWTH_STEPS + 1):
-                msg = _message(rnd, step)
+                msg = message(rnd, step)  # ~1 KiB, as in the history benchmark
                 txn = store.begin("chat")
                 messages = txn.get("messages", [])
                 messages.append(msg)
