@@ -103,6 +103,8 @@ GOALS: list[tuple[str, str, str | None, float, str]] = [
     ("growing: log bytes of commit 200", "growth_log_bytes_step200", None, 8192, "max"),
     ("growing: CPU steps 181-200 vs 11-30", "growth_cpu_last20_us", "growth_cpu_11_30_us", 1.5,
      "max"),
+    ("growing, txn.append: CPU 181-200 vs 11-30", "growth_append_cpu_last20_us",
+     "growth_append_cpu_11_30_us", 1.5, "max"),
     ("growing: folded bytes per checkpoint", "growth_history_bytes_per_ckpt", None, 4096,
      "max"),
     ("open, 64 MiB WAL, warm cache (s)", "open_wal_64mib_warm_s", None, 1.5, "max"),
@@ -424,11 +426,12 @@ def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
 # -- a growing conversation -------------------------------------------------------------------
 
 GROWTH_STEPS = 200
-def growth(seed: int = 5) -> dict[str, Any]:
+def growth(seed: int = 5, *, append: bool = False) -> dict[str, Any]:
     """One 200-step conversation that re-puts the whole ``messages`` list at every step.
 
     Each step begins a transaction, reads ``messages``, appends a ~1 KiB
-    message, puts the list back, sets two small keys and commits
+    message, puts the list back (with ``append``: calls ``txn.append``
+    instead, reading nothing), sets two small keys and commits
     (``durability="none"``: the engine's CPU, no fsync). Per step: the thread
     CPU from the put to the end of the commit, and the log bytes the commit
     wrote (the writer's byte count before and after). Then ``snapshot()``
@@ -448,10 +451,14 @@ def growth(seed: int = 5) -> dict[str, Any]:
             for step in range(1, GROWTH_STEPS + 1):
                 msg = message(rnd, step)  # ~1 KiB, as in the history benchmark
                 txn = store.begin("chat")
-                messages = txn.get("messages", [])
-                messages.append(msg)
-                t0 = time.thread_time()
-                txn.put("messages", messages)
+                if append:  # txn.append: nothing read, the list's bytes joined
+                    t0 = time.thread_time()
+                    txn.append("messages", msg)
+                else:
+                    messages = txn.get("messages", [])
+                    messages.append(msg)
+                    t0 = time.thread_time()
+                    txn.put("messages", messages)
                 txn.put("step", step)
                 txn.put("tokens", step * 250)
                 txn.commit()
@@ -733,6 +740,15 @@ def run(
              "folds_during_steps": c["folds_during_steps"],
              "whole_list_bytes": c["whole_list_bytes"],
              "state_head_s": c["state_head_s"]} for c in convs]
+        if hasattr(agentwal.Transaction, "append"):
+            ap = growth(seed=5, append=True)
+            figures["growth_append_cpu_11_30_us"] = statistics.median(ap["cpu_us"][10:30])
+            figures["growth_append_cpu_last20_us"] = statistics.median(ap["cpu_us"][-20:])
+            figures["growth_append_log_bytes_step200"] = float(ap["log_bytes"][-1])
+            for k in ("growth_append_cpu_11_30_us", "growth_append_cpu_last20_us"):
+                samples[k] = [figures[k]]
+            detail["growth_append"] = {"cpu_us": [round(x, 1) for x in ap["cpu_us"]],
+                                       "log_bytes": ap["log_bytes"]}
         log(f"growing conversation: commit 200 logged {figures['growth_log_bytes_step200']:,.0f} B,"
             f" put+commit {figures['growth_cpu_11_30_us']:.0f} µs (steps 11-30) -> "
             f"{figures['growth_cpu_last20_us']:.0f} µs (181-200), history "
@@ -814,6 +830,11 @@ def print_table(res: dict[str, Any]) -> None:
               f"{figs['growth_history_bytes_per_ckpt']:>12,.0f}")
         print(f"{'state() of the folded head (ms, best of 5)':<44}"
               f"{figs['growth_state_head_ms']:>12.3f}")
+        if "growth_append_cpu_last20_us" in figs:
+            print(f"{'txn.append instead: CPU steps 11-30 (µs)':<44}"
+                  f"{figs['growth_append_cpu_11_30_us']:>12,.0f}")
+            print(f"{'txn.append instead: CPU steps 181-200 (µs)':<44}"
+                  f"{figs['growth_append_cpu_last20_us']:>12,.0f}")
     if "open_wal_64mib_warm_s" in figs:
         ow = res["detail"]["open_wal"]
         print(f"\n{'open / recovery':<44}{'median s':>12}")
