@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph lint format clean
+.PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph bench-report lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ bench-compare: $(STAMP)
 
 bench-langgraph: $(STAMP)
 	$(PY) bench/langgraph_compare.py
+
+# docs/benchmarks.md's generated section and its plots (docs/images/bench/*.png), from one
+# run of every side-by-side measurement saved to bench/report.json (about 10 minutes).
+# `$(PY) bench/report.py --quick` is the same code at tiny sizes (seconds; meaningless figures).
+bench-report: $(STAMP)
+	$(PY) bench/report.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agentwal tests bench

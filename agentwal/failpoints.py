@@ -75,7 +75,8 @@ POINTS: dict[str, str] = {
     "blob_after_sync": "a blob is durable under its hash name, no commit references it yet",
     "blob_sweep_before_unlink": "a sweep is about to remove an unreferenced blob file",
     # trees (txn.put_tree, store.restore_tree)
-    "tree_after_file": "put_tree stored one file's blob, the tree not yet complete",
+    "tree_after_read": "put_tree read one file (a small one into memory), not yet checked",
+    "tree_after_file": "put_tree has one file (stored, or queued with the objects); tree not done",
     "tree_after_dirs": "put_tree stored every object of the tree, nothing committed",
     "restore_after_write": "a restored file (or link) is whole in its temp name, not renamed",
     "restore_after_rename": "a restored file has its name, its directory not yet fsynced",

@@ -33,13 +33,14 @@ import sys
 from io import FileIO
 from typing import Protocol, runtime_checkable
 
-from .errors import StoreLockedError
+from .errors import DiskFullError, DurabilityError, Error, StoreLockedError
 
 __all__ = [
     "DISK_FULL_ERRNOS",
     "FileSystem",
     "OsFileSystem",
     "WriterLock",
+    "io_error",
     "read_all",
     "write_all",
     "open_source",
@@ -48,6 +49,18 @@ __all__ = [
 #: errnos that mean "no room for this write": a full disk, a quota, a file-size
 #: limit. Nothing was acknowledged, and the store works again once there is room.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+
+def io_error(exc: OSError, path: str, what: str) -> Error:
+    """The typed error for an I/O failure (not damage: the bytes read were fine)."""
+    if exc.errno in DISK_FULL_ERRNOS:
+        where = exc.filename or path
+        return DiskFullError(where, f"{what}: no room to write {where!r} "
+                             f"({exc.strerror or exc}). Free some space and open the store "
+                             "again.")
+    return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
+
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -252,3 +265,50 @@ def _read_pid(fd: int) -> int | None:
         return int(text) if text else None
     except (OSError, ValueError):
         return None
+
+
+def writer_holder(directory: str) -> tuple[bool | None, int | None]:
+    """Whether a process holds the writer lock of ``directory``, and the pid it wrote.
+
+    Read-only and lock-free, so it never disturbs a writer: on Linux the
+    kernel's ``/proc/locks`` says whether the ``LOCK`` file is held (and, should
+    its numbers not match the file's, ``/proc/<pid>/fd`` whether the pid the
+    file names still has it open); elsewhere the answer is None (unknown).
+    The pid is the last holder's (the file keeps it after that process ends),
+    or None when the file has none.
+    """
+    path = os.path.join(directory, "LOCK")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False, None  # no LOCK file: never opened for writing
+    try:
+        st = os.fstat(fd)
+        pid = _read_pid(fd)
+    finally:
+        os.close(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, pid
+    held = any(len(p) > 5 and p[1] == "FLOCK" and p[5] == want
+               for p in (line.split() for line in lines))
+    if not held and pid is not None:  # a file system whose locks list other numbers
+        held = _keeps_open(pid, os.path.realpath(path))
+    return held, pid
+
+
+def _keeps_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open (a writer keeps its LOCK file open)."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:  # gone, or not ours to look at
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(os.path.join(fds, name)) == path:
+                return True
+    return False

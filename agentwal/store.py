@@ -42,6 +42,7 @@ from .types import (
     Checkpoint,
     Diff,
     Durability,
+    Progress,
     TreeDiff,
     TreeFile,
     check_checkpoint_id,
@@ -395,9 +396,9 @@ class Store:
         check_key(run, "run id")
         check_key(key)
         if at is not None:
-            raw = self._engine.value(run, key, _checkpoint_id(at))
+            raw = self._engine.runs.value(run, key, _checkpoint_id(at))
             return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
-        raw = self._engine.value(run, key, None)
+        raw = self._engine.runs.value(run, key, None)
         return default if raw is None else self._decoded.decode(run, key, raw, self.path)
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
@@ -416,14 +417,14 @@ class Store:
             before = store.state("run-42", at=7)
         """
         check_key(run, "run id")
-        raw = self._engine.state_raw(run, None if at is None else _checkpoint_id(at))
+        raw = self._engine.runs.state_raw(run, None if at is None else _checkpoint_id(at))
         return {k: decode_stored(b, self.path, f"{run!r}/{k!r}")
                 for k, b in sorted(raw.items()) if b is not None}
 
     def head(self, run: str) -> Checkpoint | None:
         """The run's latest checkpoint, or None if it has none."""
         check_key(run, "run id")
-        return self._engine.head(run)
+        return self._engine.runs.head(run)
 
     def history(self, run: str, *, limit: int | None = None,
                 before: int | None = None) -> list[Checkpoint]:
@@ -448,7 +449,8 @@ class Store:
         check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._engine.history(run, limit, None if before is None else _checkpoint_id(before))
+        upto = None if before is None else _checkpoint_id(before)
+        return self._engine.runs.history(run, limit, upto)
 
     def diff(self, run: str, a: int, b: int) -> Diff:
         """What changed in ``run`` from checkpoint ``a`` to checkpoint ``b``.
@@ -468,7 +470,7 @@ class Store:
             print(sorted(d.changed))
         """
         check_key(run, "run id")
-        return self._engine.diff(run, _checkpoint_id(a), _checkpoint_id(b))
+        return self._engine.runs.diff(run, _checkpoint_id(a), _checkpoint_id(b))
 
     # -- writes beside transactions -------------------------------------------------
 
@@ -498,7 +500,7 @@ class Store:
         """
         check_key(run, "run id")
         cid = _checkpoint_id(checkpoint)
-        ckpt = self._engine.rollback_to(run, cid)
+        ckpt = self._engine.runs.rollback_to(run, cid)
         return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     def fork(self, run: str, checkpoint: int, new_run: str) -> Checkpoint:
@@ -528,7 +530,7 @@ class Store:
         check_key(run, "run id")
         check_key(new_run, "run id")
         cid = _checkpoint_id(checkpoint)
-        ckpt = self._engine.fork(run, cid, new_run)
+        ckpt = self._engine.runs.fork(run, cid, new_run)
         return dataclasses.replace(ckpt, effects_after=self._effects_after(run, cid))
 
     # -- deletion and retention -----------------------------------------------------
@@ -562,12 +564,13 @@ class Store:
             assert store.head("run-42") is None
         """
         check_key(run, "run id")
-        self._engine.delete_run(run)
+        self._engine.runs.delete_run(run)
 
     def compact(self, *, keep_last: int | None = None,
                 older_than: datetime.timedelta | None = None,
                 runs: list[str] | tuple[str, ...] | set[str] | None = None,
-                vacuum: bool = False, keep_fork_origins: bool = True) -> CompactReport:
+                vacuum: bool = False, keep_fork_origins: bool = True,
+                progress: Progress | None = None) -> CompactReport:
         """Drop old checkpoints and free the history only they used.
 
         Per run (every run, or those in ``runs``) the checkpoints kept are:
@@ -598,6 +601,11 @@ class Store:
             runs: compact only these runs (default: all).
             vacuum: also shrink the LMDB file.
             keep_fork_origins: never drop a checkpoint a fork started from.
+            progress: ``progress(phase, done, total)``, called in this thread
+                as the work goes: ``("fold", 0|1, 1)``, ``("runs", runs done,
+                runs)``, then with ``vacuum`` ``("vacuum", 0|1, 1)``. It runs
+                while the store holds its fold lock: keep it quick and do not
+                call the store from it; what it raises propagates.
 
         Returns:
             A :class:`CompactReport` (checkpoints dropped, bytes of LMDB
@@ -628,11 +636,11 @@ class Store:
                 raise TypeError("runs is a list of run ids, not one str")
             selected = sorted({check_key(r, "run id") for r in runs})
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
-                                               keep_fork_origins)
+                                               keep_fork_origins, progress)
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
-        return self._engine.runs()
+        return self._engine.runs.names()
 
     def refresh(self) -> None:
         """Read-only stores: catch up with what the writer has committed since."""
@@ -674,7 +682,7 @@ class Store:
             with store.open_blob("train", "weights", at=12) as f:
                 shutil.copyfileobj(f, out)
         """
-        return self._engine.open_blob(run, key, at, verify)
+        return self._engine.blobrefs.open_blob(run, key, at, verify)
 
     def restore_tree(self, run: str, key: str, dest: str | os.PathLike[str], *,
                      at: int | None = None) -> RestoreReport:
@@ -710,7 +718,7 @@ class Store:
             store.restore_tree("agent", "workspace", "repo/", at=12)
         """
         self._engine._check_open()
-        return self._engine.restore_tree(run, key, dest, at)
+        return self._engine.blobrefs.restore_tree(run, key, dest, at)
 
     def open_tree_file(self, run: str, key: str, relpath: str, *,
                        at: int | None = None) -> BlobReader:
@@ -741,7 +749,7 @@ class Store:
             parts = split_relpath(relpath)
         except ValueError as exc:
             raise TreePathError(str(relpath), f"is not a path inside a tree ({exc})") from None
-        return self._engine.open_tree_file(run, key, relpath, parts, at)
+        return self._engine.blobrefs.open_tree_file(run, key, relpath, parts, at)
 
     def list_tree(self, run: str, key: str, *, at: int | None = None) -> list[TreeFile]:
         """Every file and link of the tree ``key`` holds (latest, or at checkpoint ``at``).
@@ -759,12 +767,12 @@ class Store:
                 print(f.path, f.size)
         """
         self._engine._check_open()
-        return self._engine.list_tree(run, key, at)
+        return self._engine.blobrefs.list_tree(run, key, at)
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
                      exclude: Any) -> TreeDiff:
         """What differs on disk at ``path`` from the run's latest tree at ``key`` (Workspace)."""
-        return self._engine._tree_status(run, key, path, exclude)
+        return self._engine.blobrefs.tree_status(run, key, path, exclude)
 
     # -- effects --------------------------------------------------------------------
 
@@ -788,8 +796,8 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        found = self._engine._effect_all() if run is None and status is None else \
-            self._engine._effect_query(run, status)
+        found = self._engine.effectlog.entries() if run is None and status is None else \
+            self._engine.effectlog.query(run, status)
         return [e for e in sorted(found, key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 
@@ -946,7 +954,7 @@ class Store:
 
     # -- verify, backup, stats, closing ---------------------------------------------
 
-    def verify(self) -> VerifyReport:
+    def verify(self, *, progress: Progress | None = None) -> VerifyReport:
         """Recompute every checksum and hash chain and cross-check state against history.
 
         Reads every entry of every LMDB database (each value's CRC, its
@@ -964,6 +972,13 @@ class Store:
         own open does. Time is proportional to every byte ever committed
         (history included): it rehashes them all.
 
+        Args:
+            progress: ``progress(phase, done, total)``, called in this thread
+                as the checks go: ``("snapshot", groups of databases checked,
+                10)``, ``("log", segments, segments)``, ``("blobs", bytes,
+                bytes)``. A writer holds its fold lock meanwhile: keep it quick
+                and do not call the store from it; what it raises propagates.
+
         Returns:
             A :class:`VerifyReport` (``ok``, ``problems``, ``checked``, ``notes``).
 
@@ -976,9 +991,10 @@ class Store:
             for p in report.problems:
                 print(p.where, p.what)
         """
-        return self._engine.verify()
+        return self._engine.audit.verify(progress)
 
-    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+    def backup(self, dest: str | os.PathLike[str], *,
+               progress: Progress | None = None) -> BackupReport:
         """Write a consistent copy of the store to the new directory ``dest``.
 
         Works while the store is open and commits go on. The backup holds
@@ -998,6 +1014,12 @@ class Store:
             dest: a path that does not exist (its parent is created if missing).
                 The store's files are read through its file system (``fs=``);
                 the backup is written to the operating system's.
+            progress: ``progress(phase, done, total)``, called in this thread
+                as the copy goes: ``("log", segments copied, segments)``,
+                ``("snapshot", 0|1, 1)`` (one LMDB copy), ``("blobs", files
+                copied, None)``. Locks may be held meanwhile: keep it quick and
+                do not call the store from it; what it raises propagates (and
+                nothing is published at ``dest``).
 
         Returns:
             A :class:`BackupReport`: ``path``, ``lsn`` (every commit up to it
@@ -1017,7 +1039,7 @@ class Store:
             store.backup("/backups/state-2024-05-01.awal")
             agentwal.open("/backups/state-2024-05-01.awal", readonly=True).verify()
         """
-        return self._engine.backup(dest)
+        return self._engine.audit.backup(dest, progress)
 
     def stats(self) -> dict[str, Any]:
         """Sizes, LSNs, counters and what the last recovery did (a new dict)."""

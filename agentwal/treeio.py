@@ -8,24 +8,33 @@ pins, sweeps, verification and backups.
 
 *Snapshot* (``txn.put_tree``): walk the directory (never following links),
 skip excluded paths and the store's own directory, and build the tree
-bottom-up. A regular file whose ``(size, mtime, ctime, inode)`` match the
-*stat cache* (``<store>/cache/stat-<hash of the directory's path>``) is not
-read: its hash comes from the cache and its blob is pinned if it is still
-present. Every other file is streamed into the blob store with ``fstat``
-before and after; a file whose stat changed, or (when its mtime is within
-:data:`RACY_NS` of now, where one clock tick could hide a write) whose
-content hashes differently on a second read, is read again, up to
+bottom-up. The *stat cache* (``<store>/cache/stat-<hash of the directory's
+path>``, :class:`StatCache`) keeps, per directory, a record of its last
+snapshot (or restore): a digest of its entries' signatures, its object and
+its files' entries. A directory whose entries hash to a trusted record
+(see :class:`_Snapper`) is that record's object, not looked into, when the
+record's tree is the key's current one; its files need no pin, since that
+tree keeps them referenced. In any other directory, a regular file whose
+``(size, mtime, ctime, inode)`` match its cache entry is not read: its
+hash comes from the cache and its blob is pinned if it is still present.
+Every other file is read with ``fstat`` before and after (a small one into
+memory, then stored only if its content is missing; a large one streamed
+into the blob store); a file whose stat changed, or (when its mtime is
+within :data:`RACY_NS` of now, where one clock tick could hide a write)
+whose content hashes differently on a second read, is read again, up to
 :data:`READ_ATTEMPTS` times, then :class:`~agentwal.errors.TreeSourceError`.
-A cache entry is trusted only when its mtime was :data:`RACY_NS` older
-than the moment it was recorded (git's "racy clean" rule), so a write in
-the same clock tick as a snapshot is never missed. Directory objects and
-the root object are stored with ``put_bytes`` (nothing is written for one
-already present). Everything the tree holds is pinned for the transaction,
-except what the key's current tree (as the transaction sees it) already
-reaches: that stays referenced by the run's state, and a commit that
-replaced it would make this transaction's commit conflict, so no sweep can
-leave the new tree dangling. If the walk fails, the pins are dropped and
-nothing is committed.
+A cache entry (or record) is trusted only when its mtime (its newest
+file's) was :data:`RACY_NS` older than the moment it was recorded (git's
+"racy clean" rule), so a write in the same clock tick as a snapshot is
+never missed. Directory objects and the root object are stored with
+``put_bytes`` (nothing is written for one already present). Everything
+the tree holds is pinned for the transaction, except what the key's
+current tree (as the transaction sees it) already reaches: that stays
+referenced by the run's state, and a commit that replaced it would make
+this transaction's commit conflict, so no sweep can leave the new tree
+dangling. If the walk fails, the pins are dropped and nothing is
+committed. ``put_tree`` of a :class:`~agentwal.types.TreeRef`
+(:meth:`TreeStore.copy`) pins what that tree reaches instead of walking.
 
 Crash windows of a snapshot (failpoints in brackets): before the commit is
 durable, every blob it wrote is garbage (``blobs.py``) and the store is at
@@ -38,9 +47,13 @@ meanwhile): load and check every directory
 object first (an unsafe name raises ``UnsafeTreeError`` before anything is
 written), then make ``dest`` equal to it, directory by directory through
 directory file descriptors opened with ``O_NOFOLLOW`` (so no link on disk,
-planted or stale, is ever followed). A file whose stat-cache entry or
-content already matches is left alone; entries the tree lacks are removed
-unless excluded [``restore_after_remove``]; the other files are queued and
+planted or stale, is ever followed). A directory whose entries hash to a
+trusted record naming the tree's object is left alone (only its
+subdirectories are visited); in one whose record names another object,
+only the entries differing from that object are looked at. A file whose
+stat-cache entry or content already matches is left alone; entries the
+tree lacks are removed unless excluded [``restore_after_remove``]; the
+other files are queued and
 written in the thread pool, each to ``.awtmp-<random>`` in its directory,
 fsynced, and renamed over the name [``restore_after_write``,
 ``restore_after_rename``]; then each changed directory is fsynced. A crash
@@ -63,6 +76,7 @@ import hashlib
 import io
 import os
 import stat
+import struct
 import threading
 import time
 import uuid
@@ -81,7 +95,9 @@ from .errors import (
     DiskFullError,
     Error,
     RestoreError,
+    TreePathError,
     TreeSourceError,
+    UnsafeTreeError,
 )
 from .format import CACHE_DIR, TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
 from .io import DISK_FULL_ERRNOS
@@ -113,14 +129,17 @@ READ_ATTEMPTS = 3
 #: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
 #: and memory stays under THREADS blob chunks.
 THREADS = 16
+#: Bytes of small files a snapshot holds in memory to store them in one batch with
+#: its directory objects (their fsyncs then overlap); beyond it, each is stored when read.
+_DEFER_BYTES = 32 << 20
 #: Decoded directory objects a store keeps in memory (a few hundred bytes each).
 _OBJECT_CACHE = 8192
 #: A restore writes its queued files once this many directories (or files) wait.
 _QUEUED_DIRS, _QUEUED_FILES = 64, 256
 #: Name prefix of restore's temp files (removed by the next restore).
 TMP_PREFIX = ".awtmp-"
-_GITIGNORE_FILE = ".gitignore"
 _CACHE_MAGIC = "awstat"
+_CACHE_VERSION = 2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
     os, "O_NOCTTY", 0)
@@ -135,22 +154,61 @@ def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
+_FILE_SIG = struct.Struct("<qqqqq")
+
+
+def _file_sig(name: bytes, st: os.stat_result) -> bytes:
+    """What a directory's digest holds of one regular file: its name, size, mtime,
+    ctime, inode and mode. Names hold no NUL and the rest is of fixed length (a
+    link's target holds no NUL either), so a list of signatures names one set of
+    entries."""
+    return name + b"\0f" + _FILE_SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                           st.st_ino, st.st_mode)
+
+
+def _link_sig(name: bytes, target: bytes) -> bytes:
+    return name + b"\0l" + target + b"\0"
+
+
+def _dir_sig(name: bytes) -> bytes:
+    return name + b"\0d"
+
+
+def _digest(sigs: list[bytes]) -> bytes:
+    """A directory's digest: the first 16 bytes of SHA-256 over its entries'
+    signatures, sorted."""
+    return hashlib.sha256(b"".join(sorted(sigs))).digest()[:16]
+
+
 # -- the stat cache --------------------------------------------------------------------
 
 
 class StatCache:
-    """``relpath -> (size, mtime, ctime, inode, sha256, recorded)`` for one directory.
+    """What one directory tree looked like when it was last snapshotted (or restored).
+
+    Per directory (``dirs[relpath bytes]``, ``b""`` for the top) a record
+    ``[digest, recorded, newest, sha256, size, files, bytes, entries]``:
+    the digest of the signatures of its entries as stored (see
+    :func:`_digest`), when the walk that made it began, the newest mtime
+    among its files, its directory object's hash and size, the files and
+    bytes below it, and its files' entries, CBOR
+    ``{name: [size, mtime, ctime, inode, sha256, recorded]}``, decoded only
+    for a directory that changed. ``root`` is the tree (its root object's
+    hash) every record's object belongs to, or None.
 
     A hint, never state: a missing, torn or stale file is an empty cache.
     The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
     """
 
-    def __init__(self, path: str | None, top: str) -> None:
+    def __init__(self, path: str | None, top: str, *, load: bool = True) -> None:
         self.path = path
         self.top = top
-        self.entries: dict[bytes, list[Any]] = {}
-        self.seen: dict[bytes, list[Any]] = {}
-        if path is not None:
+        self.root: str | None = None
+        self.dirs: dict[bytes, list[Any]] = {}
+        self._files: dict[bytes, dict[bytes, list[Any]]] = {}
+        self.seen: dict[bytes, dict[bytes, list[Any]]] = {}  # file entries to save, by dir
+        self.out: dict[bytes, list[Any]] = {}  # directory records to save
+        if path is not None and load:
             self._load()
 
     def _load(self) -> None:
@@ -167,17 +225,57 @@ class StatCache:
             obj = loads(body)
         except CodecError:
             return
-        if (isinstance(obj, list) and len(obj) == 3 and obj[0] == _CACHE_MAGIC
-                and obj[1] == self.top and isinstance(obj[2], dict)):
-            self.entries = obj[2]
+        if (isinstance(obj, list) and len(obj) == 5 and obj[0] == _CACHE_MAGIC
+                and obj[1] == _CACHE_VERSION and obj[2] == self.top
+                and isinstance(obj[4], dict)):
+            root = obj[3]
+            self.root = root.hex() if isinstance(root, bytes) and len(root) == 32 else None
+            self.dirs = {k: v for k, v in obj[4].items() if _valid_record(k, v)}
 
-    def lookup(self, rel: str, st: os.stat_result) -> tuple[str, bool] | None:
-        """``(sha256, trusted)`` if the entry matches ``st`` (trusted: not racy).
+    def reusable(self, rel: bytes, digest: bytes) -> list[Any] | None:
+        """The directory's record if its entries are exactly as recorded (same digest)
+        and it is trusted: its newest mtime was :data:`RACY_NS` older than the walk
+        that recorded it. The record is carried over to the next save."""
+        rec = self.matches(rel, digest)
+        if rec is not None:
+            self.out[rel] = rec
+        return rec
 
-        A trusted entry is carried over to the next save as it is.
-        """
-        key = _key(rel)
-        e = self.entries.get(key)
+    def matches(self, rel: bytes, digest: bytes) -> list[Any] | None:
+        """As :meth:`reusable`, without carrying the record over."""
+        rec = self.dirs.get(rel)
+        if rec is None or rec[0] != digest or rec[1] - rec[2] < RACY_NS:
+            return None
+        return rec
+
+    def carry(self, rel: bytes) -> None:
+        """Carry the directory's record over to the next save as it is."""
+        self.out[rel] = self.dirs[rel]
+
+    def carry_file(self, rel: bytes, name: bytes) -> None:
+        """Carry a file's entry over to the directory's next record."""
+        e = self.files_of(rel).get(name)
+        if e is not None:
+            self.seen.setdefault(rel, {})[name] = e
+
+    def files_of(self, rel: bytes) -> dict[bytes, list[Any]]:
+        """The directory's recorded file entries (decoded once)."""
+        got = self._files.get(rel)
+        if got is None:
+            got = {}
+            rec = self.dirs.get(rel)
+            if rec is not None:
+                with contextlib.suppress(CodecError):
+                    obj = loads(rec[7])
+                    if isinstance(obj, dict):
+                        got = obj
+            self._files[rel] = got
+        return got
+
+    def lookup(self, rel: bytes, name: bytes, st: os.stat_result) -> tuple[str, bool] | None:
+        """``(sha256, trusted)`` if file ``name`` of directory ``rel`` matches ``st``
+        (trusted: not racy). A trusted entry is carried over to the next save as it is."""
+        e = self.files_of(rel).get(name)
         if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size
                 or e[1] != st.st_mtime_ns or e[2] != st.st_ctime_ns or e[3] != st.st_ino
                 or not isinstance(e[4], bytes) or len(e[4]) != 32
@@ -185,18 +283,31 @@ class StatCache:
             return None
         trusted = e[5] - st.st_mtime_ns >= RACY_NS
         if trusted:
-            self.seen[key] = e
+            self.seen.setdefault(rel, {})[name] = e
         return e[4].hex(), trusted
 
-    def record(self, rel: str, st: os.stat_result, sha: str, now: int) -> None:
-        self.seen[_key(rel)] = [*_sig(st), bytes.fromhex(sha), now]
+    def record(self, rel: bytes, name: bytes, st: os.stat_result, sha: str, now: int) -> None:
+        self.seen.setdefault(rel, {})[name] = [*_sig(st), bytes.fromhex(sha), now]
 
-    def save(self, *, merge: bool = False) -> None:
-        """Write what was recorded (``merge``: over the loaded entries) ; errors are ignored."""
+    def forget(self, rel: bytes, name: bytes) -> None:
+        self.seen.get(rel, {}).pop(name, None)
+
+    def close_dir(self, rel: bytes, digest: bytes, recorded: int, newest: int, sha: str,
+                  size: int, files: int, nbytes: int, blob: bytes | None = None) -> None:
+        """Record a directory as just stored (or restored); ``blob``: its files' entries,
+        encoded, if they are its old record's."""
+        if blob is None:
+            blob = bytes(cbor2.dumps(self.seen.get(rel, {})))
+        self.out[rel] = [digest, recorded, newest, bytes.fromhex(sha), size, files, nbytes,
+                         blob]
+
+    def save(self, root: str | None) -> None:
+        """Write the records closed or carried, as those of tree ``root``; errors are ignored."""
         if self.path is None:
             return
-        entries = {**self.entries, **self.seen} if merge else self.seen
-        body = bytes(cbor2.dumps([_CACHE_MAGIC, self.top, entries]))
+        out = self.out
+        body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
+                                  None if root is None else bytes.fromhex(root), out]))
         tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -206,6 +317,14 @@ class StatCache:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _valid_record(rel: object, rec: object) -> bool:
+    return (isinstance(rel, bytes) and isinstance(rec, list) and len(rec) == 8
+            and isinstance(rec[0], bytes) and isinstance(rec[1], int)
+            and isinstance(rec[2], int) and isinstance(rec[3], bytes) and len(rec[3]) == 32
+            and all(isinstance(v, int) and v >= 0 for v in rec[4:7])
+            and isinstance(rec[7], bytes))
 
 
 # -- results ---------------------------------------------------------------------------
@@ -261,26 +380,30 @@ class TreeStore:
     def __init__(self, blobs: BlobStore, store_dir: str, *, readonly: bool = False) -> None:
         self.blobs = blobs
         self.store_dir = os.path.realpath(store_dir)
+        self.store_dir_b = os.fsencode(self.store_dir)
         self.readonly = readonly
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
         self._objects_lock = threading.Lock()
 
-    def _cache(self, top: str) -> StatCache:
+    def _cache(self, top: str, *, rehash: bool = False) -> StatCache:
+        """The stat cache of directory ``top`` (``rehash``: empty, replacing the file)."""
         if self.readonly:
             return StatCache(None, top)
         name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
-        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top)
+        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash)
 
     # -- snapshot --------------------------------------------------------------------
 
     def snapshot(self, path: str | os.PathLike[str], patterns: tuple[str, ...],
-                 gitignore: bool, *, base: BlobRef | None = None) -> SnapshotResult:
+                 gitignore: bool, *, base: BlobRef | None = None, rehash: bool = False
+                 ) -> SnapshotResult:
         """Store the tree at ``path`` and pin all of it; see the module's theory.
 
         ``base`` is the key's value as the transaction sees it: what its tree
         reaches needs no pin (it stays referenced, or a commit that replaced
-        it makes this transaction's commit conflict).
+        it makes this transaction's commit conflict). ``rehash`` ignores the
+        stat cache (every file is read and hashed) and replaces it.
 
         Raises:
             TreeSourceError: ``path`` is not a readable directory, a file
@@ -288,8 +411,15 @@ class TreeStore:
             DiskFullError, DurabilityError: from the blob store.
         """
         top = _top(path, self.store_dir)
-        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
-                        known=self.reachable(base))
+        cache = self._cache(top, rehash=rehash)
+        # The cache's directory records may stand for directories only if the tree
+        # they belong to is the key's current one (it keeps their objects and files
+        # referenced): then nothing below an unchanged directory needs a pin.
+        reuse = (base is not None and base.media_type == TREE_MEDIA_TYPE
+                 and cache.root == base.sha256)
+        known = {base.sha256} if reuse and base is not None else set(self.reachable(base))
+        snap = _Snapper(self, top, cache, IgnoreRules.of(patterns), gitignore, known=known,
+                        reuse=reuse)
         try:
             root = snap.snapshot(top, patterns)
             data = encode_root(root)
@@ -298,9 +428,70 @@ class TreeStore:
         except BaseException:
             self.blobs.unpin(snap.pins)
             raise
-        snap.cache.save()
+        cache.save(ref.sha256)
         return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), root, snap.pins,
                               snap.files_read, snap.bytes_read)
+
+    def copy(self, ref: BlobRef, parts: list[str], subdir: str, *,
+             base: BlobRef | None = None) -> SnapshotResult:
+        """A tree already in this store, or its directory at ``parts`` as a tree of its
+        own, pinned like a snapshot's; no file is read or written.
+
+        A re-rooted tree keeps the source's gitignore flag; its exclude patterns
+        (relative to the source's top) are dropped.
+
+        Raises:
+            TreeSourceError: the store holds no such tree (never stored here, or
+                swept), or a file of it is gone.
+            TreePathError: ``subdir`` is not a directory of it.
+            CorruptionError: an object of the tree is damaged.
+        """
+        if not os.path.exists(self._path(ref.sha256)):
+            raise TreeSourceError(f"TreeRef {ref.sha256}", "this store has no tree with that "
+                                  "hash (it was never stored here, or was swept)")
+        root = self._root(ref)
+        sha, size, where = root.sha256, root.size, ""
+        for name in parts:
+            want = os.fsencode(name)
+            e = next((e for e in self._dir(sha, size, where) if e.name == want), None)
+            if e is None or e.kind != TREE_DIR:
+                raise TreePathError(subdir, "is not a directory of the tree")
+            sha, size, where = e.sha256, e.size, join(where, name)
+        need: dict[str, int] = {ref.sha256: ref.size}
+        files = nbytes = 0
+        todo = [(sha, size, where)]
+        while todo:
+            dsha, dsize, dwhere = todo.pop()
+            need[dsha] = dsize
+            for e in self._dir(dsha, dsize, dwhere):
+                if e.kind == TREE_DIR:
+                    todo.append((e.sha256, e.size, join(dwhere, e.name)))
+                    continue
+                files += 1
+                if e.kind == TREE_FILE:
+                    need[e.sha256] = e.size
+                    nbytes += e.size
+        new_root = root
+        if parts:
+            new_root = Root(sha, size, files, nbytes, (), root.gitignore)
+            data = encode_root(new_root)
+            need.pop(ref.sha256)
+        known = self.reachable(base)
+        ask = [(h, n) for h, n in need.items() if h not in known]
+        got = self.blobs.pin_present(ask)
+        pins = [h for (h, _n), ok in zip(ask, got, strict=True) if ok]
+        try:
+            if not all(got):
+                raise TreeSourceError(f"TreeRef {ref.sha256}", "a file or object of the tree "
+                                      "is no longer in this store")
+            if parts:
+                out = self.blobs.put_bytes(data)
+                pins.append(out.sha256)
+                ref = BlobRef(out.sha256, out.size, TREE_MEDIA_TYPE)
+        except BaseException:
+            self.blobs.unpin(pins)
+            raise
+        return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), new_root, pins)
 
     # -- loading ---------------------------------------------------------------------
 
@@ -477,10 +668,11 @@ class TreeStore:
         try:
             restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
             restorer.flush()
+            restorer.close_dirs()
         finally:
             os.close(fd)
             restorer.close()
-        cache.save(merge=True)
+        cache.save(ref.sha256)
         return RestoreReport(counts.written, counts.removed, counts.unchanged, root.files)
 
     def open_file(self, ref: BlobRef, parts: list[str], relpath: str) -> Any:
@@ -577,25 +769,43 @@ class _Node:
     """One directory of a snapshot's walk, its entries filled in as the phases run."""
 
     rel: str
+    key: bytes  # rel as the stat cache keys it
     depth: int
     entries: list[Entry] = field(default_factory=list)
     subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
-    pending: list[tuple[bytes, str, str]] = field(default_factory=list)  # name, path, rel
-    cached: list[tuple[bytes, str, str, os.stat_result, str]] = field(default_factory=list)
+    pending: list[tuple[bytes, bytes, str]] = field(default_factory=list)  # name, path, rel
+    cached: list[tuple[bytes, bytes, str, os.stat_result, str, bool]] = field(
+        default_factory=list)  # name, path, rel, stat, sha256, trusted
+    sigs: list[bytes] = field(default_factory=list)  # of the entries as stored
+    newest: int = 0  # the newest mtime among its files as stored
+    blob: bytes | None = None  # its files' cache entries, if all are as recorded
+    reused: bool = False  # unchanged since the cache's record: sha, size, counts from it
     sha: str = ""
     size: int = 0
+    files: int = 0  # files and links at or below it
+    nbytes: int = 0
 
 
 class _Snapper:
-    """A snapshot in four phases: walk (stat, links, cache lookups), pin the cache's
-    files, read the others (in a thread pool: their fsyncs overlap), then encode
-    every directory object deepest first and store them all at once (in the pool)."""
+    """A snapshot in four phases: walk (stat, links, unchanged directories, cache
+    lookups), pin the cache's files, read the others (in a thread pool: their fsyncs
+    overlap), then encode every changed directory's object deepest first and store
+    them all at once (in the pool).
+
+    A directory whose entries' signatures (name, kind, and a file's size, mtime,
+    ctime, inode and mode, or a link's target) hash to its cache record's digest,
+    whose record is trusted (its newest mtime was :data:`RACY_NS` older than the
+    walk that made it) and whose subdirectories are all unchanged too, is the
+    record's directory object: nothing in it is looked up, encoded or pinned.
+    This is only done when the record's tree is the key's current one (``reuse``).
+    """
 
     def __init__(self, trees: TreeStore, top: str, cache: StatCache, rules: IgnoreRules,
-                 gitignore: bool, *, store: bool = True, known: frozenset[str] = frozenset()
-                 ) -> None:
+                 gitignore: bool, *, store: bool = True, known: set[str] | None = None,
+                 reuse: bool = False) -> None:
         self.trees = trees
-        self.known = known  # hashes the key's current tree reaches: no pin needed
+        self.known = set() if known is None else known  # reached by the key's tree: no pin
+        self.reuse = reuse and store
         self.blobs = trees.blobs
         self.top = top
         self.cache = cache
@@ -604,9 +814,13 @@ class _Snapper:
         self.store = store  # False: only hash (status), keep a listing
         self.pins: list[str] = []
         self.listing: dict[str, Leaf] = {}
-        self.files = self.bytes = self.files_read = self.bytes_read = 0
+        self.files_read = self.bytes_read = 0
         self.root: Root | None = None
+        self.began = time.time_ns()  # before any stat: the directory records' "recorded"
         self._lock = threading.Lock()
+        # small files read and checked, stored with the objects (one batch of fsyncs)
+        self._deferred: list[bytes] = []
+        self._deferred_bytes = 0
 
     def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
         """Store the tree at ``top`` with its root object; returns the root."""
@@ -619,81 +833,152 @@ class _Snapper:
         """Walk, read and store the directory ``path`` (and, storing, the root object
         naming it, in the same batch); returns its object's ``(sha256, size)``."""
         nodes: list[_Node] = []
-        top = self._walk(path, rel, rules, 0, nodes)
-        self._pin_cached(nodes)
-        jobs = [(node, item) for node in nodes for item in node.pending]
+        top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
+        changed = [n for n in nodes if not n.reused]
+        if self.reuse:
+            self._old_known(changed)
+        self._pin_cached(changed)
+        jobs = [(node, item) for node in changed for item in node.pending]
         with ThreadPoolExecutor(THREADS) as pool:
-            for (node, _item), e in zip(jobs, pool.map(lambda j: self._file(*j[1]), jobs),
-                                        strict=True):
-                if e is not None:
-                    node.entries.append(e)
+            for (node, (name, _p, _r)), got in zip(
+                    jobs, pool.map(lambda j: self._file(j[0], *j[1]), jobs), strict=True):
+                if got is not None:
+                    node.entries.append(got[0])
+                    node.sigs.append(_file_sig(name, got[1]))
+                    node.newest = max(node.newest, got[1].st_mtime_ns)
             # Every object's hash is known from its children's: encode them all, deepest
             # first, in memory, then store them at once (their fsyncs overlap too).
-            objects = [self._encode_dir(n) for n in sorted(nodes, key=lambda n: -n.depth)]
+            objects = [self._encode_dir(n) for n in sorted(changed, key=lambda n: -n.depth)]
             if self.store:
-                self.root = Root(top.sha, top.size, self.files, self.bytes, patterns,
+                self.root = Root(top.sha, top.size, top.files, top.nbytes, patterns,
                                  self.gitignore)
                 objects.append(encode_root(self.root))
-                self._put_objects(pool, objects)
+                self._put_objects(pool, objects + self._deferred)
         return top.sha, top.size
 
-    def _walk(self, path: str, rel: str, rules: IgnoreRules, depth: int,
+    def _walk(self, path: bytes, rel: str, rules: IgnoreRules, depth: int,
               nodes: list[_Node]) -> _Node:
-        node = _Node(rel, depth)
+        """One directory (``path`` as bytes: names come back as bytes, no decoding)."""
+        node = _Node(rel, _key(rel), depth)
         nodes.append(node)
         try:
             with os.scandir(path) as it:
-                items = list(it)  # encode_dir puts the entries in order
+                items = list(it)
         except OSError as exc:
-            raise TreeSourceError(path, f"cannot list it: {exc.strerror or exc}") from None
+            raise TreeSourceError(os.fsdecode(path), f"cannot list it: {exc.strerror or exc}"
+                                  ) from None
         if self.gitignore:
             rules = self._gitignore(items, rules, rel)
+        files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]] = []
+        links: list[tuple[str, Entry]] = []
+        is_dir_, is_reg, gitignore, store_dir = stat.S_ISDIR, stat.S_ISREG, self.gitignore, \
+            self.trees.store_dir_b
         for d in items:
-            crel = join(rel, d.name)
             try:
                 st = d.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed meanwhile: not in this snapshot
             except OSError as exc:
-                raise TreeSourceError(d.path, f"cannot stat it: {exc.strerror or exc}"
-                                      ) from None
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if ((self.gitignore and d.name == ".git") or (rules and rules.ignored(crel, is_dir))
-                    or (is_dir and os.path.join(path, d.name) == self.trees.store_dir)):
+                raise TreeSourceError(os.fsdecode(d.path), f"cannot stat it: "
+                                      f"{exc.strerror or exc}") from None
+            name, mode = d.name, st.st_mode
+            if is_reg(mode):
+                if not ((gitignore and name == b".git")
+                        or (rules and rules.ignored(join(rel, name), False))):
+                    files.append((name, d, st))
                 continue
-            name = os.fsencode(d.name)
+            is_dir = is_dir_(mode)
+            if ((gitignore and name == b".git") or (rules and rules.ignored(join(rel, name),
+                                                                             is_dir))
+                    or (is_dir and d.path == store_dir)):
+                continue
             if is_dir:
-                node.subdirs.append((name, self._walk(d.path, crel, rules, depth + 1, nodes)))
-            elif stat.S_ISLNK(st.st_mode):
+                sub = self._walk(d.path, join(rel, name), rules, depth + 1, nodes)
+                node.subdirs.append((name, sub))
+            elif stat.S_ISLNK(mode):
                 try:
-                    target = os.readlink(os.fsencode(d.path))
+                    target = os.readlink(d.path)
                 except FileNotFoundError:
                     continue
                 except OSError as exc:
-                    raise TreeSourceError(d.path, f"cannot read the link: "
+                    raise TreeSourceError(os.fsdecode(d.path), f"cannot read the link: "
                                           f"{exc.strerror or exc}") from None
-                e = Entry(name, TREE_LINK, 0, "", len(target), target)
-                self._count(crel, e)
-                node.entries.append(e)
-            elif stat.S_ISREG(st.st_mode):
-                hit = self.cache.lookup(crel, st)
-                if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
-                    node.cached.append((name, d.path, crel, st, hit[0]))
-                else:
-                    node.pending.append((name, d.path, crel))
+                links.append((join(rel, name), Entry(name, TREE_LINK, 0, "", len(target),
+                                                     target)))
             # sockets, FIFOs and devices are not stored
+        other = [_link_sig(e.name, e.target) for _crel, e in links] + [
+            _dir_sig(name) for name, _sub in node.subdirs]
+        if self.reuse and self._as_recorded(node, files, other):
+            return node
+        node.sigs = other
+        for crel, e in links:
+            node.entries.append(e)
+            if not self.store:
+                self.listing[crel] = leaf(e)
+        for name, d, st in files:
+            hit = self.cache.lookup(node.key, name, st)
+            fpath, crel = d.path, join(rel, name)
+            if hit is not None and (hit[1] or _hashes_to(fpath, hit[0])):
+                node.cached.append((name, fpath, crel, st, hit[0], hit[1]))
+            else:
+                node.pending.append((name, fpath, crel))
         return node
 
-    def _gitignore(self, items: list[os.DirEntry[str]], rules: IgnoreRules,
+    def _as_recorded(self, node: _Node,
+                     files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]],
+                     other: list[bytes]) -> bool:
+        """Whether the directory's own entries are as its trusted record says: then it
+        is the record's object if its subdirectories are unchanged too, else its files
+        and links are the old object's (only its subdirectories' entries are new)."""
+        pack = _FILE_SIG.pack  # _file_sig, inline: this runs for every file of the tree
+        sigs = [name + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                      st.st_mode) for name, _d, st in files] + other
+        digest = _digest(sigs)
+        if all(sub.reused for _name, sub in node.subdirs):
+            rec = self.cache.reusable(node.key, digest)
+            if rec is not None:
+                node.reused = True
+                node.sha, node.size, node.files, node.nbytes = rec[3].hex(), *rec[4:7]
+                return True
+            return False
+        rec = self.cache.matches(node.key, digest)
+        if rec is None:
+            return False
+        try:
+            old = self.trees._dir(rec[3].hex(), rec[4], node.rel)
+        except (CorruptionError, UnsafeTreeError):
+            return False
+        node.entries = [e for e in old if e.kind != TREE_DIR]
+        node.sigs = sigs
+        node.newest = max((st.st_mtime_ns for _n, _d, st in files), default=0)
+        node.blob = rec[7]  # its files' cache entries, unchanged
+        self.known.update(e.sha256 for e in node.entries if e.kind == TREE_FILE)
+        return True
+
+    def _gitignore(self, items: list[os.DirEntry[bytes]], rules: IgnoreRules,
                    rel: str) -> IgnoreRules:
-        gi = next((d for d in items if d.name == _GITIGNORE_FILE), None)
+        gi = next((d for d in items if d.name == b".gitignore"), None)
         if gi is None or not gi.is_file(follow_symlinks=False):
             return rules
         try:
             with open(gi.path, "rb") as f:
                 return rules.extended(_read_lines(f.read()), rel)
         except OSError as exc:
-            raise TreeSourceError(gi.path, f"cannot read it: {exc.strerror or exc}") from None
+            raise TreeSourceError(os.fsdecode(gi.path), f"cannot read it: "
+                                  f"{exc.strerror or exc}") from None
+
+    def _old_known(self, changed: list[_Node]) -> None:
+        """Add what the key's tree held in each changed directory (its old object, as the
+        cache records it, is in that tree) to ``known``: those need no pin."""
+        for node in changed:
+            rec = self.cache.dirs.get(node.key)
+            if rec is None:
+                continue
+            try:
+                entries = self.trees._dir(rec[3].hex(), rec[4], node.rel)
+            except (CorruptionError, UnsafeTreeError):
+                continue
+            self.known.update(e.sha256 for e in entries if e.kind != TREE_LINK)
 
     def _pin_cached(self, nodes: list[_Node]) -> None:
         """Entries of the files the cache vouched for (to be read if their blob is gone)."""
@@ -702,31 +987,32 @@ class _Snapper:
             return
         present = [True] * len(cached)
         if self.store:  # pin what the key's current tree does not already hold
-            ask = [i for i, (_n, item) in enumerate(cached) if item[4] not in self.known]
+            known = self.known
+            ask = [i for i, (_n, item) in enumerate(cached) if item[4] not in known]
             got = self.blobs.pin_present([(cached[i][1][4], cached[i][1][3].st_size)
                                           for i in ask])
             for i, ok in zip(ask, got, strict=True):
                 present[i] = ok
         now = time.time_ns()
-        seen = self.cache.seen
-        for (node, (name, path, rel, st, sha)), ok in zip(cached, present, strict=True):
+        for (node, (name, path, rel, st, sha, trusted)), ok in zip(cached, present,
+                                                                  strict=True):
             if not ok:
                 node.pending.append((name, path, rel))
-                seen.pop(_key(rel), None)
+                self.cache.forget(node.key, name)
                 continue
             if self.store and sha not in self.known:
                 self.pins.append(sha)
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            if _key(rel) not in seen:  # a racy entry, hashed again just now
-                self.cache.record(rel, st, sha, now)
-            self.files += 1
-            self.bytes += st.st_size
+            if not trusted:  # a racy entry, hashed again just now
+                self.cache.record(node.key, name, st, sha, now)
             if not self.store:
                 self.listing[rel] = leaf(e)
             node.entries.append(e)
+            node.sigs.append(_file_sig(name, st))
+            node.newest = max(node.newest, st.st_mtime_ns)
 
     def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
-        """Pin the objects already stored (most of them, usually), write the others."""
+        """Pin the objects (and deferred small files) already stored, write the others."""
         refs = [(hashlib.sha256(data).hexdigest(), len(data)) for data in objects]
         ask = [i for i, (sha, _n) in enumerate(refs) if sha not in self.known]
         present = [True] * len(refs)
@@ -741,30 +1027,28 @@ class _Snapper:
                 self.pins.append(ref.sha256)
 
     def _encode_dir(self, node: _Node) -> bytes:
-        """The node's directory object (its subdirectories' are encoded already)."""
-        entries = sorted(node.entries + [Entry(name, TREE_DIR, 0, sub.sha, sub.size)
-                                         for name, sub in node.subdirs], key=lambda e: e.name)
+        """The node's directory object (its subdirectories' are encoded already); records
+        the directory in the stat cache."""
+        subs = [Entry(name, TREE_DIR, 0, sub.sha, sub.size) for name, sub in node.subdirs]
+        entries = sorted(node.entries + subs, key=lambda e: e.name)
         data = encode_dir(entries)
         node.sha, node.size = hashlib.sha256(data).hexdigest(), len(data)
+        node.files = len(node.entries) + sum(sub.files for _name, sub in node.subdirs)
+        node.nbytes = sum(e.size for e in node.entries if e.kind == TREE_FILE) + sum(
+            sub.nbytes for _name, sub in node.subdirs)
         if self.store:
             self.trees.remember(node.sha, entries)  # what a restore or a listing reads next
+            self.cache.close_dir(node.key, _digest(node.sigs), self.began, node.newest, node.sha,
+                                 node.size, node.files, node.nbytes, node.blob)
         return data
 
-    def _count(self, rel: str, e: Entry, size_read: int | None = None) -> None:
-        with self._lock:
-            self.files += 1
-            self.bytes += e.size if e.kind == TREE_FILE else 0
-            if size_read is not None:
-                self.files_read += 1
-                self.bytes_read += size_read
-            if not self.store:
-                self.listing[rel] = leaf(e)
-
-    def _file(self, name: bytes, path: str, rel: str) -> Entry | None:
+    def _file(self, node: _Node, name: bytes, bpath: bytes, rel: str
+              ) -> tuple[Entry, os.stat_result] | None:
         """Read one file into the blob store (or only hash it), consistently; None if gone."""
+        path = os.fsdecode(bpath)
         for _attempt in range(READ_ATTEMPTS):
             try:
-                fd = os.open(path, _READ_FLAGS)
+                fd = os.open(bpath, _READ_FLAGS)
             except FileNotFoundError:
                 return None
             except OSError as exc:
@@ -778,31 +1062,57 @@ class _Snapper:
             if got is None:
                 continue
             sha, st = got
-            self.cache.record(rel, st, sha, time.time_ns())
+            self.cache.record(node.key, name, st, sha, time.time_ns())
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            self._count(rel, e, st.st_size)
+            with self._lock:
+                self.files_read += 1
+                self.bytes_read += st.st_size
+                if not self.store:
+                    self.listing[rel] = leaf(e)
             failpoints.hit("tree_after_file")
-            return e
+            return e, st
         raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
                               "attempts)")
 
+
     def _read_once(self, fd: int, path: str) -> tuple[str, os.stat_result] | None:
-        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed."""
+        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed.
+
+        A file of at most one chunk is read into memory, checked, and then stored
+        (nothing is written if its content is stored already); a larger one is
+        streamed into the blob store and checked after.
+        """
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise TreeSourceError(path, "it is no longer a regular file")
+        small = before.st_size <= CHUNK
+        data = b""
         try:
-            if self.store:
+            if small:
+                data = _read_fd(fd)
+                sha, size = hashlib.sha256(data).hexdigest(), len(data)
+            elif self.store:
                 sha, size = self._put(io.FileIO(fd, closefd=False), path)
             else:
                 sha, size = _hash_fd(fd)
         except OSError as exc:
             raise TreeSourceError(path, f"cannot read it: {exc.strerror or exc}") from None
+        failpoints.hit("tree_after_read")
         after = os.fstat(fd)
         ok = _sig(before) == _sig(after) and size == after.st_size
         if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
             ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
-        if not ok and self.store:
+        if small and ok and self.store:
+            with self._lock:  # stored with the directory objects, in one batch
+                defer = self._deferred_bytes + size <= _DEFER_BYTES
+                if defer:
+                    self._deferred.append(data)
+                    self._deferred_bytes += size
+            if not defer:
+                self.blobs.put_bytes(data)  # pinned, written only if missing
+                with self._lock:
+                    self.pins.append(sha)
+        elif not small and not ok and self.store:  # a streamed read that did not hold
             with self._lock:
                 self.pins.remove(sha)
             self.blobs.unpin([sha])
@@ -829,7 +1139,19 @@ def _hash_fd(fd: int) -> tuple[str, int]:
         offset += len(chunk)
 
 
-def _hashes_to(path: str, sha: str) -> bool:
+def _read_fd(fd: int) -> bytes:
+    """The whole content of a (small) file, from offset 0."""
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, offset)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        offset += len(chunk)
+
+
+def _hashes_to(path: bytes, sha: str) -> bool:
     """Whether the file at ``path`` has content hash ``sha`` (a racy cache entry's check)."""
     try:
         fd = os.open(path, _READ_FLAGS)
@@ -846,6 +1168,21 @@ def _hashes_to(path: str, sha: str) -> bool:
 # -- restoring a directory -------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class _Closing:
+    """A directory a restore changed (or could not vouch for): its record to be."""
+
+    key: bytes
+    sha: str
+    sigs: list[bytes] = field(default_factory=list)
+    newest: int = 0
+    broken: bool = False  # an entry's final stat is unknown: no record
+
+    def add(self, name: bytes, st: os.stat_result) -> None:
+        self.sigs.append(_file_sig(name, st))
+        self.newest = max(self.newest, st.st_mtime_ns)
+
+
 class _Restorer:
     def __init__(self, trees: TreeStore, top: str, cache: StatCache,
                  dirs: dict[str, list[Entry]], root: Root, counts: _Counts) -> None:
@@ -856,32 +1193,66 @@ class _Restorer:
         self.gitignore = root.gitignore
         self.counts = counts
         self._lock = threading.Lock()
-        # directories with files still to write: (their own fd, rel, [(name, rel, entry)])
-        self._queue: list[tuple[int, str, list[tuple[str, str, Entry]]]] = []
+        self.began = time.time_ns()  # before any stat: the directory records' "recorded"
+        self.closing: list[_Closing] = []  # directories to record in the stat cache
+        # directories with files still to write: (their own fd, rel, [(name, rel, entry)],
+        # their record)
+        self._queue: list[tuple[int, str, list[tuple[str, str, Entry]], _Closing]] = []
+        self._counted: dict[str, tuple[int, int]] = {}
+        self._sizes = {root.sha256: root.size}
+        for entries in dirs.values():
+            self._sizes.update((e.sha256, e.size) for e in entries if e.kind == TREE_DIR)
 
     def flush(self) -> None:
         """Write the queued files (in a thread pool), then fsync their directories."""
         queue, self._queue = self._queue, []
         try:
-            jobs = [(dfd, name, crel, e) for dfd, _rel, writes in queue
+            jobs = [(dfd, closing, name, crel, e) for dfd, _rel, writes, closing in queue
                     for name, crel, e in writes]
             with ThreadPoolExecutor(THREADS) as pool:
                 futures = [pool.submit(self._write, *job) for job in jobs]
                 errors = [exc for f in futures if (exc := f.exception()) is not None]
                 if not errors:
-                    futures = [pool.submit(self._fsync_dir, dfd, rel) for dfd, rel, _w in queue]
+                    futures = [pool.submit(self._fsync_dir, dfd, rel)
+                               for dfd, rel, _w, _c in queue]
                     errors = [exc for f in futures if (exc := f.exception()) is not None]
             if errors:
                 raise errors[0]
         finally:
-            for dfd, _rel, _writes in queue:
+            for dfd, *_rest in queue:
                 os.close(dfd)
 
     def close(self) -> None:
         """Close what a failed restore left queued (nothing is written)."""
         queue, self._queue = self._queue, []
-        for dfd, _rel, _writes in queue:
+        for dfd, *_rest in queue:
             os.close(dfd)
+
+    def close_dirs(self) -> None:
+        """Record every directory the restore looked into (and did not carry over)."""
+        for c in self.closing:
+            if c.broken:
+                continue
+            files, nbytes = self._count(c.sha)
+            self.cache.close_dir(c.key, _digest(c.sigs), self.began, c.newest, c.sha,
+                                 self._size(c.sha), files, nbytes)
+
+    def _count(self, sha: str) -> tuple[int, int]:
+        """Files (and links) and bytes at or below directory object ``sha``."""
+        got = self._counted.get(sha)
+        if got is None:
+            files = nbytes = 0
+            for e in self.dirs[sha]:
+                if e.kind == TREE_DIR:
+                    f, b = self._count(e.sha256)
+                    files, nbytes = files + f, nbytes + b
+                else:
+                    files, nbytes = files + 1, nbytes + (e.size if e.kind == TREE_FILE else 0)
+            got = self._counted[sha] = (files, nbytes)
+        return got
+
+    def _size(self, sha: str) -> int:
+        return self._sizes[sha]
 
     def _fsync_dir(self, fd: int, rel: str) -> None:
         try:
@@ -902,6 +1273,23 @@ class _Restorer:
                 present = {d.name: d for d in it}
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
+        key = _key(rel)
+        stats: dict[str, os.stat_result | None] = {}
+        old = self._recorded(fd, rel, key, present, rules, stats)
+        if old is not None and old[0] == sha:
+            # Exactly the directory the cache recorded, and already the tree's: only
+            # the subdirectories are left to look at.
+            self.cache.carry(key)
+            for e in entries:
+                if e.kind == TREE_DIR:
+                    self._dir(fd, os.fsdecode(e.name), join(rel, e.name), e,
+                              stats.get(os.fsdecode(e.name)), rules)
+                else:
+                    self.counts.unchanged += 1
+            return
+        known = {} if old is None else old[1]
+        closing = _Closing(key, sha)
+        self.closing.append(closing)
         changed = False
         wanted = {os.fsdecode(e.name) for e in entries}
         for name, d in present.items():
@@ -922,25 +1310,80 @@ class _Restorer:
             if os.path.join(self.top, crel) == self.trees.store_dir:
                 raise RestoreError(self._abs(crel), "the tree has an entry where the store "
                                    "itself lives; restore it somewhere else")
-            try:
-                st: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            except OSError as exc:
-                raise _restore_error(exc, self._abs(crel)) from None
+            st = stats[name] if name in stats else self._lstat(fd, name, crel, present)
             if e.kind == TREE_DIR:
+                closing.sigs.append(_dir_sig(e.name))
                 changed |= self._dir(fd, name, crel, e, st, rules)
             elif e.kind == TREE_LINK:
-                changed |= self._link(fd, name, crel, e, st)
-            elif self._file(fd, name, crel, e, st):
-                writes.append((name, crel, e))
+                closing.sigs.append(_link_sig(e.name, e.target))
+                if known.get(e.name) == e:
+                    self.counts.unchanged += 1
+                else:
+                    changed |= self._link(fd, name, crel, e, st)
+            elif known.get(e.name) == e and st is not None:  # on disk as recorded
+                self.cache.carry_file(key, e.name)
+                closing.add(e.name, st)
+                self.counts.unchanged += 1
+            else:
+                final = self._file(fd, key, name, crel, e, st)
+                if final is None:
+                    writes.append((name, crel, e))
+                else:
+                    closing.add(e.name, final)
         if writes:  # written later, many at once; the directory is fsynced after them
-            self._queue.append((os.dup(fd), rel, writes))
-            if len(self._queue) >= _QUEUED_DIRS or sum(len(w) for *_x, w in self._queue) \
+            self._queue.append((os.dup(fd), rel, writes, closing))
+            if len(self._queue) >= _QUEUED_DIRS or sum(len(q[2]) for q in self._queue) \
                     >= _QUEUED_FILES:
                 self.flush()
         elif changed:
             self._fsync_dir(fd, rel)
+
+    def _lstat(self, fd: int, name: str, rel: str, present: dict[str, os.DirEntry[str]]
+               ) -> os.stat_result | None:
+        d = present.get(name)
+        if d is None:
+            return None
+        try:
+            return d.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _restore_error(exc, self._abs(rel)) from None
+
+    def _recorded(self, fd: int, rel: str, key: bytes, present: dict[str, os.DirEntry[str]],
+                  rules: IgnoreRules, stats: dict[str, os.stat_result | None]
+                  ) -> tuple[str, dict[bytes, Entry]] | None:
+        """``(object hash, {name: entry})`` of the directory object the cache says the
+        directory holds now (its entries' signatures hash to a trusted record's
+        digest), or None. Fills ``stats`` with the entries' lstat results."""
+        rec = self.cache.dirs.get(key)
+        if rec is None or rec[1] - rec[2] < RACY_NS:
+            return None
+        sigs: list[bytes] = []
+        for name, d in present.items():
+            is_dir = d.is_dir(follow_symlinks=False)
+            if self._kept(join(rel, name), name, is_dir, rules):
+                continue
+            st = stats[name] = self._lstat(fd, name, join(rel, name), present)
+            if st is None:
+                return None  # removed meanwhile
+            bname = _key(name)
+            if stat.S_ISDIR(st.st_mode):
+                sigs.append(_dir_sig(bname))
+            elif stat.S_ISREG(st.st_mode):
+                sigs.append(_file_sig(bname, st))
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    sigs.append(_link_sig(bname, os.readlink(bname, dir_fd=fd)))
+                except OSError:
+                    return None
+        if self.cache.matches(key, _digest(sigs)) is None:
+            return None
+        try:
+            entries = self.trees._dir(rec[3].hex(), rec[4], rel)
+        except (CorruptionError, UnsafeTreeError):
+            return None
+        return rec[3].hex(), {e.name: e for e in entries}
 
     def _abs(self, rel: str) -> str:
         return os.path.join(self.top, rel) if rel else self.top
@@ -992,9 +1435,11 @@ class _Restorer:
         self.counts.written += 1
         return True
 
-    def _file(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
-        """Whether file ``name`` must be written (a mode is fixed, a directory removed, here)."""
-        same = self._same(fd, name, rel, e, st) if st is not None and stat.S_ISREG(
+    def _file(self, fd: int, key: bytes, name: str, rel: str, e: Entry,
+              st: os.stat_result | None) -> os.stat_result | None:
+        """The stat of file ``name`` if it is right (a mode fixed here), or None if it must
+        be written (a directory in its place is removed here)."""
+        same = self._same(fd, key, name, e, st) if st is not None and stat.S_ISREG(
             st.st_mode) else None
         if same is not None and st is not None:
             if st.st_mode & 0o777 != e.perm:
@@ -1002,14 +1447,14 @@ class _Restorer:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 same = "hash"  # the ctime moved: record it again
             if same == "hash":  # (a trusted cache entry is carried over as it is)
-                self.cache.record(rel, st, e.sha256, time.time_ns())
+                self.cache.record(key, e.name, st, e.sha256, time.time_ns())
             self.counts.unchanged += 1
-            return False
+            return st
         if st is not None and stat.S_ISDIR(st.st_mode):
             self._remove(fd, name, rel, None)
-        return True
+        return None
 
-    def _write(self, fd: int, name: str, rel: str, e: Entry) -> None:
+    def _write(self, fd: int, closing: _Closing, name: str, rel: str, e: Entry) -> None:
         """Write one file atomically: a temp file, its content and mode, fsync, rename."""
         tmp = TMP_PREFIX + uuid.uuid4().hex
         try:
@@ -1033,9 +1478,14 @@ class _Restorer:
                 raise _restore_error(exc, self._abs(rel)) from None
             raise
         failpoints.hit("restore_after_rename")
-        with contextlib.suppress(OSError):
-            self.cache.record(rel, os.stat(name, dir_fd=fd, follow_symlinks=False), e.sha256,
-                              time.time_ns())
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            closing.broken = True  # not recorded: the next snapshot reads it
+        else:
+            self.cache.record(closing.key, e.name, st, e.sha256, time.time_ns())
+            with self._lock:
+                closing.add(e.name, st)
         with self._lock:
             self.counts.written += 1
 
@@ -1053,16 +1503,17 @@ class _Restorer:
                 while view:
                     view = view[os.write(wfd, view):]
 
-    def _same(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result) -> str | None:
+    def _same(self, fd: int, key: bytes, name: str, e: Entry, st: os.stat_result
+              ) -> str | None:
         """How the file on disk is known to have the entry's content ("cache" or "hash"),
         or None if it has not."""
         if st.st_size != e.size:
             return None
-        hit = self.cache.lookup(rel, st)
+        hit = self.cache.lookup(key, e.name, st)
         if hit is not None and hit[1]:
             if hit[0] == e.sha256:
                 return "cache"
-            self.cache.seen.pop(_key(rel), None)  # about to be rewritten
+            self.cache.forget(key, e.name)  # about to be rewritten
             return None
         try:
             rfd = os.open(name, _READ_FLAGS, dir_fd=fd)

@@ -29,7 +29,7 @@ whose earlier attempt recorded effects (``store.transact``,
 ``store.begin(run, retry_of=txn)``), at that first attempt's base: the
 *anchor*, shared by every attempt of the step (its *chain*), so a retry meets
 what the earlier attempts recorded. Before an effect runs, the engine checks
-that its position is still this step's to use (``Store._effect_claim``). A
+that its position is still this step's to use (``EffectLog.claim`` in the local engine). A
 commit carries the keys of the effects the transaction recorded, and a
 commit of a transaction that recorded an effect always makes a checkpoint,
 so the next step starts from new positions.
@@ -43,6 +43,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .aio import is_async_callable, off_loop
+from .backend import Change
 from .codec import DecodedValues, append_encoded, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
@@ -95,7 +96,8 @@ class _Engine(Protocol):
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
                       ) -> BlobRef: ...
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
+                      rehash: bool = False, subdir: str | None = None
                       ) -> tuple[BlobRef, list[str]]: ...
 
 
@@ -208,6 +210,12 @@ class Transaction:
         """Discard every change; the transaction is finished. Nothing was written."""
         self._check()
         self._finish("rolled_back")
+
+    def _change(self) -> Change:
+        """What committing now applies, as the backend seam's value object (copies)."""
+        return Change(run=self.run, writes=dict(self._writes), reads=frozenset(self._reads),
+                      prefixes=frozenset(self._prefixes), meta=dict(self._meta),
+                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys))
 
     def _finish(self, state: str) -> None:
         self._state = state
@@ -400,7 +408,8 @@ class Transaction:
         self._writes[key] = encode_blob_ref(ref)
         return ref
 
-    def put_tree(self, key: str, path: str | os.PathLike[str], *, exclude: Any = None
+    def put_tree(self, key: str, path: str | os.PathLike[str] | TreeRef, *,
+                 exclude: Any = None, rehash: bool = False, subdir: str | None = None
                  ) -> TreeRef:
         """Snapshot the directory tree at ``path`` and set ``key`` to its :class:`TreeRef`.
 
@@ -409,27 +418,44 @@ class Transaction:
         store: each file's content once, each directory as a small
         content-addressed object, so an unchanged file or subdirectory adds
         nothing. A file whose size, mtime, ctime and inode match the store's
-        stat cache is not read again. A file that changes while it is read is
+        stat cache is not read again, and a directory whose entries all match
+        it is not looked into (``rehash=True`` reads and hashes every file).
+        A file that changes while it is read is
         read again (:class:`~agentwal.errors.TreeSourceError` after three
         tries). Everything is durable when this returns; the reference
         commits with the transaction. The store's own directory, if inside
         ``path``, is skipped. Sockets, FIFOs and devices are skipped.
 
+        ``path`` may also be a :class:`TreeRef` of this store (from ``get``,
+        any run or checkpoint): the same tree is put under ``key`` without
+        reading any file, or with ``subdir`` its directory at that path, as a
+        tree of its own (it keeps the gitignore flag; the source's exclude
+        patterns, relative to its top, are dropped).
+
         Args:
             key: the key.
-            path: the directory.
+            path: the directory, or a TreeRef of this store.
             exclude: gitignore-style patterns (a str or a list of them),
                 relative to ``path``; :data:`agentwal.GITIGNORE` (alone or in
                 the list) also honours the ``.gitignore`` files in the tree
                 and skips ``.git``. A restore leaves the same paths alone.
+                Not with a TreeRef.
+            rehash: ignore the stat cache: read and hash every file (for a
+                change its size, mtime, ctime, inode and mode cannot show,
+                docs/workspace.md "Limits"); the cache is then rebuilt.
+            subdir: with a TreeRef, a ``/``-separated path of one of its
+                directories.
 
         Returns:
             The reference now buffered for ``key``.
 
         Raises:
-            InvalidKeyError: a bad key. TypeError: a bad ``exclude``.
+            InvalidKeyError: a bad key. TypeError: a bad ``exclude``, or
+                ``exclude`` with a TreeRef, or ``subdir`` without one.
             TreeSourceError: ``path`` is not a directory, or a file cannot be
-                read or kept changing; nothing is committed.
+                read or kept changing; a TreeRef this store does not hold (or
+                whose files were swept); nothing is committed.
+            TreePathError: ``subdir`` is not a directory of the TreeRef's tree.
             DiskFullError, DurabilityError, ReadOnlyError, TransactionClosedError:
                 as for :meth:`put_blob`.
             Whatever is raised, ``key`` keeps its value and the transaction
@@ -444,7 +470,8 @@ class Transaction:
         check_key(key)
         # The key's value now (committed, or put earlier in this transaction): files of
         # that tree need no pin (a commit that replaced it would make this one conflict).
-        ref, pins = self._engine._txn_put_tree(self, path, exclude, self._raw(key))
+        ref, pins = self._engine._txn_put_tree(self, path, exclude, self._raw(key), rehash,
+                                               subdir)
         self._blob_pins.extend(pins)
         self._writes[key] = encode_blob_ref(ref)
         return TreeRef(ref.sha256, ref.size)

@@ -10,6 +10,7 @@ is the file-level change between two trees.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,14 @@ from .errors import InvalidKeyError
 from .format import MAX_MEDIA_TYPE_BYTES
 
 __all__ = ["MAX_KEY_BYTES", "Checkpoint", "Diff", "Durability", "check_key", "BlobRef",
-           "TreeDiff", "TreeFile", "TreeRef", "check_media_type"]
+           "Progress", "TreeDiff", "TreeFile", "TreeRef", "check_media_type"]
 
 #: Longest key or run id, in UTF-8 bytes.
 MAX_KEY_BYTES = 400
+
+#: The ``progress=`` callback of ``verify``, ``backup`` and ``compact``:
+#: ``progress(phase, done, total)``, ``total`` None when not known in advance.
+Progress = Callable[[str, int, "int | None"], None]
 
 
 class Durability(str, enum.Enum):

@@ -16,6 +16,7 @@ import datetime
 import decimal
 import difflib
 import json
+import math
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -27,36 +28,117 @@ from .types import BlobRef, TreeFile, TreeRef
 PROBLEM_STATUSES = ("in_doubt", "failed")
 
 
-def jsonable(value: Any) -> Any:
-    """A JSON-friendly copy of a stored value.
+#: The tags of :func:`jsonable`: a JSON object with exactly one of these keys is a tagged value.
+TAGS = ("$bytes", "$datetime", "$decimal", "$uuid", "$float", "$set", "$map", "$dict",
+        "$blob", "$tree")
 
-    ``bytes`` become ``{"$bytes": "<base64>"}``, a blob reference
-    ``{"$blob": {"sha256", "size", "media_type"}}``, a tree reference
-    ``{"$tree": sha256}``, datetimes ISO 8601 text,
-    ``Decimal`` and ``UUID`` text, sets sorted lists, NaN and infinities text.
+
+def jsonable(value: Any) -> Any:
+    """A JSON-friendly copy of a stored value that :func:`from_jsonable` turns back into it.
+
+    JSON's own types stay as they are (a tuple becomes a list, as it reads
+    back). Every other type the codec stores is an object with one ``$`` key:
+    ``{"$bytes": base64}``, ``{"$datetime": ISO 8601 with its offset}``,
+    ``{"$decimal": text}``, ``{"$uuid": text}``, ``{"$float": "nan" | "inf" |
+    "-inf"}``, ``{"$set": [members]}`` (in the order of their JSON text),
+    ``{"$map": [[key, value], ...]}`` (a dict with a key that is not text),
+    ``{"$blob": {"sha256", "size", "media_type"}}``, ``{"$tree": {"sha256",
+    "size"}}``; and ``{"$dict": {...}}`` escapes a dict whose only key starts
+    with ``$``, so stored data never reads as a tag. Inside a ``$map`` key or a
+    ``$set`` member a list is a tuple and a ``$set`` a frozenset.
     """
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        if not all(isinstance(k, str) for k in value):
+            return {"$map": [[jsonable(k), jsonable(v)] for k, v in value.items()]}
+        out = {k: jsonable(v) for k, v in value.items()}
+        if len(out) == 1 and next(iter(out)).startswith("$"):
+            return {"$dict": out}
+        return out
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((jsonable(v) for v in value), key=repr)
-    if isinstance(value, bytes):
+        members = [jsonable(v) for v in value]
+        return {"$set": sorted(members, key=lambda m: json.dumps(m, sort_keys=True))}
+    if isinstance(value, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(value).decode("ascii")}
     if isinstance(value, BlobRef):
         return {"$blob": {"sha256": value.sha256, "size": value.size,
                           "media_type": value.media_type}}
     if isinstance(value, TreeRef):
-        return {"$tree": value.sha256}
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, (decimal.Decimal, uuid.UUID)):
-        return str(value)
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return repr(value)
+        return {"$tree": {"sha256": value.sha256, "size": value.size}}
+    if isinstance(value, datetime.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": repr(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
+
+
+def from_jsonable(value: Any, *, hashable: bool = False) -> Any:
+    """The stored value a :func:`jsonable` copy (parsed JSON) stands for.
+
+    ``hashable`` is for dict keys and set members, where lists are tuples
+    and sets frozensets.
+
+    Raises:
+        ValueError: an object with a single ``$`` key that is no tag, or a
+            tag whose content is malformed (bad base64, a datetime without
+            an offset ...).
+    """
+    if isinstance(value, list):
+        items = [from_jsonable(v, hashable=hashable) for v in value]
+        return tuple(items) if hashable else items
+    if not isinstance(value, dict):
+        return value
+    if "$tree" in value and set(value) <= {"$tree", "files"}:
+        tag = "$tree"  # `show` lists a tree's files beside it
+    else:
+        tag = next(iter(value)) if len(value) == 1 else ""
+    if not tag.startswith("$"):
+        return {k: from_jsonable(v) for k, v in value.items()}
+    body = value[tag]
+    try:
+        return _untag(tag, body, hashable)
+    except (KeyError, TypeError, AttributeError, IndexError, decimal.InvalidOperation) as exc:
+        raise ValueError(f"malformed {tag} value: {exc}") from None
+
+
+def _untag(tag: str, body: Any, hashable: bool) -> Any:
+    if tag == "$dict":
+        if not isinstance(body, dict):
+            raise TypeError("$dict holds an object")
+        return {k: from_jsonable(v) for k, v in body.items()}
+    if tag == "$map":
+        return {from_jsonable(k, hashable=True): from_jsonable(v) for k, v in body}
+    if tag == "$set":
+        members = {from_jsonable(v, hashable=True) for v in body}
+        return frozenset(members) if hashable else members
+    if tag == "$bytes":
+        return base64.b64decode(body, validate=True)
+    if tag == "$datetime":
+        dt = datetime.datetime.fromisoformat(body)
+        if dt.utcoffset() is None:
+            raise ValueError(f"datetime {body!r} has no UTC offset")
+        return dt
+    if tag == "$decimal":
+        return decimal.Decimal(body)
+    if tag == "$uuid":
+        return uuid.UUID(body)
+    if tag == "$float":
+        if body not in ("nan", "inf", "-inf"):
+            raise ValueError(f"$float is 'nan', 'inf' or '-inf', not {body!r}")
+        return float(body)
+    if tag == "$blob":
+        return BlobRef(body["sha256"], body["size"], body.get("media_type"))
+    if tag == "$tree":
+        return TreeRef(body["sha256"], body["size"])
+    raise ValueError(f"unknown tag {tag!r} (tags: {', '.join(TAGS)}; a dict whose only key "
+                     "starts with $ is written {\"$dict\": {...}})")
 
 
 def to_json(value: Any) -> str:

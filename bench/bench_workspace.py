@@ -4,27 +4,36 @@ The tree: ``--files`` files (10,000 by default) of 1..20 KiB of random bytes
 (~100 MiB) in ``--files // 20`` directories, two levels deep (25 top
 directories by default). One directory ``W`` holds it; git's repository
 is ``W/.git`` (agentwal's ``put_tree`` skips it with ``exclude=GITIGNORE``),
-the store lives outside ``W``. Every figure is one run of each operation:
+the store lives outside ``W``. Both tools start each timed operation
+with nothing left to write back (``os.sync()``, untimed), so neither pays
+at its next fsync for the pages the other left dirty:
 
-1. first snapshot: ``put_tree`` + commit  vs  ``git add -A && git commit``;
-2. snapshot after one file changed (the same two);
-3. snapshot after 100 files changed;
-4. restore of the first checkpoint after those 100 (101 files differ),
-   from the same clean state for both: ``git checkout -q <first>`` (then
-   back to the branch, untimed), then ``store.restore_tree(at=first)``;
-5. bytes the one-file snapshot added: agentwal's new blob files (the
+1. first snapshot (one run): ``put_tree`` + commit  vs  ``git add -A && git
+   commit``;
+2. then ``--rounds`` rounds (5 by default; the median of each is printed)
+   of: a snapshot after one file changed (the same two); a snapshot after
+   100 more files changed; a restore of the round's first checkpoint, 101
+   files differ, from the same clean state for both: ``git checkout -q
+   <commit>`` (then back to the branch, untimed), then
+   ``store.restore_tree(at=...)``; untimed, both go back to the head
+   (``ws.restore()``), wait 2.1 s (the files the restores wrote leave the
+   racy window) and refresh their caches (``ws.checkpoint()``, which commits
+   nothing for an unchanged tree, and ``git update-index --refresh``);
+3. bytes the first one-file snapshot added: agentwal's new blob files (the
    file, the tree objects on its path, the root object) plus its WAL
    record, vs the growth of ``.git/objects``.
 
 The generated files are aged 5 s before the first snapshot (both tools
 then trust their stat caches; a file written within the racy window is
 re-hashed by both). agentwal runs with its default durability (``sync``:
-every blob fsynced before its commit); git with its defaults.
+every blob fsynced before its commit); git with its defaults, except that
+automatic ``gc`` is off (it would repack in the background mid-run).
 
-Run: ``.venv/bin/python bench/bench_workspace.py [--files N] [--keep DIR]``;
+Run: ``.venv/bin/python bench/bench_workspace.py [--files N] [--rounds R] [--keep DIR]``;
 ``--quick`` is 1,000 files; ``tests/test_bench_workspace_smoke.py`` runs it
 on 300 (checking that it runs and what it prints, never its timings). Not
-collected by pytest (no ``test_`` prefix).
+collected by pytest (no ``test_`` prefix). The work directory is removed at
+the end, also after an error, Ctrl-C, SIGTERM or SIGHUP (not after SIGKILL).
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ import argparse
 import os
 import random
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,6 +93,7 @@ def change(root: str, paths: list[str], n: int, tag: int) -> list[str]:
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    os.sync()  # untimed: no tool pays for the other's unwritten pages at its next fsync
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
@@ -115,64 +127,103 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--quick", action="store_true", help="1,000 files")
     ap.add_argument("--keep", help="work in this directory and keep it")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of the incremental operations (medians are printed)")
     args = ap.parse_args(argv)
     files = 1000 if args.quick else args.files
     if files < 200:
         ap.error("--files must be at least 200 (101 of them change)")
+    # a kill (SIGTERM, SIGHUP) ends through the finally below, which removes the work
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     work = args.keep or tempfile.mkdtemp(prefix="awbench-ws-")
     os.makedirs(work, exist_ok=True)
     root, store_path = os.path.join(work, "W"), os.path.join(work, "store.awal")
     try:
-        return run(root, store_path, files)
+        return run(root, store_path, files, max(1, args.rounds))
     finally:
         if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+            remove(work)
 
 
-def run(root: str, store_path: str, files: int) -> int:
+def remove(work: str) -> None:
+    """Remove the work directory, retrying while threads of a killed run still write in it."""
+    for _attempt in range(20):
+        shutil.rmtree(work, ignore_errors=True)
+        if not os.path.exists(work):
+            return
+        time.sleep(0.25)
+    print(f"could not remove {work}", file=sys.stderr)
+
+
+def run(root: str, store_path: str, files: int, rounds: int) -> int:
     paths = generate(root, files)
     age(root, 5)
     size = du(root)
     git(root, "init", "-q")
     git(root, "config", "user.email", "bench@example.com")
     git(root, "config", "user.name", "bench")
+    git(root, "config", "gc.auto", "0")  # no background repack mid-run (agentwal compacts
+    git(root, "config", "maintenance.auto", "false")  # only when asked, too)
     store = agentwal.open(store_path)
+    try:
+        return measure(root, store, paths, files, size, rounds)
+    finally:
+        store.close()
+
+
+def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size: int,
+            rounds: int) -> int:
     ws = agentwal.Workspace(store, "agent", root, exclude=agentwal.GITIGNORE)
-    rows: list[tuple[str, float, float]] = []
-
-    def both(label: str, a: Callable[[], Any], g: Callable[[], Any]) -> tuple[Any, Any]:
-        ta, ra = timed(a)
-        tg, rg = timed(g)
-        rows.append((label, ta, tg))
-        return ra, rg
-
-    first, g_first = both("first snapshot", lambda: ws.checkpoint(step=0),
-                          lambda: git_commit(root, "first"))
-    one = change(root, paths, 1, tag=1)
-    before_blobs, before_wal = blob_bytes(store), store.stats()["wal_bytes_since_fold"]
-    before_git = du(os.path.join(root, ".git", "objects"))
-    both("snapshot, 1 file changed", lambda: ws.checkpoint(step=1),
-         lambda: git_commit(root, "one"))
-    added = blob_bytes(store) - before_blobs + store.stats()["wal_bytes_since_fold"] - before_wal
-    git_added = du(os.path.join(root, ".git", "objects")) - before_git
-    changed_size = os.path.getsize(os.path.join(root, one[0]))
-    differ = len(set(one) | set(change(root, paths, 100, tag=2)))
-    both("snapshot, 100 files changed", lambda: ws.checkpoint(step=2),
-         lambda: git_commit(root, "hundred"))
+    labels = ["snapshot, 1 file changed", "snapshot, 100 files changed",
+              "restore the round's first checkpoint ({} differ)"]
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
+    ta, first = timed(lambda: ws.checkpoint(step=0))
+    tg, g_first = timed(lambda: git_commit(root, "first"))
+    first_row = ("first snapshot", ta, tg)
     branch = git(root, "rev-parse", "--abbrev-ref", "HEAD")
-    tg, _ = timed(lambda: git(root, "checkout", "-q", g_first))
-    git(root, "checkout", "-q", branch)
-    ta, report = timed(lambda: store.restore_tree("agent", "workspace", root, at=first.id))
-    rows.append((f"restore first checkpoint ({differ} files differ)", ta, tg))
-    assert report.written == differ, report
-    git(root, "checkout", "-q", "--", ".")  # tidy: back to the branch's files
-    store.close()
+    added = git_added = changed_size = differ = 0
+    start, g_start = first.id, g_first
+    for r in range(rounds):
+        one = change(root, paths, 1, tag=3 * r + 1)
+        before_blobs, before_wal = blob_bytes(store), store.stats()["wal_bytes_since_fold"]
+        before_git = du(os.path.join(root, ".git", "objects"))
+        times[labels[0]].append((timed(lambda: ws.checkpoint(step=1))[0],
+                                 timed(lambda: git_commit(root, "one"))[0]))
+        if r == 0:
+            added = (blob_bytes(store) - before_blobs + store.stats()["wal_bytes_since_fold"]
+                     - before_wal)
+            git_added = du(os.path.join(root, ".git", "objects")) - before_git
+            changed_size = os.path.getsize(os.path.join(root, one[0]))
+        hundred = change(root, paths, 100, tag=3 * r + 2)
+        differ = len(set(hundred) | set(one))
+        ta, head = timed(lambda: ws.checkpoint(step=2))
+        tg, g_head = timed(lambda: git_commit(root, "hundred"))
+        times[labels[1]].append((ta, tg))
+        tg, _ = timed(lambda c=g_start: git(root, "checkout", "-q", c))
+        git(root, "checkout", "-q", branch)
+        ta, report = timed(lambda at=start: store.restore_tree("agent", "workspace", root,
+                                                                at=at))
+        times[labels[2]].append((ta, tg))
+        assert report.written == differ, (report, differ)
+        # untimed: both tools back at the head; once the files the restores wrote are
+        # older than the racy window, both refresh their stat cache / index
+        ws.restore()
+        time.sleep(2.1)
+        ws.checkpoint()
+        git(root, "update-index", "-q", "--refresh")
+        start, g_start = head.id, g_head
 
     print(f"tree: {files:,} files, {size / 2**20:.1f} MiB, {files // 20} directories; "
-          f"git {git(root, '--version').split()[-1]}, Python {sys.version.split()[0]}")
-    print(f"{'operation':45} {'agentwal':>10} {'git':>10} {'ratio':>7}")
+          f"git {git(root, '--version').split()[-1]}, Python {sys.version.split()[0]}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'operation':52} {'agentwal':>10} {'git':>10} {'ratio':>7}")
+    rows = [first_row] + [(label.format(differ), statistics.median(a for a, _g in pairs),
+                           statistics.median(g for _a, g in pairs))
+                          for label, pairs in times.items()]
     for label, a, g in rows:
-        print(f"{label:45} {a * 1000:8.0f}ms {g * 1000:8.0f}ms {a / g:7.2f}")
+        print(f"{label:52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms {a / g:7.2f}")
+    print(f"(first snapshot: one run; the others: the median of {rounds} rounds)")
     print(f"bytes added by the one-file snapshot: agentwal {added:,} "
           f"(file {changed_size:,} + {added - changed_size:,}), git {git_added:,}")
     return 0

@@ -93,4 +93,10 @@ def main(rounds: int = 5, seconds: float = 1.0) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=1.0, help="per kind per round")
+    args = ap.parse_args()
+    sys.exit(main(args.rounds, args.seconds))

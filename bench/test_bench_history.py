@@ -99,13 +99,22 @@ def test_state_at(benchmark: Any, chat: agentwal.Store, at: int | None) -> None:
     assert len(state["messages"]) == (at or STEPS)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     from benchlib import bench_root, fs_type
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"conversation steps (default "
+                    f"{STEPS}; the sizes are taken at steps 50, 100 and 200 when reached)")
+    steps = ap.parse_args(argv).steps
+    if steps < 2:
+        ap.error("--steps must be at least 2")
+    marks = tuple(m for m in MARKS if m <= steps) or (steps,)
     root = tempfile.mkdtemp(prefix="agentwal-bench-", dir=bench_root())
     try:
-        store, sizes = conversation(os.path.join(root, "chat.awal"))
-        print(f"dir: {root} ({fs_type(root)}); {STEPS} steps, ~{MESSAGE_BYTES} B messages, "
+        store, sizes = conversation(os.path.join(root, "chat.awal"), marks=marks, steps=steps)
+        print(f"dir: {root} ({fs_type(root)}); {steps} steps, ~{MESSAGE_BYTES} B messages, "
               f"wal_max_bytes={WAL_MAX}")
         print("step  lmdb file  per ckpt  lmdb used  per ckpt  whole list  wal files")
         for step, s in sorted(sizes.items()):
@@ -114,11 +123,12 @@ def main() -> None:
                   f"{s['whole_list']:10d}  {s['wal_files']:9d}")
         head = best(lambda: store.state("chat"))
         print(f"state() head:        {head * 1e3:8.3f} ms")
-        for at in (1, 50, 199):
+        for at in sorted({1, min(50, steps - 1), steps - 1}):
             t = best(lambda at=at: store.state("chat", at=at))
             print(f"state(at={at:3d}):       {t * 1e3:8.3f} ms  ({t / head:.2f}x head)")
-        t = best(lambda: store.get("chat", "step", at=50), number=200)
-        print(f"get(at=50) one key:  {t * 1e3:8.3f} ms")
+        at = min(50, steps - 1)
+        t = best(lambda: store.get("chat", "step", at=at), number=200)
+        print(f"get(at={at}) one key:  {t * 1e3:8.3f} ms")
         store.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)

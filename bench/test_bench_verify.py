@@ -26,12 +26,12 @@ from test_bench_history import conversation
 import agentwal
 
 
-def stores(path: str, runs: int) -> agentwal.Store:
-    """``runs`` conversations of 200 steps in one store (copies of one, renamed)."""
-    store, _ = conversation(path, marks=())
+def stores(path: str, runs: int, steps: int = 200) -> agentwal.Store:
+    """``runs`` conversations of ``steps`` steps in one store (copies of one, renamed)."""
+    store, _ = conversation(path, marks=(), steps=steps)
     for i in range(1, runs):
-        store.fork("chat", 200, f"chat-{i}")  # a run whose first checkpoint is the whole chat
-        for step in range(1, 200):
+        store.fork("chat", steps, f"chat-{i}")  # a run whose first checkpoint is the whole chat
+        for step in range(1, steps):
             with store.begin(f"chat-{i}") as txn:
                 txn["step"] = step
                 txn["messages"] = [*txn["messages"], {"role": "user", "step": step,
@@ -61,15 +61,22 @@ def test_backup(benchmark: Any, chat: agentwal.Store, module_scratch: str) -> No
     benchmark.pedantic(once, rounds=5, iterations=1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     from benchlib import bench_root, fs_type
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200, help="steps per run (default 200)")
+    steps = ap.parse_args(argv).steps
+    if steps < 2:
+        ap.error("--steps must be at least 2")
     root = tempfile.mkdtemp(prefix="agentwal-bench-", dir=bench_root())
     try:
         print(f"dir: {root} ({fs_type(root)})")
         print("runs  checkpoints  lmdb bytes  verify s  hashed/s  backup s  backup bytes")
         for runs in (1, 4):
-            store = stores(os.path.join(root, f"s{runs}.awal"), runs)
+            store = stores(os.path.join(root, f"s{runs}.awal"), runs, steps)
             t0 = time.perf_counter()
             report = store.verify()
             tv = time.perf_counter() - t0

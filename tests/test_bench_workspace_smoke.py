@@ -20,7 +20,7 @@ def test_the_workspace_benchmark_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     for row in ("first snapshot", "snapshot, 1 file changed", "snapshot, 100 files changed",
-                "restore first checkpoint (",
+                "restore the round's first checkpoint (",
                 "bytes added by the one-file snapshot"):
         assert row in out
     # the one-file snapshot adds the file plus at most 4 KiB (the goal)

@@ -34,9 +34,9 @@ class Group(click.Group):
         except click.ClickException as exc:
             report_failure(exc, as_json="--json" in argv)
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            click.echo("Aborted.", err=True)
-            sys.exit(1)
+        except click.exceptions.Abort:  # Ctrl-C (or end of input at a prompt)
+            click.echo("agentwal: interrupted", err=True)
+            sys.exit(130)
         except BrokenPipeError:
             _end_on_closed_pipe()
         except Exception as exc:

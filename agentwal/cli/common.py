@@ -25,11 +25,19 @@ from typing import Any, TypeVar
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import Error
+from ..types import Progress
 from ..views import jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,7 +95,33 @@ def _list_hint(exc: Error, params: dict[str, Any]) -> str:
         return f" List its checkpoints with `agentwal history {path} {run}`."
     if exc.code == "effect_not_found":
         return f" List the ledger with `agentwal effects {path}`."
+    if exc.code == "missing_key":
+        run = getattr(exc, "run", params.get("run", "RUN"))
+        return f" List its keys with `agentwal show {path} {run}`."
     return ""
+
+
+#: Library advice that names a Python call, and what the CLI says in its place.
+_API_ADVICE = {
+    "store_locked": (" Close it there, or open this one with readonly=True.",
+                     " Stop that process first, or use a command that only reads (inspect, "
+                     "runs, history, show, diff, effects, wal, verify, backup, ui): they "
+                     "work beside it."),
+    "missing_key": (" Use txn.get(key, default) to supply a default.", ""),
+    "schema_version": (" open it once without readonly=True.",
+                       " open it once for writing: `agentwal compact PATH` with no option "
+                       "does that and drops nothing."),
+}
+
+
+def cli_message(exc: Error, params: dict[str, Any]) -> str:
+    """The error's message with its Python advice replaced by the command to run."""
+    hint = _list_hint(exc, params)
+    message = _API_HINT.sub("", str(exc)) if hint else str(exc)
+    api, cli = _API_ADVICE.get(exc.code, ("", ""))
+    if api and message.endswith(api):
+        message = message[: -len(api)] + cli.replace("PATH", str(params.get("path", "PATH")))
+    return message + hint
 
 
 def reports_errors(fn: F) -> F:
@@ -100,9 +134,7 @@ def reports_errors(fn: F) -> F:
         except BrokenPipeError:
             raise
         except Error as exc:
-            hint = _list_hint(exc, kwargs)
-            message = _API_HINT.sub("", str(exc)) if hint else str(exc)
-            raise Failure(exc.code, f"{message}{hint}") from None
+            raise Failure(exc.code, cli_message(exc, kwargs)) from None
         except OSError as exc:  # e.g. a segment removed by a writer while we read
             raise Failure("io", f"{exc.strerror or exc}: {exc.filename or ''}. Check the "
                           "path, or retry if a writer was folding.") from None
@@ -214,13 +246,23 @@ def checkpoint_table(rows: list[dict[str, Any]]) -> None:
 
 
 @contextlib.contextmanager
-def working(what: str) -> Iterator[None]:
-    """A spinner with the elapsed time on stderr while a long call runs (only on a terminal)."""
+def progress_bar(what: str) -> Iterator[Progress | None]:
+    """A progress bar on stderr, driven by the ``progress=`` callback this yields.
+
+    Only on a terminal: elsewhere it yields None (no callback, nothing drawn).
+    The bar shows the phase the store reports, how far it is (a pulse when
+    the total is not known) and the elapsed time, and is gone when done.
+    """
     err = console(err=True)
     if not err.is_terminal:
-        yield
+        yield None
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        progress.add_task(what, total=None)
-        yield
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               TaskProgressColumn(), TimeElapsedColumn())
+    with RichProgress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(phase: str, done: int, total: int | None) -> None:
+            bar.update(task, description=f"{what}: {phase}", completed=done, total=total)
+
+        yield update

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import click
 
 from ..effects import STATUSES
-from ..views import PROBLEM_STATUSES, effect_row, jsonable, when
+from ..views import PROBLEM_STATUSES, effect_row, from_jsonable, jsonable, when
 from .app import main
 from .common import (
     age,
@@ -91,20 +90,9 @@ def effects(path: str, run: str | None, status: str | None, check: bool,
             sys.exit(1)
 
 
-def _from_json(value: Any) -> Any:
-    """A JSON value as it should be stored: ``{"$bytes": "<base64>"}`` becomes bytes."""
-    if isinstance(value, dict):
-        if len(value) == 1 and isinstance(value.get("$bytes"), str):
-            return base64.b64decode(value["$bytes"], validate=True)
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
 def _parse_result(text: str) -> Any:
     try:
-        return _from_json(json.loads(text))
+        return from_jsonable(json.loads(text))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and bad base64 too
         raise click.BadParameter(f"not a JSON value ({exc})", param_hint="--result") from None
 
@@ -116,7 +104,9 @@ def _parse_result(text: str) -> Any:
 @click.argument("effect_id")
 @click.option("--result", "result_json", metavar="JSON", default=None,
               help='What the downstream did, as a JSON value (e.g. \'{"charge": "ch_1"}\'): '
-                   "the entry becomes resolved and its next attempt returns this.")
+                   "the entry becomes resolved and its next attempt returns this. Tagged "
+                   'values as --json prints them ({"$bytes": ...}, {"$datetime": ...}, '
+                   '{"$set": [...]} ...) are stored as their type.')
 @click.option("--not-applied", is_flag=True,
               help="The call never reached the downstream: the entry becomes not_applied.")
 @click.option("--by", default=None, metavar="NAME",

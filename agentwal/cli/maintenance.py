@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..health import size
 from .app import main
 from .common import (
     emit,
@@ -17,11 +18,11 @@ from .common import (
     json_option,
     open_ro,
     open_rw,
+    progress_bar,
     reports_errors,
     store_argument,
     table,
     usage,
-    working,
 )
 
 # -- verify and backup ------------------------------------------------------------------
@@ -41,8 +42,8 @@ def verify(path: str, as_json: bool) -> None:
     and offset), then what was checked. Opens the store read-only, so it works
     while an agent writes to it; changes nothing.
     """
-    with open_ro(path) as store, working("verifying every checksum and hash chain"):
-        report = store.verify()
+    with open_ro(path) as store, progress_bar("verify") as progress:
+        report = store.verify(progress=progress)
     data = {"ok": report.ok, "problems": [dataclasses.asdict(p) for p in report.problems],
             "checked": report.checked, "notes": report.notes}
 
@@ -52,7 +53,7 @@ def verify(path: str, as_json: bool) -> None:
             click.echo("")
         for note in report.notes:
             click.echo(f"note: {note}")
-        counts = ", ".join(f"{n} {k}" for k, n in report.checked.items())
+        counts = ", ".join(f"{n:,} {k}" for k, n in report.checked.items())
         click.echo(f"checked: {counts}")
         click.echo("ok" if report.ok else f"{len(report.problems)} problem(s) found")
 
@@ -80,11 +81,11 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     if os.path.commonpath([real_src, real_dest]) == real_src:
         raise usage(f"DEST {dest!r} is inside the store {path!r}; back up to a directory "
                     "outside it.")
-    with open_ro(path) as store, working(f"copying {path} to {dest}"):
-        rep = store.backup(dest)
+    with open_ro(path) as store, progress_bar(f"backup to {dest}") as progress:
+        rep = store.backup(dest, progress=progress)
     data = dataclasses.asdict(rep)
     emit(as_json, data, lambda: click.echo(
-        f"backed up {path} to {rep.path}: {rep.files} files, {rep.bytes} bytes, every commit "
+        f"backed up {path} to {rep.path}: {rep.files} files, {size(rep.bytes)}, every commit "
         f"up to LSN {rep.lsn}, in {rep.seconds:.2f} s"))
 
 
@@ -140,18 +141,18 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     writing, so it fails with store_locked while an agent has it open (use
     agentwal.open(..., retain=agentwal.KeepLast(n)) there instead).
     """
-    with open_rw(path) as store, working("compacting"):
+    with open_rw(path) as store, progress_bar("compact") as progress:
         rep = store.compact(keep_last=keep_last, older_than=older_than,
                             runs=list(runs) if runs else None, vacuum=vacuum,
-                            keep_fork_origins=not drop_fork_origins)
+                            keep_fork_origins=not drop_fork_origins, progress=progress)
     data = dataclasses.asdict(rep)
 
     def human() -> None:
         if rep.runs:
             table(sorted(rep.runs.items()), ("run", "dropped"))
-        click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {rep.bytes_freed} bytes "
+        click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {size(rep.bytes_freed)} "
                    f"of LMDB values freed, {rep.objects_freed} object(s) freed; data.mdb "
-                   f"{rep.file_bytes_before} -> {rep.file_bytes_after} bytes"
+                   f"{size(rep.file_bytes_before)} -> {size(rep.file_bytes_after)}"
                    + (" (vacuumed)" if rep.vacuumed else ""))
 
     emit(as_json, data, human)

@@ -10,14 +10,15 @@ import click
 from rich.text import Text
 from rich.tree import Tree
 
+from .. import health
 from ..errors import RunNotFoundError
+from ..health import DEFAULT_WAL_MAX_BYTES, size
 from ..types import TreeRef
 from ..views import (
     checkpoint_row,
-    effect_counts,
     fork_map,
     graph_rows,
-    outbox,
+    jsonable,
     problems_by_run,
     to_json,
     tree_file_line,
@@ -41,26 +42,11 @@ from .common import (
     usage,
 )
 
-_MIB = 1 << 20
-
-
-def size(n: int | None) -> str:
-    """Bytes for a person: 512 B, 60.0 KiB, 3.2 MiB."""
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    units = ("KiB", "MiB", "GiB", "TiB")
-    value, step = n / 1024, 0
-    while value >= 1024 and step < len(units) - 1:
-        value, step = value / 1024, step + 1
-    return f"{value:.1f} {units[step]}"
-
 
 @main.command(epilog=examples("agentwal inspect state.awal",
                               "agentwal inspect state.awal --json | jq .effects"))
 @store_argument
-@click.option("--wal-max-bytes", type=click.IntRange(min=1), default=64 * _MIB,
+@click.option("--wal-max-bytes", type=click.IntRange(min=1), default=DEFAULT_WAL_MAX_BYTES,
               show_default=True, metavar="N",
               help="The writer's wal_max_bytes: a log over twice this needs attention.")
 @json_option
@@ -69,72 +55,45 @@ def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
     """Summarize a store: what needs attention first, then store, log, snapshot,
     history, effects and the last recovery.
 
-    Needs attention: effects in doubt or failed, outbox entries not yet
+    Needs attention: a broken writer or a failed fold (when this process can
+    see them), effects in doubt or failed, outbox entries not yet
     dispatched, a write-ahead log over twice --wal-max-bytes (the writer is
-    not folding), a failed fold. Labels are the field names of --json,
-    which prints every raw field. Opens the store read-only, so it works
-    while a writer has it open.
+    not folding), log records left unfolded by a writer that did not close,
+    torn bytes at the log's end. Labels are the field names of --json,
+    which prints every raw field (the per-process counters too: folds,
+    retries ...). Opens the store read-only, so it works while a writer has
+    it open; whether the writer's last fold failed is not on disk, so it
+    shows only through the log's growth.
     """
     with open_ro(path) as store:
-        st = store.stats()
-        runs = store.runs()
-        entries = store.effects()
-        heads = [h for h in (store.head(r) for r in runs) if h is not None]
-        st["runs"] = len(runs)
-        st["effects"] = effect_counts(entries)
-        st["outbox_pending"] = len(outbox(entries))
-        st["wal_bytes"], st["wal_segments"] = _wal_size(path)
-        st["last_commit_at"] = max((h.created_at for h in heads), default=None)
-    st["attention"] = _attention(path, st, wal_max_bytes)
+        st = health.inspect(store, path, wal_max_bytes)
     emit(as_json, st, lambda: _inspect_human(st))
 
 
-def _wal_size(path: str) -> tuple[int, int]:
-    """Bytes of records in the log's segments (not their preallocated length), and segments."""
-    from ..format import WAL_DIR
-    from ..io import OsFileSystem
-    from ..local.wal import list_segments
-
-    segs = list_segments(OsFileSystem(), os.path.join(path, WAL_DIR))
-    return sum(s.scan().end for s in segs if s.header is not None), len(segs)
-
-
-def _attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
-    """What a person should look at, most urgent first, each with the command to run."""
-    out = []
-    eff = st["effects"]
-    if eff["in_doubt"] or eff["failed"]:
-        out.append(f"{eff['in_doubt']} effect(s) in doubt, {eff['failed']} failed: check the "
-                   f"downstream, then `agentwal effects {path} --check` and `agentwal resolve`")
-    if st["outbox_pending"]:
-        n = st["outbox_pending"]
-        out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "
-                   f"`agentwal effects {path} --status pending`")
-    if st["wal_bytes"] > 2 * wal_max_bytes:
-        out.append(f"the write-ahead log holds {size(st['wal_bytes'])}, over twice "
-                   f"wal_max_bytes ({size(wal_max_bytes)}): is the writer folding?")
-    for field in ("fold_error", "retention_error"):
-        if st.get(field):
-            out.append(f"the last {field.split('_')[0]} failed: {st[field]}")
-    if st.get("recovery", {}).get("torn_bytes"):
-        out.append(f"opening found {st['recovery']['torn_bytes']} torn bytes at the log's end "
-                   "(a write cut short by a crash; nothing acknowledged was lost)")
-    return out
-
-
 _SECTIONS: dict[str, tuple[str, ...]] = {
-    "store": ("path", "store_id", "readonly", "durability", "last_commit_at"),
-    "log": ("visible_lsn", "applied_lsn", "wal_bytes", "wal_segments", "memtable_commits",
-            "memtable_bytes", "segments_removed"),
-    "snapshot": ("lmdb_bytes", "lmdb_page_size", "lmdb_last_page", "state_keys", "folds",
-                 "map_grows"),
-    "history": ("runs", "checkpoints", "deltas", "manifests", "objects", "folded_runs",
-                "retention_passes"),
-    "effects": ("effect_index_entries", "outbox_pending"),
+    "store": ("path", "store_id", "writer", "durability", "last_commit_at"),
+    "log": ("visible_lsn", "applied_lsn", "unfolded_records", "wal_bytes", "wal_segments",
+            "memtable_commits", "memtable_bytes"),
+    "snapshot": ("lmdb_bytes", "lmdb_page_size", "lmdb_last_page", "state_keys"),
+    "history": ("runs", "checkpoints", "deltas", "manifests", "objects", "folded_runs"),
+    "effects": ("effects", "effect_index_entries", "outbox_pending"),
 }
+#: Counters of the process that has the store open (a read-only open counts its own: 0),
+#: and fields shown elsewhere: in --json only, or in their own section.
+_NOT_A_ROW = {"attention", "recovery", "readonly", "folds", "segments_removed", "map_grows",
+              "retention_passes", "retries"}
 
 
 def _field(name: str, value: Any) -> str:
+    if name == "writer":
+        if value["held"]:
+            return f"open for writing by process {value['pid']}"
+        if value["held"] is None:
+            return "unknown (no lock table to read on this system)"
+        return "none (no process has it open for writing)"
+    if name == "effects":
+        by_status = ", ".join(f"{n} {s}" for s, n in value.items() if s != "total" and n)
+        return f"{value['total']} ledger entries" + (f" ({by_status})" if by_status else "")
     if value is None:
         return "(the writer's; not visible read-only)" if name == "durability" else "-"
     if name.endswith("_bytes"):
@@ -153,15 +112,10 @@ def _inspect_human(st: dict[str, Any]) -> None:
             out.print(Text.assemble(("  ! ", "bold red"), a))
     else:
         out.print(Text.assemble("needs attention: ", ("nothing", "green")))
-    placed = {"attention", "effects", "recovery"}
+    placed = set(_NOT_A_ROW)
     for section, fields in _SECTIONS.items():
         rows = [(f, _field(f, st[f])) for f in fields if f in st]
         placed.update(fields)
-        if section == "effects":
-            eff = st["effects"]
-            by_status = ", ".join(f"{n} {s}" for s, n in eff.items() if s != "total" and n)
-            rows.insert(0, ("effects", f"effects: {eff['total']} ledger entries"
-                            + (f" ({by_status})" if by_status else "")))
         click.echo("")
         table(rows, (section, ""))
     rest = [(k, _field(k, v)) for k, v in sorted(st.items()) if k not in placed]
@@ -169,9 +123,11 @@ def _inspect_human(st: dict[str, Any]) -> None:
         click.echo("")
         table(rest, ("other", ""))
     rec = st.get("recovery", {})
+    seconds = rec.get("seconds")
     click.echo("")
     table([("replayed", f"{rec.get('replayed')} record(s) after LSN {rec.get('applied_lsn')}"),
-           ("torn_bytes", rec.get("torn_bytes")), ("seconds", rec.get("seconds")),
+           ("torn_bytes", rec.get("torn_bytes")),
+           ("seconds", "-" if seconds is None else f"{seconds:.3f} s"),
            ("actions", ", ".join(map(str, rec.get("actions") or [])) or "-")],
           ("last recovery", ""))
 
@@ -277,7 +233,7 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
         trees = {k: store.list_tree(run, k, at=at) for k, v in state.items()
                  if isinstance(v, TreeRef)}
     for k, files in trees.items():  # a tree value shows as its file listing
-        state[k] = {"$tree": state[k].sha256, "files": [tree_file_row(f) for f in files]}
+        state[k] = {**jsonable(state[k]), "files": [tree_file_row(f) for f in files]}
     wanted = ([key] if key is not None else []) + list(keys)
     missing = [k for k in wanted if k not in state]
     if missing:
@@ -297,7 +253,7 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
                 click.echo(f"{k}: {to_json(v)}")
                 continue
             files = trees[k]
-            click.echo(f"{k}: tree {v['$tree'][:12]}, {len(files)} files, "
+            click.echo(f"{k}: tree {v['$tree']['sha256'][:12]}, {len(files)} files, "
                        f"{sum(f.size for f in files if f.kind == 'file')} bytes")
             for f in files:
                 click.echo(f"  {tree_file_line(f)}")

@@ -2,7 +2,7 @@
 
 Theory of operation: a record becomes visible by being applied to a
 memtable, in LSN order. Live, the commit pipeline publishes each durable
-batch (``Store._publish``, from :class:`~.commit.Pending`); at open,
+batch (``Engine.publish``, from :class:`~.commit.Pending`); at open,
 recovery replays the log after LMDB's ``applied_lsn`` (:func:`replay`, from
 ``records.Replayed*``). Both go through :func:`apply_record`, so a replayed
 log rebuilds exactly the table the live store had (the outbox keys of a

@@ -24,10 +24,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import failpoints
 from ..backend import Change, EffectRace
 from ..effects import EffectRecord
-from ..errors import ReadOnlyError
 from ..types import Checkpoint
 
 if TYPE_CHECKING:
@@ -85,17 +83,7 @@ class LocalBackend:
                 if v is not None}
 
     def commit(self, view: LocalView, change: Change) -> Checkpoint | None:
-        s = self._s
-        s._check_open()
-        pipe = s._pipe
-        if pipe is None:
-            raise ReadOnlyError(s.path)
-        failpoints.hit("commit_before_validate")
-        if change.empty:
-            return s._head(view.inner, view.run)
-        return pipe.commit(view.run, view.inner.snap, set(change.reads), set(change.prefixes),
-                           dict(change.writes), dict(change.meta), list(change.deferred),
-                           origin=change.origin, effects=change.effects)
+        return self._s.commit_change(view.inner, change)
 
     def end(self, view: LocalView) -> None:
         self._s._release(view.inner)
@@ -106,11 +94,11 @@ class LocalBackend:
     # -- HistoryStore -----------------------------------------------------------------
 
     def head(self, run: str) -> Checkpoint | None:
-        return self._s.head(run)
+        return self._s.runs.head(run)
 
     def checkpoints(self, run: str, *, limit: int | None = None,
                     before: int | None = None) -> list[Checkpoint]:
-        return self._s.history(run, limit, before)
+        return self._s.runs.history(run, limit, before)
 
     def state_at(self, run: str, checkpoint: int, *, key: str | None = None
                  ) -> dict[str, bytes]:
@@ -124,37 +112,37 @@ class LocalBackend:
         return s._with_view(read)
 
     def runs(self) -> list[str]:
-        return self._s.runs()
+        return self._s.runs.names()
 
     def delete_run(self, run: str) -> None:
-        self._s.delete_run(run)
+        self._s.runs.delete_run(run)
 
     # -- LedgerStore ------------------------------------------------------------------
 
     def effect(self, key: str) -> EffectRecord | None:
         self._s._check_open()
-        return self._s._effect_get(key)
+        return self._s.effectlog.get(key)
 
     def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
         self._s._check_open()
-        return self._s._effect_key_at(run, checkpoint, ordinal)
+        return self._s.effectlog.key_at(run, checkpoint, ordinal)
 
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
                       fence: object | None = None) -> EffectRecord:
         s = self._s
         with s._ledger._locked(("key", entry.key)):
-            found = s._effect_get(entry.key)
+            found = s.effectlog.get(entry.key)
             if found != expect:
                 raise EffectRace(entry.key, found)
-            return s._effect_write(entry)
+            return s.effectlog.write(entry)
 
     def effects(self) -> list[EffectRecord]:
         self._s._check_open()
-        return sorted(self._s._effect_all(), key=lambda e: e.key)
+        return sorted(self._s.effectlog.entries(), key=lambda e: e.key)
 
     def outbox(self) -> list[EffectRecord]:
         self._s._check_open()
-        return self._s._effect_outbox()
+        return self._s.effectlog.outbox()
 
     # -- Maintenance ------------------------------------------------------------------
 

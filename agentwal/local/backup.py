@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from ..errors import CorruptionError, PathExistsError
 from ..format import CONTROL_FILE, SNAPSHOT_DIR, TMP_SUFFIX, WAL_DIR, parse_segment_name
 from ..io import FileSystem, write_all
+from ..types import Progress
 from .wal import scan_segment
 from .wal.frame import parse_header
 
@@ -107,9 +108,13 @@ class Copier:
         dst: the file system of the backup.
         store: the store directory.
         tmp: the temporary directory (:func:`check_destination`).
+        progress: called with ``("log", segments copied, segments)``,
+            ``("snapshot", 0 then 1, 1)`` and ``("blobs", files copied, None)``.
     """
 
-    def __init__(self, src: FileSystem, dst: FileSystem, store: str, tmp: str) -> None:
+    def __init__(self, src: FileSystem, dst: FileSystem, store: str, tmp: str,
+                 progress: Progress | None = None) -> None:
+        self.progress = progress
         self.src = src
         self.dst = dst
         self.store = store
@@ -118,6 +123,7 @@ class Copier:
         self.bytes = 0
         self.last_lsn = 0
         self._dirs: list[str] = []
+        self._blob_files = 0
         self.started = time.monotonic()
 
     def mkdir(self, rel: str) -> str:
@@ -175,7 +181,8 @@ class Copier:
         names = [n for n in self.src.listdir(wal) if parse_segment_name(n) is not None]
         names.sort(key=lambda n: parse_segment_name(n) or 0)
         copied: dict[str, int] = {}
-        for name in names:
+        for i, name in enumerate(names):
+            self._tick("log", i, len(names))
             try:
                 copied[name] = self.copy_file(os.path.join(wal, name), os.path.join(out, name))
             except FileNotFoundError:
@@ -183,6 +190,7 @@ class Copier:
                 # snapshot, copied after the log, covers its records. A segment
                 # copied before it is then stale, and recovery drops it.
                 continue
+        self._tick("log", len(names), len(names))
         order = list(copied)
         for i, name in enumerate(order):
             last = i == len(order) - 1
@@ -220,7 +228,9 @@ class Copier:
     def copy_snapshot(self, copy: Callable[[str], None]) -> None:
         """Copy LMDB with ``copy(directory)`` (``Snapshot.copy_to``) and fsync it."""
         out = self.mkdir(SNAPSHOT_DIR)
+        self._tick("snapshot", 0, 1)  # one LMDB copy: no steps inside it
         copy(out)
+        self._tick("snapshot", 1, 1)
         path = os.path.join(out, "data.mdb")
         fd = self.dst.open(path, create=False)
         try:
@@ -249,10 +259,16 @@ class Copier:
                     self.copy_file(path, os.path.join(out, name))
                 except FileNotFoundError:  # freed meanwhile: no copied commit names it
                     continue
+                self._blob_files += 1
+                self._tick("blobs", self._blob_files, None)
             except FileNotFoundError:
                 continue
             else:
                 self._copy_tree(path, os.path.join(rel, name))
+
+    def _tick(self, phase: str, done: int, total: int | None) -> None:
+        if self.progress is not None:
+            self.progress(phase, done, total)
 
     def publish(self, dest: str) -> BackupReport:
         """Make every directory durable, rename ``tmp`` to ``dest``, make that durable."""

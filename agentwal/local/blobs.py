@@ -31,7 +31,7 @@ blob whose commit was lost is only garbage. A fan-out directory, and
 ``blobs/`` itself, are fsynced into their parent the first time this
 process uses them, whoever created them.
 
-Sweeping (garbage collection): the caller (``Store._sweep_blobs``) gives
+Sweeping (garbage collection): the caller (``BlobRefs.sweep``) gives
 the set of hashes any retained state or history references. A blob that
 is written but not yet committed is in no such set, so every blob a
 transaction put stays *pinned* (an in-process count) until that

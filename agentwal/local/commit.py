@@ -33,9 +33,12 @@ anything else stops it
 (:class:`DurabilityError`); an exception that is not ours (a failpoint, a
 simulated power cut) stops it too, since the batch's fate is unknown.
 
-The pipeline shares the store's lock (so publishing and reading views agree)
-and never touches the memtable or LMDB itself: the store gives it
-``head_of(run)``, ``publish(batch)`` and ``oldest_snapshot()``.
+The pipeline shares the engine's lock (so publishing and reading views
+agree) and never touches the memtable or LMDB itself: it reaches them through
+one collaborator, :class:`Tables` (the engine): ``head_of(run)`` for a run
+whose head it has not assigned yet, ``known_effect(key)`` for the outbox's
+business-key dedup, ``publish(batch, pos)`` once a batch is durable, and
+``oldest_snapshot()`` to prune ``last_write``. Each is called under the lock.
 """
 
 from __future__ import annotations
@@ -43,9 +46,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .. import failpoints
 from ..codec import (
@@ -55,7 +58,7 @@ from ..codec import (
     encode_meta,
     pack_payload,
 )
-from ..effects import Deferred, args_digest, encode_outbox
+from ..effects import Deferred, EffectRecord, args_digest, encode_outbox
 from ..errors import (
     ConflictError,
     DurabilityError,
@@ -77,7 +80,7 @@ from ..types import Checkpoint, Durability
 from .records import encode_delete_run
 from .wal import PendingRecord, Writer
 
-__all__ = ["WAL_ZSTD_MIN", "CommitPipeline", "Pending"]
+__all__ = ["WAL_ZSTD_MIN", "CommitPipeline", "Pending", "Tables"]
 
 #: The smallest commit delta the pipeline tries to compress. zstd costs about 6 µs per
 #: KiB on the commit path, more than the bytes it saves cost to write and fsync; the
@@ -118,15 +121,31 @@ class Pending:
     effect_keys: tuple[str, ...] = ()
 
 
+class Tables(Protocol):
+    """What the pipeline needs from the tables it publishes into; called under the lock."""
+
+    def head_of(self, run: str) -> tuple[int, bytes] | None:
+        """``(id, hash)`` of the run's latest published checkpoint (None: no checkpoint)."""
+        ...
+
+    def known_effect(self, key: str) -> EffectRecord | None:
+        """The published ledger entry with key ``key``, or None."""
+        ...
+
+    def publish(self, batch: list[Pending], pos: tuple[int, int] | None) -> None:
+        """Make the durable ``batch`` visible, in LSN order; ``pos``: the log's end after it."""
+        ...
+
+    def oldest_snapshot(self) -> int:
+        """The oldest snapshot LSN an open view still reads at."""
+        ...
+
+
 class CommitPipeline:
     """Turns validated deltas into durable, published commits."""
 
     def __init__(self, path: str, writer: Writer, durability: Durability, lock: threading.Lock,
-                 next_lsn: int, heads: dict[str, tuple[int, bytes]],
-                 head_of: Callable[[str], tuple[int, bytes] | None],
-                 publish: Callable[[list[Pending], tuple[int, int] | None], None],
-                 oldest_snapshot: Callable[[], int],
-                 known_effect: Callable[[str], Any] = lambda key: None) -> None:
+                 next_lsn: int, heads: dict[str, tuple[int, bytes]], tables: Tables) -> None:
         self.path = path
         self.writer = writer
         self.durability = durability
@@ -147,14 +166,11 @@ class CommitPipeline:
         self.settled_lsn = next_lsn - 1  # every LSN up to here is published or failed
         self.counters = {"commits": 0, "effect_records": 0, "conflicts": 0, "batches": 0,
                          "syncs": 0}
-        self._head_of = head_of
-        self._publish = publish
-        self._oldest = oldest_snapshot
-        self._known_effect = known_effect  # key -> published ledger entry or None
+        self.tables = tables
 
     # -- committing -----------------------------------------------------------------
 
-    def commit(self, run: str, snap: int, reads: set[str], prefixes: set[str],
+    def commit(self, run: str, snap: int, reads: AbstractSet[str], prefixes: AbstractSet[str],
                delta: dict[str, bytes | None], meta: dict[str, Any],
                deferred: list[Deferred] | None = None, *,
                origin: tuple[str, int] | None = None,
@@ -193,7 +209,7 @@ class CommitPipeline:
             if deferred:
                 deferred = self._dedup_outbox(deferred)
             outbox = encode_outbox(deferred) if deferred else None
-            head = self.heads.get(run) or self._head_of(run)
+            head = self.heads.get(run) or self.tables.head_of(run)
             if origin is not None and head is not None:
                 raise RunExistsError(run)
             parent, parent_hash = (head[0], head[1]) if head else (None, _ZERO_HASH)
@@ -259,7 +275,7 @@ class CommitPipeline:
                 raise StoreClosedError(self.path)
             if self.writer.broken is not None:
                 raise self.writer.stopped()
-            head = self.heads.get(run) or self._head_of(run)
+            head = self.heads.get(run) or self.tables.head_of(run)
             if head is None:
                 raise RunNotFoundError(run)
             lsn = self.next_lsn
@@ -301,7 +317,7 @@ class CommitPipeline:
                 continue
             found = queued.get(key)
             if found is None:
-                e = self._known_effect(key)
+                e = self.tables.known_effect(key)
                 found = (e.name, e.mode.value, e.args_digest) if e is not None else None
             if found is None:
                 queued[key] = (name, mode, args_digest(args_raw))
@@ -328,7 +344,7 @@ class CommitPipeline:
             if self._zstd_misses >= 8:
                 self._zstd_misses, self._zstd_skip = 0, 64
 
-    def _validate(self, run: str, snap: int, keys: Any, prefixes: set[str]) -> None:
+    def _validate(self, run: str, snap: int, keys: Any, prefixes: AbstractSet[str]) -> None:
         """Raise :class:`ConflictError` if a key read or written changed after ``snap``.
 
         Before raising, wait (briefly) until the conflicting commit is settled:
@@ -413,7 +429,7 @@ class CommitPipeline:
         with self.lock:
             for p in batch:
                 p.state = "done"
-            self._publish(batch, self.writer.position)
+            self.tables.publish(batch, self.writer.position)
             self.settled_lsn = max(self.settled_lsn, batch[-1].lsn)
             effects = sum(1 for p in batch if p.ckpt is None and p.drop is None)
             drops = sum(1 for p in batch if p.drop is not None)
@@ -463,7 +479,7 @@ class CommitPipeline:
             self._done.notify_all()
 
     def _prune_last_write(self) -> None:
-        oldest = self._oldest()
+        oldest = self.tables.oldest_snapshot()
         for run in [r for r, lsn in self.deleted.items() if lsn <= oldest]:
             del self.deleted[run]
         for run in list(self.last_write):

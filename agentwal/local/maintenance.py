@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from .. import failpoints
 from ..errors import DurabilityError, Error, RunNotFoundError, StoreBusyError
 from ..retention import CompactReport, Tally
+from ..types import Progress
 from .snapshot import MapFull
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Maintenance:
 
     def compact(self, selected: list[str] | None, keep_last: int | None,
                 older_than: datetime.timedelta | None, vacuum: bool,
-                keep_fork_origins: bool) -> CompactReport:
+                keep_fork_origins: bool, progress: Progress | None = None) -> CompactReport:
         """Fold, drop what retention does not keep, sweep, vacuum (``Store.compact``)."""
         e = self._e
         if selected is not None:
@@ -60,16 +61,22 @@ class Maintenance:
                                                  if e._head(v, r) is None])
             if missing:
                 raise RunNotFoundError(missing[0])
+        tick = progress or (lambda phase, done, total: None)
+        tick("fold", 0, 1)
         e.folder.fold()
+        tick("fold", 1, 1)
         failpoints.hit("compact_after_fold")
         cutoff = None if older_than is None else time.time() - older_than.total_seconds()
         with e._fold_lock:
             before = self.file_bytes()
-            tally = self.compact_locked(selected, keep_last, cutoff, keep_fork_origins)
+            tally = self.compact_locked(selected, keep_last, cutoff, keep_fork_origins,
+                                        progress)
             failpoints.hit("compact_after_commit")
-            e._sweep_blobs()  # the blob files no kept checkpoint names any more
+            e.blobrefs.sweep()  # the blob files no kept checkpoint names any more
             if vacuum:
+                tick("vacuum", 0, 1)  # one LMDB copy and a file swap: no steps inside
                 self.vacuum()
+                tick("vacuum", 1, 1)
             after = self.file_bytes()
         return CompactReport(tally.dropped, tally.bytes_freed, dict(tally.runs),
                              tally.objects_freed, tally.manifests_written, tally.bytes_written,
@@ -82,7 +89,8 @@ class Maintenance:
         return os.path.getsize(path) if os.path.exists(path) else 0
 
     def compact_locked(self, runs: list[str] | None, keep_last: int | None,
-                        cutoff: float | None, keep_origins: bool) -> Tally:
+                       cutoff: float | None, keep_origins: bool,
+                       progress: Progress | None = None) -> Tally:
         """The LMDB part of a compaction; under ``_fold_lock``."""
         e = self._e
         assert e._snap is not None and e._pipe is not None
@@ -96,7 +104,8 @@ class Maintenance:
         while True:
             try:
                 return e._snap.compact(runs, keep_last=keep_last, cutoff=cutoff,
-                                          keep_origins=keep_origins, origins=origins)
+                                       keep_origins=keep_origins, origins=origins,
+                                       progress=progress)
             except MapFull as full:
                 e.folder.grow_map(full)
             except DurabilityError as exc:  # LMDB's state is unknown until a reopen
@@ -162,7 +171,7 @@ class Maintenance:
         try:
             with e._fold_lock:
                 self.compact_locked(None, keep_last, cutoff, True)
-                e._sweep_blobs()
+                e.blobrefs.sweep()
             e._counters["retention_passes"] += 1
             e._retain_error = None
         except Error as exc:

@@ -244,7 +244,8 @@ class PostgresStore:
             "object storage, with their reference as a value) until it stores blobs; "
             "docs/postgres.md lists what it does today.")
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None
+    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
+                      rehash: bool = False, subdir: str | None = None
                       ) -> tuple[BlobRef, list[str]]:
         raise BackendUnsupportedError(
             "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "

@@ -11,6 +11,7 @@ and the Content-Security-Policy forbids inline scripts besides.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .. import health
 from ..effects import STATUSES
 from ..errors import CheckpointNotFoundError, Error, RunNotFoundError
 from ..types import BlobRef, TreeRef
@@ -32,6 +34,7 @@ from ..views import (
     effect_row,
     fork_map,
     graph_rows,
+    jsonable,
     outbox,
     problems_by_run,
     problems_first,
@@ -147,6 +150,19 @@ class Viewer:
     def outbox(self, s: Any) -> list[dict[str, Any]]:
         return [self._effect(e) for e in outbox(s.effects())]
 
+    def health(self, s: Any) -> dict[str, Any]:
+        """What `agentwal inspect` says: attention first, then the facts."""
+        return dict(jsonable(health.inspect(s, self.path)))
+
+    def verify(self, s: Any) -> dict[str, Any]:
+        """``store.verify()`` of the view, as `agentwal verify --json` prints it, timed."""
+        started = time.monotonic()
+        report = s.verify()
+        return {"ok": report.ok, "problems": [dataclasses.asdict(p) for p in report.problems],
+                "checked": report.checked, "notes": report.notes,
+                "seconds": round(time.monotonic() - started, 3),
+                "visible_lsn": s.stats()["visible_lsn"]}
+
     def _effect(self, e: Any) -> dict[str, Any]:
         row = effect_row(e)
         row["args"] = preview(e.args)
@@ -233,6 +249,8 @@ def create_app(store: Any, path: str, *, refresh_seconds: float = REFRESH_SECOND
         Route("/api/effects", api(lambda r: viewer.read(lambda s: viewer.effects(
             s, r.query_params.get("run") or None, r.query_params.get("status") or None)))),
         Route("/api/outbox", api(lambda r: viewer.read(viewer.outbox))),
+        Route("/api/health", api(lambda r: viewer.read(viewer.health))),
+        Route("/api/verify", api(lambda r: viewer.read(viewer.verify))),
         Route("/", lambda r: FileResponse(os.path.join(STATIC, "index.html"),
                                           headers=_SECURITY_HEADERS)),
         Route("/favicon.ico", lambda r: Response(status_code=204)),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
+import io
 import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,10 @@ from click.testing import CliRunner
 
 import agentwal
 from agentwal.cli import main
+from agentwal.codec import decode_value, encode_value
+from agentwal.views import from_jsonable, jsonable
+
+from ..property.test_codec import same
 
 
 def _runner() -> CliRunner:
@@ -203,13 +211,14 @@ def test_json_round_trips_values_through_resolve(forked: str) -> None:
         assert next(e for e in s.effects() if e.effect_id == eid).result["receipt"] == b"\x00\x01"
 
 
-def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
-    """What the command prints when its stdout is a terminal (a pseudo-terminal here)."""
+def _on_a_terminal(args: list[str], env: dict[str, str], *, stream: str = "stdout") -> str:
+    """What the command prints when its stdout (or stderr) is a terminal (a pseudo-terminal
+    here); the other stream goes nowhere."""
     import pty
 
     leader, follower = pty.openpty()
-    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args], stdout=follower,
-                             stderr=subprocess.DEVNULL, env=env)
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, stream: follower}
+    child = subprocess.Popen([sys.executable, "-m", "agentwal", *args], env=env, **streams)
     os.close(follower)
     chunks = []
     while True:
@@ -222,7 +231,7 @@ def _on_a_terminal(args: list[str], env: dict[str, str]) -> str:
         chunks.append(chunk)
     os.close(leader)
     assert child.wait(timeout=120) == 0
-    return b"".join(chunks).decode()
+    return b"".join(chunks).decode(errors="replace")
 
 
 def test_colour_on_a_terminal_but_never_with_no_color(forked: str) -> None:
@@ -241,3 +250,77 @@ def test_sizes_for_people() -> None:
 
     assert [size(n) for n in (None, 0, 1023, 1024, 53_248, 16 << 20, 5 << 40, 1 << 60)] == [
         "-", "0 B", "1023 B", "1.0 KiB", "52.0 KiB", "16.0 MiB", "5.0 TiB", "1048576.0 TiB"]
+
+
+TYPED = {
+    "when": dt.datetime(2024, 5, 1, 12, 30, 0, 250, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+    "tags": {"a", 3, (1, "x"), frozenset({2})}, "raw": b"\x00\xff",
+    "amount": decimal.Decimal("12.50"), "id": uuid.UUID(int=7), "nan": float("nan"),
+    "pairs": {(1, 2): "x", 5: "five", "5": "text five"}, "tricky": {"$bytes": "not bytes"},
+    "inf": [float("-inf"), -0.0, 2**70],
+}
+
+
+def test_show_json_round_trips_every_value_type(tmp_path: Path) -> None:
+    path = str(tmp_path / "typed.awal")
+    with agentwal.open(path) as s, s.begin("typed") as txn:
+        for k, v in TYPED.items():
+            txn[k] = v
+        txn.put_blob("report", io.BytesIO(b"%PDF"), media_type="application/pdf")
+    with agentwal.open(path, readonly=True) as s:
+        state = s.state("typed")
+    code, out, _ = run("show", path, "typed", "--json")
+    assert code == 0
+    assert same(state, from_jsonable(json.loads(out)))
+    doc = json.loads(out)
+    assert doc["when"] == {"$datetime": "2024-05-01T12:30:00.000250-05:00"}
+    assert doc["tricky"] == {"$dict": {"$bytes": "not bytes"}}
+    assert doc["report"]["$blob"]["media_type"] == "application/pdf"
+    code, out, _ = run("show", path, "typed", "pairs")  # one value: the same JSON, one line
+    assert code == 0 and same(state["pairs"], from_jsonable(json.loads(out)))
+
+
+def test_resolve_stores_tagged_json_as_its_type(forked: str) -> None:
+    in_doubt(forked, "run-a", "pay")
+    code, out, _ = run("effects", forked, "--status", "in_doubt", "--json")
+    eid = json.loads(out)[0]["effect_id"]
+    value = {k: v for k, v in TYPED.items() if k != "nan"}  # NaN != NaN: compared below
+    text = json.dumps(jsonable(value))
+    code, out, _ = run("resolve", forked, eid, "--result", text, "--json")
+    assert code == 0, out
+    assert json.loads(out)["result"] == json.loads(text)  # printed back with the same tags
+    with agentwal.open(forked, readonly=True) as s:
+        stored = next(e for e in s.effects() if e.effect_id == eid).result
+    assert same(decode_value(encode_value("k", value)), stored)
+
+
+def test_resolve_refuses_an_unknown_tag(forked: str) -> None:
+    in_doubt(forked, "run-a", "pay")
+    code, out, _ = run("effects", forked, "--status", "in_doubt", "--json")
+    eid = json.loads(out)[0]["effect_id"]
+    code, _, err = run("resolve", forked, eid, "--result", '{"$when": "today"}')
+    assert code == 2 and "unknown tag '$when'" in err and "$dict" in err
+
+
+def _stderr_on_a_terminal(args: list[str]) -> str:
+    """What the command writes to stderr when that is a terminal, escape codes removed."""
+    import re
+
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    env.pop("NO_COLOR", None)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _on_a_terminal(args, env, stream="stderr"))
+
+
+def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
+                                                                tmp_path: Path) -> None:
+    # The bar redraws ten times a second and once at the end: the last phase always shows.
+    err = _stderr_on_a_terminal(["verify", forked])
+    assert "verify: log" in err and "100%" in err
+    dest = str(tmp_path / "copy.awal")
+    err = _stderr_on_a_terminal(["backup", forked, dest])
+    assert f"backup to {dest}: snapshot" in err and "100%" in err
+    err = _stderr_on_a_terminal(["compact", forked, "--keep-last", "2", "--vacuum"])
+    assert "compact: vacuum" in err and "100%" in err
+    for args in (["verify", forked], ["compact", dest, "--keep-last", "1"]):
+        code, _, err = run(*args)  # not a terminal: nothing but the result
+        assert code == 0 and err == "", (args, err)

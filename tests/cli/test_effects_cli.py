@@ -102,7 +102,8 @@ def test_effects_json_has_every_field(ledger: tuple[str, dict[str, str]]) -> Non
     llm = rows["llm"]
     assert llm["status"] == "done" and llm["mode"] == "at_least_once"
     assert llm["args"] == {"prompt": "hi"}
-    assert llm["result"] == {"raw": {"$bytes": "AAE="}, "at": "2024-05-01T12:00:00+00:00"}
+    assert llm["result"] == {"raw": {"$bytes": "AAE="},
+                             "at": {"$datetime": "2024-05-01T12:00:00+00:00"}}
     assert llm["order"] is None and llm["ordinal"] == 0 and not llm["deferred"]
     assert len(llm["key"]) == 60  # in full, unlike the table
     email = rows["send-email"]
@@ -341,7 +342,7 @@ def test_inspect_counts_effects(ledger: tuple[str, dict[str, str]]) -> None:
     assert data["effect_index_entries"] >= len(STATUSES)
     code, out, _ = run("inspect", path)
     assert code == 0 and "effect_index_entries" in out
-    assert f"effects: {len(STATUSES)} ledger entries (1 pending, 1 in_doubt" in out
+    assert f"{len(STATUSES)} ledger entries (1 pending, 1 in_doubt" in out
 
 
 def test_wal_dumps_effect_records(ledger: tuple[str, dict[str, str]]) -> None:

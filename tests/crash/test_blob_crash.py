@@ -68,7 +68,7 @@ while True:
         txn["n"] = n + 1
     print("ACK", n, flush=True)
     if n % 5 == 4:
-        store._engine._sweep_blobs()
+        store._engine.blobrefs.sweep()
     n += 1
 """
 
@@ -143,7 +143,7 @@ def check_store(path: str, acked: int) -> int:
                 while chunk := f.read(100_000):
                     h.update(chunk)
             assert h.hexdigest() == ref.sha256
-        s._engine._sweep_blobs()
+        s._engine.blobrefs.sweep()
         files = s._engine._blobs.files()
         assert set(files) == {digest(i) for i in range(n)}, "garbage left, or a blob lost"
         tmp = os.path.join(path, "blobs", "tmp")
@@ -220,7 +220,7 @@ def refs_of(contents: dict[str, bytes]) -> dict[str, agentwal.BlobRef]:
 def drive(store: agentwal.Store, on_ack: Any) -> None:
     for step in STEPS:
         if step[0] == "sweep":
-            store._engine._sweep_blobs()
+            store._engine.blobrefs.sweep()
             continue
         txn = store.begin("r")
         for k, v in step[1].items():
@@ -256,9 +256,9 @@ def judge(path: str, image: SimulatedDisk, acked: int, in_flight: bool,
             if hashlib.sha256(data).hexdigest() != ref.sha256:
                 return f"{k} reads back wrong"
         engine = store._engine
-        engine._sweep_blobs()
+        engine.blobrefs.sweep()
         left = set(engine._blobs.files())
-        if left != engine._blob_references() or not {r.sha256 for r in state.values()} <= left:
+        if left != engine.blobrefs.references() or not {r.sha256 for r in state.values()} <= left:
             return f"after a sweep the blob files are {left}"
         for k in state:
             with store.open_blob("r", k) as f:

@@ -114,7 +114,7 @@ def test_kill_put_tree_in_each_window(tmp_path: Path, point: str) -> None:
                 if n > 1:
                     s.restore_tree("r", "ws", dest, at=s.head("r").id - 1)  # type: ignore[union-attr]
                     assert read(str(dest)) == expected(tmp_path, n - 2)
-            s._engine._sweep_blobs()
+            s._engine.blobrefs.sweep()
             assert s.verify().ok
     assert acked >= 1
 
@@ -164,3 +164,61 @@ def test_kill_restore_tree_in_each_window(tmp_path: Path, point: str) -> None:
         with agentwal.open(path) as s:  # back to A for the next round
             s.restore_tree("r", "ws", dest, at=1)
         assert read(str(dest)) == old
+
+
+COPY_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[4])
+import agentwal
+from agentwal import failpoints
+from tests.crash.test_tree_crash import spec
+from tests.trees import build
+path, src = sys.argv[1], sys.argv[2]
+store = agentwal.open(path, wal_max_bytes=256 << 10, segment_bytes=64 << 10)
+if store.get("r", "ws") is None:
+    build(src, spec(0))
+    with store.begin("r") as txn:
+        txn.put_tree("ws", src)
+name, nth = sys.argv[3].split("@")
+failpoints.arm(name, "kill", nth=int(nth))
+n = store.get("r", "n", 0)
+while True:
+    with store.begin("r") as txn:  # a copy, or directory d{n % 3} re-rooted
+        txn.put_tree(f"c{n}", txn.get("ws"), subdir=None if n % 4 == 3 else f"d{n % 3}")
+        if n >= 2:
+            txn.delete(f"c{n - 2}")
+        txn["n"] = n + 1
+    print("ACK", n, flush=True)
+    store.compact(keep_last=1)  # the sweep it ends with removes only the dropped copies' root
+    n += 1
+"""
+
+COPY_POINTS = {"blob_after_fsync": (1, 3), "blob_after_rename": (2, 4), "before_fsync": (1, 5),
+               "blob_sweep_before_unlink": (1, 2)}
+
+
+@pytest.mark.parametrize("point", COPY_POINTS)
+def test_kill_put_tree_of_a_tree_ref_in_each_window(tmp_path: Path, point: str) -> None:
+    """put_tree(tree_ref, subdir=...) killed while it stores the new root object, while the
+    commit is synced, or while the sweep after it removes a dropped copy's root: every
+    acknowledged copy restores whole, nothing it needs was swept."""
+    path, src = str(tmp_path / "store"), str(tmp_path / "src")
+    whole = expected(tmp_path, 0)
+    acked = 0
+    for nth in COPY_POINTS[point]:
+        lines, code = run(COPY_CHILD, path, src, f"{point}@{nth}")
+        assert code == 137, f"the child did not die at {point}@{nth}: {lines[-3:]}"
+        acked = max([acked, *(int(x.split()[1]) + 1 for x in lines if x.startswith("ACK "))])
+        with agentwal.open(path) as s:
+            n = s.get("r", "n", 0)
+            assert n in (acked, acked + 1)
+            acked = n
+            for k in (n - 2, n - 1):
+                if k < 0:
+                    continue
+                dest = tmp_path / f"check-{n}-{k}"
+                s.restore_tree("r", f"c{k}", dest)
+                want = whole if k % 4 == 3 else read(str(tmp_path / "expected-0" / f"d{k % 3}"))
+                assert read(str(dest)) == want
+            s._engine.blobrefs.sweep()
+            assert s.verify().ok

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import ast
 import io
+import json
+import os
 import re
+import subprocess
+import sys
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("_run_block.py")
+# a not-run marker naming this test: the block needs a PostgreSQL server and runs there
+POSTGRES_RUNNER = "tests/postgres/test_doc_examples.py"
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(?P<why>.+?)\s*-->")
 FENCE = re.compile(r"^(?P<indent> *)(?P<ticks>`{3,})(?P<lang>[\w+-]*)\s*$")
 
@@ -130,3 +137,31 @@ def matches(printed: list[str], said: str) -> bool:
                                 or exp.startswith(out + " (")):
         return True
     return exp.endswith(": " + out)
+
+
+def run_block(block: Block, tmp_path: Path, code: str | None = None,
+              env: dict[str, str] | None = None) -> list[str]:
+    """Run ``block`` (or ``code`` in its place) in a fresh process in a fresh directory; the
+    outputs that differ from its comments (empty when all match). Fails if the block raises."""
+    code = block.code if code is None else code
+    script = tmp_path / "block.py"
+    script.write_text(code, encoding="utf-8")
+    record = tmp_path / "printed.json"
+    work = tmp_path / "work"
+    work.mkdir()
+    # the pages make their stores with tempfile.mkdtemp(): keep those under tmp_path, which
+    # pytest removes when the test passes, instead of leaving them in /tmp
+    done = subprocess.run([sys.executable, str(RUNNER), str(script), str(record)], cwd=work,
+                          env={**os.environ, "TMPDIR": str(work), **(env or {})},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"{block.id} failed:\n{done.stdout}\n{done.stderr}"
+    printed: dict[int, list[str]] = {}
+    for line, text in json.loads(record.read_text()):
+        printed.setdefault(line, []).append(text)
+    wrong = []
+    for exp in expectations(code):
+        out = [t for n in range(exp.first, exp.last + 1) for t in printed.get(n, [])]
+        if not matches(out, exp.text):
+            wrong.append(f"line {block.line + exp.first}: printed {out!r}, the page says "
+                         f"{exp.text!r}")
+    return wrong

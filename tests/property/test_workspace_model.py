@@ -2,7 +2,8 @@
 
 Rules edit files (write, rewrite in place keeping size and mtime, chmod,
 delete, links, empty directories), age every file past the stat cache's
-racy window, checkpoint (alone, or with state in the same transaction),
+racy window, checkpoint (alone, or with state in the same transaction, or
+just after aging: the stat cache's directory records are then trusted),
 roll back to any checkpoint, restore any checkpoint into a second
 directory, and ask ``status()``. The model is the directory as data (what
 ``tests.trees.read`` returns); after every step the workspace directory must
@@ -131,6 +132,13 @@ class WorkspaceMachine(RuleBasedStateMachine):
         shutil.rmtree(fresh, ignore_errors=True)
         self.store.restore_tree("agent", "workspace", fresh)
         assert read(str(fresh)) == self.model
+
+    @rule()
+    def settled_checkpoint(self) -> None:
+        """Files past the racy window, then a checkpoint: the directory records it makes
+        are trusted, so the next snapshot (and restore) may stand on them."""
+        self.age()
+        self.checkpoint(with_state=False)
 
     @precondition(lambda self: bool(self.saved))
     @rule(data=st.data())

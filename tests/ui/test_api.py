@@ -16,6 +16,7 @@ from agentwal.cli import main
 from agentwal.cli.ui import is_loopback
 from agentwal.ui import create_app
 from agentwal.ui.encode import ITEMS, TEXT_CHARS, tree
+from tests.stores import Raw
 
 from .stores import HTML, fill
 
@@ -104,6 +105,34 @@ def test_tree_cuts_big_containers_and_says_how_big() -> None:
                                    "base64": "A" * 64}
 
 
+def test_tree_shows_typed_values_readably() -> None:
+    import datetime as dt
+    import decimal
+    import uuid
+
+    when = dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc)
+    node = tree({"t": when, "d": decimal.Decimal("1.50"), "u": uuid.UUID(int=1),
+                 "n": float("nan"), "s": {2, 1}, "m": {(1, 2): "x"}}, "")
+    items = dict(node["items"])
+    assert items["t"] == {"type": "other", "kind": "datetime",
+                          "value": "2024-05-01T12:00:00+00:00"}
+    assert items["d"]["value"] == "1.50" and items["d"]["kind"] == "Decimal"
+    assert items["u"]["value"] == str(uuid.UUID(int=1))
+    assert items["n"] == {"type": "float", "value": "nan"}
+    assert items["s"]["kind"] == "set" and [i["value"] for i in items["s"]["items"]] == [1, 2]
+    assert [k for k, _ in items["m"]["items"]] == ["[1, 2]"]
+
+
+def test_a_langgraph_payload_shows_its_decoded_view() -> None:
+    payload = {"t": "msgpack", "b": b"\x81\xa1a\x01", "view": {"a": 1}}
+    node = tree({"v/root/x/1": payload, "plain": {"t": "msgpack", "b": b"", "other": 1}}, "")
+    items = dict(node["items"])
+    assert items["v/root/x/1"]["type"] == "dict"
+    assert items["v/root/x/1"]["items"] == [["a", {"type": "int", "value": 1}]]
+    assert items["v/root/x/1"]["serialized"] == {"kind": "msgpack", "length": 4}
+    assert "serialized" not in items["plain"]  # another shape stays as it is
+
+
 def test_diff_of_a_growing_list_is_the_appended_item(client: TestClient) -> None:
     d = get(client, "/api/runs/run-a/diff?a=4&b=5")
     [change] = d["changed"]["messages"]
@@ -122,6 +151,29 @@ def test_effects_put_problems_first_with_the_resolve_command(client: TestClient,
     assert get(client, "/api/effects?run=run-a") == []
     [entry] = get(client, "/api/outbox")
     assert entry["name"] == "send-email"
+
+
+def test_health_says_what_needs_attention_first(client: TestClient, filled: str) -> None:
+    h = get(client, "/api/health")
+    assert h["attention"][0].startswith("1 effect(s) in doubt")
+    assert any("outbox" in a for a in h["attention"])
+    assert h["writer"]["held"] in (False, None) and h["unfolded_records"] == 0
+    assert h["runs"] == 2 and h["effects"]["in_doubt"] == 1 and h["wal_bytes"] > 0
+
+
+def test_verify_on_demand_ok_then_damage_found(filled: str) -> None:
+    with agentwal.open(filled, readonly=True) as store:
+        v = get(TestClient(create_app(store, filled)), "/api/verify")
+    assert v["ok"] and v["problems"] == [] and v["checked"]["checkpoints"] == 8
+    with Raw(filled) as raw:
+        k = raw.key("run-a", 3)
+        rec = raw.load("ckpt", k)
+        rec[3] += 1.0  # created_at: the hash no longer matches
+        raw.dump("ckpt", k, rec)
+    with agentwal.open(filled, readonly=True) as store:
+        v = get(TestClient(create_app(store, filled)), "/api/verify")
+    assert not v["ok"] and "hash chain broken" in v["problems"][0]["what"]
+    assert v["problems"][0]["where"].startswith("snapshot/data.mdb ckpt[")
 
 
 def test_not_found_and_bad_requests(client: TestClient) -> None:

@@ -144,10 +144,24 @@ def test_an_in_doubt_effect_first_with_its_resolve_command(page: Any, store_path
     first = page.wait_for_selector("#effects tbody tr")
     assert "in_doubt" in (first.get_attribute("class") or "")
     assert "charge-card" in first.inner_text()
+    assert "uncommitted" in first.inner_text()  # its step never committed
     cmd = page.locator("#effects code.resolve").first.inner_text()
     assert cmd.startswith(f"agentwal resolve {store_path} ef-")
     assert page.locator("#effects b").count() == 0  # the HTML in its args is text
     shot(page, "5-effects")
+
+
+def test_health_first_then_verify_on_demand(page: Any) -> None:
+    page.click("#nav-health")
+    items = page.wait_for_selector("#attention-list").inner_text()
+    assert "1 effect(s) in doubt: check" in items and "outbox" in items
+    assert "none (no process has it open for writing)" in page.inner_text("#health-facts")
+    page.click("#run-verify")
+    verdict = page.wait_for_selector("#verify-verdict")
+    assert verdict.inner_text().startswith("OK: nothing is damaged")
+    assert "checkpoints" in page.inner_text("#verify-result")
+    assert "null" not in page.inner_text("#main") and "undefined" not in page.inner_text("#main")
+    shot(page, "6-health-verify")
 
 
 def test_a_commit_from_another_process_appears(page: Any, store_path: str) -> None:
@@ -158,4 +172,4 @@ def test_a_commit_from_another_process_appears(page: Any, store_path: str) -> No
         txn["step"] = 100  # this process writes; the viewer runs in another
     node = page.wait_for_selector('#graph li[data-id="3"]')
     assert "HEAD" in node.inner_text()
-    shot(page, "6-live-commit")
+    shot(page, "7-live-commit")

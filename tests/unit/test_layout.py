@@ -31,9 +31,11 @@ RANK = {
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
     "store": 7, "postgres": 7,
     # the engine and its parts (each references Engine, for typing only)
-    "local.engine": 7, "local.fold": 7, "local.maintenance": 7, "local.backend": 7,
+    "local.engine": 7, "local.fold": 7, "local.maintenance": 7, "local.blobrefs": 7,
+    "local.effectlog": 7, "local.audit": 7, "local.runs": 7,
+    "local.backend": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
-    "workspace": 8, "snapshot": 8,
+    "workspace": 8, "snapshot": 8, "health": 8,
     "integrations": 9,
 }
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).

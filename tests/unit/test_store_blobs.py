@@ -185,9 +185,9 @@ def test_rollback_and_abort_leave_no_reference(store: agentwal.Store, path: str)
         txn3.rollback_to(sp)
         txn3["y"] = 2
     assert store.state("r") == {"x": 1, "y": 2}
-    assert store._engine._blob_references() == set()
+    assert store._engine.blobrefs.references() == set()
     assert len(blob_files(path)) == 3  # garbage until a sweep
-    assert store._engine._sweep_blobs() == (
+    assert store._engine.blobrefs.sweep() == (
         3, len(b"rolled back") + len(b"aborted") + len(b"undone"))
     assert blob_files(path) == []
 
@@ -200,7 +200,7 @@ def test_a_conflicting_commit_unpins_its_blob(store: agentwal.Store) -> None:
     with pytest.raises(agentwal.ConflictError):
         t2.commit()
     assert store._engine._blobs.pinned() == set()
-    assert store._engine._sweep_blobs() == (1, 5)
+    assert store._engine.blobrefs.sweep() == (1, 5)
 
 
 def test_a_commit_of_unknown_outcome_keeps_its_blob_pinned(path: str) -> None:
@@ -213,7 +213,7 @@ def test_a_commit_of_unknown_outcome_keeps_its_blob_pinned(path: str) -> None:
             txn.commit()
         assert s._engine._blobs.pinned() == {ref.sha256}  # the log may hold the commit
         with pytest.raises(agentwal.DurabilityError):
-            s._engine._sweep_blobs()  # and a stopped writer sweeps nothing
+            s._engine.blobrefs.sweep()  # and a stopped writer sweeps nothing
     finally:
         crash_store(s)
     with agentwal.open(path) as s:
@@ -226,7 +226,7 @@ def test_an_abandoned_transaction_releases_its_pin(store: agentwal.Store) -> Non
     txn.put_blob("w", io.BytesIO(b"dropped"))
     del txn
     gc.collect()
-    assert store._engine._sweep_blobs() == (1, 7)
+    assert store._engine.blobrefs.sweep() == (1, 7)
 
 
 # -- errors --------------------------------------------------------------------------
@@ -395,14 +395,14 @@ def test_sweep_keeps_every_referenced_blob_in_state_and_history(store: agentwal.
     with store.begin("r") as txn:
         new = txn.put_blob("w", io.BytesIO(b"new"))
     store.fork("r", 1, "f")
-    assert store._engine._blob_references() == {old.sha256, new.sha256}  # memtable
+    assert store._engine.blobrefs.references() == {old.sha256, new.sha256}  # memtable
     store.snapshot()
-    assert store._engine._blob_references() == {old.sha256, new.sha256}  # LMDB: state and deltas
+    assert store._engine.blobrefs.references() == {old.sha256, new.sha256}  # LMDB: state and deltas
     for _ in range(70):  # manifests too
         with store.begin("r") as txn:
             txn["n"] = txn.get("n", 0) + 1
     store.snapshot()
-    assert store._engine._sweep_blobs() == (0, 0)
+    assert store._engine.blobrefs.sweep() == (0, 0)
     assert read_blob(store, "r", "w", at=1) == b"old"
     assert len(blob_files(path)) == 2
 
@@ -410,9 +410,9 @@ def test_sweep_keeps_every_referenced_blob_in_state_and_history(store: agentwal.
 def test_sweep_spares_a_blob_put_by_an_open_transaction(store: agentwal.Store) -> None:
     txn = store.begin("r")
     txn.put_blob("w", io.BytesIO(b"in flight"))
-    assert store._engine._sweep_blobs() == (0, 0)
+    assert store._engine.blobrefs.sweep() == (0, 0)
     txn.commit()
-    assert store._engine._sweep_blobs() == (0, 0)
+    assert store._engine.blobrefs.sweep() == (0, 0)
     assert read_blob(store, "r", "w") == b"in flight"
 
 
@@ -420,10 +420,10 @@ def test_sweep_keep_and_read_only_and_closed(store: agentwal.Store, path: str) -
     txn = store.begin("r")
     ref = txn.put_blob("w", io.BytesIO(b"x"))
     txn.rollback()
-    assert store._engine._sweep_blobs(keep={ref.sha256}) == (0, 0)
+    assert store._engine.blobrefs.sweep(keep={ref.sha256}) == (0, 0)
     with agentwal.open(path, readonly=True) as ro, pytest.raises(agentwal.ReadOnlyError):
-        ro._engine._sweep_blobs()
-    assert store._engine._sweep_blobs() == (1, 1)
+        ro._engine.blobrefs.sweep()
+    assert store._engine.blobrefs.sweep() == (1, 1)
 
 
 # -- memory: never held whole ----------------------------------------------------------
@@ -481,10 +481,10 @@ def test_blob_refs_lists_every_reference_with_its_size(store: agentwal.Store) ->
         b = txn.put_blob("b", io.BytesIO(b"aaa"))
     with store.begin("r") as txn:
         c = txn.put_blob("a", io.BytesIO(b"cc"))
-    assert store._engine._blob_refs() == {a, b, c}  # history included; one hash, two media types
+    assert store._engine.blobrefs.refs() == {a, b, c}  # history included; one hash, two media types
     store.snapshot()
-    assert store._engine._blob_refs() == {a, b, c}
-    for ref in store._engine._blob_refs():  # what a verify can do with them
+    assert store._engine.blobrefs.refs() == {a, b, c}
+    for ref in store._engine.blobrefs.refs():  # what a verify can do with them
         with store._engine._blobs.open(ref) as f:
             f.verify()
 
@@ -521,7 +521,7 @@ def test_puts_commits_forks_and_sweeps_in_threads(store: agentwal.Store) -> None
     def sweeper() -> None:
         try:
             while not stop.is_set():
-                swept[0] += store._engine._sweep_blobs()[0]
+                swept[0] += store._engine.blobrefs.sweep()[0]
         except BaseException as exc:
             errors.append(exc)
 
@@ -539,8 +539,8 @@ def test_puts_commits_forks_and_sweeps_in_threads(store: agentwal.Store) -> None
         for key, ref in store.state(run).items():
             with store.open_blob(run, key) as f:
                 assert sha(f.read()) == ref.sha256
-    store._engine._sweep_blobs()
-    assert set(store._engine._blobs.files()) == store._engine._blob_references()
+    store._engine.blobrefs.sweep()
+    assert set(store._engine._blobs.files()) == store._engine.blobrefs.references()
     assert swept[0] > 0  # the sweeps ran while the writers did
 
 

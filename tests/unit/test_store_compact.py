@@ -719,7 +719,7 @@ def test_compact_calls_the_blob_sweep_hook_after_its_transaction(store: agentwal
     model: dict[int, dict[str, Any]] = {}
     build(store, "r", 10, model)
     calls: list[list[int]] = []
-    store._engine._sweep_blobs = lambda: calls.append(  # type: ignore[attr-defined]
+    store._engine.blobrefs.sweep = lambda: calls.append(  # type: ignore[attr-defined]
         [c.id for c in store.history("r")] if store._engine._fold_lock.locked() else [])
     store.compact(keep_last=2)
     assert calls == [[10, 9]]

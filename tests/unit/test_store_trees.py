@@ -236,7 +236,7 @@ def test_a_cached_file_whose_blob_was_swept_is_read_again(store: agentwal.Store,
     with store.begin("r") as txn:
         txn.delete("ws")
     store.compact(keep_last=1)
-    store._engine._sweep_blobs()
+    store._engine.blobrefs.sweep()
     assert blob_files(store) == {}
     put(store, src)
     assert files_read() == 12
@@ -256,8 +256,8 @@ def test_a_file_changing_while_read_is_read_again(store: agentwal.Store,
         with open(target, "ab") as f:
             f.write(b"# appended during the read\n")
 
-    # the only blob written is this file's: the append lands while it is being read
-    failpoints.arm("blob_after_write", "call", fn=scribble, nth=1)
+    # the append lands while the file is being read
+    failpoints.arm("tree_after_read", "call", fn=scribble, nth=1)
     put(store, str(src))
     with store.open_tree_file("r", "ws", "mod.py") as f:
         got = f.read()
@@ -277,13 +277,13 @@ def test_a_file_that_keeps_changing_fails_the_call_and_commits_nothing(
             f.write(b"#")
 
     with store.begin("r") as txn:
-        failpoints.arm("blob_after_write", "call", fn=scribble, times=1000)
+        failpoints.arm("tree_after_read", "call", fn=scribble, times=1000)
         with pytest.raises(agentwal.TreeSourceError, match="kept changing"):
             txn.put_tree("ws", src)
         failpoints.disarm()
         assert txn.get("ws") == old
     assert store.head("r").id == 1  # type: ignore[union-attr]
-    store._engine._sweep_blobs()  # what the failed call stored is garbage, and only that
+    store._engine.blobrefs.sweep()  # what the failed call stored is garbage, and only that
     assert store.verify().ok
 
 
@@ -394,7 +394,8 @@ def test_exclude_patterns_skip_paths_and_restore_leaves_them_alone(store: agentw
                                                                    src: str) -> None:
     build(src, {"build/out.o": b"obj", "x.pyc": b"c", "src/y.pyc": b"c", "keep.pyc": b"k"})
     put(store, src, exclude=["build/", "*.pyc", "!keep.pyc"])
-    listing = store._engine._trees.listing(store._engine._stored_ref("r", "ws", None, "")[1])  # type: ignore[arg-type]
+    ref = store._engine.blobrefs.stored_ref("r", "ws", None, "")[1]
+    listing = store._engine._trees.listing(ref)  # type: ignore[arg-type]
     assert "keep.pyc" in listing
     assert not {"build/out.o", "x.pyc", "src/y.pyc"} & listing.keys()
     Path(src, "x.pyc").write_text("changed, still excluded")
@@ -411,7 +412,7 @@ def test_gitignore_files_are_honoured_when_asked(store: agentwal.Store, src: str
                 "sub/local": b"L", "sub/dist/y": b"stays: /dist/ is anchored",
                 ".git/HEAD": b"ref: refs/heads/main\n"})
     put(store, src, exclude=agentwal.GITIGNORE)
-    ref = store._engine._stored_ref("r", "ws", None, "")[1]
+    ref = store._engine.blobrefs.stored_ref("r", "ws", None, "")[1]
     assert ref is not None
     got = set(store._engine._trees.listing(ref))
     assert {".gitignore", "sub/.gitignore", "sub/keep.log", "sub/dist/y"} <= got
@@ -429,7 +430,7 @@ def test_a_store_inside_the_tree_is_skipped_and_never_removed(tmp_path: Path) ->
     build(str(ws), {"a.txt": b"a"})
     with agentwal.open(ws / ".agentwal", durability="none") as store:
         put(store, str(ws))
-        ref = store._engine._stored_ref("r", "ws", None, "")[1]
+        ref = store._engine.blobrefs.stored_ref("r", "ws", None, "")[1]
         assert set(store._engine._trees.listing(ref)) == {"a.txt"}  # type: ignore[arg-type]
         store.restore_tree("r", "ws", ws)
         assert (ws / ".agentwal").is_dir()
@@ -471,7 +472,7 @@ def test_compaction_releases_only_the_files_dropped_checkpoints_used(
     kept = hashlib.sha256(SPEC["src/app.py"]).hexdigest()  # type: ignore[arg-type]
     assert gone in blob_files(store)
     store.compact(keep_last=1)
-    store._engine._sweep_blobs()
+    store._engine.blobrefs.sweep()
     files = blob_files(store)
     assert gone not in files and kept in files
     assert hashlib.sha256(b"# project\n").hexdigest() not in files  # the old README
@@ -498,7 +499,7 @@ def test_verify_checks_every_tree_object_and_file(store: agentwal.Store, src: st
 def test_verify_reports_a_missing_tree_object_and_checks_the_rest(store: agentwal.Store,
                                                                   src: str) -> None:
     put(store, src)
-    ref = store._engine._stored_ref("r", "ws", None, "")[1]
+    ref = store._engine.blobrefs.stored_ref("r", "ws", None, "")[1]
     root, dirs = store._engine._trees.load(ref)  # type: ignore[arg-type]
     sub = next(e for e in dirs[root.sha256] if e.name == b"src")
     os.remove(os.path.join(store.path, "blobs", sub.sha256[:2], sub.sha256[2:]))
@@ -508,7 +509,7 @@ def test_verify_reports_a_missing_tree_object_and_checks_the_rest(store: agentwa
     assert report.checked["blobs"] > 3
     store.close()
     with agentwal.open(store.path) as again, pytest.raises(agentwal.CorruptionError):
-        again._engine._sweep_blobs()  # a sweep does not guess what a missing object named
+        again._engine.blobrefs.sweep()  # a sweep does not guess what a missing object named
 
 
 def test_a_backup_holds_the_trees(store: agentwal.Store, src: str, tmp_path: Path) -> None:
@@ -542,7 +543,7 @@ def test_a_tree_whose_base_was_replaced_and_swept_cannot_commit(store: agentwal.
     with store.begin("r") as other:  # meanwhile the key is replaced, its tree dropped
         other.delete("ws")
     store.compact(keep_last=1)
-    store._engine._sweep_blobs()
+    store._engine.blobrefs.sweep()
     with pytest.raises(agentwal.ConflictError):
         txn.commit()
     assert store.verify().ok  # no reference to a swept file was committed
@@ -558,7 +559,7 @@ def test_a_tree_whose_base_stays_commits_whole_after_a_sweep(store: agentwal.Sto
         with store.begin("r") as other:  # another key of the run: no conflict
             other["note"] = "hi"
         store.compact(keep_last=1)
-        store._engine._sweep_blobs()
+        store._engine.blobrefs.sweep()
     store.restore_tree("r", "ws", tmp_path / "d")
     assert read(str(tmp_path / "d")) == read(src)
     assert store.verify().ok

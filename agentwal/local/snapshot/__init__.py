@@ -35,6 +35,7 @@ from ... import retention
 from ...effects import EffectRecord
 from ...errors import CorruptionError, DiskFullError, DurabilityError, ReadOnlyError
 from ...io import DISK_FULL_ERRNOS
+from ...types import Progress
 from . import env
 from .compact import Compactor
 from .env import MapFull
@@ -201,8 +202,8 @@ class Snapshot:
             writer.fold(applied_lsn, store_id, runs, log_pos, effects, expire_before)
 
     def compact(self, runs: list[str] | None, *, keep_last: int | None, cutoff: float | None,
-                keep_origins: bool, origins: set[tuple[str, int]] | None = None
-                ) -> retention.Tally:
+                keep_origins: bool, origins: set[tuple[str, int]] | None = None,
+                progress: Progress | None = None) -> retention.Tally:
         """Drop old checkpoints in one synced write transaction (``retention.py`` plans it).
 
         Args:
@@ -211,6 +212,7 @@ class Snapshot:
             cutoff: keep checkpoints created at or after this time (seconds).
             keep_origins: keep every checkpoint a fork's origin names.
             origins: more ``(run, id)`` origins to keep (forks not yet folded).
+            progress: called with ``("runs", runs done, runs)`` as each run is planned.
 
         Returns:
             What was dropped, freed and written.
@@ -222,7 +224,8 @@ class Snapshot:
         """
         with self._writing("compaction failed") as compactor:
             tally = compactor.compact(runs, keep_last=keep_last, cutoff=cutoff,
-                                      keep_origins=keep_origins, origins=origins)
+                                      keep_origins=keep_origins, origins=origins,
+                                      progress=progress)
         return tally
 
     def grow(self) -> int:

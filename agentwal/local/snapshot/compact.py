@@ -19,6 +19,7 @@ import cbor2
 
 from ... import failpoints, history, retention
 from ...codec import CodecError
+from ...types import Progress
 from .layout import U64, RunInfo, seal
 from .objects import CountingObjects
 from .writer import FoldWriter
@@ -30,19 +31,25 @@ class Compactor(FoldWriter):
     """A fold writer that also drops old checkpoints."""
 
     def compact(self, runs: list[str] | None, *, keep_last: int | None, cutoff: float | None,
-                keep_origins: bool, origins: set[tuple[str, int]] | None) -> retention.Tally:
+                keep_origins: bool, origins: set[tuple[str, int]] | None,
+                progress: Progress | None = None) -> retention.Tally:
         """Drop what the retention rules allow from ``runs`` (None: every folded run)."""
         tally = retention.Tally()
         protected: dict[str, set[int]] = {}
         if keep_origins:
             for run, cid in self._fork_origins() | (origins or set()):
                 protected.setdefault(run, set()).add(cid)
-        for run in self.runs() if runs is None else runs:
+        chosen = self.runs() if runs is None else runs
+        for i, run in enumerate(chosen):
+            if progress is not None:
+                progress("runs", i, len(chosen))
             info = self.run_info(run)
             if info is None or (keep_last is not None and info.head <= keep_last):
                 continue  # every id is among the last keep_last: nothing to drop
             self._compact_run(run, info, tally, keep_last=keep_last,
                               cutoff=cutoff, protected=protected.get(run, set()))
+        if progress is not None:
+            progress("runs", len(chosen), len(chosen))
         failpoints.hit("compact_before_commit")
         return tally
 

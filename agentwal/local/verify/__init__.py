@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import uuid
 
+from ...types import Progress
 from .report import (
     LMDB_FILE,
     Problem,
@@ -69,7 +70,8 @@ __all__ = ["CACHE_BYTES", "LMDB_FILE", "Problem", "Source", "VerifyReport", "Wal
 
 
 def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit: int,
-           problems: list[Problem] | None = None) -> VerifyReport:
+           problems: list[Problem] | None = None,
+           progress: Progress | None = None) -> VerifyReport:
     """Check a store's snapshot and log; returns every problem found.
 
     Args:
@@ -81,6 +83,8 @@ def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit
             for the writer): damage at or before it is a problem even at the
             tail of the log; after it, a torn tail is a write in progress.
         problems: problems already found by the caller (``CONTROL``).
+        progress: called with ``("snapshot", groups checked, 10)`` and
+            ``("log", segments checked, segments)`` as the checks go.
 
     Returns:
         A :class:`VerifyReport`.
@@ -88,6 +92,6 @@ def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit
     v = SnapshotChecker(src, store_id)
     v.problems.extend(problems or [])
     if src is not None:
-        v.check_snapshot()
-    check_wal(v, wal, limit)
+        v.check_snapshot(progress)
+    check_wal(v, wal, limit, progress)
     return v.report()

@@ -31,7 +31,7 @@ import contextlib
 import hashlib
 import struct
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from ... import history
 from ...codec import CodecError, chain_hash, decode_meta, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...errors import CorruptionError
+from ...types import Progress
 from ..snapshot.layout import EFFECTS_INDEX, index_keys, unseal
 from .report import Findings, Source
 
@@ -192,17 +193,18 @@ class SnapshotChecker(Findings):
 
     # -- the snapshot ---------------------------------------------------------------
 
-    def check_snapshot(self) -> None:
-        self.check_meta()
-        self.check_runs()
-        damaged = self.check_state()
-        self.check_checkpoints(damaged)
-        self.check_history_records("delta")
-        self.check_history_records("manifest")
-        self.check_objects()
-        self.check_refs()
-        self.check_oids()
-        self.check_effects()
+    def check_snapshot(self, progress: Progress | None = None) -> None:
+        damaged: set[int] = set()
+        steps: list[Callable[[], object]] = [
+            self.check_meta, self.check_runs, lambda: damaged.update(self.check_state()),
+            lambda: self.check_checkpoints(damaged),
+            lambda: self.check_history_records("delta"),
+            lambda: self.check_history_records("manifest"),
+            self.check_objects, self.check_refs, self.check_oids, self.check_effects]
+        for i, step in enumerate(steps):
+            step()
+            if progress is not None:
+                progress("snapshot", i + 1, len(steps))
 
     def check_meta(self) -> None:
         seen: dict[bytes, bytes] = {}

@@ -29,6 +29,7 @@ from typing import Any
 
 from ...codec import CodecError, checkpoint_hash
 from ...format import REC_DELETE_RUN, WAL_DIR, parse_segment_name
+from ...types import Progress
 from ..records import Replayed, ReplayedDelete, decode_delete_run, decode_record
 from ..wal import scan_segment
 from ..wal.frame import parse_header
@@ -40,7 +41,8 @@ __all__ = ["check_wal"]
 _ZERO_HASH = bytes(32)
 
 
-def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int) -> None:
+def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int,
+              progress: Progress | None = None) -> None:
     """Check every segment of ``wal``; problems and notes go into ``v``."""
     live = [w for w in wal if w.data is not None]
     for w in wal:
@@ -57,6 +59,8 @@ def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int) -> None:
     expected: int | None = None
     for i, w in enumerate(live):
         assert w.data is not None
+        if progress is not None:
+            progress("log", i, len(live))
         v.checked["wal_segments"] += 1
         v.checked["wal_bytes"] += len(w.data)
         stale = any(f <= v.applied + 1 for f in firsts[i + 1:])
@@ -88,6 +92,8 @@ def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int) -> None:
         else:
             v.wal_problem(w.name, scan.end, scan.reason + (
                 "" if last else " (the segment was complete before the next one began)"))
+    if progress is not None:
+        progress("log", len(live), len(live))
 
 
 def _deletions(live: list[WalFile]) -> dict[str, int]:

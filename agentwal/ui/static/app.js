@@ -76,6 +76,7 @@ async function render(live) {
     if (parts.length === 0) return await renderRuns(params, live);
     if (parts[0] === "effects") return await renderEffects(params, live);
     if (parts[0] === "outbox") return await renderOutbox(live);
+    if (parts[0] === "health") return await renderHealth(live);
     if (parts[0] === "run" && parts.length >= 2) {
       const run = parts[1];
       if (parts[2] === "ckpt") return await renderRun(run, params, { ckpt: Number(parts[3]) }, live);
@@ -184,12 +185,20 @@ async function checkpointView(run, id) {
   return el("div", {}, el("h2", {}, `Checkpoint #${c.id}`), meta, el("h3", {}, "State"), state);
 }
 
+function serializedNote(node) {
+  // A LangGraph payload: the tree shows its decoded view; say what it stands for.
+  return node.serialized
+    ? el("span", { class: "muted serialized" }, ` (LangGraph ${node.serialized.kind}, ${size(node.serialized.length)}, decoded)`)
+    : null;
+}
+
 function treeNode(label, node, depth) {
   const key = el("span", { class: "key" }, label);
   if (node.type === "dict" || node.type === "list") {
     const n = node.length;
     const summary = el("summary", {}, key, el("span", { class: "muted" },
-      node.type === "dict" ? ` {${n} key${n === 1 ? "" : "s"}}` : ` [${n} item${n === 1 ? "" : "s"}]`));
+      node.type === "dict" ? ` {${n} key${n === 1 ? "" : "s"}}`
+        : node.kind === "set" ? ` set of ${n}` : ` [${n} item${n === 1 ? "" : "s"}]`), serializedNote(node));
     const kids = node.type === "dict"
       ? node.items.map(([k, v]) => treeNode(k, v, depth + 1))
       : node.items.map((v, i) => treeNode(`[${i}]`, v, depth + 1));
@@ -197,7 +206,7 @@ function treeNode(label, node, depth) {
       node.truncated ? el("div", { class: "cut" }, `… ${n - node.items.length} more not shown`) : null));
     return det;
   }
-  return el("div", { class: "leaf" }, key, ": ", leafValue(node));
+  return el("div", { class: "leaf" }, key, ": ", leafValue(node), serializedNote(node));
 }
 
 function leafValue(node) {
@@ -217,7 +226,8 @@ function leafValue(node) {
     case "preview": return el("span", { class: "str" }, node.value,
       node.truncated ? el("span", { class: "cut" }, ` … (${node.length.toLocaleString()} characters)`) : null);
     case "null": return el("span", { class: "lit" }, "null");
-    default: return el("span", { class: "lit" }, String(node.value));
+    default: return el("span", { class: "lit" }, String(node.value),
+      node.kind ? el("span", { class: "muted" }, ` ${node.kind}`) : null);
   }
 }
 
@@ -311,6 +321,73 @@ async function renderOutbox(live) {
   }
   show(el("h1", {}, "Outbox"), el("p", { class: "muted" }, "Deferred effects a dispatch may still call, in commit order."),
     rows.length ? table : el("p", { id: "outbox" }, "The outbox is empty."));
+}
+
+// -- health: what `agentwal inspect` says, and verify on demand ------------------------------
+
+const HEALTH_FACTS = [
+  ["writer", "writer"], ["last commit", "last_commit_at"], ["visible LSN", "visible_lsn"],
+  ["folded up to LSN", "applied_lsn"], ["log records not folded", "unfolded_records"],
+  ["log size", "wal_bytes"], ["log segments", "wal_segments"], ["snapshot size", "lmdb_bytes"],
+  ["runs", "runs"], ["checkpoints", "checkpoints"], ["outbox pending", "outbox_pending"],
+];
+let healthShownAt = 0;
+
+function healthFact(name, v) {
+  if (name === "writer") {
+    if (v.held) return `open for writing by process ${v.pid}`;
+    return v.held === null ? "unknown (no lock table on this system)" : "none (no process has it open for writing)";
+  }
+  if (name.endsWith("_bytes")) return `${size(v)} (${v.toLocaleString()} bytes)`;
+  if (name.endsWith("_at")) return v ? `${new Date(v * 1000).toISOString()} (${age(v)})` : "-";
+  return v === null || v === undefined ? "-" : String(v);
+}
+
+async function renderHealth(live) {
+  // The log's size is read from its segment files: while a writer commits, redraw at most every 5 s.
+  if (live && Date.now() - healthShownAt < 5000) return;
+  const h = await api("/api/health");
+  healthShownAt = Date.now();
+  const attention = h.attention.length
+    ? el("ul", { id: "attention-list", class: "attention" }, h.attention.map(a => el("li", {}, a)))
+    : el("p", { id: "attention-list", class: "ok-text" }, "Nothing needs attention.");
+  const counts = Object.entries(h.effects).filter(([k, n]) => k !== "total" && n).map(([k, n]) => `${n} ${k}`).join(", ");
+  const facts = el("table", { id: "health-facts", class: "facts" }, el("tbody", {},
+    HEALTH_FACTS.map(([label, name]) => el("tr", {}, el("th", {}, label), el("td", {}, healthFact(name, h[name])))),
+    el("tr", {}, el("th", {}, "effects"), el("td", {}, `${h.effects.total} ledger entries${counts ? ` (${counts})` : ""}`))));
+  if (live && document.getElementById("health-body")) {
+    document.getElementById("health-body").replaceChildren(attention, facts);
+    return;
+  }
+  const result = el("div", { id: "verify-result" });
+  const button = el("button", { id: "run-verify", type: "button", onclick: () => runVerify(button, result) }, "Run verify");
+  show(el("h1", {}, "Health"),
+    el("div", { id: "health-body" }, attention, facts),
+    el("h2", { class: "section" }, "Verify"),
+    el("p", { class: "muted" }, "Checks every checksum, hash chain and cross-reference (agentwal verify). It reads the whole store, so it runs only when asked."),
+    button, result);
+}
+
+async function runVerify(button, result) {
+  button.disabled = true;
+  result.replaceChildren(el("p", { class: "muted" }, "Verifying…"));
+  try {
+    const v = await api("/api/verify");
+    const checked = Object.entries(v.checked).map(([k, n]) => `${n.toLocaleString()} ${k}`).join(", ");
+    result.replaceChildren(...[
+      el("p", { id: "verify-verdict", class: v.ok ? "ok-text" : "error" },
+        v.ok ? `OK: nothing is damaged (as of LSN ${v.visible_lsn}, in ${v.seconds} s).`
+          : `${v.problems.length} problem(s) found: the store is damaged. Restore it from a backup, or copy out what still reads.`),
+      v.problems.length ? el("table", { id: "verify-problems" },
+        el("thead", {}, el("tr", {}, el("th", {}, "where"), el("th", {}, "problem"))),
+        el("tbody", {}, v.problems.map(p => el("tr", {}, el("td", {}, el("code", {}, p.where)), el("td", {}, p.what))))) : null,
+      v.notes.length ? el("ul", { class: "muted" }, v.notes.map(n => el("li", {}, `note: ${n}`))) : null,
+      el("p", { class: "muted small" }, `checked: ${checked}`)].filter(Boolean));
+  } catch (err) {
+    result.replaceChildren(errorBox(err));
+  } finally {
+    button.disabled = false;
+  }
 }
 
 // -- following the store ---------------------------------------------------------------------

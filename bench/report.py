@@ -1,0 +1,953 @@
+#!/usr/bin/env python3
+"""Run the side-by-side benchmarks and regenerate docs/benchmarks.md's report and plots.
+
+Usage::
+
+    make bench-report                          # the full run (about 10 minutes), then the page
+    .venv/bin/python bench/report.py --quick   # tiny sizes, a few seconds: checks the code path
+    .venv/bin/python bench/report.py --render-only   # page and plots again from bench/report.json
+
+Every figure on the page and in the plots comes from the measurements of one
+run, saved to ``bench/report.json`` first; nothing is typed in by hand. Each
+measurement runs agentwal and its baselines (raw fdatasync loops, SQLite,
+LMDB, LangGraph's SqliteSaver, git) in the same process, interleaved round by
+round where the load of a shared machine could move between them; a ratio is
+the median over rounds of the ratio *within* a round.
+
+``--quick`` shrinks every size so the whole run takes seconds; its figures
+mean nothing (``tests/test_bench_report.py`` runs it to keep this code
+working, and never looks at a timing). Stores go under
+``benchlib.bench_root()`` (never tmpfs) and are removed as each measurement
+ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)
+
+import bench_workspace as wsb  # noqa: E402
+import compare  # noqa: E402
+import lmdb  # noqa: E402
+from benchlib import (  # noqa: E402
+    MIB,
+    build_history_store,
+    build_wal_store,
+    evict_page_cache,
+    open_and_release,
+    scratch_dir,
+    values,
+)
+
+import agentwal  # noqa: E402
+
+Log = Callable[[str], None]
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """The median of ``xs`` and its spread (drawn as error bars): the 25th and 75th
+    percentiles for five samples or more, else the min and the max."""
+    if len(xs) >= 5:
+        lo, _, hi = statistics.quantiles(xs, n=4, method="inclusive")
+    else:
+        lo, hi = min(xs), max(xs)
+    return {"median": statistics.median(xs), "lo": lo, "hi": hi, "n": len(xs)}
+
+
+def paired(num: list[float], den: list[float]) -> float:
+    """Median over rounds of the per-round ratio ``num / den``."""
+    return statistics.median(a / b for a, b in zip(num, den, strict=True))
+
+
+def per_call(fn: Callable[[], Any], number: int, repeat: int) -> list[float]:
+    """Seconds per call of ``fn``: ``repeat`` samples, each the mean of ``number`` calls."""
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        out.append((time.perf_counter() - t0) / number)
+    return out
+
+
+# -- commits/s vs writer threads --------------------------------------------------------------
+
+
+def lmdb_commits(threads: int, seconds: float) -> compare.Result:
+    """LMDB ``sync=True``, one put per write transaction, from ``threads`` threads."""
+    if threads == 1:
+        return compare.lmdb_sync(seconds)
+    vals = values()
+    with scratch_dir() as d:
+        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 30, sync=True, metasync=True)
+        try:
+
+            def body(k: int, ready: threading.Barrier, stop: threading.Event) -> int:
+                ready.wait()
+                i = 0
+                while not stop.is_set():
+                    with env.begin(write=True) as txn:
+                        txn.put(f"run-{k}/value".encode(), vals[(i + k) % len(vals)])
+                    i += 1
+                return i
+
+            n, dt = compare._race(threads, seconds, body)
+        finally:
+            env.close()
+    return n, dt, {}
+
+
+def sqlite_commits(threads: int, seconds: float) -> compare.Result:
+    if threads == 1:
+        return compare.sqlite_full(seconds)
+    return compare.sqlite_full_threads(seconds, threads)
+
+
+def sqlite_normal(seconds: float) -> compare.Result:
+    """SQLite WAL with ``synchronous=NORMAL``: a commit is not fsynced (the WAL is, at
+    checkpoints), so it survives a process crash but may be lost with the machine."""
+    vals = values()
+    with scratch_dir() as d:
+        db = sqlite3.connect(os.path.join(d, "s.db"), isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key))"
+                       " WITHOUT ROWID")
+
+            def op(i: int) -> None:
+                db.execute("BEGIN")
+                db.execute("INSERT OR REPLACE INTO kv VALUES ('run-0', 'value', ?)",
+                           (vals[i % len(vals)],))
+                db.execute("COMMIT")
+
+            n, dt = compare._timed_loop(op, seconds)
+        finally:
+            db.close()
+    return n, dt, {}
+
+
+def lmdb_nosync(seconds: float) -> compare.Result:
+    """LMDB with ``sync=False``: a commit is in the page cache, flushed by the OS later."""
+    vals = values()
+    with scratch_dir() as d:
+        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 30, sync=False, metasync=False)
+        try:
+
+            def op(i: int) -> None:
+                with env.begin(write=True) as txn:
+                    txn.put(b"run-0/value", vals[i % len(vals)])
+
+            n, dt = compare._timed_loop(op, seconds)
+        finally:
+            env.close()
+    return n, dt, {}
+
+
+# 1 thread, no fsync per commit: agentwal's async and none modes beside the baselines' own
+UNSYNCED: dict[str, Callable[[float], compare.Result]] = {
+    "agentwal async": lambda s: compare.agentwal_commits("async", 1, s),
+    "agentwal none": lambda s: compare.agentwal_commits("none", 1, s),
+    "SQLite WAL NORMAL": sqlite_normal,
+    "LMDB sync=False": lmdb_nosync,
+}
+
+
+def threads_sweep(threads: list[int], seconds: float, rounds: int, log: Log) -> dict[str, Any]:
+    systems: dict[str, Callable[[int, float], compare.Result]] = {
+        "agentwal sync": lambda t, s: compare.agentwal_commits("sync", t, s),
+        "SQLite WAL FULL": sqlite_commits,
+        "LMDB sync": lmdb_commits,
+    }
+    jobs = ([(name, t) for name in systems for t in threads] + [("raw append + fdatasync", 1)]
+            + [(name, 1) for name in UNSYNCED])
+    samples: dict[str, list[float]] = {f"{n}@{t}": [] for n, t in jobs}
+    for r in range(rounds):
+        shift = r % len(jobs)
+        for name, t in jobs[shift:] + jobs[:shift]:
+            fn = systems.get(name)
+            if fn is not None:
+                n, dt, _ = fn(t, seconds)
+            elif name in UNSYNCED:
+                n, dt, _ = UNSYNCED[name](seconds)
+            else:
+                n, dt, _ = compare.raw_append(seconds)
+            samples[f"{name}@{t}"].append(n / dt)
+            log(f"threads round {r + 1}/{rounds}: {name} x{t}: {n / dt:,.0f} commits/s")
+    series = {name: [spread(samples[f"{name}@{t}"]) for t in threads] for name in systems}
+    ratios = {
+        base: [paired(samples[f"agentwal sync@{t}"], samples[f"{base}@{t}"]) for t in threads]
+        for base in ("SQLite WAL FULL", "LMDB sync")
+    }
+    raw = spread(samples["raw append + fdatasync@1"])
+    unsynced = {name: spread(samples[f"{name}@1"]) for name in UNSYNCED}
+    unsynced_ratios = {f"agentwal {mode} / {base}": paired(samples[f"agentwal {mode}@1"],
+                                                           samples[f"{base}@1"])
+                       for mode in ("async", "none")
+                       for base in ("SQLite WAL NORMAL", "LMDB sync=False")}
+    return {"threads": threads, "series": series, "ratios": ratios, "raw_append": raw,
+            "unsynced": unsynced, "unsynced_ratios": unsynced_ratios,
+            "seconds": seconds, "rounds": rounds}
+
+
+# -- open time vs WAL size and vs history length ------------------------------------------------
+
+
+def sqlite_log_open(d: str, commits: int, repeat: int) -> list[float]:
+    """Open a crash image of SQLite with ``commits`` 1 KiB commits in its WAL; seconds.
+
+    The database is filled with ``wal_autocheckpoint=0`` so every commit stays
+    in the ``-wal`` file; its files are copied while the writer is still open
+    (what a crash leaves). The timed part is ``connect`` plus reading one row,
+    which makes SQLite scan the WAL to rebuild its index.
+    """
+    vals = values()
+    src = os.path.join(d, "src.db")
+    db = sqlite3.connect(src, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute("PRAGMA wal_autocheckpoint=0")
+    db.execute("CREATE TABLE kv (run TEXT, key TEXT, value BLOB, PRIMARY KEY (run, key))"
+               " WITHOUT ROWID")
+    for i in range(commits):
+        db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)",
+                   (f"run-{i % 8}", "value", vals[i % len(vals)]))
+    out = []
+    for k in range(repeat):
+        img = os.path.join(d, f"img{k}")
+        os.makedirs(img)
+        for suffix in ("", "-wal"):
+            shutil.copyfile(src + suffix, os.path.join(img, "c.db" + suffix))
+        t0 = time.perf_counter()
+        conn = sqlite3.connect(os.path.join(img, "c.db"))
+        conn.execute("SELECT value FROM kv WHERE run = 'run-0' AND key = 'value'").fetchone()
+        out.append(time.perf_counter() - t0)
+        conn.close()
+        shutil.rmtree(img)
+    db.close()
+    return out
+
+
+def lmdb_open(d: str, records: int, repeat: int) -> list[float]:
+    """Open an LMDB environment holding ``records`` records and read one; seconds."""
+    vals = values()
+    path = os.path.join(d, "lmdb")
+    env = lmdb.open(path, map_size=1 << 32, sync=False)
+    with env.begin(write=True) as txn:
+        for i in range(records):
+            txn.put(f"run-{i % 8}/{i:08d}".encode(), vals[i % len(vals)])
+    env.sync(True)
+    env.close()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        env = lmdb.open(path, map_size=1 << 32, readonly=True, lock=False)
+        with env.begin() as txn:
+            txn.get(b"run-0/00000000")
+        out.append(time.perf_counter() - t0)
+        env.close()
+    return out
+
+
+def open_sweep(wal_mib: list[float], history: list[int], repeat: int, log: Log) -> dict[str, Any]:
+    wal: dict[str, Any] = {"mib": wal_mib, "commits": [], "agentwal": [], "agentwal_cold": [],
+                           "SQLite WAL": [], "LMDB": []}
+    for mib in wal_mib:
+        with scratch_dir() as d:
+            path = os.path.join(d, "s.awal")
+            built = build_wal_store(path, int(mib * MIB))
+            open_and_release(path)  # every timed open follows another one (warm)
+            warm = [open_and_release(path)[0] for _ in range(repeat)]
+            cold = []
+            for _ in range(max(1, repeat // 2)):
+                evict_page_cache(path)
+                cold.append(open_and_release(path)[0])
+            shutil.rmtree(path)
+            wal["commits"].append(built["commits"])
+            wal["agentwal"].append(spread(warm))
+            wal["agentwal_cold"].append(spread(cold))
+            wal["SQLite WAL"].append(spread(sqlite_log_open(d, built["commits"], repeat)))
+            wal["LMDB"].append(spread(lmdb_open(d, built["commits"], repeat)))
+        log(f"open: {mib:g} MiB WAL ({built['commits']:,} commits): agentwal "
+            f"{wal['agentwal'][-1]['median'] * 1e3:.1f} ms, SQLite "
+            f"{wal['SQLite WAL'][-1]['median'] * 1e3:.1f} ms")
+    hist: dict[str, Any] = {"checkpoints": history, "agentwal": [], "SQLite": []}
+    for n in history:
+        with scratch_dir() as d:
+            path = os.path.join(d, "h.awal")
+            build_history_store(path, n)
+            open_and_release(path)
+            hist["agentwal"].append(spread([open_and_release(path)[0] for _ in range(repeat)]))
+            shutil.rmtree(path)
+            hist["SQLite"].append(spread(sqlite_history_open(d, n, repeat)))
+        log(f"open: {n:,} checkpoints: agentwal {hist['agentwal'][-1]['median'] * 1e3:.1f} ms")
+    return {"wal": wal, "history": hist}
+
+
+def sqlite_history_open(d: str, checkpoints: int, repeat: int) -> list[float]:
+    """Open a SQLite file of ``checkpoints`` rows over 10 runs and read one run's head."""
+    path = os.path.join(d, "h.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE ckpt (run TEXT, id INTEGER, state BLOB, PRIMARY KEY (run, id))"
+               " WITHOUT ROWID")
+    db.execute("BEGIN")
+    for i in range(checkpoints):
+        state = json.dumps({"step": i, "message": f"step {i}: called the tool and got an answer"})
+        db.execute("INSERT INTO ckpt VALUES (?, ?, ?)", (f"run-{i % 10}", i // 10, state))
+    db.execute("COMMIT")
+    db.close()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        conn = sqlite3.connect(path)
+        row = conn.execute("SELECT state FROM ckpt WHERE run = 'run-3' ORDER BY id DESC LIMIT 1"
+                           ).fetchone()
+        json.loads(row[0])
+        out.append(time.perf_counter() - t0)
+        conn.close()
+    return out
+
+
+# -- a growing conversation: bytes per checkpoint, commit latency, state(at=) --------------------
+
+
+def _text(rng: random.Random, step: int, size: int) -> str:
+    return (f"step {step} " + rng.randbytes(size // 2).hex())[:size]
+
+
+def _file_bytes(path: str) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+class _Conversation:
+    """One system under the conversation workload: ``step``, ``fold``, ``size``, ``read``."""
+
+    name = ""
+
+    def step(self, n: int, text: str) -> None:
+        raise NotImplementedError
+
+    def fold(self) -> None:
+        raise NotImplementedError
+
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def read(self, n: int) -> int:  # the state at step n; returns its message count
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _AgentwalConversation(_Conversation):
+    name = "agentwal"
+
+    def __init__(self, d: str) -> None:
+        self.path = os.path.join(d, "c.awal")
+        self.store = agentwal.open(self.path, durability="sync")
+        self.messages: list[dict[str, Any]] = []
+
+    def step(self, n: int, text: str) -> None:
+        self.messages.append({"role": "assistant" if n % 2 else "user", "content": text})
+        with self.store.begin("chat") as txn:
+            txn["messages"] = self.messages
+            txn["step"] = n
+
+    def fold(self) -> None:
+        self.store.snapshot()
+
+    def size(self) -> int:
+        return _file_bytes(os.path.join(self.path, "snapshot", "data.mdb"))
+
+    def read(self, n: int) -> int:
+        return len(self.store.state("chat", at=n)["messages"])
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class _SqliteWholeState(_Conversation):
+    name = "SQLite, whole state per checkpoint"
+
+    def __init__(self, d: str) -> None:
+        self.path = os.path.join(d, "c.db")
+        self.db = compare._sqlite_open(self.path)
+        self.db.execute("CREATE TABLE ckpt (run TEXT, id INTEGER, state BLOB,"
+                        " PRIMARY KEY (run, id)) WITHOUT ROWID")
+        self.messages: list[dict[str, Any]] = []
+
+    def step(self, n: int, text: str) -> None:
+        self.messages.append({"role": "assistant" if n % 2 else "user", "content": text})
+        blob = json.dumps({"messages": self.messages, "step": n}).encode()
+        self.db.execute("BEGIN")
+        self.db.execute("INSERT INTO ckpt VALUES ('chat', ?, ?)", (n, blob))
+        self.db.execute("COMMIT")
+
+    def fold(self) -> None:
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def size(self) -> int:
+        return _file_bytes(self.path)
+
+    def read(self, n: int) -> int:
+        row = self.db.execute("SELECT state FROM ckpt WHERE run = 'chat' AND id = ?",
+                              (n,)).fetchone()
+        return len(json.loads(row[0])["messages"])
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class _SaverConversation(_Conversation):
+    """A LangGraph checkpointer driven as the Pregel loop drives it (langgraph_compare.py)."""
+
+    def __init__(self, d: str, kind: str) -> None:
+        import langgraph_compare as lgc
+
+        self.lgc = lgc
+        self.configs: dict[int, Any] = {}
+        self.state: dict[str, Any] = {
+            "config": {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}},
+            "messages": []}
+        if kind == "sqlite":
+            from langgraph.checkpoint.sqlite import SqliteSaver
+
+            self.name = "LangGraph SqliteSaver"
+            self.path = os.path.join(d, "lg.sqlite")
+            self.conn = compare._sqlite_open(self.path)
+            self.conn.close()
+            self.conn = sqlite3.connect(self.path, check_same_thread=False,
+                                        isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.saver: Any = SqliteSaver(self.conn)
+            self.store = None
+        else:
+            from agentwal.integrations.langgraph import AgentWALSaver
+
+            self.name = "LangGraph AgentWALSaver"
+            self.path = os.path.join(d, "lg.awal")
+            self.store = agentwal.open(self.path, durability="sync")
+            self.saver = AgentWALSaver(self.store)
+
+    def step(self, n: int, text: str) -> None:
+        self.lgc.drive(self.saver, "chat", 0, n, 1, len(text), self.state)
+        self.configs[n] = self.state["config"]
+
+    def fold(self) -> None:
+        if self.store is not None:
+            self.store.snapshot()
+        else:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def size(self) -> int:
+        if self.store is not None:
+            return _file_bytes(os.path.join(self.path, "snapshot", "data.mdb"))
+        return _file_bytes(self.path)
+
+    def read(self, n: int) -> int:
+        tup = self.saver.get_tuple(self.configs[n])
+        return len(tup.checkpoint["channel_values"]["messages"])
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        else:
+            self.conn.close()
+
+
+def conversation(steps: int, every: int, ages: list[int], size: int, repeat: int,
+                 log: Log) -> dict[str, Any]:
+    makers: list[Callable[[str], _Conversation]] = [_AgentwalConversation, _SqliteWholeState]
+    notes = []
+    try:
+        import langgraph_compare  # noqa: F401
+
+        makers += [lambda d: _SaverConversation(d, "sqlite"),
+                   lambda d: _SaverConversation(d, "agentwal")]
+    except ImportError as exc:
+        notes.append(f"LangGraph savers skipped: {exc}")
+    marks = list(range(every, steps + 1, every))
+    out: dict[str, Any] = {"steps": steps, "every": every, "marks": marks, "ages": ages,
+                           "message_bytes": size,
+                           "systems": {}, "notes": notes}
+    for make in makers:
+        rng = random.Random(7)
+        with scratch_dir() as d:
+            system = make(d)
+            try:
+                system.fold()
+                sizes, lat = [system.size()], []
+                for n in range(1, steps + 1):
+                    text = _text(rng, n, size)
+                    t0 = time.perf_counter()
+                    system.step(n, text)
+                    lat.append(time.perf_counter() - t0)
+                    if n in marks:
+                        system.fold()
+                        sizes.append(system.size())
+                reads = []
+                for age in ages:
+                    at = steps - age
+                    assert system.read(at) == at, (system.name, at)
+                    reads.append(spread(per_call(lambda at=at, sy=system: sy.read(at), 1, repeat)))
+            finally:
+                system.close()
+        per_ckpt = [(b - a) / every for a, b in itertools.pairwise(sizes)]
+        windows = [spread(lat[m - every:m]) for m in marks]
+        out["systems"][system.name] = {"bytes_per_checkpoint": per_ckpt, "file_bytes": sizes[1:],
+                                       "commit_s": windows, "read_s": reads}
+        log(f"conversation: {system.name}: {sizes[-1]:,} B after {steps} steps, "
+            f"last window {windows[-1]['median'] * 1e3:.2f} ms/step")
+    return out
+
+
+# -- get latency vs keys in the run -------------------------------------------------------------
+
+
+def get_sweep(keys: list[int], number: int, repeat: int, log: Log) -> dict[str, Any]:
+    vals = values()
+    out: dict[str, Any] = {"keys": keys, "series": {
+        "agentwal (memtable)": [], "agentwal (folded into LMDB)": [], "SQLite": [], "LMDB": []}}
+    for n in keys:
+        names = [f"key-{i:06d}" for i in range(n)]
+        pick = random.Random(3)
+        probe = [pick.choice(names) for _ in range(number)]
+
+        def one(get: Callable[[str], Any], probe: list[str] = probe) -> Callable[[], Any]:
+            keys = itertools.cycle(probe)
+            return lambda: get(next(keys))
+
+        with scratch_dir() as d:
+            store = agentwal.open(os.path.join(d, "g.awal"), durability="none")
+            for lo in range(0, n, 1000):  # commits of at most 1,000 keys
+                with store.begin("run-1") as txn:
+                    for i in range(lo, min(n, lo + 1000)):
+                        txn.put(names[i], vals[i % len(vals)])
+            s = out["series"]
+            s["agentwal (memtable)"].append(
+                spread(per_call(one(lambda k, st=store: st.get("run-1", k)), number, repeat)))
+            store.snapshot()
+            s["agentwal (folded into LMDB)"].append(
+                spread(per_call(one(lambda k, st=store: st.get("run-1", k)), number, repeat)))
+            store.close()
+            db = compare._sqlite_open(os.path.join(d, "g.db"))
+            db.execute("CREATE TABLE kv (run TEXT, key TEXT, value BLOB,"
+                       " PRIMARY KEY (run, key)) WITHOUT ROWID")
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO kv VALUES ('run-1', ?, ?)",
+                           [(k, vals[i % len(vals)]) for i, k in enumerate(names)])
+            db.execute("COMMIT")
+            q = "SELECT value FROM kv WHERE run = 'run-1' AND key = ?"
+
+            def sget(k: str, db: sqlite3.Connection = db, q: str = q) -> Any:
+                return db.execute(q, (k,)).fetchone()
+
+            s["SQLite"].append(spread(per_call(one(sget), number, repeat)))
+            db.close()
+            env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 30, sync=False)
+            with env.begin(write=True) as txn:
+                for i, k in enumerate(names):
+                    txn.put(f"run-1/{k}".encode(), vals[i % len(vals)])
+
+            def lget(k: str, env: Any = env) -> Any:
+                with env.begin() as t:
+                    return t.get(f"run-1/{k}".encode())
+
+            s["LMDB"].append(spread(per_call(one(lget), number, repeat)))
+            env.close()
+        log(f"get: {n:,} keys: agentwal {s['agentwal (memtable)'][-1]['median'] * 1e6:.1f} us")
+    return out
+
+
+# -- effects ledger queries vs ledger size --------------------------------------------------------
+
+
+def effects_sweep(sizes: list[int], runs: int, repeat: int, log: Log) -> dict[str, Any]:
+    out: dict[str, Any] = {"entries": sizes, "runs": runs, "series": {
+        "agentwal effects(run=)": [], "agentwal effects(status=)": [],
+        "SQLite, indexed (run)": [], "SQLite, indexed (status)": []}}
+    s = out["series"]
+    with scratch_dir() as d:
+        store = agentwal.open(os.path.join(d, "e.awal"), durability="none")
+        db = sqlite3.connect(os.path.join(d, "e.db"), isolation_level=None)
+        db.execute("CREATE TABLE effects (key TEXT PRIMARY KEY, run TEXT, status TEXT,"
+                   " record TEXT)")
+        db.execute("CREATE INDEX effects_run ON effects (run)")
+        db.execute("CREATE INDEX effects_status ON effects (status)")
+        done = 0
+        for size in sizes:
+            rows = []
+            while done < size:
+                run = f"run-{done % runs}"
+                with store.begin(run) as txn:
+                    txn["r"] = txn.effect("send-email", lambda ctx: {"ok": True},
+                                          mode="at_least_once", args={"n": done})
+                rows.append((f"{run}/{done}", run, "done", json.dumps(
+                    {"name": "send-email", "args": {"n": done}, "result": {"ok": True},
+                     "attempts": 1, "mode": "at_least_once"})))
+                done += 1
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO effects VALUES (?, ?, ?, ?)", rows)
+            db.execute("COMMIT")
+            store.snapshot()
+            mine = len(store.effects(run="run-3"))
+
+            def q(col: str, val: str) -> Callable[[], Any]:
+                sql = f"SELECT record FROM effects WHERE {col} = ?"
+                return lambda: [json.loads(r[0]) for r in db.execute(sql, (val,))]
+
+            assert len(q("run", "run-3")()) == mine
+            s["agentwal effects(run=)"].append(
+                spread(per_call(lambda: store.effects(run="run-3"), 1, repeat)))
+            s["agentwal effects(status=)"].append(
+                spread(per_call(lambda: store.effects(status="in_doubt"), 1, repeat)))
+            s["SQLite, indexed (run)"].append(spread(per_call(q("run", "run-3"), 1, repeat)))
+            s["SQLite, indexed (status)"].append(
+                spread(per_call(q("status", "in_doubt"), 1, repeat)))
+            log(f"effects: {size:,} entries: effects(run=) "
+                f"{s['agentwal effects(run=)'][-1]['median'] * 1e3:.2f} ms")
+        store.close()
+        db.close()
+    return out
+
+
+# -- workspace snapshots vs git -----------------------------------------------------------------
+
+
+def workspace_sweep(files: list[int], repeat: int, log: Log) -> dict[str, Any]:
+    out: dict[str, Any] = {"files": files, "tree_mib": [], "series": {
+        "agentwal first snapshot": [], "git first commit": [],
+        "agentwal after 1 file changed": [], "git after 1 file changed": []}}
+    if shutil.which("git") is None:
+        out["notes"] = ["git is not installed: workspace figures skipped"]
+        return out
+    s = out["series"]
+    for n in files:
+        with scratch_dir() as d:
+            root = os.path.join(d, "W")
+            paths = wsb.generate(root, n)
+            wsb.age(root, 5)
+            out["tree_mib"].append(wsb.du(root) / MIB)
+            wsb.git(root, "init", "-q")
+            wsb.git(root, "config", "user.email", "bench@example.com")
+            wsb.git(root, "config", "user.name", "bench")
+            store = agentwal.open(os.path.join(d, "store.awal"))
+            ws = agentwal.Workspace(store, "agent", root, exclude=agentwal.GITIGNORE)
+            ta, _ = wsb.timed(lambda ws=ws: ws.checkpoint(step=0))
+            tg, _ = wsb.timed(lambda root=root: wsb.git_commit(root, "first"))
+            s["agentwal first snapshot"].append(spread([ta]))
+            s["git first commit"].append(spread([tg]))
+            one_a, one_g = [], []
+            for k in range(repeat):
+                wsb.change(root, paths, 1, tag=k + 1)
+                ta, _ = wsb.timed(lambda ws=ws, k=k: ws.checkpoint(step=k + 1))
+                tg, _ = wsb.timed(lambda root=root, k=k: wsb.git_commit(root, f"one {k}"))
+                one_a.append(ta)
+                one_g.append(tg)
+            s["agentwal after 1 file changed"].append(spread(one_a))
+            s["git after 1 file changed"].append(spread(one_g))
+            store.close()
+        log(f"workspace: {n:,} files: a one-file snapshot agentwal {ta:.2f} s, git {tg:.2f} s")
+    return out
+
+
+# -- PostgreSQL: steps/s vs worker processes ------------------------------------------------------
+
+PG_STEP = "agentwal step on PostgreSQL"
+PG_INSERT = "psycopg: one INSERT + COMMIT"
+
+
+def pg_worker(kind: str, dsn: str, schema: str, name: str, seconds: float) -> int:
+    """One worker process (``--pg-worker``): connect, say ready, wait for go, count for
+    ``seconds``; prints the count. ``agentwal``: a step is ``begin``, a ``get``, two puts
+    and a durable commit (``bench_postgres.py``'s); ``sql``: one ``INSERT`` and ``COMMIT``."""
+    import psycopg
+
+    if kind == "agentwal":
+        store = agentwal.open(dsn, schema=schema, worker_id=name, durability="sync")
+
+        def op(i: int) -> None:
+            with store.begin(name) as txn:
+                n = txn.get("i", 0)
+                txn["i"] = n + 1
+                txn[f"messages/{n:06d}"] = {"role": "agent", "text": "m" * 280}
+
+        close: Callable[[], None] = store.close
+    else:
+        conn = psycopg.connect(dsn, options="-c synchronous_commit=on")
+
+        def op(i: int) -> None:
+            conn.execute(f'INSERT INTO "{schema}_sql".rows (worker, payload) VALUES (%s, %s)',
+                         (name, "m" * 280))
+            conn.commit()
+
+        close = conn.close
+    op(0)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        op(n)
+        n += 1
+    print(n / seconds, flush=True)
+    close()
+    return 0
+
+
+def _pg_round(kind: str, dsn: str, schema: str, workers: int, seconds: float,
+              tag: str) -> float:
+    """Total steps/s of ``workers`` worker processes started together."""
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--pg-worker", kind, dsn, schema,
+         f"{tag}-w{k}", str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True) for k in range(workers)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready", kind
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        total = 0.0
+        for p in procs:
+            assert p.stdout is not None
+            total += float(p.stdout.readline())
+    finally:
+        for p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+            p.wait(timeout=120)
+            if p.stdout is not None:
+                p.stdout.close()
+    return total
+
+
+def _pg_settings(dsn: str, want_on: bool) -> dict[str, str]:
+    """The server's version, ``fsync`` and ``full_page_writes`` as a new session sees them
+    (a reload is asynchronous: with ``want_on``, wait up to 10 s for both to read on)."""
+    import psycopg
+
+    deadline = time.monotonic() + 10
+    while True:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            got = {n: str(conn.execute(f"SHOW {n}").fetchone()[0])  # type: ignore[index]
+                   for n in ("server_version", "fsync", "full_page_writes")}
+        if not want_on or (got["fsync"] == got["full_page_writes"] == "on"
+                           or time.monotonic() > deadline):
+            return got
+        time.sleep(0.2)
+
+
+def postgres_sweep(workers: list[int], seconds: float, rounds: int, dsn: str | None,
+                   log: Log) -> dict[str, Any]:
+    """Steps/s against worker processes on one PostgreSQL server, beside plain inserts."""
+    import psycopg
+
+    from tests import pg
+
+    out: dict[str, Any] = {"workers": workers, "seconds": seconds, "rounds": rounds,
+                           "series": {PG_STEP: [], PG_INSERT: []}, "ratios": [], "notes": []}
+    server = None
+    if dsn is None:
+        why: list[str] = []
+        server = pg.start(why)
+        if server is None:
+            out["notes"].append("no PostgreSQL server could be started: " + "; ".join(why))
+            return out
+        dsn = server.dsn
+        out["server"] = server.how
+    schema = f"bench_{os.getpid()}"
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            if server is not None:  # our own throwaway server: durable, like a real one
+                for name in ("fsync", "synchronous_commit", "full_page_writes"):
+                    conn.execute(f"ALTER SYSTEM SET {name} = on")
+                conn.execute("SELECT pg_reload_conf()")
+            conn.execute(f'CREATE SCHEMA "{schema}_sql"')
+            conn.execute(f'CREATE TABLE "{schema}_sql".rows (id bigserial PRIMARY KEY, '
+                         "worker text, payload text)")
+        out["settings"] = _pg_settings(dsn, want_on=server is not None)
+        agentwal.open(dsn, schema=schema, worker_id="setup").close()  # create the schema once
+        samples: dict[str, list[float]] = {f"{k}@{w}": [] for k in (PG_STEP, PG_INSERT)
+                                           for w in workers}
+        for r in range(rounds):
+            order = [(k, w) for w in workers for k in (PG_STEP, PG_INSERT)]
+            if r % 2:
+                order.reverse()
+            for kind, w in order:
+                rate = _pg_round("agentwal" if kind == PG_STEP else "sql", dsn, schema, w,
+                                 seconds, f"r{r}")
+                samples[f"{kind}@{w}"].append(rate)
+                log(f"postgres round {r + 1}/{rounds}: {kind} x{w}: {rate:,.0f}/s")
+        for kind in (PG_STEP, PG_INSERT):
+            out["series"][kind] = [spread(samples[f"{kind}@{w}"]) for w in workers]
+        out["ratios"] = [paired(samples[f"{PG_STEP}@{w}"], samples[f"{PG_INSERT}@{w}"])
+                         for w in workers]
+    finally:
+        with contextlib.suppress(Exception), psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_sql" CASCADE')
+        if server is not None:
+            server.stop()
+    return out
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    env = compare.environment()
+    mem = "unknown"
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            kib = int(f.readline().split()[1])
+        mem = f"{kib / (1 << 20):.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    git = None
+    if shutil.which("git"):
+        git = subprocess.run(["git", "--version"], capture_output=True, text=True,
+                             check=False).stdout.split()[-1]
+    env.update(memory=mem, git=git, implementation=platform.python_implementation(),
+               packages={d: _version(d) for d in (
+                   "cbor2", "zstandard", "lmdb", "langgraph", "langgraph-checkpoint",
+                   "langgraph-checkpoint-sqlite", "matplotlib")})
+    return env
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+FULL = {
+    "compare": {"seconds": 1.5, "rounds": 5},
+    "threads": {"threads": [1, 2, 4, 8], "seconds": 1.5, "rounds": 3},
+    "open": {"wal_mib": [1, 4, 16, 64], "history": [1_000, 10_000, 100_000], "repeat": 5},
+    "conversation": {"steps": 300, "every": 30, "ages": [0, 10, 50, 100, 200, 299],
+                     "size": 1024, "repeat": 15},
+    "get": {"keys": [100, 1_000, 10_000, 50_000], "number": 2000, "repeat": 5},
+    "effects": {"sizes": [100, 300, 1_000, 2_000], "runs": 10, "repeat": 7},
+    "workspace": {"files": [250, 1_000, 4_000], "repeat": 5},
+    "postgres": {"workers": [1, 2, 4], "seconds": 3.0, "rounds": 3},
+}
+QUICK = {
+    "compare": {"seconds": 0.05, "rounds": 1},
+    "threads": {"threads": [1, 2], "seconds": 0.05, "rounds": 1},
+    "open": {"wal_mib": [0.25, 0.5], "history": [50, 200], "repeat": 2},
+    "conversation": {"steps": 6, "every": 3, "ages": [0, 5], "size": 256, "repeat": 2},
+    "get": {"keys": [10, 100], "number": 20, "repeat": 2},
+    "effects": {"sizes": [5, 10], "runs": 5, "repeat": 2},
+    "workspace": {"files": [40, 80], "repeat": 1},
+    "postgres": {"workers": [1], "seconds": 0.2, "rounds": 1},
+}
+
+
+def measure(quick: bool, log: Log, pg_dsn: str | None = None,
+            postgres: bool = True) -> dict[str, Any]:
+    cfg = QUICK if quick else FULL
+    started = datetime.now(timezone.utc)
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    c = cfg["compare"]
+    res: dict[str, Any] = {"quick": quick, "config": cfg, "machine": machine()}
+    cmp = compare.run(c["seconds"], c["rounds"], False, 0, 0, 0, log)
+    res["compare"] = {k: cmp[k] for k in ("figures", "goals", "reference", "seconds", "rounds")}
+    res["compare"]["samples"] = cmp["detail"]["samples"]
+    res["compare"]["commits_per_sync_8t"] = statistics.median(
+        e["commits_per_sync"] for e in cmp["detail"]["extra"]["agentwal_sync_8t"])
+    stages: dict[str, float] = {"compare": time.perf_counter() - t0}
+    sweeps: dict[str, Callable[..., dict[str, Any]]] = {
+        "threads": threads_sweep, "open": open_sweep, "conversation": conversation,
+        "get": get_sweep, "effects": effects_sweep, "workspace": workspace_sweep,
+        "postgres": postgres_sweep}
+    for name, sweep in sweeps.items():
+        t1 = time.perf_counter()
+        if name == "postgres" and not postgres:
+            res[name] = {**cfg[name], "series": {}, "ratios": [],
+                         "notes": ["skipped (--no-postgres)"]}
+            continue
+        extra = {"dsn": pg_dsn} if name == "postgres" else {}
+        res[name] = sweep(log=log, **cfg[name], **extra)
+        stages[name] = time.perf_counter() - t1
+        log(f"{name}: {stages[name]:.1f} s")
+    res["run"] = {"started": started.strftime("%Y-%m-%d %H:%M UTC"),
+                  "minutes": (time.perf_counter() - t0) / 60,
+                  "load_before": load, "load_after": os.getloadavg(), "stage_seconds": stages,
+                  "command": "make bench-report" if not quick else
+                  ".venv/bin/python bench/report.py --quick"}
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny sizes, a few seconds (the figures mean nothing)")
+    ap.add_argument("--render-only", action="store_true",
+                    help="do not measure: render the page and plots from --json")
+    ap.add_argument("--json", default=os.path.join(HERE, "report.json"),
+                    help="where the measurements are saved (default bench/report.json)")
+    ap.add_argument("--page", default=os.path.join(REPO, "docs", "benchmarks.md"),
+                    help="the page whose generated section is rewritten")
+    ap.add_argument("--images", default=os.path.join(REPO, "docs", "images", "bench"),
+                    help="where the plots go")
+    ap.add_argument("--pg-dsn", help="run the PostgreSQL workers on this server (default: "
+                    "start a throwaway one as the tests do, with fsync on)")
+    ap.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL workers")
+    ap.add_argument("--pg-worker", nargs=5, metavar=("KIND", "DSN", "SCHEMA", "NAME", "SECONDS"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.pg_worker:
+        kind, dsn, schema, name, seconds = args.pg_worker
+        return pg_worker(kind, dsn, schema, name, float(seconds))
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.render_only:
+        with open(args.json, encoding="utf-8") as f:
+            res = json.load(f)
+    else:
+        res = measure(args.quick, log, args.pg_dsn, not args.no_postgres)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1, default=str)
+            f.write("\n")
+    import report_render
+
+    written = report_render.render(res, args.page, args.images)
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

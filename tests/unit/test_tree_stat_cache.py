@@ -1,0 +1,205 @@
+"""The stat cache's directory records: an unchanged directory is not looked into, and
+every change its digest covers is seen (snapshots and restores)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import agentwal
+from agentwal import treeio
+from tests.trees import Spec, build, read
+from tests.unit.test_store_trees import SPEC as BASE
+from tests.unit.test_store_trees import age, counting, files_read, put
+
+__all__ = ["counting"]  # a fixture, used by name
+
+SPEC: Spec = {k: BASE[k] for k in ("README.md", "src/app.py", "src/pkg/__init__.py",
+                                   "src/pkg/mod.py", "bin/run")} | {
+    "empty/inner": ("d",), "link": ("l", b"src/app.py")}
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> str:
+    p = str(tmp_path / "src")
+    build(p, SPEC)
+    age(p)
+    return p
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[bytes, bytes]]]:
+    """Every per-file stat-cache lookup, as ``(directory, name)``."""
+    seen: list[tuple[bytes, bytes]] = []
+    real = treeio.StatCache.lookup
+
+    def counted(self: treeio.StatCache, rel: bytes, name: bytes, st: os.stat_result
+                ) -> tuple[str, bool] | None:
+        seen.append((rel, name))
+        return real(self, rel, name, st)
+
+    monkeypatch.setattr(treeio.StatCache, "lookup", counted)
+    yield seen
+
+
+def restored(store: agentwal.Store, tmp_path: Path, name: str, at: int | None = None
+             ) -> dict[str, object]:
+    dest = tmp_path / name
+    store.restore_tree("r", "ws", dest, at=at)
+    return read(str(dest))
+
+
+def test_an_unchanged_directory_is_not_looked_into(store: agentwal.Store, src: str,
+                                                   lookups: list[tuple[bytes, bytes]],
+                                                   counting: None) -> None:
+    put(store, src)
+    first = files_read()
+    lookups.clear()
+    with store.begin("r") as txn:
+        txn.put_tree("ws", src)
+    assert lookups == []  # every directory was its record: no file looked up
+    assert files_read() == first
+    Path(src, "src/pkg/mod.py").write_bytes(b"x = 2\n" * 100)
+    with store.begin("r") as txn:
+        txn.put_tree("ws", src)
+    # only the changed directory's files are looked up; only the changed file is read
+    assert sorted(lookups) == [(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")]
+    assert files_read() == first + 1
+    assert txn.checkpoint is not None
+
+
+def _rewrite_same_size_and_mtime(src: str) -> None:
+    p = Path(src, "src/app.py")
+    st = p.stat()
+    p.write_bytes(b"print('HI')\n")
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # only the ctime moved
+
+
+def _chmod(src: str) -> None:
+    os.chmod(os.path.join(src, "src/app.py"), 0o700)
+
+
+def _rename(src: str) -> None:
+    os.rename(os.path.join(src, "src/app.py"), os.path.join(src, "src/main.py"))
+
+
+def _file_to_link(src: str) -> None:
+    os.unlink(os.path.join(src, "README.md"))
+    os.symlink("src/app.py", os.path.join(src, "README.md"))
+
+
+def _retarget_link(src: str) -> None:
+    os.unlink(os.path.join(src, "link"))
+    os.symlink("bin/run", os.path.join(src, "link"))
+
+
+def _new_empty_dir(src: str) -> None:
+    os.makedirs(os.path.join(src, "empty/inner/deeper"))
+
+
+def _remove_empty_dir(src: str) -> None:
+    os.rmdir(os.path.join(src, "empty/inner"))
+
+
+def _swap_file_for_dir(src: str) -> None:
+    os.unlink(os.path.join(src, "src/pkg/__init__.py"))
+    os.makedirs(os.path.join(src, "src/pkg/__init__.py"))
+
+
+def _add_deep_file(src: str) -> None:
+    Path(src, "empty/inner/new.txt").write_bytes(b"new")
+
+
+@pytest.mark.parametrize("mutate", [_rewrite_same_size_and_mtime, _chmod, _rename,
+                                    _file_to_link, _retarget_link, _new_empty_dir,
+                                    _remove_empty_dir, _swap_file_for_dir, _add_deep_file])
+def test_every_change_the_digest_covers_is_seen(store: agentwal.Store, src: str,
+                                                tmp_path: Path,
+                                                mutate: Callable[[str], None]) -> None:
+    put(store, src)
+    put(store, src)  # the directory records now stand for the directories
+    mutate(src)
+    put(store, src)
+    assert restored(store, tmp_path, "out") == read(src)
+
+
+def test_records_of_another_keys_tree_are_not_reused(store: agentwal.Store, src: str,
+                                                     lookups: list[tuple[bytes, bytes]]
+                                                     ) -> None:
+    put(store, src, key="a")
+    lookups.clear()
+    put(store, src, key="b")  # the cache describes key a's tree: every file is looked up
+    assert len(lookups) == 5
+    with store.begin("r") as txn:  # key a goes; its tree's files stay b's
+        txn.delete("a")
+    store.compact(keep_last=1)
+    store._engine.blobrefs.sweep()
+    assert store.verify().ok
+
+
+def test_a_fresh_directory_record_is_not_trusted(store: agentwal.Store, tmp_path: Path,
+                                                 lookups: list[tuple[bytes, bytes]]) -> None:
+    src = str(tmp_path / "fresh")
+    build(src, SPEC)  # files modified just now: inside the racy window
+    put(store, src)
+    lookups.clear()
+    put(store, src)
+    assert len(lookups) == 5  # no directory record vouches for files this recent
+
+
+def test_a_restore_records_the_tree_for_the_next_snapshot(store: agentwal.Store, src: str,
+                                                          tmp_path: Path,
+                                                          lookups: list[tuple[bytes, bytes]]
+                                                          ) -> None:
+    ws = agentwal.Workspace(store, "r", src, key="ws")
+    before = ws.checkpoint()
+    Path(src, "src/app.py").write_bytes(b"changed\n")
+    ws.checkpoint()
+    ws.rollback_to(before.id)
+    assert read(src) == restored(store, tmp_path, "expected", at=before.id)
+    age(src)  # the file the rollback wrote leaves the racy window
+    ws.checkpoint()
+    lookups.clear()
+    Path(src, "src/pkg/mod.py").write_bytes(b"y = 1\n")
+    ws.checkpoint()
+    assert sorted(lookups) == [(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")]
+    assert restored(store, tmp_path, "out") == read(src)
+
+
+def test_a_restore_the_cache_vouches_for_still_repairs_local_edits(
+        store: agentwal.Store, src: str, tmp_path: Path) -> None:
+    first = put(store, src)
+    put(store, src)  # the directory records now describe src exactly
+    want = read(src)
+    _rewrite_same_size_and_mtime(src)
+    _chmod(src)
+    Path(src, "empty/inner/stray.txt").write_bytes(b"stray")
+    report = store.restore_tree("r", "ws", src, at=first.id)
+    assert read(src) == want
+    assert report.written == 1 and report.removed == 1
+
+
+def test_a_restore_into_an_unchanged_directory_writes_nothing(store: agentwal.Store,
+                                                              src: str) -> None:
+    put(store, src)
+    put(store, src)
+    report = store.restore_tree("r", "ws", src)
+    assert (report.written, report.removed) == (0, 0)
+    assert report.unchanged == report.files == 6
+
+
+def test_a_damaged_cache_file_costs_reads_only(store: agentwal.Store, src: str,
+                                               tmp_path: Path, counting: None) -> None:
+    put(store, src)
+    cache_dir = Path(store.path, "cache")
+    for f in cache_dir.iterdir():
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    n = files_read()
+    put(store, src)
+    assert files_read() == n + 5  # every file read again, the tree the same
+    assert restored(store, tmp_path, "out") == read(src)
