@@ -54,8 +54,10 @@ from .format import (
 from .types import BlobRef, TreeRef
 
 __all__ = [
+    "append_encoded",
     "CodecError",
     "CommitRecord",
+    "DecodedValues",
     "decode_commit",
     "check_value",
     "decode_delta",
@@ -63,6 +65,7 @@ __all__ = [
     "decode_stored",
     "decode_value",
     "encode_commit",
+    "encode_commit_fields",
     "encode_delta",
     "encode_meta",
     "encode_value",
@@ -121,6 +124,39 @@ def _subclass_reason(obj: object) -> str:
             + " instead")
 
 
+#: Exact scalar types the fast walk takes as they are (a subclass takes the full check).
+_PLAIN_SCALARS = frozenset({str, bytes, bool, int, float, type(None)})
+
+
+def _plain(obj: object, depth: int) -> bool:
+    """True if ``obj`` is exact scalars in exact dicts (str keys) and lists, within the depth.
+
+    :func:`check_value`'s fast path, the shape of nearly every agent value:
+    one look at each item's exact type, no stack of pairs. Whatever it
+    accepts the full walk accepts too; anything else (tuples, sets,
+    datetimes, subclasses...) it leaves to the full walk, so what is refused
+    and how does not change.
+    """
+    t = type(obj)
+    if t in _PLAIN_SCALARS:
+        return True
+    if depth > MAX_VALUE_DEPTH:
+        return False
+    if t is dict:
+        for k, v in obj.items():  # type: ignore[attr-defined]
+            if type(k) is not str:
+                return False
+            if type(v) not in _PLAIN_SCALARS and not _plain(v, depth + 1):
+                return False
+        return True
+    if t is list:
+        for v in obj:  # type: ignore[attr-defined]  # noqa: SIM110 (a loop beats all() here)
+            if type(v) not in _PLAIN_SCALARS and not _plain(v, depth + 1):
+                return False
+        return True
+    return False
+
+
 def check_value(key: str, value: object) -> None:
     """Refuse what would not read back as it was written.
 
@@ -135,6 +171,8 @@ def check_value(key: str, value: object) -> None:
     Raises:
         UnencodableValueError: naming ``key`` and the offending part.
     """
+    if _plain(value, 1):
+        return
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         obj, depth = stack.pop()
@@ -177,6 +215,45 @@ def check_value(key: str, value: object) -> None:
             raise UnencodableValueError(key, f"type {type(obj).__name__} is not storable")
 
 
+def _array_head(data: bytes) -> tuple[int, int] | None:
+    """``(count, header bytes)`` of a definite-length CBOR array, else None."""
+    if not data or data[0] >> 5 != 4:
+        return None
+    info = data[0] & 0x1F
+    if info < 24:
+        return info, 1
+    if info > 27:  # indefinite length (cbor2 never writes it) or reserved
+        return None
+    size = 1 << (info - 24)
+    if len(data) < 1 + size:
+        return None
+    return int.from_bytes(data[1:1 + size], "big"), 1 + size
+
+
+def _array_header(count: int) -> bytes:
+    """The shortest CBOR header of an array of ``count`` items (what cbor2 writes)."""
+    if count < 24:
+        return bytes([0x80 | count])
+    for info, size in ((24, 1), (25, 2), (26, 4)):
+        if count < 1 << (8 * size):
+            return bytes([0x80 | info]) + count.to_bytes(size, "big")
+    return b"\x9b" + count.to_bytes(8, "big")
+
+
+def append_encoded(stored: bytes, tail: bytes) -> bytes | None:
+    """The CBOR of the array ``stored`` followed by the items of the array ``tail``.
+
+    Byte for byte what encoding the joined list writes, made without decoding
+    either: one new header, then both bodies. None if ``stored`` is not a
+    definite-length array (``tail`` must be one, from :func:`encode_value`).
+    """
+    head = _array_head(stored)
+    more = _array_head(tail)
+    if head is None or more is None:
+        return None
+    return _array_header(head[0] + more[0]) + stored[head[1]:] + tail[more[1]:]
+
+
 def encode_value(key: str, value: object) -> bytes:
     """Check and CBOR-encode one value, or raise :class:`UnencodableValueError` naming ``key``.
 
@@ -200,6 +277,60 @@ def decode_stored(data: bytes, path: str, what: str) -> Any:
         return decode_value(data)
     except CodecError as exc:
         raise CorruptionError(path, None, f"{what}: {exc}") from None
+
+
+#: Types whose values cannot change once decoded (a blob or tree ref is a frozen dataclass).
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, BlobRef, TreeRef})
+_AS_IS, _FLAT_DICT, _FLAT_LIST = 0, 1, 2
+
+
+class DecodedValues:
+    """Recently decoded small values, by read slot: a repeated read skips the CBOR decode.
+
+    An entry holds the stored bytes and their value; it serves a read only
+    if the bytes read now are equal, so it can never return another value
+    than decoding would. Only values a caller cannot change through the
+    result are kept: immutable scalars as they are, and dicts or lists of
+    immutable scalars, returned as a fresh shallow copy each time (the kept
+    one is a copy too, never the object a caller got). Bounded: emptied when
+    full. Safe from any thread (each step is one dict operation).
+    """
+
+    __slots__ = ("_entries", "_limit", "_small")
+
+    def __init__(self, limit: int = 1024, small: int = 512) -> None:
+        self._entries: dict[tuple[str, str], tuple[bytes, Any, int]] = {}
+        self._limit = limit
+        self._small = small
+
+    def decode(self, run: str, key: str, data: bytes, path: str, label: str = "") -> Any:
+        """``decode_stored(data, path, f"{label}{run!r}/{key!r}")``, from the entry of
+        ``(run, key)`` if it holds ``data``."""
+        slot = (run, key)
+        hit = self._entries.get(slot)
+        if hit is not None and hit[0] == data:
+            kind = hit[2]
+            if kind == _AS_IS:
+                return hit[1]
+            return dict(hit[1]) if kind == _FLAT_DICT else list(hit[1])
+        value = decode_stored(data, path, f"{label}{run!r}/{key!r}")
+        if len(data) <= self._small:
+            t = type(value)
+            if t in _IMMUTABLE:
+                kept, kind = value, _AS_IS
+            elif t is dict and all(type(v) in _IMMUTABLE for v in value.values()):
+                kept, kind = dict(value), _FLAT_DICT
+            elif t is list and all(type(v) in _IMMUTABLE for v in value):
+                kept, kind = list(value), _FLAT_LIST
+            else:
+                return value
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[slot] = (bytes(data), kept, kind)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _refuse_tag(decoder: Any) -> Any:
@@ -236,20 +367,24 @@ def decode_value(data: bytes) -> Any:
     return loads(data)
 
 
-def encode_delta(delta: Delta, *, compress: bool = True) -> tuple[bytes, int, bytes]:
+def encode_delta(delta: Delta, *, compress: bool = True,
+                 threshold: int = COMPRESS_THRESHOLD) -> tuple[bytes, int, bytes]:
     """Encode a delta; returns ``(bytes, flags, sha256 of the uncompressed bytes)``.
 
-    Deltas of at least :data:`COMPRESS_THRESHOLD` bytes are zstd-compressed
-    when ``compress`` is true and that makes them at least 1/16 smaller.
+    Deltas of at least ``threshold`` bytes (:data:`COMPRESS_THRESHOLD`, the
+    least the format compresses, by default) are zstd-compressed when
+    ``compress`` is true and that makes them at least 1/16 smaller.
     """
     raw = bytes(cbor2.dumps(delta))
     digest = hashlib.sha256(raw).digest()
-    packed, flags = pack_payload(raw, "<commit>", compress=compress)
+    packed, flags = pack_payload(raw, "<commit>", compress=compress, threshold=threshold)
     return packed, flags, digest
 
 
-def pack_payload(raw: bytes, what: str, *, compress: bool = True) -> tuple[bytes, int]:
-    """``(bytes, flags)`` for a record payload: zstd when it helps by 1/16 or more.
+def pack_payload(raw: bytes, what: str, *, compress: bool = True,
+                 threshold: int = COMPRESS_THRESHOLD) -> tuple[bytes, int]:
+    """``(bytes, flags)`` for a record payload: zstd when it helps by 1/16 or more
+    (tried from ``threshold`` bytes, never below :data:`COMPRESS_THRESHOLD`).
 
     Raises:
         UnencodableValueError: ``raw`` is over the decompression limit.
@@ -257,7 +392,7 @@ def pack_payload(raw: bytes, what: str, *, compress: bool = True) -> tuple[bytes
     if len(raw) > MAX_DECOMPRESSED:  # recovery would refuse to inflate it
         raise UnencodableValueError(what, f"it is {len(raw)} bytes encoded, over the "
                                     f"{MAX_DECOMPRESSED} byte limit; split it up")
-    if compress and len(raw) >= COMPRESS_THRESHOLD:
+    if compress and len(raw) >= max(threshold, COMPRESS_THRESHOLD):
         packed = _compressor().compress(raw)
         if len(packed) <= len(raw) - (len(raw) >> 4):
             return packed, FLAG_ZSTD
@@ -310,12 +445,14 @@ class CommitRecord:
     effects: tuple[str, ...] = ()
 
 
+_EMPTY_MAP = b"\xa0"
+
+
 def encode_meta(meta: dict[str, Any]) -> bytes:
     """Encode checkpoint metadata once; these bytes are stored and hashed as they are."""
+    if not meta:  # the usual case: cbor2 writes the empty map as this byte too
+        return _EMPTY_MAP
     return bytes(cbor2.dumps(meta))
-
-
-_EMPTY_MAP = b"\xa0"
 
 
 def decode_meta(data: bytes) -> dict[str, Any]:
@@ -330,12 +467,20 @@ def decode_meta(data: bytes) -> dict[str, Any]:
 
 def encode_commit(rec: CommitRecord) -> bytes:
     """Encode a commit payload."""
-    origin = list(rec.origin) if rec.origin is not None else None
-    fields = [rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash, origin, rec.delta]
-    if rec.deferred is not None or rec.effects:
-        fields.append(rec.deferred)
-    if rec.effects:
-        fields.append(list(rec.effects))
+    return encode_commit_fields(rec.run, rec.id, rec.parent, rec.created_at, rec.meta, rec.hash,
+                                rec.origin, rec.delta, rec.deferred, rec.effects)
+
+
+def encode_commit_fields(run: str, cid: int, parent: int | None, created_at: float,
+                         meta: bytes, hsh: bytes, origin: tuple[str, int] | None, delta: bytes,
+                         deferred: bytes | None = None, effects: tuple[str, ...] = ()) -> bytes:
+    """:func:`encode_commit` of the fields themselves (the commit path builds no record)."""
+    fields = [run, cid, parent, created_at, meta, hsh,
+              list(origin) if origin is not None else None, delta]
+    if deferred is not None or effects:
+        fields.append(deferred)
+    if effects:
+        fields.append(list(effects))
     return bytes(cbor2.dumps(fields))
 
 

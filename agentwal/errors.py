@@ -43,6 +43,7 @@ __all__ = [
     "StoreBusyError",
     "BlobSourceError",
     "NotABlobError",
+    "NotAListError",
     "PathExistsError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -538,6 +539,19 @@ class StoreLimitError(Error):
         self.path = path
         self.limit = limit
         super().__init__(f"{path!r}: {limit}. {hint}")
+
+
+class NotAListError(Error, TypeError):
+    """``txn.append`` on a key whose value is not a list."""
+
+    code = "not_a_list"
+
+    def __init__(self, run: str, key: str, kind: str) -> None:
+        self.run = run
+        self.key = key
+        self.kind = kind
+        super().__init__(f"{run!r}/{key!r} holds a {kind}, not a list: txn.append adds items "
+                         "to a list only. Put the new value with txn.put.")
 
 
 class PathExistsError(Error):

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import aio, failpoints
-from .codec import decode_stored
+from .codec import DecodedValues, decode_stored
 from .effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
 from .errors import ConflictError, ReadOnlyError, TreePathError
 from .format import DEFAULT_SEGMENT_BYTES, FIRST_SEGMENT_BYTES, MIN_SEGMENT_BYTES
@@ -227,6 +227,8 @@ class Store:
         self.durability = engine.durability
         self.readonly = engine.readonly
         self.wal_max_bytes = engine.wal_max_bytes
+        #: small values lately read, decoded (``get``): a repeated read skips CBOR
+        self._decoded = DecodedValues()
 
     @property
     def store_id(self) -> Any:
@@ -426,8 +428,11 @@ class Store:
         """
         check_key(run, "run id")
         check_key(key)
-        raw = self._engine.runs.value(run, key, None if at is None else _checkpoint_id(at))
-        return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
+        if at is not None:
+            raw = self._engine.runs.value(run, key, _checkpoint_id(at))
+            return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
+        raw = self._engine.runs.value(run, key, None)
+        return default if raw is None else self._decoded.decode(run, key, raw, self.path)
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
         """The run's state as a new dict: the latest, or as of checkpoint ``at``.
@@ -833,8 +838,9 @@ class Store:
             raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
         if run is not None:
             check_key(run, "run id")
-        return [e for e in sorted(self._engine.effectlog.entries(),
-                                  key=lambda e: (e.created_at, e.order or (0, 0), e.key))
+        found = self._engine.effectlog.entries() if run is None and status is None else \
+            self._engine.effectlog.query(run, status)
+        return [e for e in sorted(found, key=lambda e: (e.created_at, e.order or (0, 0), e.key))
                 if (run is None or e.run == run) and (status is None or e.status == status)]
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,

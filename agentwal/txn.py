@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import is_async_callable, off_loop
 from .backend import Change
-from .codec import decode_stored, encode_blob_ref, encode_value
+from .codec import DecodedValues, append_encoded, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
     BackendUnsupportedError,
@@ -53,6 +53,7 @@ from .errors import (
     DiskFullError,
     EffectDivergenceError,
     MissingKeyError,
+    NotAListError,
     RunExistsError,
     StoreClosedError,
     TransactionClosedError,
@@ -74,6 +75,11 @@ _NOT_APPLIED = (ConflictError, DiskFullError, UnencodableValueError, RunExistsEr
                 StoreClosedError)
 
 T = TypeVar("T")
+
+
+#: Small values transactions read lately, decoded; an entry serves only the same bytes,
+#: so it is shared by every store and backend of the process.
+_DECODED = DecodedValues()
 
 
 class _Engine(Protocol):
@@ -269,7 +275,7 @@ class Transaction:
         return self._engine._txn_read(self, key)
 
     def _decode(self, raw: bytes, key: str) -> Any:
-        return decode_stored(raw, self._engine.path, f"value of {self.run!r}/{key!r}")
+        return _DECODED.decode(self.run, key, raw, self._engine.path, "value of ")
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key`` as this transaction sees it, or ``default``.
@@ -334,6 +340,36 @@ class Transaction:
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)
+
+    def append(self, key: str, *items: Any) -> None:
+        """Add ``items`` at the end of the list under ``key`` (a new list if it is absent).
+
+        The cheap way to grow a list (a conversation's ``messages``): the
+        stored list is neither decoded nor encoded again; only ``items`` are
+        checked and encoded, and joined to its bytes. The result reads back
+        exactly as ``put(key, old + list(items))`` would. It reads the key
+        (a concurrent write of it conflicts, as with ``get`` then ``put``).
+
+        Raises:
+            InvalidKeyError: bad key. UnencodableValueError: an item cannot be
+            stored. NotAListError: the key holds something else. Either way
+            nothing changes. CorruptionError: the stored list is damaged.
+
+        Example::
+
+            txn.append("messages", {"role": "user", "content": "hi"})
+        """
+        self._check()
+        check_key(key)
+        tail = encode_value(key, list(items))
+        stored = self._raw(key)
+        if stored is None:
+            self._writes[key] = tail
+            return
+        joined = append_encoded(stored, tail)
+        if joined is None:
+            raise NotAListError(self.run, key, type(self._decode(stored, key)).__name__)
+        self._writes[key] = joined
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if it is absent)."""

@@ -99,6 +99,11 @@ class Diff:
         return bool(self.added or self.removed or self.changed)
 
 
+#: Keys and run ids that passed :func:`check_key` lately (a str's validity never changes).
+_VALID_KEYS: set[str] = set()
+_VALID_KEYS_MAX = 4096
+
+
 def check_checkpoint_id(cid: object) -> int:
     """``cid`` if it can be a checkpoint id (an int, not a bool), else TypeError."""
     if isinstance(cid, bool) or not isinstance(cid, int):
@@ -108,6 +113,8 @@ def check_checkpoint_id(cid: object) -> int:
 
 def check_key(key: object, what: str = "key") -> str:
     """Return ``key`` if it is a valid key or run id, else raise :class:`InvalidKeyError`."""
+    if type(key) is str and key in _VALID_KEYS:  # the hot path of every read
+        return key
     if not isinstance(key, str):
         raise InvalidKeyError(key, f"{what} must be str, not {type(key).__name__}")
     if not key:
@@ -118,6 +125,10 @@ def check_key(key: object, what: str = "key") -> str:
         raise InvalidKeyError(key, f"{what} is not valid UTF-8 (lone surrogate)") from None
     if n > MAX_KEY_BYTES:
         raise InvalidKeyError(key, f"{what} is {n} UTF-8 bytes, over {MAX_KEY_BYTES}")
+    if type(key) is str:
+        if len(_VALID_KEYS) >= _VALID_KEYS_MAX:
+            _VALID_KEYS.clear()
+        _VALID_KEYS.add(key)
     return key
 
 

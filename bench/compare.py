@@ -24,7 +24,17 @@ transaction, and — where the system offers it — durable when it returns):
 - open (recovery) time of a store whose WAL holds 64 MiB of unfolded records,
   with the page cache warm (a process crash) and with the store's pages
   evicted (closer to a reboot);
-- open time of a store with 100,000 folded checkpoints vs. one with 1,000.
+- open time of a store with 100,000 folded checkpoints vs. one with 1,000;
+- reads: ``store.get`` and ``txn.get`` of a small value, from the memtable
+  and after a fold into LMDB, beside py-lmdb's own begin + get + abort of
+  the same bytes (microseconds per call, the minimum of several repeats;
+  thread CPU, so other tenants matter little);
+- a growing conversation: 200 steps of one run, each reading ``messages``,
+  appending a ~1 KiB message and putting the whole list back (as agents
+  do), with ``durability="none"`` so only the engine's CPU is timed: the
+  log bytes of the commit at step 200, the thread CPU of put + commit of
+  the last 20 steps against steps 11-30, and the folded history's bytes
+  per checkpoint (LMDB pages in use after ``snapshot()``, divided by 200).
 
 fsync latency on a shared (virtual) disk drifts by several times within
 minutes, so throughput is measured in short slices: each round runs every
@@ -62,6 +72,7 @@ from benchlib import (
     scratch_dir,
     values,
 )
+from test_bench_history import message
 
 import agentwal
 
@@ -72,18 +83,30 @@ WARMUP = 50
 
 # (label, numerator, denominator, goal, direction): ratio = num / den, met if >= goal
 # (direction "max": the figure itself must be <= goal).
+# The goals are issue #16's (the open-time ones are issue #5's).
 GOALS: list[tuple[str, str, str | None, float, str]] = [
+    ("1-thread sync vs SQLite WAL FULL", "agentwal_sync_1t", "sqlite_wal_full", 1.0, "min"),
     (
-        "1-thread sync vs raw append+fdatasync",
+        "1-thread sync vs raw overwrite+fdatasync",
         "agentwal_sync_1t",
-        "raw_append_fdatasync",
-        1.0,
+        "raw_overwrite_fdatasync",
+        0.9,
         "min",
     ),
-    ("1-thread sync vs SQLite WAL FULL", "agentwal_sync_1t", "sqlite_wal_full", 1.5, "min"),
     ("1-thread sync vs LMDB sync", "agentwal_sync_1t", "lmdb_sync", 1.5, "min"),
-    ("8-thread sync vs 1-thread sync", "agentwal_sync_8t", "agentwal_sync_1t", 2.0, "min"),
-    ("async commits/s", "agentwal_async_1t", None, 20_000, "min"),
+    ("8-thread sync vs 1-thread sync", "agentwal_sync_8t", "agentwal_sync_1t", 2.5, "min"),
+    ("8-thread sync vs SQLite FULL 8 threads", "agentwal_sync_8t", "sqlite_wal_full_8t", 3.0,
+     "min"),
+    ("async commits/s", "agentwal_async_1t", None, 40_000, "min"),
+    ("store.get memtable vs py-lmdb get", "get_memtable_us", "lmdb_get_us", 3.0, "max"),
+    ("store.get folded vs py-lmdb get", "get_folded_us", "lmdb_get_us", 3.0, "max"),
+    ("growing: log bytes of commit 200", "growth_log_bytes_step200", None, 8192, "max"),
+    ("growing: CPU steps 181-200 vs 11-30", "growth_cpu_last20_us", "growth_cpu_11_30_us", 1.5,
+     "max"),
+    ("growing, txn.append: CPU 181-200 vs 11-30", "growth_append_cpu_last20_us",
+     "growth_append_cpu_11_30_us", 1.5, "max"),
+    ("growing: folded bytes per checkpoint", "growth_history_bytes_per_ckpt", None, 4096,
+     "max"),
     ("open, 64 MiB WAL, warm cache (s)", "open_wal_64mib_warm_s", None, 1.5, "max"),
     ("open, 64 MiB WAL, cold cache (s)", "open_wal_64mib_cold_s", None, 1.5, "max"),
     ("open, 100k vs 1k checkpoints", "open_100k_ckpt_s", "open_1k_ckpt_s", 1.3, "max"),
@@ -92,7 +115,9 @@ GOALS: list[tuple[str, str, str | None, float, str]] = [
 
 # Ratios reported beside the goals, without a target of their own.
 REFERENCE: list[tuple[str, str, str]] = [
-    ("8-thread sync vs SQLite FULL 8 threads", "agentwal_sync_8t", "sqlite_wal_full_8t"),
+    ("1-thread sync vs raw append+fdatasync", "agentwal_sync_1t", "raw_append_fdatasync"),
+    ("txn.get memtable vs py-lmdb get", "txn_get_memtable_us", "lmdb_get_us"),
+    ("txn.get folded vs py-lmdb get", "txn_get_folded_us", "lmdb_get_us"),
     (
         "raw overwrite vs SQLite FULL (a WAL's ceiling)",
         "raw_overwrite_fdatasync",
@@ -325,6 +350,196 @@ def lmdb_sync(seconds: float) -> Result:
     return n, dt, {"lmdb": ".".join(map(str, lmdb.version()))}
 
 
+# -- reads ----------------------------------------------------------------------------------
+
+READ_CALLS = 20_000
+SMALL_VALUE = {"role": "tool", "name": "search", "ok": True, "n": 3}
+
+
+def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    """Thread CPU per call of ``fn``, in µs (the loop's own cost included, as callers pay it)."""
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time() - t0) / calls * 1e6
+
+
+def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
+    """µs per call of ``store.get``/``txn.get`` (memtable, folded) and py-lmdb begin+get+abort.
+
+    One store holds the small value in its memtable (a commit never folded),
+    another the same value folded into LMDB; a plain LMDB environment holds
+    its encoded bytes. Each repeat measures all of them back to back; the
+    lists hold one figure per repeat (the caller takes the minimum or pairs
+    them).
+    """
+    out: dict[str, list[float]] = {k: [] for k in (
+        "lmdb_get_us", "get_memtable_us", "get_folded_us", "txn_get_memtable_us",
+        "txn_get_folded_us")}
+    with scratch_dir() as d:
+        mem = agentwal.open(os.path.join(d, "mem.awal"), durability="none")
+        fold = agentwal.open(os.path.join(d, "fold.awal"), durability="none")
+        env = lmdb.open(os.path.join(d, "lmdb"), map_size=1 << 26)
+        try:
+            for s in (mem, fold):
+                for i in range(10):  # some history, so the head is not the first checkpoint
+                    with s.begin("run-1") as txn:
+                        txn.put("small", SMALL_VALUE)
+                        txn.put("step", i)
+            fold.snapshot()
+            raw = agentwal.codec.encode_value("small", SMALL_VALUE)
+            with env.begin(write=True) as w:
+                w.put(b"run-1/small", raw)
+
+            def lmdb_get() -> Any:
+                t = env.begin()
+                try:
+                    return t.get(b"run-1/small")
+                finally:
+                    t.abort()
+
+            assert mem.get("run-1", "small") == SMALL_VALUE == fold.get("run-1", "small")
+            tm, tf = mem.begin("run-1"), fold.begin("run-1")
+            try:
+                cases: list[tuple[str, Callable[[], Any]]] = [
+                    ("lmdb_get_us", lmdb_get),
+                    ("get_memtable_us", lambda: mem.get("run-1", "small")),
+                    ("get_folded_us", lambda: fold.get("run-1", "small")),
+                    ("txn_get_memtable_us", lambda: tm.get("small")),
+                    ("txn_get_folded_us", lambda: tf.get("small")),
+                ]
+                for fn in (f for _, f in cases):
+                    _per_call_us(fn, calls // 10)  # warm-up
+                for _ in range(repeats):
+                    for key, fn in cases:
+                        out[key].append(_per_call_us(fn, calls))
+            finally:
+                tm.rollback()
+                tf.rollback()
+        finally:
+            mem.close()
+            fold.close()
+            env.close()
+    return out
+
+
+# -- a growing conversation -------------------------------------------------------------------
+
+GROWTH_STEPS = 200
+def growth(seed: int = 5, *, append: bool = False) -> dict[str, Any]:
+    """One 200-step conversation that re-puts the whole ``messages`` list at every step.
+
+    Each step begins a transaction, reads ``messages``, appends a ~1 KiB
+    message, puts the list back (with ``append``: calls ``txn.append``
+    instead, reading nothing), sets two small keys and commits
+    (``durability="none"``: the engine's CPU, no fsync). Per step: the thread
+    CPU from the put to the end of the commit, and the log bytes the commit
+    wrote (the writer's byte count before and after). Then ``snapshot()``
+    folds everything and the LMDB pages in use are divided by the steps.
+    """
+    import random
+
+    rnd = random.Random(seed)
+    cpu_us: list[float] = []
+    log_bytes: list[int] = []
+    with scratch_dir() as d:
+        path = os.path.join(d, "chat.awal")
+        # A WAL limit far above the ~10 MB the log can reach: no fold during the steps.
+        store = agentwal.open(path, durability="none", wal_max_bytes=256 * MIB)
+        try:
+            written = store.stats()["wal_bytes_since_fold"]
+            for step in range(1, GROWTH_STEPS + 1):
+                msg = message(rnd, step)  # ~1 KiB, as in the history benchmark
+                txn = store.begin("chat")
+                if append:  # txn.append: nothing read, the list's bytes joined
+                    t0 = time.thread_time()
+                    txn.append("messages", msg)
+                else:
+                    messages = txn.get("messages", [])
+                    messages.append(msg)
+                    t0 = time.thread_time()
+                    txn.put("messages", messages)
+                txn.put("step", step)
+                txn.put("tokens", step * 250)
+                txn.commit()
+                cpu_us.append((time.thread_time() - t0) * 1e6)
+                now = store.stats()["wal_bytes_since_fold"]
+                log_bytes.append(now - written)
+                written = now
+            folds_during = store.stats()["folds"]
+            store.snapshot()
+            st = store.stats()
+            used = (st["lmdb_last_page"] + 1) * st["lmdb_page_size"]
+            final = store.get("chat", "messages")
+            state_s = []
+            for _ in range(5):  # the head of a folded 200-message list
+                t0 = time.perf_counter()
+                store.state("chat")
+                state_s.append(time.perf_counter() - t0)
+            if len(final) != GROWTH_STEPS:
+                raise RuntimeError("the conversation lost messages")
+        finally:
+            store.close()
+    return {
+        "cpu_us": cpu_us,
+        "log_bytes": log_bytes,
+        "lmdb_used_bytes": used,
+        "folds_during_steps": folds_during,
+        "whole_list_bytes": len(agentwal.codec.encode_value("m", final)),
+        "state_head_s": min(state_s),
+    }
+
+
+# -- the effects ledger ------------------------------------------------------------------------
+
+LEDGER_RUNS, LEDGER_PER_RUN = 200, 100
+
+
+def ledger_queries(repeats: int) -> dict[str, Any]:
+    """``store.effects(run=...)`` and ``(run=..., status=...)`` among 20,000 folded entries.
+
+    200 runs each commit 100 deferred effects (outbox entries, ``pending``),
+    then ``snapshot()`` folds them. Each query is timed (wall, best of
+    ``repeats``) and its Python allocation peak traced (``tracemalloc``),
+    beside the unfiltered ``store.effects()`` that reads the whole ledger.
+    """
+    import tracemalloc
+
+    out: dict[str, Any] = {}
+    with scratch_dir() as d:
+        store = agentwal.open(os.path.join(d, "ledger.awal"), durability="none")
+        try:
+            for r in range(LEDGER_RUNS):
+                with store.begin(f"run-{r}") as txn:
+                    for i in range(LEDGER_PER_RUN):
+                        txn.defer("notify", mode="at_least_once", args={"i": i})
+            store.snapshot()
+            queries: list[tuple[str, Callable[[], list[Any]], int]] = [
+                ("ledger_all", store.effects, LEDGER_RUNS * LEDGER_PER_RUN),
+                ("ledger_run", lambda: store.effects(run="run-7"), LEDGER_PER_RUN),
+                ("ledger_run_status",
+                 lambda: store.effects(run="run-7", status="pending"), LEDGER_PER_RUN),
+                ("ledger_status_none", lambda: store.effects(status="in_doubt"), 0),
+            ]
+            for key, fn, want in queries:
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    got = fn()
+                    times.append(time.perf_counter() - t0)
+                if len(got) != want:
+                    raise RuntimeError(f"{key}: {len(got)} entries, not {want}")
+                tracemalloc.start()
+                fn()
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                out[f"{key}_s"] = min(times)
+                out[f"{key}_peak_bytes"] = peak
+        finally:
+            store.close()
+    return out
+
+
 # -- open times ------------------------------------------------------------------------------
 
 
@@ -366,6 +581,15 @@ THROUGHPUT: list[tuple[str, str, Callable[[float], Result]]] = [
     ("sqlite_wal_full", "SQLite WAL, synchronous=FULL", sqlite_full),
     ("sqlite_wal_full_8t", "SQLite WAL FULL, 8 threads (reference)", sqlite_full_threads),
     ("lmdb_sync", "LMDB sync=True", lmdb_sync),
+]
+
+
+READS: list[tuple[str, str]] = [
+    ("lmdb_get_us", "py-lmdb begin + get + abort"),
+    ("get_memtable_us", "store.get, memtable"),
+    ("get_folded_us", "store.get, folded"),
+    ("txn_get_memtable_us", "txn.get, memtable"),
+    ("txn_get_folded_us", "txn.get, folded"),
 ]
 
 
@@ -416,6 +640,7 @@ def environment() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "lmdb": ".".join(map(str, lmdb.version())),
         "agentwal": getattr(agentwal, "__version__", "?"),
+        "agentwal_path": os.path.dirname(agentwal.__file__),
     }
 
 
@@ -433,18 +658,23 @@ def run(
     hist_opens: int,
     log: Callable[[str], None],
     wal_value_bytes: int = RECORD,
+    do_reads: bool = True,
+    do_throughput: bool = True,
+    do_ledger: bool = True,
+    read_repeats: int = 7,
+    growth_runs: int = 3,
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     samples: dict[str, list[float]] = {k: [] for k, _, _ in THROUGHPUT}
     extras: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in THROUGHPUT}
-    for r in range(rounds):
+    for r in range(rounds if do_throughput else 0):
         order = THROUGHPUT[r % len(THROUGHPUT) :] + THROUGHPUT[: r % len(THROUGHPUT)]
         for key, label, fn in order:
             n, dt, extra = fn(seconds)
             samples[key].append(n / dt)
             extras[key].append(extra)
             log(f"round {r + 1}/{rounds}  {label:<42} {n / dt:>10,.0f} /s")
-    figures: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    figures: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v}
     detail: dict[str, Any] = {"samples": samples, "extra": extras}
     if do_open:
         with scratch_dir() as d:
@@ -479,6 +709,50 @@ def run(
                 "few": {**b1, "open_s": oh["few"]},
                 "many": {**b2, "open_s": oh["many"]},
             }
+    if do_reads:
+        rs = reads(read_repeats)
+        samples.update(rs)
+        figures.update({k: min(v) for k, v in rs.items()})
+        log("reads (µs per call, min of repeats): " +
+            ", ".join(f"{k} {min(v):.2f}" for k, v in rs.items()))
+    if do_ledger:
+        lq = ledger_queries(3 if read_repeats < 7 else 5)
+        figures.update(lq)
+        detail["ledger"] = lq
+        log("effects ledger of 20,000 entries: " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms" for k, v in lq.items() if k.endswith("_s")))
+    if growth_runs:
+        convs = [growth(seed=5 + i) for i in range(growth_runs)]
+        for c in convs:
+            cpu, lb = c["cpu_us"], c["log_bytes"]
+            samples.setdefault("growth_cpu_11_30_us", []).append(statistics.median(cpu[10:30]))
+            samples.setdefault("growth_cpu_last20_us", []).append(statistics.median(cpu[-20:]))
+            samples.setdefault("growth_log_bytes_step200", []).append(float(lb[-1]))
+            samples.setdefault("growth_history_bytes_per_ckpt", []).append(
+                c["lmdb_used_bytes"] / GROWTH_STEPS)
+            samples.setdefault("growth_state_head_ms", []).append(c["state_head_s"] * 1e3)
+        for k in ("growth_cpu_11_30_us", "growth_cpu_last20_us", "growth_log_bytes_step200",
+                  "growth_history_bytes_per_ckpt", "growth_state_head_ms"):
+            figures[k] = statistics.median(samples[k])
+        detail["growth"] = [
+            {"cpu_us": [round(x, 1) for x in c["cpu_us"]], "log_bytes": c["log_bytes"],
+             "lmdb_used_bytes": c["lmdb_used_bytes"],
+             "folds_during_steps": c["folds_during_steps"],
+             "whole_list_bytes": c["whole_list_bytes"],
+             "state_head_s": c["state_head_s"]} for c in convs]
+        if hasattr(agentwal.Transaction, "append"):
+            ap = growth(seed=5, append=True)
+            figures["growth_append_cpu_11_30_us"] = statistics.median(ap["cpu_us"][10:30])
+            figures["growth_append_cpu_last20_us"] = statistics.median(ap["cpu_us"][-20:])
+            figures["growth_append_log_bytes_step200"] = float(ap["log_bytes"][-1])
+            for k in ("growth_append_cpu_11_30_us", "growth_append_cpu_last20_us"):
+                samples[k] = [figures[k]]
+            detail["growth_append"] = {"cpu_us": [round(x, 1) for x in ap["cpu_us"]],
+                                       "log_bytes": ap["log_bytes"]}
+        log(f"growing conversation: commit 200 logged {figures['growth_log_bytes_step200']:,.0f} B,"
+            f" put+commit {figures['growth_cpu_11_30_us']:.0f} µs (steps 11-30) -> "
+            f"{figures['growth_cpu_last20_us']:.0f} µs (181-200), history "
+            f"{figures['growth_history_bytes_per_ckpt']:,.0f} B per checkpoint")
     goals = []
     for label, num, den, goal, direction in GOALS:
         if num not in figures or (den is not None and den not in figures):
@@ -497,7 +771,7 @@ def run(
     reference = [
         {"ratio": label, "value": _paired(samples, num, den)}
         for label, num, den in REFERENCE
-        if num in samples and den in samples
+        if samples.get(num) and samples.get(den)
     ]
     env = {**environment(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     return {
@@ -525,14 +799,42 @@ def print_table(res: dict[str, Any]) -> None:
         f"load average {env['loadavg_before'][0]:.2f} before, {env['loadavg_after'][0]:.2f} "
         "after\n"
     )
-    print(f"{'commits/s (1 KiB value)':<44}{'median':>12}{'min':>10}{'max':>10}")
-    for key, label, _ in THROUGHPUT:
-        s = res["detail"]["samples"][key]
-        print(f"{label:<44}{figs[key]:>12,.0f}{min(s):>10,.0f}{max(s):>10,.0f}")
-    b8 = res["detail"]["extra"]["agentwal_sync_8t"]
-    if b8:
-        cps = statistics.median(e["commits_per_sync"] for e in b8)
-        print(f"{'  (8 threads: commits per fdatasync)':<44}{cps:>12.2f}")
+    if "agentwal_sync_1t" in figs:
+        print(f"{'commits/s (1 KiB value)':<44}{'median':>12}{'min':>10}{'max':>10}")
+        for key, label, _ in THROUGHPUT:
+            s = res["detail"]["samples"][key]
+            print(f"{label:<44}{figs[key]:>12,.0f}{min(s):>10,.0f}{max(s):>10,.0f}")
+        b8 = res["detail"]["extra"]["agentwal_sync_8t"]
+        if b8:
+            cps = statistics.median(e["commits_per_sync"] for e in b8)
+            print(f"{'  (8 threads: commits per fdatasync)':<44}{cps:>12.2f}")
+    if "lmdb_get_us" in figs:
+        print(f"\n{'reads of a small value (thread CPU)':<44}{'min µs':>12}")
+        for key, label in READS:
+            print(f"{label:<44}{figs[key]:>12.2f}")
+    if "ledger_all_s" in figs:
+        print(f"\n{'effects ledger, 20,000 folded entries':<44}{'best ms':>12}{'peak MB':>10}")
+        for key, label in (("ledger_all", "effects() (every entry)"),
+                           ("ledger_run", "effects(run=) (100 entries)"),
+                           ("ledger_run_status", "effects(run=, status=) (100)"),
+                           ("ledger_status_none", "effects(status=in_doubt) (none)")):
+            print(f"{label:<44}{figs[key + '_s'] * 1e3:>12.2f}"
+                  f"{figs[key + '_peak_bytes'] / MIB:>10.2f}")
+    if "growth_log_bytes_step200" in figs:
+        print(f"\n{'growing conversation (200 steps, medians)':<44}{'value':>12}")
+        step200 = figs["growth_log_bytes_step200"]
+        print(f"{'log bytes of the commit at step 200':<44}{step200:>12,.0f}")
+        print(f"{'put+commit CPU, steps 11-30 (µs)':<44}{figs['growth_cpu_11_30_us']:>12,.0f}")
+        print(f"{'put+commit CPU, steps 181-200 (µs)':<44}{figs['growth_cpu_last20_us']:>12,.0f}")
+        print(f"{'folded history, bytes per checkpoint':<44}"
+              f"{figs['growth_history_bytes_per_ckpt']:>12,.0f}")
+        print(f"{'state() of the folded head (ms, best of 5)':<44}"
+              f"{figs['growth_state_head_ms']:>12.3f}")
+        if "growth_append_cpu_last20_us" in figs:
+            print(f"{'txn.append instead: CPU steps 11-30 (µs)':<44}"
+                  f"{figs['growth_append_cpu_11_30_us']:>12,.0f}")
+            print(f"{'txn.append instead: CPU steps 181-200 (µs)':<44}"
+                  f"{figs['growth_append_cpu_last20_us']:>12,.0f}")
     if "open_wal_64mib_warm_s" in figs:
         ow = res["detail"]["open_wal"]
         print(f"\n{'open / recovery':<44}{'median s':>12}")
@@ -573,6 +875,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short run (about a minute)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument("--no-open", action="store_true", help="skip the open/recovery measurements")
+    ap.add_argument("--no-throughput", action="store_true", help="skip the commits/s slices")
+    ap.add_argument("--no-reads", action="store_true", help="skip the read micro-benchmarks")
+    ap.add_argument("--no-ledger", action="store_true",
+                    help="skip the effects-ledger queries")
+    ap.add_argument("--no-growth", action="store_true",
+                    help="skip the growing-conversation figures")
     ap.add_argument(
         "--wal-value-bytes",
         type=int,
@@ -598,6 +906,11 @@ def main(argv: list[str] | None = None) -> int:
         hist_opens=10 if args.quick else 30,
         log=log,
         wal_value_bytes=args.wal_value_bytes,
+        do_reads=not args.no_reads,
+        do_throughput=not args.no_throughput,
+        do_ledger=not args.no_ledger,
+        read_repeats=3 if args.quick else 7,
+        growth_runs=0 if args.no_growth else (1 if args.quick else 3),
     )
     if args.json:
         json.dump(res, sys.stdout, indent=2, default=str)

@@ -19,7 +19,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 # script, tiny arguments, a line its report always prints
 SCRIPTS = [
-    ("compare.py", ["--seconds", "0.02", "--rounds", "1", "--no-open"], "1-thread sync vs"),
+    ("compare.py", ["--quick", "--seconds", "0.02", "--rounds", "1", "--no-open"],
+     "1-thread sync vs"),
+    ("commit_cpu.py", ["agent", "20"], '"kind": "agent"'),
     ("bench_loop_lag.py", ["--rounds", "1", "--seconds", "0.1"], "| acommit |"),
     ("bench_retention.py", ["12", "4"], "the 4 kept checkpoints read back unchanged"),
     ("test_bench_blobs.py", ["--mib", "1", "--rounds", "1"], "put_blob"),

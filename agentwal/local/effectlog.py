@@ -229,6 +229,33 @@ class EffectLog:
 
         return e._with_view(read)
 
+    def query(self, run: str | None, status: str | None) -> list[EffectRecord]:
+        """The entries of ``run`` and/or ``status``: LMDB's through its indexes (a
+        store without them yet scans), then the memtables' (fresh objects)."""
+        e = self._e
+
+        def match(entry: EffectRecord) -> bool:
+            return ((run is None or entry.run == run)
+                    and (status is None or entry.status == status))
+
+        def read(v: View) -> list[EffectRecord]:
+            snap = e._snap
+            assert snap is not None
+            folded = e._lmdb(v, lambda t: snap.reader(t).effects_of(run, status))
+            if folded is None:
+                folded = [x for x in e._lmdb(v, lambda t: list(snap.reader(t).effects()))
+                          if match(x)]
+            out = {x.key: x for x in folded}
+            for layer in reversed(self.layers(v)):  # oldest first
+                for k, (entry, raw) in layer.items():
+                    if match(entry):
+                        out[k] = decode_entry(raw)
+                    else:  # a newer version that no longer matches hides LMDB's
+                        out.pop(k, None)
+            return list(out.values())
+
+        return e._with_view(read)
+
     def outbox(self) -> list[EffectRecord]:
         """Unsettled outbox entries in commit order."""
         e = self._e

@@ -109,7 +109,11 @@ class LayeredReader:
         info = self.info(run)
         if info is None:
             return None
-        return self.lmdb(lambda r: r.get(info.number, key))
+        view = self.view
+        if view.lock is None:
+            return self.snap.value_in(view.ltxn, info.number, key)
+        with view.lock:
+            return self.snap.value_in(view.ltxn, info.number, key)
 
     def items(self, run: str, prefix: str) -> dict[str, bytes | None]:
         """``{key: bytes | None}`` under ``prefix`` (None: deleted in a memtable)."""

@@ -53,13 +53,41 @@ class Runs:
         """The stored bytes of ``key`` (latest, or at checkpoint ``cid``), in one view."""
         e = self._e
         if cid is None:
-            return e._with_view(lambda v: e._read(v, run, key))
+            return self.latest(run, key)
 
         def read_at(v: View) -> bytes | None:
             e._check_at(v, run, cid)
             return e._raw_at(v, run, cid, key).get(key)
 
         return e._with_view(read_at)
+
+    def latest(self, run: str, key: str) -> bytes | None:
+        """The newest stored bytes of ``key`` (None: absent): a view's read without the view.
+
+        Everything happens under the engine's lock, so no publish, prune or
+        fold can move between the memtable lookup and LMDB's read: the layers
+        newest first, then (if none decides the key) one short LMDB read that
+        :meth:`Snapshot.latest` begins and ends itself. A read-only store
+        (one shared, pinned LMDB transaction) and a vacuum's swap take the
+        view path.
+        """
+        e = self._e
+        e._check_open()
+        snap = e._snap
+        assert snap is not None
+        if not e.readonly:
+            with e._lock:
+                if not e._swapping:
+                    lsn = e._visible
+                    found, value = e._active.lookup(run, key, lsn)
+                    if found:
+                        return value
+                    if e._frozen is not None:
+                        found, value = e._frozen.lookup(run, key, lsn)
+                        if found:
+                            return value
+                    return snap.latest(run, key)
+        return e._with_view(lambda v: e._read(v, run, key))
 
     def state_raw(self, run: str, cid: int | None) -> dict[str, bytes | None]:
         """The run's stored state (latest, or at checkpoint ``cid``), in one view."""

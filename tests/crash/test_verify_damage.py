@@ -206,18 +206,20 @@ def test_a_flipped_byte_in_any_wal_frame_is_reported_at_its_offset(
     data = (wal / name).read_bytes()
     header = parse_header(data)
     assert not isinstance(header, str)
-    frames = scan_segment(data, header).frames
-    assert len(frames) >= 40
+    found = scan_segment(data, header).frames
+    assert len(found) >= 5
+    # 40 flips or more over every frame (several per frame when records are large).
+    frames = [(name, f) for f in found] * -(-40 // len(found))
     rng = random.Random("verify-wal")
     cases = [{"file": f"wal/{name}", "offset": f.offset + rng.randrange(f.end - f.offset),
-              "mask": rng.randrange(1, 256)} for f in frames]
+              "mask": rng.randrange(1, 256)} for name, f in frames]
     answers = run_cases(base, tmp_path, cases)
     bad = []
-    for f, case, a in zip(frames, cases, answers, strict=True):
+    for (name, f), case, a in zip(frames, cases, answers, strict=True):
         if not a["opened"]:
-            bad.append(f"frame @ {f.offset}: open failed with {a['error']}")
+            bad.append(f"{name} frame @ {f.offset}: open failed with {a['error']}")
         elif not any(p[3] == f"wal/{name}" and p[4] == f.offset for p in a["problems"]):
-            bad.append(f"frame @ {f.offset} (byte {case['offset']}): not reported; "
+            bad.append(f"{name} frame @ {f.offset} (byte {case['offset']}): not reported; "
                        f"{a['problems'][:3]}")
     assert not bad, "\n".join(bad)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 from typing import Any
 
 import cbor2
@@ -62,14 +64,19 @@ def test_compression_is_skipped_for_a_while_when_it_never_helps(store: agentwal.
     rng = random.Random(1)
     pipe = store._engine._pipe
     assert pipe is not None
+    from agentwal.local.commit import WAL_ZSTD_MIN
+
+    with store.begin("r") as txn:
+        txn["text"] = "abc" * 1000  # compressible, but under WAL_ZSTD_MIN: never tried
+    assert pipe._zstd_misses == 0
     for _ in range(8):  # incompressible deltas: every attempt is wasted
         with store.begin("r") as txn:
-            txn["noise"] = rng.randbytes(2000)
+            txn["noise"] = rng.randbytes(WAL_ZSTD_MIN)
     assert pipe._zstd_skip == 64
     with store.begin("r") as txn:
-        txn["text"] = "abc" * 1000  # compressible, but inside the pause: stored plain
+        txn["text"] = "abc" * WAL_ZSTD_MIN  # compressible, but inside the pause: stored plain
     assert pipe._zstd_skip == 63
-    assert store.get("r", "text") == "abc" * 1000
+    assert store.get("r", "text") == "abc" * WAL_ZSTD_MIN
 
 
 # -- blob references ----------------------------------------------------------------------
@@ -155,3 +162,42 @@ def test_blob_ref_is_frozen_and_hashable() -> None:
         ref.size = 2  # type: ignore[misc]
     assert {ref, agentwal.BlobRef(SHA, 1)} == {ref}
     assert ref != agentwal.BlobRef(SHA, 1, "text/plain")
+
+
+# -- check_value's fast walk (codec._plain) ------------------------------------------------
+
+def _full_check(value: Any) -> str | None:
+    """What the full walk says of ``value`` (None: accepted), with the fast walk skipped."""
+    real = codec._plain
+    codec._plain = lambda obj, depth: False  # type: ignore[assignment]
+    try:
+        codec.check_value("k", value)
+        return None
+    except agentwal.UnencodableValueError as exc:
+        return str(exc)
+    finally:
+        codec._plain = real
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1, 2.5, None, True, b"x", "s"], "b": {"c": {"d": []}}},
+    [{"role": "user", "content": "hi"}] * 50,
+    nested(codec.MAX_VALUE_DEPTH),
+    nested(codec.MAX_VALUE_DEPTH + 1),
+    {"t": (1, 2)}, {1: "int key"}, {_Str("k"): 1}, [{1, 2}], {"d": decimal.Decimal("-0")},
+    {"when": datetime.datetime(2024, 1, 1)}, [object()], {"ref": agentwal.BlobRef("0" * 64, 1)},
+])
+def test_the_fast_walk_accepts_and_refuses_what_the_full_walk_does(value: Any) -> None:
+    full = _full_check(value)
+    try:
+        codec.check_value("k", value)
+        fast = None
+    except agentwal.UnencodableValueError as exc:
+        fast = str(exc)
+    assert fast == full
+    if codec._plain(value, 1):
+        assert full is None  # it only ever accepts what the full walk accepts

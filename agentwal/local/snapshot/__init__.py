@@ -41,7 +41,7 @@ from .compact import Compactor
 from .env import MapFull
 from .layout import DATA, DB_NAMES, VACUUM, FoldRun, RunInfo, unseal
 from .lmdbfile import check_lmdb_file
-from .reader import RawEntries, SnapshotReader
+from .reader import HeadLists, RawEntries, SnapshotReader, read_value
 from .writer import FoldWriter
 
 __all__ = ["DB_NAMES", "FoldRun", "MapFull", "RawEntries", "RunInfo", "Snapshot",
@@ -68,6 +68,7 @@ def initial_map_size(data_path: str, readonly: bool) -> int:
         size = 0
     want = max(MIN_READ_MAP if readonly else MIN_MAP, size * (8 if readonly else 2))
     return 1 << (want - 1).bit_length()
+_RUN_NUMBERS = 4096  # cached run numbers of :meth:`Snapshot.latest` (cleared when full)
 
 
 class Snapshot:
@@ -91,11 +92,16 @@ class Snapshot:
         except env.Error as exc:
             raise env.translate(exc, directory, "cannot open the snapshot") from None
         self._shared: env.Shared | None = shared
+        #: run id -> (environment, LMDB commit id, run number or None), for :meth:`latest`
+        self._run_numbers: dict[str, tuple[Any, int, int | None]] = {}
+        #: lists rebuilt for head entries, per LMDB commit (read transactions only)
+        self._lists = HeadLists()
         self._bind(shared)
 
     def _bind(self, shared: env.Shared) -> None:
         self.env = shared.env
         self._dbs = shared.dbs
+        self._lists.clear()  # commit ids name states of the environment they came from
 
     def _live(self) -> env.Shared:
         if self._shared is None:
@@ -138,9 +144,46 @@ class Snapshot:
             with env.lock:
                 self._shared.readers -= 1
 
+    def latest(self, run: str, key: str) -> bytes | None:
+        """The folded value bytes of ``key`` in ``run`` now, in one short read transaction.
+
+        The hot path of ``store.get``: the transaction begins and ends under
+        the environment's lock, so it is never open while a vacuum swaps the
+        file or the map grows (and needs no reader count). The run's number
+        is cached per LMDB commit: a read transaction's id names the commit
+        it sees, so an entry of another id, or of a swapped environment, is
+        stale and read again.
+        """
+        with env.lock:
+            shared = self._live()
+            try:
+                txn = shared.env.begin(buffers=False)
+            except env.Error as exc:
+                raise env.translate(exc, self.directory, "cannot begin a read") from None
+            try:
+                tid = txn.id()
+                hit = self._run_numbers.get(run)
+                if hit is not None and hit[0] is shared.env and hit[1] == tid:
+                    number = hit[2]
+                else:
+                    info = SnapshotReader(self.directory, shared.dbs, txn).run_info(run)
+                    number = None if info is None else info.number
+                    if len(self._run_numbers) >= _RUN_NUMBERS:
+                        self._run_numbers.clear()
+                    self._run_numbers[run] = (shared.env, tid, number)
+                if number is None:
+                    return None
+                return read_value(self.directory, shared.dbs, txn, number, key, self._lists)
+            finally:
+                txn.abort()
+
+    def value_in(self, txn: Any, run_no: int, key: str) -> bytes | None:
+        """``reader(txn).get(run_no, key)`` without building the reader (a view's hot read)."""
+        return read_value(self.directory, self._dbs, txn, run_no, key, self._lists)
+
     def reader(self, txn: Any) -> SnapshotReader:
         """The reads of the snapshot as of ``txn`` (from :meth:`begin_read`)."""
-        return SnapshotReader(self.directory, self._dbs, txn)
+        return SnapshotReader(self.directory, self._dbs, txn, self._lists)
 
     def raw(self, txn: Any) -> RawEntries:
         """The sealed entries of every database as of ``txn``, for ``verify``."""

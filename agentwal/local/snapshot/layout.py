@@ -28,7 +28,17 @@ Databases (keys are bytes; integers big-endian so they sort):
   ``b"k"`` + idempotency key -> CRC + entry CBOR map;
   ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
   (where a ``txn.effect`` entry sits); ``b"q"`` + lsn (u64) + index (u32) ->
-  CRC + idempotency key, for each outbox entry not yet settled (dispatch order)
+  CRC + idempotency key, for each outbox entry not yet settled (dispatch order);
+  and two indexes of the ``k`` rows (format 2, :data:`EFFECTS_INDEX`):
+  ``b"r"`` + run digest + key digest -> CRC + idempotency key, every entry by
+  run; ``b"s"`` + status (one byte, its place in ``effects.STATUSES``) + run
+  digest + key digest -> CRC + idempotency key, every entry by status, then
+  run (digests: the first 8 and 16 bytes of the SHA-256 of the run id and of
+  the idempotency key, which keep the keys short; a reader checks each
+  entry's run and status, so a digest collision costs a read, never a
+  wrong answer). ``meta`` ``effects_index`` -> CRC + u64
+  (the index version, 1) says both are complete: a store written before has
+  no marker, and its first fold builds them
 - ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
   checkpoint's change (``history.py`` defines refs)
 - ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
@@ -50,6 +60,7 @@ value is reported instead of read.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
@@ -59,8 +70,9 @@ import cbor2
 
 from ...types import Checkpoint
 
-__all__ = ["DATA", "DB_NAMES", "EPOCH", "LOCK", "VACUUM", "Dbs", "FoldRun", "RunInfo",
-           "crc", "pos_key", "seal", "unseal"]
+__all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH", "LOCK",
+           "VACUUM", "Dbs", "FoldRun", "RunInfo", "crc", "index_keys", "pos_key",
+           "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal"]
 
 U64 = struct.Struct(">Q")
 U32 = struct.Struct(">I")
@@ -124,6 +136,33 @@ def unseal(key: bytes, raw: bytes) -> bytes | None:
     if len(raw) < 4 or CRC.unpack_from(raw)[0] != crc(key, raw[4:]):
         return None
     return bytes(raw[4:])
+
+
+#: ``meta`` key whose presence says the ``effects`` database holds the run and
+#: status indexes of every ledger entry; its value is the index version.
+EFFECTS_INDEX = b"effects_index"
+EFFECTS_INDEX_VERSION = 1
+
+
+def run_part(run: str) -> bytes:
+    """A run id as an index key part: the first 8 bytes of its SHA-256."""
+    return hashlib.sha256(run.encode()).digest()[:8]
+
+
+def run_index_prefix(run: str) -> bytes:
+    """The prefix of a run's ``b"r"`` rows."""
+    return b"r" + run_part(run)
+
+
+def status_index_prefix(status_no: int, run: str | None = None) -> bytes:
+    """The prefix of the ``b"s"`` rows of one status (and of one run under it)."""
+    return b"s" + bytes([status_no]) + (run_part(run) if run is not None else b"")
+
+
+def index_keys(run: str, status_no: int, key: str) -> tuple[bytes, bytes]:
+    """The ``b"r"`` and ``b"s"`` index rows of the ledger entry ``key``."""
+    tail = run_part(run) + hashlib.sha256(key.encode()).digest()[:16]
+    return b"r" + tail, b"s" + bytes([status_no]) + tail
 
 
 def pos_key(run: str, checkpoint: int, ordinal: int) -> bytes:

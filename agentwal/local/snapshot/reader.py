@@ -16,27 +16,109 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
 from ... import history
 from ...codec import CodecError, decode_meta, loads
-from ...effects import EffectRecord, decode_entry
+from ...effects import STATUSES, EffectRecord, decode_entry
 from ...errors import CorruptionError
+from ...history import HEAD_REF
 from ...types import Checkpoint
 from .env import Error, translate
-from .layout import CRC, DATA, DB_NAMES, EPOCH, U64, Dbs, RunInfo, crc, pos_key
+from .layout import (
+    CRC,
+    DATA,
+    DB_NAMES,
+    EFFECTS_INDEX,
+    EPOCH,
+    U64,
+    Dbs,
+    RunInfo,
+    crc,
+    pos_key,
+    run_index_prefix,
+    status_index_prefix,
+)
 from .objects import TxnObjects
 
-__all__ = ["RawEntries", "SnapshotReader"]
+__all__ = ["HeadLists", "RawEntries", "SnapshotReader", "read_value"]
+
+_HEAD_REF_BYTE = bytes([HEAD_REF])
+_pack_u64 = U64.pack
+_unpack_crc = CRC.unpack_from
+
+
+def read_value(directory: str, dbs: Dbs, txn: Any, run_no: int, key: str,
+               lists: HeadLists | None = None) -> bytes | None:
+    """:meth:`SnapshotReader.get` without building a reader: the hot read of one value.
+
+    The same checks in the same order (the seal's CRC-32, then the head
+    entry's form); a failure takes the reader's path, so the error is the
+    same as :meth:`SnapshotReader.get` raises.
+    """
+    k = _pack_u64(run_no) + key.encode()
+    try:
+        raw = txn.get(k, db=dbs.state)
+    except Error:
+        return SnapshotReader(directory, dbs, txn).get(run_no, key)  # raises the translated error
+    if raw is None:
+        return None
+    data: bytes = raw[4:]
+    if (len(raw) < 4 or _unpack_crc(raw)[0] != zlib.crc32(data, zlib.crc32(k))
+            or (data and data[0] == HEAD_REF)):
+        # damage, or a list by ref
+        return SnapshotReader(directory, dbs, txn, lists).get(run_no, key)
+    return data
+
+
+class HeadLists:
+    """Lists rebuilt from list nodes for head entries, per LMDB commit.
+
+    A head entry (``0xff`` + a list node's ref) is rebuilt node by node on
+    every read; the rebuilt bytes are kept here under the id of the LMDB
+    commit the read transaction sees and the entry's bytes, so later reads of
+    that state take them whole. A read transaction's id names one committed
+    state of one environment (the snapshot empties this when it swaps its
+    environment); only read transactions use it (a write transaction's id is
+    not committed yet). Bounded by the bytes it holds: emptied when full.
+    """
+
+    __slots__ = ("_bytes", "_entries", "_limit", "_lock")
+
+    def __init__(self, limit: int = 16 << 20) -> None:
+        self._entries: dict[tuple[int, bytes], bytes] = {}
+        self._bytes = 0
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, tid: int, entry: bytes) -> bytes | None:
+        return self._entries.get((tid, entry))
+
+    def put(self, tid: int, entry: bytes, body: bytes) -> None:
+        if len(body) > self._limit // 4:
+            return
+        with self._lock:
+            if self._bytes + len(body) > self._limit:
+                self.clear()
+            self._entries[(tid, entry)] = body
+            self._bytes += len(body)
+
+    def clear(self) -> None:
+        self._entries = {}
+        self._bytes = 0
 
 
 class SnapshotReader:
     """The snapshot as of one LMDB transaction (``txn``), read through checked accessors."""
 
-    def __init__(self, directory: str, dbs: Dbs, txn: Any) -> None:
+    def __init__(self, directory: str, dbs: Dbs, txn: Any,
+                 lists: HeadLists | None = None) -> None:
         self.directory = directory
+        self._lists = lists
         self._txn = txn
         self._dbs = dbs
         (self._meta, self._runs, self._state, self._ckpt, self._effects, self._delta,
@@ -276,6 +358,38 @@ class SnapshotReader:
         for k, v in self._effect_rows(b"k", "the effects ledger"):
             yield self._entry(k, v)
 
+    def effects_indexed(self) -> bool:
+        """True if the ledger's run and status indexes are complete (format 2)."""
+        k = EFFECTS_INDEX
+        with self._reading("the effects index marker"):
+            data = self._open(k, self._txn.get(k, db=self._meta), "the effects index marker")
+        return data is not None
+
+    def effects_of(self, run: str | None, status: str | None) -> list[EffectRecord] | None:
+        """The folded entries of ``run`` and/or ``status`` through the indexes, in key order.
+
+        Each entry read is checked against the query (a digest collision in
+        an index key only costs its read). None if the store has no indexes
+        yet, or if neither filter is given: scan :meth:`effects` instead.
+        """
+        if (run is None and status is None) or not self.effects_indexed():
+            return None
+        if status is not None:
+            prefix = status_index_prefix(STATUSES.index(status), run)
+        else:
+            assert run is not None
+            prefix = run_index_prefix(run)
+        out = []
+        for k, v in self._effect_rows(prefix, "the effects index"):
+            data = self._open(k, v, "an effects index row")
+            assert data is not None
+            entry = self.effect(data.decode("utf-8", "replace"))
+            if entry is None:
+                raise self._corrupt(f"the effects index names {data!r}, which is missing")
+            if (run is None or entry.run == run) and (status is None or entry.status == status):
+                out.append(entry)
+        return out
+
     def outbox(self) -> list[str]:
         """Keys of folded outbox entries not yet settled, in commit order."""
         out = []
@@ -286,7 +400,8 @@ class SnapshotReader:
         return out
 
     def _effect_rows(self, kind: bytes, what: str) -> Iterator[tuple[bytes, Any]]:
-        """``(key, sealed value)`` of the ``effects`` rows of one kind (b"k", b"p", b"q")."""
+        """``(key, sealed value)`` of the ``effects`` rows of one kind (b"k", b"p", b"q"),
+        or of any key prefix."""
         with self._reading(what), self._txn.cursor(db=self._effects) as cur:
             found = cur.set_range(kind)
             while found:
@@ -299,11 +414,21 @@ class SnapshotReader:
     # -- history ----------------------------------------------------------------------
 
     def _head_value(self, data: bytes, key: str) -> bytes:
-        """A ``state`` entry's value bytes (a list stored by ref is rebuilt)."""
+        """A ``state`` entry's value bytes (a list stored by ref is rebuilt, or taken from
+        :class:`HeadLists`)."""
+        lists = self._lists
+        if lists is not None and data[:1] == _HEAD_REF_BYTE:
+            tid = self._txn.id()
+            hit = lists.get(tid, data)
+            if hit is not None:
+                return hit
         try:
-            return history.head_value(TxnObjects(self), data)
+            body = history.head_value(TxnObjects(self), data)
         except CodecError as exc:
             raise self._corrupt(f"value of key {key!r}: {exc}") from None
+        if lists is not None and data[:1] == _HEAD_REF_BYTE:
+            lists.put(tid, bytes(data), body)
+        return body
 
     def _history_record(self, db: Any, run: str, number: int, cid: int,
                         manifest: bool) -> dict[str, history.Ref | None] | None:

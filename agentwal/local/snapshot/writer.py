@@ -10,8 +10,10 @@ every record after it. For each run it writes each new checkpoint's delta
 CRC digest of the state kept in step). *Run deletion* (``FoldRun.reset``)
 removes the run's state, checkpoints, deltas and manifests, releasing
 their references, before anything committed after the deletion is written
-under a new run number. Ledger entries are stored latest per key; settled
-ones past their retention are dropped. It never folds over damage: an
+under a new run number. Ledger entries are stored latest per key, each with
+a row in the run index and one in the status index (built for every entry
+at the first fold of a store that has none); settled ones past their
+retention are dropped with their rows. It never folds over damage: an
 entry it replaces is unsealed first.
 """
 
@@ -24,8 +26,20 @@ import cbor2
 
 from ... import history
 from ...codec import CodecError
-from ...effects import EffectRecord, outstanding
-from .layout import CRC, EPOCH, U32, U64, FoldRun, RunInfo, pos_key, seal
+from ...effects import STATUSES, EffectRecord, outstanding
+from .layout import (
+    CRC,
+    EFFECTS_INDEX,
+    EFFECTS_INDEX_VERSION,
+    EPOCH,
+    U32,
+    U64,
+    FoldRun,
+    RunInfo,
+    index_keys,
+    pos_key,
+    seal,
+)
 from .objects import TxnObjects, maybe_list
 from .reader import SnapshotReader
 
@@ -41,6 +55,8 @@ class FoldWriter(SnapshotReader):
              expire_before: float | None) -> None:
         """Write the runs, then the ledger entries, then expire settled entries."""
         self._fold_into(applied_lsn, store_id, runs, log_pos)
+        if not self.effects_indexed():
+            self._index_effects()
         for entry, raw in effects or ():
             self._put_effect(entry, raw)
         if expire_before is not None:
@@ -177,9 +193,35 @@ class FoldWriter(SnapshotReader):
 
     # -- the effects ledger -----------------------------------------------------------
 
+    def _index_effects(self) -> None:
+        """Write the run and status indexes of every ledger entry, then their marker.
+
+        A store from before the indexes (format 1) gets them at its first
+        fold; entries folded afterwards keep them in step (:meth:`_put_effect`).
+        """
+        for entry in list(self.effects()):
+            self._index_effect(entry)
+        mk = EFFECTS_INDEX
+        self._txn.put(mk, seal(mk, U64.pack(EFFECTS_INDEX_VERSION)), db=self._meta)
+
+    def _index_effect(self, entry: EffectRecord) -> None:
+        key = entry.key.encode()
+        rk, sk = index_keys(entry.run, STATUSES.index(entry.status), entry.key)
+        self._txn.put(rk, seal(rk, key), db=self._effects)
+        self._txn.put(sk, seal(sk, key), db=self._effects)
+
+    def _unindex_effect(self, entry: EffectRecord) -> None:
+        rk, sk = index_keys(entry.run, STATUSES.index(entry.status), entry.key)
+        self._txn.delete(rk, db=self._effects)
+        self._txn.delete(sk, db=self._effects)
+
     def _put_effect(self, entry: EffectRecord, raw: bytes) -> None:
         k = b"k" + entry.key.encode()
+        old = self.effect(entry.key)  # unsealed first: never folds over damage
+        if old is not None:
+            self._unindex_effect(old)
         self._txn.put(k, seal(k, raw), db=self._effects)
+        self._index_effect(entry)
         key = entry.key.encode()
         if entry.ordinal is not None:
             pk = pos_key(entry.run, entry.checkpoint, entry.ordinal)
@@ -211,5 +253,6 @@ class FoldWriter(SnapshotReader):
         doomed = [e for e in self.effects() if self._expirable(e, before)]
         for e in doomed:
             self._txn.delete(b"k" + e.key.encode(), db=self._effects)
+            self._unindex_effect(e)
             if e.ordinal is not None:
                 self._txn.delete(pos_key(e.run, e.checkpoint, e.ordinal), db=self._effects)

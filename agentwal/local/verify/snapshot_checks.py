@@ -39,10 +39,10 @@ import cbor2
 
 from ... import history
 from ...codec import CodecError, chain_hash, decode_meta, decode_value, loads
-from ...effects import EffectRecord, decode_entry
+from ...effects import STATUSES, EffectRecord, decode_entry
 from ...errors import CorruptionError
 from ...types import Progress
-from ..snapshot.layout import unseal
+from ..snapshot.layout import EFFECTS_INDEX, index_keys, unseal
 from .report import Findings, Source
 
 __all__ = ["CACHE_BYTES", "SnapshotChecker"]
@@ -50,7 +50,8 @@ __all__ = ["CACHE_BYTES", "SnapshotChecker"]
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _ZERO_HASH = bytes(32)
-_META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16}
+_META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
+               EFFECTS_INDEX: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
 
@@ -652,6 +653,8 @@ class SnapshotChecker(Findings):
                 self.entry_problem("oids", k, f"names object @{addr}, whose SHA-256 differs")
 
     def check_effects(self) -> None:
+        # With the index marker, every entry has its run and status rows (format 2).
+        indexed = self.fetch("meta", EFFECTS_INDEX)[0]
         for k, raw in self.scan("effects"):
             self.checked["effect_entries"] += 1
             data = self.unseal("effects", k, raw)
@@ -663,6 +666,13 @@ class SnapshotChecker(Findings):
                     entry = decode_entry(data)
                     if entry.key.encode() != k[1:]:
                         self.entry_problem("effects", k, f"entry has key {entry.key!r}")
+                    elif indexed:
+                        for row in index_keys(entry.run, STATUSES.index(entry.status),
+                                              entry.key):
+                            if not self.fetch("effects", row)[0]:
+                                self.entry_problem("effects", k, "the entry is missing from "
+                                                   f"the {'run' if row[:1] == b'r' else 'status'}"
+                                                   " index")
                 elif kind == b"p":
                     # A position row may outlive its entry (expired) or name an entry a
                     # business key moved elsewhere: only its own shape is checked.
@@ -677,13 +687,20 @@ class SnapshotChecker(Findings):
                     if e is not None and e.order != order:
                         self.entry_problem("effects", k, f"names ledger entry {e.key!r}, "
                                            "whose outbox order differs")
+                elif kind in (b"r", b"s") and len(k) == (25 if kind == b"r" else 26):
+                    e = self.effect_index(k, data)
+                    if e is not None and k not in index_keys(
+                            e.run, STATUSES.index(e.status), e.key):
+                        self.entry_problem("effects", k, f"names ledger entry {e.key!r}, "
+                                           f"whose {'run' if kind == b'r' else 'status'} "
+                                           "differs")
                 else:
                     self.entry_problem("effects", k, "an entry the ledger never writes")
             except (CodecError, UnicodeDecodeError) as exc:
                 self.entry_problem("effects", k, str(exc))
 
     def effect_index(self, k: bytes, target: bytes) -> EffectRecord | None:
-        """The ledger entry an outbox-order row names (it must exist), if readable."""
+        """The ledger entry an outbox-order or index row names (it must exist), if readable."""
         present, data = self.fetch("effects", b"k" + target)
         if not present:
             self.entry_problem("effects", k, f"names ledger entry {target!r}, which is missing")
