@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from ..errors import CorruptionError, SchemaVersionError
+from ..errors import SchemaVersionError, StoreNotFoundError
 
 __all__ = ["INLINE_MAX", "MIGRATIONS", "VERSION", "check", "install"]
 
@@ -126,7 +126,7 @@ def install(conn: psycopg.Connection[Any], schema: str, where: str, *,
 
     Raises:
         SchemaVersionError: the stored schema is newer than this code (nothing changed).
-        CorruptionError: not ``create`` and there is no store in ``schema`` (nothing made).
+        StoreNotFoundError: not ``create`` and there is no store in ``schema`` (nothing made).
     """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
@@ -149,15 +149,16 @@ def install(conn: psycopg.Connection[Any], schema: str, where: str, *,
     return store_id
 
 
-def _no_store(where: str, why: str) -> CorruptionError:
-    return CorruptionError(where, None, "no store here", f"Check the DSN and schema; {why}.")
+def _no_store(where: str, why: str) -> StoreNotFoundError:
+    return StoreNotFoundError(where, "no store here (no agentwal tables in this schema)",
+                              f"Check the URI's schema; {why}.")
 
 
 def check(conn: psycopg.Connection[Any], schema: str, where: str) -> uuid.UUID:
     """The store id of the store in ``schema``, for a read-only open; writes nothing.
 
     Raises:
-        CorruptionError: there is no store in ``schema``.
+        StoreNotFoundError: there is no store in ``schema``.
         SchemaVersionError: the schema is newer than this code, or older (a
             read-only open does not migrate).
     """

@@ -138,7 +138,7 @@ def test_the_log_dump_is_a_usage_error_on_a_url(filled: PostgresStore, url: str)
 def test_a_missing_store_is_never_created(pg_dsn: str, pg_schema: str, url: str) -> None:
     for args in (("runs", url), ("rollback", url, "run-a", "1")):
         code, out = run(*args, "--json")
-        assert code == 1 and error_of(out)["code"] == "corruption", out
+        assert code == 1 and error_of(out)["code"] == "store_not_found", out
         assert "no store here" in error_of(out)["message"]
     with psycopg.connect(pg_dsn) as conn:
         found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",

@@ -11,9 +11,9 @@ import pytest
 import agentwal
 from agentwal import (
     BackendUnavailableError,
-    CorruptionError,
     ReadOnlyError,
     SchemaVersionError,
+    StoreNotFoundError,
 )
 from agentwal.postgres import PostgresStore, open_postgres
 from agentwal.postgres.schema import VERSION
@@ -88,7 +88,7 @@ def test_a_newer_schema_is_refused_and_left_alone(pg_dsn: str, pg_schema: str,
 
 def test_readonly_never_creates_or_writes(pg_dsn: str, pg_schema: str,
                                           open_pg: Callable[..., PostgresStore]) -> None:
-    with pytest.raises(CorruptionError, match="no store here"):
+    with pytest.raises(StoreNotFoundError, match="no store here"):
         open_pg(worker_id="r", readonly=True)
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute("SELECT count(*) FROM information_schema.schemata "
@@ -162,7 +162,7 @@ def test_split_schema_keeps_the_other_parameters_as_written(
 
 def test_create_false_refuses_a_missing_store(pg_dsn: str, pg_schema: str,
                                               open_pg: Callable[..., PostgresStore]) -> None:
-    with pytest.raises(CorruptionError, match="no store here"):
+    with pytest.raises(StoreNotFoundError, match="no store here"):
         open_pg(worker_id="w", create=False)
     assert _tables(pg_dsn, pg_schema) == set()
     open_pg(worker_id="w")
