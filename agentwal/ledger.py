@@ -50,9 +50,10 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from . import failpoints
 from .aio import OwnerLock, discard, off_loop
@@ -75,6 +76,7 @@ from .effects import (
     effect_id_for,
 )
 from .errors import (
+    ConflictError,
     CorruptionError,
     DiskFullError,
     DurabilityError,
@@ -88,8 +90,58 @@ from .errors import (
     UnencodableValueError,
 )
 
-__all__ = ["DispatchReport", "Ledger", "Request"]
+if TYPE_CHECKING:
+    from .txn import Transaction
 
+__all__ = ["DispatchReport", "Ledger", "PositionOwners", "Request", "moved_on"]
+
+
+
+class PositionOwners:
+    """Which live transaction owns the effect positions at each ``(run, checkpoint)``.
+
+    Positions at a checkpoint belong to one step. Both stores keep one of
+    these and call it under their own lock: :meth:`check` refuses a second
+    live transaction begun from the same checkpoint that is not a retry in
+    the same chain; :meth:`take` records ``txn`` as the owner (weakly; dead
+    and finished owners are pruned once there are many).
+    """
+
+    _PRUNE_AT = 4096
+
+    def __init__(self) -> None:
+        self._owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
+
+    def owner(self, run: str, base: int) -> Transaction | None:
+        ref = self._owners.get((run, base))
+        return ref() if ref is not None else None
+
+    def check(self, txn: Transaction, base: int) -> None:
+        """Raise ``ConflictError`` if another live step owns the positions at ``base``."""
+        other = self.owner(txn.run, base)
+        if (other is not None and other is not txn and other.state == "active"
+                and other._chain is not txn._chain):
+            raise ConflictError(txn.run, reason=(
+                f"another transaction on this run, begun from checkpoint {base}, is "
+                "calling effects there; nothing was called or recorded. Two steps cannot "
+                "run from one checkpoint: retry once it commits (store.transact does)."))
+
+    def take(self, txn: Transaction, base: int) -> None:
+        """Record ``txn`` as the owner of the positions at ``base``."""
+        if self.owner(txn.run, base) is txn:
+            return
+        if len(self._owners) > self._PRUNE_AT:
+            self._owners = {k: r for k, r in self._owners.items()
+                            if (t := r()) is not None and t.state == "active"}
+        self._owners[(txn.run, base)] = weakref.ref(txn)
+
+
+def moved_on(run: str, base: int, head: object) -> ConflictError:
+    """The refusal of a step begun at ``base`` after the run moved on to ``head``."""
+    return ConflictError(run, reason=(
+        f"the run moved on from checkpoint {base} (where this transaction began) to "
+        f"{head}; its effect positions there belong to the step that committed. Nothing "
+        "was called or recorded; retry the step from the new head (store.transact does)."))
 
 class _Engine(Protocol):
     """The older shape of a ledger's storage: hooks whose write does its own compare-and-set.

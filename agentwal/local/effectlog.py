@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import weakref
 from typing import TYPE_CHECKING
 
 from ..backend import EffectRace
 from ..effects import EffectMode, EffectRecord, decode_entry, derive_key, encode_entry, outstanding
-from ..errors import ConflictError, ReadOnlyError
+from ..errors import ReadOnlyError
+from ..ledger import moved_on
 
 if TYPE_CHECKING:
     from ..txn import Transaction
@@ -134,30 +134,14 @@ class EffectLog:
         e = self._e
         run = txn.run
         with e._lock:
-            ref = e._pos_owners.get((run, base))
-            other = ref() if ref is not None else None
-            if (other is not None and other is not txn and other.state == "active"
-                    and other._chain is not txn._chain):
-                raise ConflictError(run, reason=(
-                    f"another transaction on this run, begun from checkpoint {base}, is "
-                    "calling effects there; nothing was called or recorded. Two steps cannot "
-                    "run from one checkpoint: retry once it commits (store.transact does)."))
-            if not txn._inherited and other is not txn:
+            e._pos_owners.check(txn, base)
+            if not txn._inherited and e._pos_owners.owner(run, base) is not txn:
                 pipe = e._pipe
                 assert pipe is not None
                 head = pipe.heads.get(run) or e.head_of(run)
                 if (head[0] if head is not None else 0) != base:
-                    raise ConflictError(run, reason=(
-                        f"the run moved on from checkpoint {base} (where this transaction "
-                        f"began) to {head[0] if head is not None else 'nothing'}; its effect "
-                        "positions there belong to the step that committed. Nothing was "
-                        "called or recorded; retry the step from the new head "
-                        "(store.transact does)."))
-            if other is not txn:
-                if len(e._pos_owners) > 4096:
-                    e._pos_owners = {k: r for k, r in e._pos_owners.items()
-                                        if (t := r()) is not None and t.state == "active"}
-                e._pos_owners[(run, base)] = weakref.ref(txn)
+                    raise moved_on(run, base, head[0] if head is not None else "nothing")
+            e._pos_owners.take(txn, base)
 
     def recorded(self, key: str) -> EffectRecord | None:
         """The published ledger entry for ``key`` (memtables, then LMDB); under ``_lock``."""

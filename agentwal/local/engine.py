@@ -88,7 +88,7 @@ from ..format import (
     WAL_DIR,
 )
 from ..io import FileSystem, WriterLock, io_error
-from ..ledger import Ledger, Request
+from ..ledger import Ledger, PositionOwners, Request
 from ..treeio import TreeStore
 from ..txn import Transaction
 from ..types import (
@@ -223,7 +223,7 @@ class Engine:
         self._dead: collections.deque[_View] = collections.deque()  # from Transaction.__del__
         #: (run, checkpoint) -> the live transaction whose step uses the effect
         #: positions there (``EffectLog.claim``); under ``_lock``
-        self._pos_owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
+        self._pos_owners = PositionOwners()
         self._fold_wanted = False
         self._fold_error: BaseException | None = None
         self._fold_retry_at = 0.0  # after a failed fold, the next try waits until then

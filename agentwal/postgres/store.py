@@ -33,7 +33,6 @@ import threading
 import time
 import urllib.parse
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -64,7 +63,7 @@ from ..errors import (
     RunExistsError,
     RunNotFoundError,
 )
-from ..ledger import DispatchReport, Ledger, Request
+from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..transfer import CopyReport, copy_runs
 from ..txn import Begin, Transaction, check_effect_args
@@ -181,7 +180,7 @@ class PostgresStore:
         self._fences: dict[str, Lease | None] = {}
         self._retries = 0
         #: (run, checkpoint) -> the live transaction whose step uses the effect positions there
-        self._pos_owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
+        self._pos_owners = PositionOwners()
         self._pos_lock = threading.Lock()
 
     # -- leases ----------------------------------------------------------------------
@@ -448,28 +447,13 @@ class PostgresStore:
         """
         run = txn.run
         with self._pos_lock:
-            ref = self._pos_owners.get((run, base))
-            other = ref() if ref is not None else None
-            if (other is not None and other is not txn and other.state == "active"
-                    and other._chain is not txn._chain):
-                raise ConflictError(run, reason=(
-                    f"another transaction on this run, begun from checkpoint {base}, is "
-                    "calling effects there; nothing was called or recorded. Two steps cannot "
-                    "run from one checkpoint: retry once it commits (store.transact does)."))
-            if other is not txn:
-                if len(self._pos_owners) > 4096:
-                    self._pos_owners = {k: r for k, r in self._pos_owners.items()
-                                        if (t := r()) is not None and t.state == "active"}
-                self._pos_owners[(run, base)] = weakref.ref(txn)
+            self._pos_owners.check(txn, base)
+            self._pos_owners.take(txn, base)
         if txn._inherited:
             return
         head = self._b.begin(run, lease=False).base
         if head != base:
-            raise ConflictError(run, reason=(
-                f"the run moved on from checkpoint {base} (where this transaction began) to "
-                f"{head}; its effect positions there belong to the step that committed. "
-                "Nothing was called or recorded; retry the step from the new head "
-                "(store.transact does)."))
+            raise moved_on(run, base, head)
 
     def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
                       mode: EffectMode, epoch: int) -> int | None:
