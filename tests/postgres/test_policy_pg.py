@@ -7,7 +7,6 @@ take no ``store`` (they open local stores of their own) are not collected twice.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +15,7 @@ from agentwal.postgres import PostgresStore
 from tests.effects import test_policy as local
 from tests.effects.conftest import _disarm, down  # noqa: F401  (their fixtures)
 from tests.effects.test_policy import *  # noqa: F403  (the tests, collected here)
+from tests.postgres.rerun import keep_store_tests
 
 
 @pytest.fixture
@@ -24,9 +24,4 @@ def store(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
 
 
 LOCAL_ONLY: set[str] = set()
-for _name in LOCAL_ONLY:
-    globals().pop(_name, None)
-assert all(hasattr(local, n) for n in LOCAL_ONLY)
-for _name, _fn in list(globals().items()):  # those that open local stores of their own
-    if _name.startswith("test_") and "store" not in inspect.signature(_fn).parameters:
-        del globals()[_name]
+keep_store_tests(globals(), local, LOCAL_ONLY)
