@@ -124,7 +124,7 @@ class PostgresBackend:
         self.readonly = readonly
         self.worker_id = worker_id
         self.db = Db(dsn, schema, worker_id=worker_id, pool_size=pool_size,
-                     idle_timeout=lease_ttl / 2, synchronous=synchronous)
+                     lease_ttl=lease_ttl, synchronous=synchronous)
         self.name = self.db.where
         self.db.open()
         try:

@@ -15,7 +15,9 @@ than the server's expiry. Past it the holder treats the lease as gone
 (:meth:`Lease.live` is False: no effect function is called on it) until a
 renewal succeeds. A heartbeat thread with its own session renews every held
 lease every ``ttl / 3``; a renewal that finds the lease taken marks it lost
-for good.
+for good. A renewal gets ``Db.call_timeout`` (a quarter TTL) before its link
+is taken for dead (``db.deadline``): the heartbeat then drops that session and
+renews at once on a new one, so a link that died silently costs no lease.
 
 Acquire waits at most ``lock_timeout`` for the run's row. If the row is held
 longer and the lease has expired, the holder is stale (frozen inside a
@@ -35,7 +37,7 @@ from typing import Any
 import psycopg
 
 from ..errors import LeaseHeldError, LeaseLostError
-from .db import Db, app_name, translate
+from .db import Db, app_name, deadline, translate
 
 __all__ = ["Lease", "Leases"]
 
@@ -245,8 +247,12 @@ class Leases:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            with contextlib.suppress(Exception):
-                self.renew()
+            for _ in range(2):  # a renewal lost with its session is tried once more, at once
+                try:
+                    self.renew()
+                    break
+                except Exception:
+                    continue
 
     def renew(self) -> None:
         """Extend every held lease once (the heartbeat's step); a lease found taken is lost."""
@@ -257,7 +263,7 @@ class Leases:
         try:
             if self._hb_conn is None or self._hb_conn.closed:
                 self._hb_conn = self.db.dedicated()
-            with translate(self.db.where):
+            with translate(self.db.where), deadline(self._hb_conn, self.db.call_timeout):
                 self._extend(self._hb_conn, leases)
         except Exception:
             if self._hb_conn is not None:

@@ -658,7 +658,8 @@ class PostgresStore:
         pending entries (and gives back those it took only for this), so the
         ledger writes of a dispatch are fenced like a step's. The entries of a
         run another worker holds are left to that owner, reported ``skipped``,
-        and nothing of them is called or written.
+        and nothing of them is called or written. ``ctx.fencing_token`` is
+        the epoch of the lease an entry is dispatched under.
         """
         self._writable()
         if run is not None:
@@ -682,7 +683,9 @@ class PostgresStore:
                 took.append(r)
         self._fences.update((e.key, leases[e.run]) for e in pending)
         try:
-            report = self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+            report = self._ledger.dispatch(
+                dict(handlers), probes=probes, run=run, limit=limit,
+                tokens={r: lease.epoch for r, lease in leases.items() if lease.lost is None})
         finally:
             for e in pending:
                 self._fences.pop(e.key, None)
