@@ -11,8 +11,10 @@ from typing import Any
 import click
 
 from ..health import size
+from ..views import when
 from .app import main
 from .common import (
+    Failure,
     emit,
     examples,
     json_option,
@@ -171,6 +173,36 @@ def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
         f"{rep.checkpoints} checkpoints, {rep.effects} ledger entries"
         + "".join(f"; {run} renumbered from {min(ids)} to 1 (compacted)"
                   for run, ids in rep.renumbered.items())))
+
+
+@main.command(epilog=examples("agentwal unpark 'postgresql://app@db/agents' run-42"))
+@store_argument
+@click.argument("run")
+@json_option
+@reports_errors
+def unpark(path: str, run: str, as_json: bool) -> None:
+    """Let workers take a parked run again (PostgreSQL).
+
+    A run is parked when its lease was taken over max_steals times in a row
+    without a commit: its step keeps killing the workers that run it (a
+    poison run), so no worker takes it (run_parked) until it is unparked.
+    Look at its last checkpoint and effects first (`agentwal show`,
+    `agentwal effects --run`), fix the cause, then unpark it: its takeover
+    count starts over. Exits 1 if the run is not parked.
+    """
+    from .. import is_postgres_dsn
+
+    if not is_postgres_dsn(path):
+        raise usage("agentwal unpark needs a PostgreSQL store: a local store has one "
+                    "writer process, so it parks no run")
+    with open_rw(path) as store:
+        was = store.parked().get(run)
+        if not store.unpark(run):
+            raise Failure("not_parked", f"run {run!r} is not parked; nothing was changed. "
+                          f"`agentwal runs {path}` shows the parked runs.")
+    data = {"run": run, "parked_at": when(was[0]) if was else None,
+            "was": was[1] if was else None}
+    emit(as_json, data, lambda: click.echo(f"unparked {run} (parked because {data['was']})"))
 
 
 # -- compact ----------------------------------------------------------------------------

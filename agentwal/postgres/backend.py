@@ -120,7 +120,7 @@ class PostgresBackend:
 
     def __init__(self, dsn: str, *, schema: str, worker_id: str, lease_ttl: float,
                  synchronous: bool, readonly: bool, pool_size: int,
-                 create: bool = True) -> None:
+                 create: bool = True, max_steals: int | None = None) -> None:
         self.readonly = readonly
         self.worker_id = worker_id
         self.db = Db(dsn, schema, worker_id=worker_id, pool_size=pool_size,
@@ -136,7 +136,7 @@ class PostgresBackend:
         except BaseException:
             self.db.close()
             raise
-        self.leases = Leases(self.db, worker_id, lease_ttl)
+        self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
         self.closed = False
 
     def _check_open(self) -> None:
@@ -630,6 +630,7 @@ class PostgresBackend:
                 assert row is not None
                 out[f"{table}_rows"], out[f"{table}_bytes"] = int(row[0]), int(row[1])
         out["runs"] = len(self.runs())
+        out["runs_parked"] = len(self.leases.parked())
         return out
 
     def close(self) -> None:

@@ -16,7 +16,9 @@ Tables (version 1):
   hash-chain tip, ``run_epoch`` (the commit sequence number of the run id's
   last deletion), and the lease (owner, epoch, expiry by the server's clock).
   Commits and renewals rewrite it, so it has no index on those columns and
-  ``fillfactor = 50``: the updates stay HOT.
+  ``fillfactor = 50``: the updates stay HOT. ``steals`` counts the
+  takeovers since the run's last commit; ``parked_at``/``parked_why``
+  (version 2) mark a poison run no worker may lease.
 - ``checkpoints``: one row per commit, with what ``codec.checkpoint_hash``
   covers, the lease epoch that wrote it and a unique ``commit_token`` (a
   commit whose reply was lost is looked up by it).
@@ -98,8 +100,14 @@ CREATE TABLE effects (
 CREATE INDEX effects_by_position ON effects (run, ckpt, ordinal);
 """
 
+# Poison runs: a run whose lease was taken over ``max_steals`` times without a
+# commit is parked (``leases``) until an operator unparks it.
+_V2 = """
+ALTER TABLE runs ADD COLUMN parked_at timestamptz, ADD COLUMN parked_why text;
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

@@ -88,7 +88,7 @@ def default_worker_id() -> str:
 def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None = None,
                   lease_ttl: float = 30.0, durability: Durability | str = Durability.SYNC,
                   readonly: bool = False, pool_size: int = 4,
-                  create: bool = True) -> PostgresStore:
+                  create: bool = True, max_steals: int | None = 5) -> PostgresStore:
     """Open (creating or migrating on first open) the store in ``schema`` of a PostgreSQL server.
 
     Args:
@@ -110,6 +110,9 @@ def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None 
         pool_size: connections in this process's pool (plus one for the heartbeat).
         create: False to refuse (``CorruptionError``) a schema with no store
             in it instead of creating one (the CLI never creates a store).
+        max_steals: how many times in a row a run's expired lease may be
+            taken over without a commit; the next takeover parks the run (a
+            poison run: ``RunParkedError`` until ``unpark``). None: never park.
 
     Raises:
         BackendUnavailableError: the server cannot be reached.
@@ -130,10 +133,14 @@ def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None 
         raise ValueError("lease_ttl must be a number of seconds > 0")
     if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
         raise ValueError("pool_size must be an int >= 1")
+    if max_steals is not None and (not isinstance(max_steals, int)
+                                   or isinstance(max_steals, bool) or max_steals < 0):
+        raise ValueError("max_steals must be an int >= 0 or None")
     wid = default_worker_id() if worker_id is None else check_key(worker_id, "worker id")
     backend = PostgresBackend(dsn, schema=schema, worker_id=wid, lease_ttl=float(lease_ttl),
                               synchronous=mode is Durability.SYNC, readonly=bool(readonly),
-                              pool_size=pool_size, create=bool(create))
+                              pool_size=pool_size, create=bool(create),
+                              max_steals=max_steals)
     return PostgresStore(backend, mode)
 
 
@@ -205,12 +212,24 @@ class PostgresStore:
         """Adopt up to ``limit`` runs whose holder's lease expired; returns their ids, sorted.
 
         Each run is adopted by exactly one claiming worker, with a new epoch:
-        the old holder's writes are fenced off from then on.
+        the old holder's writes are fenced off from then on. An expired run
+        taken over ``max_steals`` times without a commit is parked instead.
         """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError("limit must be an int >= 0")
         self._writable()
         return self._b.leases.claim(limit) if limit else []
+
+    def unpark(self, run: str) -> bool:
+        """Let workers take a parked run again, its takeover count reset; True if it was parked."""
+        check_key(run, "run id")
+        self._writable()
+        return self._b.leases.unpark(run)
+
+    def parked(self) -> dict[str, tuple[float, str]]:
+        """The parked runs: ``{run: (when, seconds since the epoch; why)}``."""
+        self._b._check_open()
+        return self._b.leases.parked()
 
     # -- transactions ----------------------------------------------------------------
 

@@ -34,10 +34,6 @@ def error_of(out: str) -> dict[str, Any]:
     return dict(json.loads(out)["error"])
 
 
-@pytest.fixture
-def url(pg_dsn: str, pg_schema: str) -> str:
-    """The test's store as the CLI is given it: the schema in the URI's query."""
-    return f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={pg_schema}"
 
 
 @pytest.fixture
