@@ -52,7 +52,7 @@ import psycopg
 
 from .. import failpoints
 from ..backend import Change, EffectRace
-from ..codec import checkpoint_hash, decode_meta, encode_meta
+from ..codec import checkpoint_hash, decode_blob_ref, decode_meta, encode_meta, is_blob_ref
 from ..effects import (
     Deferred,
     EffectRecord,
@@ -77,6 +77,7 @@ from ..errors import (
 )
 from ..types import Checkpoint
 from . import schema as schema_mod
+from .blobs import PgBlobs
 from .db import Db, session_gone
 from .leases import Lease, Leases
 
@@ -137,6 +138,7 @@ class PostgresBackend:
             self.db.close()
             raise
         self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
+        self.blobs = PgBlobs(self.db, self.name)
         self.closed = False
 
     def _check_open(self) -> None:
@@ -305,6 +307,12 @@ class PostgresBackend:
                 if isinstance(exc, (psycopg.errors.SerializationFailure,
                                     psycopg.errors.DeadlockDetected)):
                     raise _Retry from None  # not a psycopg error: passes translate() as is
+                if isinstance(exc, psycopg.errors.ForeignKeyViolation):
+                    raise ConflictError(run, reason=(
+                        "a blob this transaction put was collected before it committed "
+                        "(its run was deleted, and the blob was put over an hour ago); "
+                        "nothing was applied. Put the blob again and retry the step.")
+                        ) from None
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
@@ -396,6 +404,8 @@ class PostgresBackend:
                 token: uuid.UUID, delta: dict[str, bytes | None]) -> None:
         rows: list[tuple[str, int, str, bytes | None, bytes | None]] = []
         vals: dict[bytes, bytes] = {}
+        blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256) for v in delta.values()
+                        if is_blob_ref(v)})
         for key, value in delta.items():
             if value is None or len(value) <= schema_mod.INLINE_MAX:
                 rows.append((run, cid, key, value, None))
@@ -416,6 +426,9 @@ class PostgresBackend:
             if rows:
                 cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest) "
                                 "VALUES (%s, %s, %s, %s, %s)", rows)
+            if blobs:  # the foreign key fails the commit if a blob is gone
+                cur.executemany("INSERT INTO delta_blobs (run, ckpt, sha256) "
+                                "VALUES (%s, %s, %s)", [(run, cid, b) for b in blobs])
             cur.execute("UPDATE runs SET head = %s, head_hash = %s, steals = 0 WHERE run = %s",
                         (cid, hsh, run))
 
@@ -524,7 +537,10 @@ class PostgresBackend:
                 row = self._lock_fenced(conn, run, lease)
                 if int(row[0]) == 0:
                     raise RunNotFoundError(run)
+                shas = [bytes(r[0]) for r in conn.execute(
+                    "SELECT DISTINCT sha256 FROM delta_blobs WHERE run = %s", (run,))]
                 conn.execute("DELETE FROM checkpoints WHERE run = %s", (run,))
+                PgBlobs.collect(conn, shas)  # the run's blobs nothing else references
                 # The ledger keeps the run's entries, but their positions are free: a run
                 # made again under the id derives new keys at the same positions.
                 conn.execute("UPDATE effects SET ordinal = NULL WHERE run = %s "
@@ -624,7 +640,8 @@ class PostgresBackend:
                                "worker_id": self.worker_id,
                                "leases_held": sorted(r for r in self.leases._held)}
         with self._conn() as conn:
-            for table in ("runs", "checkpoints", "deltas", "vals", "effects"):
+            for table in ("runs", "checkpoints", "deltas", "vals", "effects", "blobs",
+                          "blob_chunks"):
                 row = conn.execute(f"SELECT count(*), pg_total_relation_size('{table}') "
                                    f"FROM {table}").fetchone()
                 assert row is not None

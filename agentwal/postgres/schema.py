@@ -26,6 +26,8 @@ Tables (version 1):
   :data:`INLINE_MAX` bytes are stored once in ``vals`` by SHA-256, so storage is
   O(delta) and equal values are shared across checkpoints, keys and runs.
 - ``effects``: the effects ledger (``effects.encode_entry`` bytes per key).
+- ``blobs``, ``blob_chunks``, ``delta_blobs`` (version 3): blob content in
+  chunks, and the checkpoints whose values reference each blob (``blobs.py``).
 """
 
 from __future__ import annotations
@@ -106,8 +108,34 @@ _V2 = """
 ALTER TABLE runs ADD COLUMN parked_at timestamptz, ADD COLUMN parked_why text;
 """
 
+# Blobs (``blobs.py``): content-addressed rows streamed in chunks, and which
+# checkpoints reference each (collection and verify read it).
+_V3 = """
+CREATE TABLE blobs (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    sha256     bytea UNIQUE,
+    size       bigint NOT NULL,
+    touched_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE blob_chunks (
+    blob bigint NOT NULL REFERENCES blobs ON DELETE CASCADE,
+    n    integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (blob, n)
+);
+ALTER TABLE blob_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE delta_blobs (
+    run    text COLLATE "C" NOT NULL,
+    ckpt   bigint NOT NULL,
+    sha256 bytea NOT NULL REFERENCES blobs (sha256),
+    PRIMARY KEY (run, ckpt, sha256),
+    FOREIGN KEY (run, ckpt) REFERENCES checkpoints ON DELETE CASCADE
+);
+CREATE INDEX delta_blobs_by_blob ON delta_blobs (sha256);
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

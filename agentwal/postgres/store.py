@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from psycopg import pq as psycopg_pq
 
 from ..aio import is_async_callable, off_loop
-from ..codec import decode_stored, loads
+from ..codec import decode_blob_ref, decode_stored, is_blob_ref, loads
 from ..effects import (
     STATUSES,
     EffectContext,
@@ -59,16 +59,20 @@ from ..errors import (
     EffectNotAppliedError,
     LeaseHeldError,
     LeaseLostError,
+    MissingKeyError,
+    NotABlobError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
 )
+from ..format import TREE_MEDIA_TYPE
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..transfer import CopyReport, copy_runs
 from ..txn import Begin, Transaction, check_effect_args
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PgView, PostgresBackend
+from .blobs import PgBlobReader
 from .leases import Lease
 from .verify import verify as verify_tables
 
@@ -354,17 +358,15 @@ class PostgresStore:
         return int(txn._view.epoch)
 
     def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
-        raise BackendUnsupportedError(
-            "txn.put_blob", "PostgreSQL", "Keep large artifacts in a local store (or in "
-            "object storage, with their reference as a value) until it stores blobs; "
-            "docs/postgres.md lists what it does today.")
+        self._writable()
+        return self._b.blobs.put(source, media_type)  # chunked rows (postgres/blobs.py)
 
     def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
                       rehash: bool = False, subdir: str | None = None
                       ) -> tuple[BlobRef, list[str]]:
         raise BackendUnsupportedError(
-            "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "
-            "yet; use a local store for workspaces (docs/postgres.md).")
+            "txn.put_tree", "PostgreSQL", "It stores blobs (txn.put_blob) but no directory "
+            "trees yet; use a local store for workspaces (docs/postgres.md).")
 
     def _fenced(self, txn: Transaction, req: Request) -> None:
         """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``.
@@ -840,21 +842,45 @@ class PostgresStore:
         raise _unsupported("store.backup", "Use pg_dump --schema, or `agentwal copy` to a "
                            "local store.")
 
-    def open_blob(self, run: str, key: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no blobs (``BackendUnsupportedError``)."""
-        raise _unsupported("store.open_blob", _NO_BLOBS)
+    def open_blob(self, run: str, key: str, *, at: int | None = None,
+                  verify: bool = True) -> PgBlobReader:
+        """A read-only binary stream of the blob ``key`` holds (as ``Store.open_blob``).
+
+        Fetched one 1 MiB chunk at a time; with ``verify``, reading to the end
+        checks the SHA-256 (``CorruptionError`` on a mismatch).
+
+        Raises:
+            RunNotFoundError, CheckpointNotFoundError, MissingKeyError,
+            NotABlobError (a value not put with ``put_blob``, or a tree),
+            CorruptionError (the blob is missing, or of another size).
+        """
+        check_key(run, "run id")
+        check_key(key)
+        if at is None:
+            view = self._b.begin(run, lease=False)
+            if view.base == 0:
+                raise RunNotFoundError(run)
+            raw = self._b.read(view, key)
+        else:
+            raw = self._b.state_at(run, check_checkpoint_id(at), key=key).get(key)
+        if raw is None:
+            raise MissingKeyError(run, key)
+        ref = decode_blob_ref(raw) if is_blob_ref(raw) else None
+        if ref is None or ref.media_type == TREE_MEDIA_TYPE:
+            raise NotABlobError(run, key, type(self._decode(raw, f"{run!r}/{key!r}")).__name__)
+        return self._b.blobs.open(ref, verify=verify)
 
     def list_tree(self, run: str, key: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.list_tree", _NO_BLOBS)
+        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.list_tree", _NO_TREES)
 
     def restore_tree(self, run: str, key: str, dest: Any, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.restore_tree", _NO_BLOBS)
+        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.restore_tree", _NO_TREES)
 
     def open_tree_file(self, run: str, key: str, relpath: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.open_tree_file", _NO_BLOBS)
+        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.open_tree_file", _NO_TREES)
 
     def sync(self) -> None:
         """Make every acknowledged commit durable now (matters with ``durability="async"``)."""
@@ -903,8 +929,8 @@ def _recorded(entry: EffectRecord, req: Request) -> Any:
     return entry.result
 
 
-_NO_BLOBS = ("Blobs and trees are not stored on PostgreSQL yet; keep them in a local store "
-             "(docs/postgres.md).")
+_NO_TREES = ("Directory trees are not stored on PostgreSQL yet (blobs are); keep them in a "
+             "local store (docs/postgres.md).")
 
 
 def _unsupported(what: str, hint: str) -> BackendUnsupportedError:

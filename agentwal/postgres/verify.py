@@ -12,7 +12,11 @@ rows (a value inline, or the ``vals`` row its digest names); then check
   the fields and that digest (the local engine's chain);
 - the ``runs`` row's head and head hash are the last checkpoint's;
 - every ``vals`` row's data hashes to its key, and every stored value and
-  ledger entry decodes.
+  ledger entry decodes;
+- every blob's chunks are numbered 0.. without a gap, add up to its size and
+  hash to its SHA-256 (streamed, one chunk at a time), and every blob
+  reference in a checkpoint's values is listed in ``delta_blobs`` (so the
+  blob cannot be collected under it).
 
 Nothing is repaired and nothing is written; each problem names its table and
 row. A database's own damage (a page checksum) surfaces as the server's
@@ -26,7 +30,7 @@ from typing import Any
 
 import cbor2
 
-from ..codec import CodecError, checkpoint_hash, loads
+from ..codec import CodecError, checkpoint_hash, decode_blob_ref, is_blob_ref, loads
 from ..effects import decode_entry
 from ..local.verify.report import Problem, VerifyReport
 
@@ -39,7 +43,7 @@ def verify(backend: Any) -> VerifyReport:
     """Check every run's chain and the rows it names (module doc)."""
     problems: list[Problem] = []
     checked = {"runs": 0, "checkpoints": 0, "hashes": 0, "values": 0, "vals": 0,
-               "effects": 0}
+               "effects": 0, "blobs": 0}
     where = backend.name
 
     def problem(table: str, key: str, what: str) -> None:
@@ -51,6 +55,7 @@ def verify(backend: Any) -> VerifyReport:
             checked["vals"] += 1
             if hashlib.sha256(bytes(data)).digest() != bytes(digest):
                 problem("vals", bytes(digest).hex()[:16], "the data does not hash to its key")
+        _check_blobs(conn, checked, problem)
         runs = conn.execute("SELECT run, head, head_hash FROM runs WHERE head > 0 "
                             "ORDER BY run").fetchall()
         for run, head, head_hash in runs:
@@ -65,9 +70,40 @@ def verify(backend: Any) -> VerifyReport:
     return VerifyReport(not problems, problems, checked)
 
 
+def _sha_of(ref: bytes) -> str | None:
+    """The hash a blob reference names (None: it does not decode, reported as a value)."""
+    try:
+        return decode_blob_ref(ref).sha256
+    except CodecError:
+        return None
+
+
+def _check_blobs(conn: Any, checked: dict[str, int], problem: Any) -> None:
+    """Each blob's chunks against its size and SHA-256, one chunk in memory at a time."""
+    for bid, sha, size in conn.execute("SELECT id, sha256, size FROM blobs ORDER BY id"
+                                       ).fetchall():
+        checked["blobs"] += 1
+        name = bytes(sha).hex()[:16] if sha is not None else f"id {bid}"
+        h, total, expect = hashlib.sha256(), 0, 0
+        gap = False
+        for (n,) in conn.execute("SELECT n FROM blob_chunks WHERE blob = %s ORDER BY n",
+                                 (bid,)).fetchall():
+            gap = gap or n != expect
+            expect = int(n) + 1
+            [(data,)] = conn.execute("SELECT data FROM blob_chunks WHERE blob = %s AND n = %s",
+                                     (bid, n)).fetchall()
+            h.update(bytes(data))
+            total += len(data)
+        if sha is None or gap or total != int(size) or h.digest() != bytes(sha):
+            problem("blobs", name, f"its chunks ({expect} of them, {total} bytes"
+                    f"{', with a gap' if gap else ''}) are not its {size} bytes of content")
+
+
 def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str, int],
                problem: Any) -> None:
     deltas: dict[int, dict[str, bytes | None]] = {}
+    listed = {(run, int(c), bytes(b).hex()) for c, b in conn.execute(
+        "SELECT ckpt, sha256 FROM delta_blobs WHERE run = %s", (run,))}
     rows = conn.execute(
         "SELECT d.ckpt, d.key, d.inline, d.digest, v.data FROM deltas d "
         "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %s ORDER BY d.ckpt, d.key",
@@ -81,10 +117,13 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
                 problem("deltas", f"{run!r}/{cid}/{key!r}", "names a value missing from vals")
                 continue
             value = bytes(data)
+        if is_blob_ref(value) and (run, int(cid), _sha_of(value)) not in listed:
+            problem("deltas", f"{run!r}/{cid}/{key!r}", "its blob reference is not listed in "
+                    "delta_blobs (a collection could delete the blob under it)")
         if value is not None:
             checked["values"] += 1
             try:
-                loads(value)
+                decode_blob_ref(value) if is_blob_ref(value) else loads(value)
             except CodecError as exc:
                 problem("deltas", f"{run!r}/{cid}/{key!r}", f"the value does not decode: {exc}")
         deltas.setdefault(int(cid), {})[key] = value

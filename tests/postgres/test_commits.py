@@ -239,16 +239,14 @@ def test_durable_modes_commit_the_same(open_pg: Callable[..., PostgresStore]) ->
     assert store.stats()["checkpoints_rows"] == 1
 
 
-def test_blobs_and_trees_are_refused_with_a_typed_error_and_the_txn_goes_on(
+def test_trees_are_refused_with_a_typed_error_and_the_txn_goes_on(
         pgstore: PostgresStore, tmp_path: Any) -> None:
     import agentwal
 
     (tmp_path / "f").write_bytes(b"data")
     with pgstore.begin("r") as txn:
         with pytest.raises(agentwal.BackendUnsupportedError) as info:
-            txn.put_blob("weights", str(tmp_path / "f"))
-        assert info.value.code == "backend_unsupported" and "put_blob" in str(info.value)
-        with pytest.raises(agentwal.BackendUnsupportedError):
             txn.put_tree("ws", str(tmp_path))
+        assert info.value.code == "backend_unsupported" and "put_tree" in str(info.value)
         txn["k"] = 1  # still usable: nothing was changed
-    assert pgstore.get("r", "k") == 1 and pgstore.get("r", "weights") is None
+    assert pgstore.get("r", "k") == 1 and pgstore.get("r", "ws") is None
