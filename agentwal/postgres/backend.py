@@ -6,6 +6,15 @@ Theory of operation: the operations are those of the backend seam
 ``runs``/``delete_run``, and the ledger with a compare-and-set
 ``record_effect``), so the public facade can sit on either backend.
 
+*Reads.* Each ``deltas`` row is live from its checkpoint until the one that
+next wrote its key (``until``, NULL while it is the key's latest), so the
+state at checkpoint ``N`` is the rows with ``ckpt <= N`` whose ``until`` is
+NULL or above ``N``: the live rows (a partial index on ``(run, key)``) plus
+those superseded after ``N`` (a partial index on ``(run, until)``). Reading
+the head, or any view of it, costs the keys read, not the run's history; an
+old checkpoint costs its keys plus the writes made since. A prefix is an
+index range.
+
 *A view* is ``(run, base, epoch, fence)``: the run's head checkpoint id when
 it began, the run id's epoch (sequence number of its last deletion) and the
 worker's :class:`~agentwal.postgres.leases.Lease` on the run (None for a
@@ -87,6 +96,20 @@ _ZERO_HASH = bytes(32)
 _CKPT_COLS = "run, id, parent, seq, created_at, meta, hash, origin_run, origin_id"
 #: Retries of a commit the server aborted as a serialization failure or deadlock.
 _RETRIES = 3
+
+
+def _successor(prefix: str) -> str | None:
+    """The least string above every string that starts with ``prefix`` (None: none exists).
+
+    Keys sort by code point (``COLLATE "C"`` on UTF-8), so a prefix scan is
+    the index range ``[prefix, successor)``.
+    """
+    for i in range(len(prefix) - 1, -1, -1):
+        c = ord(prefix[i])
+        if c < 0x10FFFF:
+            nxt = c + 1 if c + 1 != 0xD800 else 0xE000  # past the surrogates
+            return prefix[:i] + chr(nxt)
+    return None
 
 
 class _Retry(Exception):
@@ -192,17 +215,27 @@ class PostgresBackend:
 
     def _state(self, run: str, upto: int, *, prefix: str = "",
                key: str | None = None) -> dict[str, bytes]:
+        """The values live at checkpoint ``upto`` (module doc: the intervals of delta rows)."""
         if upto == 0:
             return {}
-        where, args = "starts_with(key, %s)", [prefix]
+        args: dict[str, Any] = {"run": run, "upto": upto, "key": key, "p": prefix,
+                                "hi": _successor(prefix)}
         if key is not None:
-            where, args = "key = %s", [key]
+            where = "d.key = %(key)s"
+        elif not prefix:
+            where = "true"
+        elif args["hi"] is None:
+            where = "d.key >= %(p)s AND starts_with(d.key, %(p)s)"
+        else:
+            where = "d.key >= %(p)s AND d.key < %(hi)s"
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT d.key, d.inline, v.data FROM (SELECT DISTINCT ON (key) key, inline, "
-                "digest FROM deltas WHERE run = %s AND ckpt <= %s AND " + where +
-                " ORDER BY key, ckpt DESC) d LEFT JOIN vals v ON v.digest = d.digest "
-                "ORDER BY d.key", [run, upto, *args]).fetchall()
+                "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
+                "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until IS NULL "
+                "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
+                "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
+                "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until > %(upto)s "
+                "AND d.ckpt <= %(upto)s AND " + where + " ORDER BY 1", args).fetchall()
         out: dict[str, bytes] = {}
         for k, inline, data in rows:
             value = _value(inline, data)
@@ -423,7 +456,9 @@ class PostgresBackend:
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (run, cid, parent, seq, created, meta_raw, hsh, digest, outbox,
                  origin[0] if origin else None, origin[1] if origin else None, epoch, token))
-            if rows:
+            if rows:  # the keys' previous rows stop being live at this checkpoint
+                cur.execute("UPDATE deltas SET until = %s WHERE run = %s AND until IS NULL "
+                            "AND key = ANY(%s)", (cid, run, [r[2] for r in rows]))
                 cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest) "
                                 "VALUES (%s, %s, %s, %s, %s)", rows)
             if blobs:  # the foreign key fails the commit if a blob is gone

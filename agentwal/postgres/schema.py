@@ -25,6 +25,9 @@ Tables (version 1):
 - ``deltas`` + ``vals``: the keys each commit changed; values over
   :data:`INLINE_MAX` bytes are stored once in ``vals`` by SHA-256, so storage is
   O(delta) and equal values are shared across checkpoints, keys and runs.
+  ``until`` (version 4) is the checkpoint that next wrote the row's key
+  (NULL: the key's latest row), so reading a checkpoint's state scans no
+  history (``backend``).
 - ``effects``: the effects ledger (``effects.encode_entry`` bytes per key).
 - ``blobs``, ``blob_chunks``, ``delta_blobs`` (version 3): blob content in
   chunks, and the checkpoints whose values reference each blob (``blobs.py``).
@@ -134,8 +137,20 @@ CREATE TABLE delta_blobs (
 CREATE INDEX delta_blobs_by_blob ON delta_blobs (sha256);
 """
 
+# Reads that scan no history: each delta row records the checkpoint that
+# superseded it (``until``; NULL while live), filled in for existing rows.
+_V4 = """
+ALTER TABLE deltas ADD COLUMN until bigint;
+UPDATE deltas d SET until = n.next
+  FROM (SELECT run, key, ckpt, lead(ckpt) OVER (PARTITION BY run, key ORDER BY ckpt) AS next
+          FROM deltas) n
+ WHERE d.run = n.run AND d.key = n.key AND d.ckpt = n.ckpt AND n.next IS NOT NULL;
+CREATE UNIQUE INDEX deltas_live ON deltas (run, key) WHERE until IS NULL;
+CREATE INDEX deltas_superseded ON deltas (run, until) WHERE until IS NOT NULL;
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

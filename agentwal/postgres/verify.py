@@ -11,6 +11,8 @@ rows (a value inline, or the ``vals`` row its digest names); then check
 - the checkpoint hash is ``codec.checkpoint_hash`` of the parent's hash,
   the fields and that digest (the local engine's chain);
 - the ``runs`` row's head and head hash are the last checkpoint's;
+- each delta row's ``until`` is the checkpoint that next writes its key
+  (NULL for the key's latest), which reads of a checkpoint's state rely on;
 - every ``vals`` row's data hashes to its key, and every stored value and
   ledger entry decodes;
 - every blob's chunks are numbered 0.. without a gap, add up to its size and
@@ -105,10 +107,15 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
     listed = {(run, int(c), bytes(b).hex()) for c, b in conn.execute(
         "SELECT ckpt, sha256 FROM delta_blobs WHERE run = %s", (run,))}
     rows = conn.execute(
-        "SELECT d.ckpt, d.key, d.inline, d.digest, v.data FROM deltas d "
+        "SELECT d.ckpt, d.key, d.inline, d.digest, v.data, d.until, lead(d.ckpt) OVER "
+        "(PARTITION BY d.key ORDER BY d.ckpt) FROM deltas d "
         "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %s ORDER BY d.ckpt, d.key",
         (run,))
-    for cid, key, inline, digest, data in rows:
+    for cid, key, inline, digest, data, until, after in rows:
+        if until != after:
+            problem("deltas", f"{run!r}/{cid}/{key!r}", f"it is marked live until checkpoint "
+                    f"{until}, but the key is next written at {after} (reads of the state "
+                    "between them would be wrong)")
         value: bytes | None = None
         if inline is not None:
             value = bytes(inline)
