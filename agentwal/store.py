@@ -189,7 +189,7 @@ class _StepAttempts:
             txn.rollback()
         if txn.state == "committed" or self.attempt > self.retries:
             raise exc
-        self.store._engine._counters["retries"] += 1
+        self.store._engine.counters["retries"] += 1
         failpoints.hit("step_before_retry")
         self.prev = txn
         return random.random() * min(0.001 * 2.0 ** (self.attempt - 1), 0.05)
@@ -282,7 +282,7 @@ class Store:
                     txn = store.begin("run-42", retry_of=txn)
         """
         check_key(run, "run id")
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if retry_of is not None:
@@ -659,7 +659,7 @@ class Store:
             report = store.compact(keep_last=100, vacuum=True)
             print(report.checkpoints_dropped, report.bytes_freed)
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         check_args(keep_last, older_than)
@@ -759,7 +759,7 @@ class Store:
 
             store.restore_tree("agent", "workspace", "repo/", at=12)
         """
-        self._engine._check_open()
+        self._engine.check_open()
         return self._engine.blobrefs.restore_tree(run, key, dest, at)
 
     def open_tree_file(self, run: str, key: str, relpath: str, *,
@@ -786,7 +786,7 @@ class Store:
             with store.open_tree_file("agent", "workspace", "src/app.py", at=3) as f:
                 old = f.read().decode()
         """
-        self._engine._check_open()
+        self._engine.check_open()
         try:
             parts = split_relpath(relpath)
         except ValueError as exc:
@@ -808,7 +808,7 @@ class Store:
             for f in store.list_tree("agent", "workspace"):
                 print(f.path, f.size)
         """
-        self._engine._check_open()
+        self._engine.check_open()
         return self._engine.blobrefs.list_tree(run, key, at)
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
@@ -866,14 +866,14 @@ class Store:
         Raises:
             ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if run is not None:
             check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._engine._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        return self._engine.ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
 
     def resolve_effect(self, effect_id: str, *, result: Any = _UNSET, not_applied: bool = False,
                        by: str | None = None) -> EffectRecord:
@@ -890,12 +890,12 @@ class Store:
             EffectNotFoundError, EffectSettledError, UnencodableValueError,
             ReadOnlyError, StoreClosedError.
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if (result is _UNSET) == (not not_applied):
             raise ValueError("give exactly one of result=... or not_applied=True")
-        return self._engine._ledger.resolve(effect_id, result=None if result is _UNSET else result,
+        return self._engine.ledger.resolve(effect_id, result=None if result is _UNSET else result,
                                     not_applied=not_applied, by=by)
 
     def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
@@ -926,7 +926,7 @@ class Store:
         req = self._standalone(run, name, fn, key=key, mode=mode, args=args, probe=probe,
                                idempotent=idempotent, retries=retries, retry_on=retry_on,
                                backoff=backoff, allow_async=False)
-        return self._engine._ledger.run(req)
+        return self._engine.ledger.run(req)
 
     async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                       key: str, mode: EffectMode | str, args: Any = None,
@@ -937,7 +937,7 @@ class Store:
                       backoff: float = 0.1) -> Any:
         """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions;
         ledger reads and writes run off the event loop, as for ``txn.aeffect``)."""
-        return await self._engine._ledger.arun(self._standalone(
+        return await self._engine.ledger.arun(self._standalone(
             run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
             retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
 
@@ -948,7 +948,7 @@ class Store:
                     allow_async: bool) -> Request:
         """The ledger request of a ``store.effect``: checked, keyed, with no position."""
         check_key(run, "run id")
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if not isinstance(key, str):
@@ -985,10 +985,10 @@ class Store:
 
             store.retire_effect("ef-3f2a...")
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
-        return self._engine._ledger.retire(effect_id, by=by)
+        return self._engine.ledger.retire(effect_id, by=by)
 
     def _effects_after(self, run: str, cid: int) -> tuple[EffectRecord, ...]:
         """``run``'s ledger entries made after checkpoint ``cid`` that the world may hold."""
@@ -1103,7 +1103,7 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._engine._closed else ("read-only" if self.readonly else "open")
+        state = "closed" if self._engine.closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
     # -- asyncio (agentwal/aio.py) --------------------------------------------------

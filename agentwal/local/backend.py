@@ -74,11 +74,11 @@ class LocalBackend:
         return LocalView(run, head.id if head is not None else 0, epoch, inner)
 
     def read(self, view: LocalView, key: str) -> bytes | None:
-        self._s._check_open()
+        self._s.check_open()
         return self._s._read(view.inner, view.run, key)
 
     def scan(self, view: LocalView, prefix: str) -> dict[str, bytes]:
-        self._s._check_open()
+        self._s.check_open()
         return {k: v for k, v in self._s._items(view.inner, view.run, prefix).items()
                 if v is not None}
 
@@ -103,7 +103,7 @@ class LocalBackend:
     def state_at(self, run: str, checkpoint: int, *, key: str | None = None
                  ) -> dict[str, bytes]:
         s = self._s
-        s._check_open()
+        s.check_open()
 
         def read(v: Any) -> dict[str, bytes]:
             s._check_at(v, run, checkpoint)
@@ -120,11 +120,11 @@ class LocalBackend:
     # -- LedgerStore ------------------------------------------------------------------
 
     def effect(self, key: str) -> EffectRecord | None:
-        self._s._check_open()
+        self._s.check_open()
         return self._s.effectlog.get(key)
 
     def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        self._s._check_open()
+        self._s.check_open()
         return self._s.effectlog.key_at(run, checkpoint, ordinal)
 
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
@@ -132,11 +132,11 @@ class LocalBackend:
         return self._s.effectlog.write_if(entry, expect)
 
     def effects(self) -> list[EffectRecord]:
-        self._s._check_open()
+        self._s.check_open()
         return sorted(self._s.effectlog.entries(), key=lambda e: e.key)
 
     def outbox(self) -> list[EffectRecord]:
-        self._s._check_open()
+        self._s.check_open()
         return self._s.effectlog.outbox()
 
     # -- Maintenance ------------------------------------------------------------------

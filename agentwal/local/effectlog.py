@@ -168,7 +168,7 @@ class EffectLog:
         """Log ``entry`` durably; returns it as recorded (decoded from its encoding,
         so it shares no object with the caller's)."""
         e = self._e
-        e._check_open()
+        e.check_open()
         if e._pipe is None:
             raise ReadOnlyError(e.path)
         raw = encode_entry(entry)
