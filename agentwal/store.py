@@ -7,13 +7,14 @@ work to the embedded engine (``agentwal.local.engine.Engine``: views, the
 commit pipeline, folds, retention, blobs, the ledger's storage, verify,
 backup). What is the same for every backend stays here: decoding stored
 values, a rollback's or fork's ``effects_after``, the effects listing's
-filter, ``transact``'s retry loop and its checks of ``retry_of``.
+filter and ``transact``'s retry loop.
 
 The engine is imported when a store is opened, not when this module is: the
 facade depends on the backend seam, not on the engine's modules
 (``tests/unit/test_layout.py`` holds it to that). A :class:`Transaction`
-from ``begin`` talks to the engine directly, through the hooks
-``agentwal.txn`` names.
+from ``begin`` reads and commits through the engine's ``backend.RunStore``
+(``engine.backend``) and reaches the rest of it (effects, blobs) through
+the hooks ``txn.StepHooks`` names.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport, Request
 from .retention import CompactReport, Policy, check_args, policy_args
 from .tree import split_relpath
-from .txn import Begin, Transaction, check_effect_args
+from .txn import Begin, Transaction, check_effect_args, check_retry_of
 from .types import (
     Checkpoint,
     Diff,
@@ -201,23 +202,6 @@ class _StepAttempts:
             txn.rollback()
 
 
-def _check_retry_of(store: Store, run: str, prev: object) -> None:
-    """Refuse a ``retry_of`` that is not a finished, uncommitted attempt of ``run`` here."""
-    if not isinstance(prev, Transaction):
-        raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
-                        f"not {type(prev).__name__}")
-    if prev._engine is not store._engine:
-        raise ValueError("retry_of is a transaction of another store")
-    if prev.run != run:
-        raise ValueError(f"retry_of is a transaction of run {prev.run!r}, not {run!r}")
-    if prev.state == "active":
-        raise ValueError("retry_of is still active: roll it back (or let its ConflictError "
-                         "end it) before retrying the step")
-    if prev.state == "committed":
-        raise ValueError("retry_of committed: its step is done, so the next step begins "
-                         "with a plain store.begin(run)")
-
-
 class Store:
     """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
 
@@ -285,9 +269,10 @@ class Store:
         self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
+        backend = self._engine.backend
         if retry_of is not None:
-            _check_retry_of(self, run, retry_of)
-        return Transaction(self._engine, run, self._engine._view(), retry_of=retry_of)
+            check_retry_of(retry_of, backend, run)
+        return Transaction(backend, backend.begin(run), self._engine, retry_of=retry_of)
 
     def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
         """Run one step, ``fn(txn)``, and commit it, redoing it on ``ConflictError``.

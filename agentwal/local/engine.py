@@ -478,29 +478,7 @@ class Engine:
         finally:
             self._release(view)
 
-    # -- the transaction hooks (txn._Engine) ----------------------------------------
-
-    def _txn_read(self, txn: Transaction, key: str) -> bytes | None:
-        self.check_open()
-        return self._read(txn._view, txn.run, key)
-
-    def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]:
-        self.check_open()
-        return self._items(txn._view, txn.run, prefix)
-
-    def _txn_release(self, txn: Transaction) -> None:
-        self._release(txn._view)
-        if txn._blob_pins and not txn._blobs_in_doubt:
-            self._blobs.unpin(txn._blob_pins)
-
-    def _txn_abandon(self, txn: Transaction) -> None:
-        """A transaction was garbage-collected unfinished; takes no lock (GC runs anywhere)."""
-        self._dead.append(txn._view)
-        if txn._blob_pins:
-            self._blobs.abandon(txn._blob_pins)
-
-    def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
-        return self.commit_change(txn._view, txn._change())
+    # -- commits (LocalBackend.commit) ---------------------------------------------
 
     def commit_change(self, view: _View, change: Change) -> Checkpoint | None:
         """Commit ``change``, read at ``view``, through the pipeline (``RunStore.commit``).
@@ -528,40 +506,40 @@ class Engine:
                            dict(change.meta), list(change.deferred), origin=change.origin,
                            effects=change.effects)
 
-    def _txn_base(self, txn: Transaction) -> int:
-        head = self._head(txn._view, txn.run)
-        return head.id if head is not None else 0
-
-    def _txn_epoch(self, txn: Transaction) -> int:
-        """The run id's epoch as the transaction sees it (``effects.derive_key``)."""
-        return self._view_epoch(txn._view, txn.run)
-
     def _view_epoch(self, v: _View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
         return self._reads(v).epoch(run)
 
-    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
+    # -- the transaction's hooks (txn.StepHooks; its reads and commit: LocalBackend) --
+
+    def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
         return self.blobrefs.put_blob(source, media_type)
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
-                      rehash: bool = False, subdir: str | None = None
-                      ) -> tuple[BlobRef, list[str]]:
+    def txn_put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
+                     subdir: str | None = None) -> tuple[BlobRef, list[str]]:
         return self.blobrefs.put_tree(path, exclude, base, rehash, subdir)
 
-    def _txn_effect(self, txn: Transaction, req: Request) -> Any:
+    def txn_unpin(self, pins: list[str]) -> None:
+        self._blobs.unpin(pins)
+
+    def txn_abandon_pins(self, pins: list[str]) -> None:
+        self._blobs.abandon(pins)
+
+    def txn_effect(self, view: Any, req: Request) -> Any:
         self.check_open()
         return self.ledger.run(req)
 
-    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
+    async def txn_aeffect(self, view: Any, req: Request) -> Any:
         self.check_open()
         return await self.ledger.arun(req)
 
-    def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
-                      mode: EffectMode, epoch: int) -> int | None:
-        return self.effectlog.adopt(txn, base, name, digest, mode, epoch)
+    def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
+                  epoch: int) -> int | None:
+        return self.effectlog.adopt(run, base, name, digest, mode, epoch)
 
-    def _effect_claim(self, txn: Transaction, base: int) -> None:
-        self.effectlog.claim(txn, base)
+    def txn_claim(self, txn: Transaction, base: int, *, chain: object,
+                  inherited: bool) -> None:
+        self.effectlog.claim(txn, base, chain, inherited)
 
     # -- commit.Tables: what the pipeline reaches through the engine ----------------
 
@@ -664,18 +642,6 @@ class Engine:
             raise ReadOnlyError(self.path)
         self.folder.fold()
         self.maintenance.retain_step(force=True)
-
-    # -- reads ----------------------------------------------------------------------
-
-    # -- writes beside transactions -------------------------------------------------
-
-    # -- compaction and vacuum ------------------------------------------------------
-
-    # -- blobs and trees ------------------------------------------------------------
-
-    # -- the ledger hooks (ledger._Engine) ------------------------------------------
-
-    # -- verify and backup ----------------------------------------------------------
 
     # -- stats and closing ----------------------------------------------------------
 
