@@ -253,10 +253,13 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     younger than AGE (--older-than): a checkpoint either keeps is kept; with
     neither, nothing is dropped. Checkpoints forks started from are kept
     unless --drop-fork-origins. --vacuum then rewrites the LMDB file so it
-    shrinks on disk. Prints what was dropped and freed. Opens the store for
+    shrinks on disk (on PostgreSQL: VACUUM (ANALYZE) of the store's tables).
+    Prints what was dropped and freed. Opens the store for
     writing, so it fails with store_locked while an agent has it open (use
     agentwal.open(..., retain=agentwal.KeepLast(n)) there instead).
     """
+    from .. import is_postgres_dsn
+
     with open_rw(path) as store, progress_bar("compact") as progress:
         rep = store.compact(keep_last=keep_last, older_than=older_than,
                             runs=list(runs) if runs else None, vacuum=vacuum,
@@ -266,8 +269,10 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     def human() -> None:
         if rep.runs:
             table(sorted(rep.runs.items()), ("run", "dropped"))
+        values, files = (("rows", "tables") if is_postgres_dsn(path)
+                         else ("LMDB values", "data.mdb"))
         click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {size(rep.bytes_freed)} "
-                   f"of LMDB values freed, {rep.objects_freed} object(s) freed; data.mdb "
+                   f"of {values} freed, {rep.objects_freed} object(s) freed; {files} "
                    f"{size(rep.file_bytes_before)} -> {size(rep.file_bytes_after)}"
                    + (" (vacuumed)" if rep.vacuumed else ""))
 

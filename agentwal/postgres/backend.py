@@ -340,6 +340,9 @@ class PostgresBackend:
                 if isinstance(exc, (psycopg.errors.SerializationFailure,
                                     psycopg.errors.DeadlockDetected)):
                     raise _Retry from None  # not a psycopg error: passes translate() as is
+                if isinstance(exc, psycopg.errors.ForeignKeyViolation) and (
+                        exc.diag.constraint_name == "deltas_digest_fkey"):
+                    raise _Retry from None  # a compaction freed a value it shares: insert again
                 if isinstance(exc, psycopg.errors.ForeignKeyViolation):
                     raise ConflictError(run, reason=(
                         "a blob this transaction put was collected before it committed "
@@ -513,8 +516,8 @@ class PostgresBackend:
         if cid == 0:
             return None
         with self._conn() as conn:
-            row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id = %s",
-                               (run, cid)).fetchone()
+            row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id = %s "
+                               "AND NOT dropped", (run, cid)).fetchone()
         return None if row is None else _checkpoint(row)
 
     def checkpoints(self, run: str, *, limit: int | None = None,
@@ -523,7 +526,7 @@ class PostgresBackend:
         with self._conn() as conn:
             rows = conn.execute(
                 f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id < %s "
-                "ORDER BY id DESC LIMIT %s",
+                "AND NOT dropped ORDER BY id DESC LIMIT %s",
                 (run, before if before is not None else 1 << 62, limit)).fetchall()
         return [_checkpoint(r) for r in rows]
 

@@ -21,7 +21,8 @@ Tables (version 1):
   (version 2) mark a poison run no worker may lease.
 - ``checkpoints``: one row per commit, with what ``codec.checkpoint_hash``
   covers, the lease epoch that wrote it and a unique ``commit_token`` (a
-  commit whose reply was lost is looked up by it).
+  commit whose reply was lost is looked up by it); ``dropped`` (version 5)
+  marks one ``compact`` removed (its row stays for the chain).
 - ``deltas`` + ``vals``: the keys each commit changed; values over
   :data:`INLINE_MAX` bytes are stored once in ``vals`` by SHA-256, so storage is
   O(delta) and equal values are shared across checkpoints, keys and runs.
@@ -149,8 +150,15 @@ CREATE UNIQUE INDEX deltas_live ON deltas (run, key) WHERE until IS NULL;
 CREATE INDEX deltas_superseded ON deltas (run, until) WHERE until IS NOT NULL;
 """
 
+# Compaction (``compact``): a dropped checkpoint keeps its row, marked; the
+# values its deleted rows named are found by digest.
+_V5 = """
+ALTER TABLE checkpoints ADD COLUMN dropped boolean NOT NULL DEFAULT false;
+CREATE INDEX deltas_by_digest ON deltas (digest) WHERE digest IS NOT NULL;
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

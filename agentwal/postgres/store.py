@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import inspect
 import os
 import random
@@ -69,11 +70,13 @@ from ..errors import (
 from ..format import TREE_MEDIA_TYPE
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
+from ..retention import CompactReport, check_args
 from ..transfer import CopyReport, copy_runs
 from ..txn import Begin, Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PostgresBackend
 from .blobs import PgBlobReader
+from .compact import compact as compact_runs
 from .leases import Lease
 from .verify import verify as verify_tables
 
@@ -799,10 +802,33 @@ class PostgresStore:
         raise _unsupported("store.snapshot", "The server makes commits durable by itself; "
                            "store.sync() waits for the ones made with durability='async'.")
 
-    def compact(self, **_options: Any) -> Any:
-        """Not on PostgreSQL yet (``BackendUnsupportedError``)."""
-        raise _unsupported("store.compact", "Delete finished runs with store.delete_run; "
-                           "dropping old checkpoints of a live run is not there yet.")
+    def compact(self, *, keep_last: int | None = None,
+                older_than: datetime.timedelta | None = None,
+                runs: list[str] | tuple[str, ...] | set[str] | None = None,
+                vacuum: bool = False, keep_fork_origins: bool = True,
+                progress: Progress | None = None) -> CompactReport:
+        """Drop old checkpoints and the rows only they needed (as ``Store.compact``).
+
+        The same choice of kept checkpoints as the local engine's; dropped
+        ones raise ``CheckpointNotFoundError`` from then on. Each run is one
+        transaction under its row lock (``agentwal/postgres/compact.py``);
+        ``vacuum=True`` then runs ``VACUUM (ANALYZE)`` on the store's tables.
+        ``progress`` hears ``("runs", done, total)``. The report's file sizes
+        are the tables' ``pg_total_relation_size``; nothing is written for
+        ``manifests_written``/``bytes_written`` (no manifest is needed).
+
+        Raises:
+            RunNotFoundError, TypeError / ValueError, ReadOnlyError, StoreClosedError.
+        """
+        self._writable()
+        check_args(keep_last, older_than)
+        selected: list[str] | None = None
+        if runs is not None:
+            if isinstance(runs, str):
+                raise TypeError("runs is a list of run ids, not one str")
+            selected = sorted({check_key(r, "run id") for r in runs})
+        return compact_runs(self._b, selected, keep_last, older_than, bool(vacuum),
+                            bool(keep_fork_origins), progress)
 
     def verify(self, *, progress: Progress | None = None) -> VerifyReport:
         """Recompute every run's hash chain from the rows and check what they name.

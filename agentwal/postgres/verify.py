@@ -5,7 +5,8 @@ the whole pass, so commits going on meanwhile are not half seen), walk the
 checkpoints in id order and rebuild each one's delta from its ``deltas``
 rows (a value inline, or the ``vals`` row its digest names); then check
 
-- ids are contiguous from 1 and each parent is the id before;
+- ids are contiguous from 1 and each parent is the id before (a checkpoint
+  ``compact`` dropped keeps its row and hash; its delta is not checked);
 - the delta's SHA-256 (the encoding ``commit`` hashed: keys sorted) is the
   stored ``delta_digest``;
 - the checkpoint hash is ``codec.checkpoint_hash`` of the parent's hash,
@@ -27,6 +28,7 @@ error, like any other read.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from typing import Any
 
@@ -111,8 +113,15 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
         "(PARTITION BY d.key ORDER BY d.ckpt) FROM deltas d "
         "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %s ORDER BY d.ckpt, d.key",
         (run,))
+    dropped = sorted(int(r[0]) for r in conn.execute(
+        "SELECT id FROM checkpoints WHERE run = %s AND dropped", (run,)))
     for cid, key, inline, digest, data, until, after in rows:
-        if until != after:
+        # Compaction deletes the rows no kept checkpoint reads: between a row's until
+        # and the next row left of its key, every checkpoint is then a dropped one.
+        gap = (until is not None and after is not None and until < after
+               and bisect.bisect_left(dropped, after) - bisect.bisect_left(dropped, until)
+               == after - until)
+        if until != after and not gap:
             problem("deltas", f"{run!r}/{cid}/{key!r}", f"it is marked live until checkpoint "
                     f"{until}, but the key is next written at {after} (reads of the state "
                     "between them would be wrong)")
@@ -136,14 +145,18 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
         deltas.setdefault(int(cid), {})[key] = value
     prev_hash, expect = _ZERO, 1
     last: tuple[int, bytes] | None = None
-    for cid, parent, created, meta, hsh, digest, outbox, origin_run, origin_id in conn.execute(
+    for (cid, parent, created, meta, hsh, digest, outbox, origin_run, origin_id,
+         dropped) in conn.execute(
             "SELECT id, parent, created_at, meta, hash, delta_digest, outbox, origin_run, "
-            "origin_id FROM checkpoints WHERE run = %s ORDER BY id", (run,)):
+            "origin_id, dropped FROM checkpoints WHERE run = %s ORDER BY id", (run,)):
         checked["checkpoints"] += 1
         name = f"{run!r}/{cid}"
         if cid != expect or parent != (cid - 1 or None):
             problem("checkpoints", name, f"expected checkpoint {expect} with parent "
                     f"{expect - 1 or None}, found id {cid} with parent {parent}")
+        if dropped:  # compacted: its delta is gone, its hash is what the next one chains to
+            prev_hash, expect = bytes(hsh), int(cid) + 1
+            continue
         delta = deltas.get(int(cid), {})
         want_digest = hashlib.sha256(cbor2.dumps(dict(sorted(delta.items())))).digest()
         if want_digest != bytes(digest):

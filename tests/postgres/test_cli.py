@@ -111,8 +111,7 @@ def test_a_run_another_worker_holds_is_refused(filled: PostgresStore, url: str) 
     assert filled.head("run-a").id == 3  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("args", [("compact", "--keep-last", "1"),
-                                  ("backup", "/nonexistent/copy.awal"),
+@pytest.mark.parametrize("args", [("backup", "/nonexistent/copy.awal"),
                                   ("restore", "run-a", "tree", "/nonexistent/dir")])
 def test_what_the_backend_cannot_do_is_a_typed_error(filled: PostgresStore, url: str,
                                                      args: tuple[str, ...]) -> None:

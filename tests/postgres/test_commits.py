@@ -274,8 +274,9 @@ def test_a_version_3_store_gets_its_intervals_filled_in(
     store.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # back to version 3
         conn.execute(f'SET search_path = "{pg_schema}"')
-        conn.execute("DROP INDEX deltas_live, deltas_superseded")
+        conn.execute("DROP INDEX deltas_live, deltas_superseded, deltas_by_digest")
         conn.execute("ALTER TABLE deltas DROP COLUMN until")
+        conn.execute("ALTER TABLE checkpoints DROP COLUMN dropped")
         conn.execute("UPDATE meta SET schema_version = 3")
     again = open_pg(worker_id="w2")
     assert _history_states(again, "r") == before
