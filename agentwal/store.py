@@ -36,7 +36,7 @@ from .errors import ConflictError, ReadOnlyError, TreePathError
 from .format import DEFAULT_SEGMENT_BYTES, FIRST_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport, Request
-from .retention import CompactReport, Policy, check_args, policy_args
+from .retention import CompactReport, Policy, check_args, policy_args, selected_runs
 from .tree import split_relpath
 from .txn import Begin, Transaction, check_effect_args, check_retry_of
 from .types import (
@@ -648,11 +648,7 @@ class Store:
         if self.readonly:
             raise ReadOnlyError(self.path)
         check_args(keep_last, older_than)
-        selected: list[str] | None = None
-        if runs is not None:
-            if isinstance(runs, str):
-                raise TypeError("runs is a list of run ids, not one str")
-            selected = sorted({check_key(r, "run id") for r in runs})
+        selected = selected_runs(runs)
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
                                                keep_fork_origins, progress)
 

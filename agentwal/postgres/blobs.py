@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
 from ..errors import BlobSourceError, CorruptionError
-from ..local.blobs import CHUNK, _read_chunk, _source
+from ..local.blobs import CHUNK, BlobReader, _read_chunk, _source
 from ..types import BlobRef
 
 if TYPE_CHECKING:
+    from ..io import FileSystem
     from .db import Db
 
 __all__ = ["GRACE", "PgBlobReader", "PgBlobs"]
@@ -176,110 +176,60 @@ def _rollback(conn: psycopg.Connection[Any]) -> None:
             conn.execute("ROLLBACK")
 
 
-class PgBlobReader(io.RawIOBase):
+class _Chunks:
+    """The ``read``/``close`` of a file system over one blob's chunk rows (for ``BlobReader``).
+
+    ``read(_fd, offset, n)`` returns the bytes the chunks hold there, short
+    where a chunk is missing or short (the reader calls that damage); the
+    last chunk fetched is kept, so sequential reads cost one round trip per
+    chunk.
+    """
+
+    def __init__(self, blobs: PgBlobs, blob: int) -> None:
+        self._blobs = blobs
+        self._blob = blob
+        self._cached: tuple[int, bytes] | None = None
+
+    def _chunk(self, n: int) -> bytes:
+        if self._cached is None or self._cached[0] != n:
+            self._cached = (n, self._blobs.chunk(self._blob, n) or b"")
+        return self._cached[1]
+
+    def read(self, _fd: int, offset: int = 0, n: int | None = None) -> bytes:
+        out = bytearray()
+        while n is None or len(out) < n:
+            index, at = divmod(offset + len(out), CHUNK)
+            piece = self._chunk(index)[at:]
+            if n is not None:
+                piece = piece[:n - len(out)]
+            out += piece
+            if len(piece) < CHUNK - at and (n is None or len(out) < n):
+                break  # the end of the blob (or a short, damaged chunk)
+        return bytes(out)
+
+    def close(self, _fd: int) -> None:
+        self._cached = None
+
+
+class PgBlobReader(BlobReader):
     """A read-only binary stream of one blob on PostgreSQL (``store.open_blob``).
 
-    As the local reader: reading from the start to the end checks the
-    content's SHA-256, and the read that reaches the end raises
-    ``CorruptionError`` on a mismatch; bytes read after a seek are not
-    hashed; :meth:`verify` checks the whole blob. One chunk at a time is
-    fetched (and kept), so memory stays at one chunk whatever the blob's size.
+    The local reader's contract (``agentwal.local.blobs.BlobReader``: reading
+    from the start to the end checks the SHA-256, :meth:`verify` checks the
+    whole blob, seeking is allowed) over the blob's chunk rows, fetched one
+    at a time: memory stays at a chunk or two whatever the blob's size.
 
     Attributes:
         ref: the :class:`~agentwal.BlobRef` being read.
     """
 
     def __init__(self, blobs: PgBlobs, blob: int, ref: BlobRef, *, verify: bool = True) -> None:
-        super().__init__()
-        self._blobs = blobs
-        self._blob = blob
-        self.ref = ref
-        self.name = f"{blobs.where} blob {ref.sha256}"
-        self._pos = 0
-        self._cached: tuple[int, bytes] | None = None
-        self._hasher: Any = hashlib.sha256() if verify else None
-        self._hashed = 0
-        if verify and ref.size == 0:
-            self._finish()
+        super().__init__(cast("FileSystem", _Chunks(blobs, blob)), 0,
+                         f"{blobs.where} blob {ref.sha256}", ref, verify=verify)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        self._check()
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._check()
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.ref.size}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
-
-    def _check(self) -> None:
-        if self.closed:
-            raise ValueError("I/O operation on a closed blob reader")
-
-    def _piece(self, n: int) -> bytes:
-        if self._cached is not None and self._cached[0] == n:
-            return self._cached[1]
-        data = self._blobs.chunk(self._blob, n)
-        want = min(CHUNK, self.ref.size - n * CHUNK)
-        if data is None or len(data) != want:
-            raise self._damaged(f"chunk {n} holds {'no row' if data is None else len(data)} "
-                                f"bytes where {want} belong")
-        self._cached = (n, data)
-        return data
-
-    def read(self, size: int | None = -1, /) -> bytes:
-        self._check()
-        if size is None or size < 0:
-            size = max(self.ref.size - self._pos, 0)
-        out = bytearray()
-        while len(out) < size and self._pos < self.ref.size:
-            n, off = divmod(self._pos, CHUNK)
-            piece = self._piece(n)[off:off + size - len(out)]
-            if self._hasher is not None and self._pos == self._hashed:
-                self._hasher.update(piece)
-                self._hashed += len(piece)
-            out += piece
-            self._pos += len(piece)
-        if self._hasher is not None and self._hashed == self.ref.size:
-            self._finish()
-        return bytes(out)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any, /) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-    def _finish(self) -> None:
-        hasher, self._hasher = self._hasher, None
-        if hasher.hexdigest() != self.ref.sha256:
-            raise self._damaged(f"content SHA-256 is {hasher.hexdigest()}, its reference says "
-                                f"{self.ref.sha256}")
-
-    def verify(self) -> None:
-        """Hash the whole blob now (the position does not move).
-
-        Raises:
-            CorruptionError: its content is not the reference's.
-        """
-        self._check()
-        h = hashlib.sha256()
-        for n in range(-(-self.ref.size // CHUNK)):
-            h.update(self._piece(n))
-        if h.hexdigest() != self.ref.sha256:
-            raise self._damaged(f"content SHA-256 is {h.hexdigest()}, its reference says "
-                                f"{self.ref.sha256}")
-
-    def _damaged(self, why: str) -> CorruptionError:
-        return CorruptionError(self.name, None, why, "Put the artifact again, or restore the "
-                               "schema from a backup.")
+    def _damaged(self, reason: str) -> CorruptionError:
+        self._damage = CorruptionError(
+            self.name, None, reason.replace("blob file", "blob"),
+            "The blob's chunk rows are damaged; the rest of the store is not affected. Put "
+            "the artifact again, or restore the schema from a backup.")
+        return self._damage

@@ -70,7 +70,7 @@ from ..errors import (
 from ..format import TREE_MEDIA_TYPE
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
-from ..retention import CompactReport, check_args
+from ..retention import CompactReport, check_args, selected_runs
 from ..transfer import CopyReport, copy_runs
 from ..txn import Begin, Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
@@ -822,12 +822,7 @@ class PostgresStore:
         """
         self._writable()
         check_args(keep_last, older_than)
-        selected: list[str] | None = None
-        if runs is not None:
-            if isinstance(runs, str):
-                raise TypeError("runs is a list of run ids, not one str")
-            selected = sorted({check_key(r, "run id") for r in runs})
-        return compact_runs(self._b, selected, keep_last, older_than, bool(vacuum),
+        return compact_runs(self._b, selected_runs(runs), keep_last, older_than, bool(vacuum),
                             bool(keep_fork_origins), progress)
 
     def verify(self, *, progress: Progress | None = None) -> VerifyReport:
