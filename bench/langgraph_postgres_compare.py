@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+from benchlib import make_durable
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph_compare import measure
 from psycopg.rows import dict_row
@@ -112,10 +113,8 @@ def main() -> None:
     if server is None:
         sys.exit("no PostgreSQL server: " + "; ".join(why))
     try:
+        make_durable(server)
         with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                conn.execute(f"ALTER SYSTEM SET {name} = on")
-            conn.execute("SELECT pg_reload_conf()")
             version = conn.execute("SHOW server_version").fetchone()
         runs: dict[str, list[dict[str, Any]]] = {"postgres_saver": [], "agentwal": []}
         for rnd in range(args.rounds):

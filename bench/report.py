@@ -55,6 +55,7 @@ from benchlib import (  # noqa: E402
     build_history_store,
     build_wal_store,
     evict_page_cache,
+    make_durable,
     open_and_release,
     scratch_dir,
     values,
@@ -876,14 +877,9 @@ class PgServer:
                 log(self.notes[0])
                 return
             self.dsn, self.how = self._server.dsn, self._server.how
-            import psycopg
-
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                    conn.execute(f"ALTER SYSTEM SET {name} = on")
-                conn.execute("SELECT pg_reload_conf()")
         assert self.dsn is not None
-        self.settings = _pg_settings(self.dsn, want_on=self._server is not None)
+        durable = self._server is not None and make_durable(self._server)
+        self.settings = _pg_settings(self.dsn, want_on=durable)
 
     def stop(self) -> None:
         if self._server is not None:
