@@ -3,16 +3,21 @@
 
 Usage::
 
-    make bench-report                          # the full run (about 10 minutes), then the page
+    make bench-report                          # the full run (about 15 minutes), then the page
     .venv/bin/python bench/report.py --quick   # tiny sizes, a few seconds: checks the code path
     .venv/bin/python bench/report.py --render-only   # page and plots again from bench/report.json
 
 Every figure on the page and in the plots comes from the measurements of one
 run, saved to ``bench/report.json`` first; nothing is typed in by hand. Each
 measurement runs agentwal and its baselines (raw fdatasync loops, SQLite,
-LMDB, LangGraph's SqliteSaver, git) in the same process, interleaved round by
-round where the load of a shared machine could move between them; a ratio is
-the median over rounds of the ratio *within* a round.
+LMDB, LangGraph's SqliteSaver and PostgresSaver, git, plain file copies,
+plain PostgreSQL inserts) in the same run, interleaved round by round where
+the load of a shared machine could move between them; a ratio is the median
+over rounds of the ratio *within* a round. Every PostgreSQL measurement uses
+one server (``--pg-dsn``'s, else a throwaway one started as the tests start
+theirs, made durable). The load average before the run (and at the start of
+each part) is recorded; above ``LOADED`` per CPU the page, every plot and
+stderr say the machine was busy.
 
 ``--quick`` shrinks every size so the whole run takes seconds; its figures
 mean nothing (``tests/test_bench_report.py`` runs it to keep this code
@@ -60,6 +65,7 @@ from benchlib import (  # noqa: E402
     scratch_dir,
     values,
 )
+from report_render import LOADED, loaded  # noqa: E402
 
 import agentwal  # noqa: E402
 
@@ -720,6 +726,31 @@ def workspace_sweep(files: list[int], repeat: int, log: Log) -> dict[str, Any]:
     return out
 
 
+# -- blobs: put_blob and open_blob throughput vs artifact size ------------------------------------
+
+BLOB_OPS = ("copy + fsync", "copy + sha256 + fsync", "put_blob + commit (sync)",
+            "read + sha256 (warm)", "open_blob, verified (warm)", "read + sha256 (cold)",
+            "open_blob, verified (cold)")
+
+
+def blobs_sweep(mib: list[float], rounds: int, log: Log) -> dict[str, Any]:
+    """``bench/test_bench_blobs.py``'s rounds (put_blob beside a durable copy, open_blob beside
+    a hashing read) at each artifact size; MB/s (10^6 bytes) per round."""
+    import test_bench_blobs as tbb
+
+    out: dict[str, Any] = {"mib": mib, "rounds": rounds, "series": {op: [] for op in BLOB_OPS}}
+    for size_mib in mib:
+        size = int(size_mib * MIB)
+        with scratch_dir() as d:
+            times = tbb.run(d, size, rounds)
+        for op in BLOB_OPS:
+            out["series"][op].append(spread([size / t / 1e6 for t in times[op]]))
+        log(f"blobs: {size_mib:g} MiB: put_blob "
+            f"{out['series']['put_blob + commit (sync)'][-1]['median']:,.0f} MB/s, copy + fsync "
+            f"{out['series']['copy + fsync'][-1]['median']:,.0f} MB/s")
+    return out
+
+
 # -- PostgreSQL: steps/s vs worker processes ------------------------------------------------------
 
 PG_STEP = "agentwal step on PostgreSQL"
@@ -1136,6 +1167,7 @@ FULL = {
     "get": {"keys": [100, 1_000, 10_000, 50_000], "number": 2000, "repeat": 5},
     "effects": {"sizes": [100, 300, 1_000, 2_000], "runs": 10, "repeat": 7},
     "workspace": {"files": [250, 1_000, 4_000], "repeat": 5},
+    "blobs": {"mib": [1, 16, 128], "rounds": 3},
     "postgres": {"workers": [1, 2, 4], "seconds": 3.0, "rounds": 3},
     "langgraph_postgres": {"threads": [1, 4], "steps": 100, "message_bytes": 1024,
                            "rounds": 3},
@@ -1149,20 +1181,13 @@ QUICK = {
     "get": {"keys": [10, 100], "number": 20, "repeat": 2},
     "effects": {"sizes": [5, 10], "runs": 5, "repeat": 2},
     "workspace": {"files": [40, 80], "repeat": 1},
+    "blobs": {"mib": [0.25, 1], "rounds": 1},
     "postgres": {"workers": [1], "seconds": 0.2, "rounds": 1},
     "langgraph_postgres": {"threads": [1], "steps": 4, "message_bytes": 256, "rounds": 1},
     "failover": {"ttls": [0.3, 0.6], "samples": 1, "takers": 1, "poll": 0.05},
 }
-# a run that starts with a 1-minute load average above this share of the CPUs says so on the
-# page, in every plot and on stderr: other work was competing for the CPUs and the disk
-LOADED = 0.5
 # the sweeps that need the PostgreSQL server (one for the whole run)
 PG_SWEEPS = ("conversation", "postgres", "langgraph_postgres", "failover")
-
-
-def loaded(load: list[float] | tuple[float, ...], cpus: int | None) -> bool:
-    """True if a 1-minute load average of ``load[0]`` means a busy machine."""
-    return load[0] > LOADED * (cpus or 1)
 
 
 def measure(quick: bool, log: Log, pg_dsn: str | None = None,
@@ -1188,8 +1213,8 @@ def measure(quick: bool, log: Log, pg_dsn: str | None = None,
     sweeps: dict[str, Callable[..., dict[str, Any]]] = {
         "threads": threads_sweep, "open": open_sweep, "conversation": conversation,
         "get": get_sweep, "effects": effects_sweep, "workspace": workspace_sweep,
-        "postgres": postgres_sweep, "langgraph_postgres": langgraph_postgres_sweep,
-        "failover": failover_sweep}
+        "blobs": blobs_sweep, "postgres": postgres_sweep,
+        "langgraph_postgres": langgraph_postgres_sweep, "failover": failover_sweep}
     pg = PgServer(pg_dsn, postgres, log)
     try:
         res["postgres_server"] = {"how": pg.how if pg.dsn else None, "settings": pg.settings,

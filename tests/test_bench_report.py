@@ -73,7 +73,7 @@ def test_a_quick_report_measures_draws_and_rewrites_only_its_section(
     res = json.loads(data.read_text())
     assert res["quick"] is True
     for name in ("compare", "threads", "open", "conversation", "get", "effects", "workspace",
-                 "postgres", "langgraph_postgres", "failover"):
+                 "blobs", "postgres", "langgraph_postgres", "failover"):
         assert name in res, name
     if pg[0] == "--pg-dsn":
         assert all(res["postgres"]["series"].values()) and "postgres-workers.png" in section
@@ -109,7 +109,7 @@ def test_a_run_on_a_busy_machine_is_flagged() -> None:
     saved = sys.path[:]
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import report
+        import report_render as report
     finally:
         sys.path[:] = saved  # report.py puts bench/ and the repository first
     assert report.loaded((1.5, 0.2, 0.1), 2) and report.loaded((0.6, 0, 0), 1)
