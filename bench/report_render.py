@@ -597,12 +597,19 @@ BLOB_READS = ("open_blob, verified (warm)", "read + sha256 (warm)",
               "open_blob, verified (cold)", "read + sha256 (cold)")
 
 
+def _part(res: dict[str, Any], key: str, title: str) -> tuple[dict[str, Any], list[str]]:
+    """A part's measurements and its opening lines: the heading and its notes (a JSON from
+    before the part existed gets a note saying so)."""
+    part = res.get(key) or {"notes": [_OLDER]}
+    out = [f"### {title}", ""]
+    for note in part.get("notes", []):
+        out += [f"Note: {note}.", ""]
+    return part, out
+
+
 def _blobs(res: dict[str, Any], page_dir: str, images: dict[str, str | None],
            cmd: str) -> list[str]:
-    b = res.get("blobs") or {"notes": [_OLDER]}
-    out = ["### Blobs: storing and reading an artifact", ""]
-    for note in b.get("notes", []):
-        out += [f"Note: {note}.", ""]
+    b, out = _part(res, "blobs", "Blobs: storing and reading an artifact")
     if not b.get("series"):
         return out
     out += [f"`bench/test_bench_blobs.py`'s rounds at each size ({_n(b['rounds'], 'round')}): "
@@ -636,10 +643,7 @@ _OLDER = ("not measured in this run: its `bench/report.json` predates this part 
 
 def _langgraph_postgres(res: dict[str, Any], page_dir: str, images: dict[str, str | None],
                         cmd: str) -> list[str]:
-    lp = res.get("langgraph_postgres") or {"notes": [_OLDER]}
-    out = ["### LangGraph savers on PostgreSQL", ""]
-    for note in lp.get("notes", []):
-        out += [f"Note: {note}.", ""]
+    lp, out = _part(res, "langgraph_postgres", "LangGraph savers on PostgreSQL")
     if not lp.get("series"):
         return out
     out += [f"`bench/langgraph_postgres_compare.py`'s measurement on the run's server: "
@@ -672,10 +676,7 @@ def _langgraph_postgres(res: dict[str, Any], page_dir: str, images: dict[str, st
 
 def _failover(res: dict[str, Any], page_dir: str, images: dict[str, str | None],
               cmd: str) -> list[str]:
-    f = res.get("failover") or {"notes": [_OLDER]}
-    out = ["### PostgreSQL: failover time vs lease TTL", ""]
-    for note in f.get("notes", []):
-        out += [f"Note: {note}.", ""]
+    f, out = _part(res, "failover", "PostgreSQL: failover time vs lease TTL")
     if not any(f.get("series", {}).values()):
         return out
     poll = f"{f['poll'] * 1e3:g} ms"
