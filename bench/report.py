@@ -531,7 +531,7 @@ def conversation(steps: int, every: int, ages: list[int], size: int, repeat: int
     except ImportError as exc:
         notes.append(f"LangGraph savers skipped: {exc}")
     if pg.dsn is None:
-        notes += [f"the PostgreSQL savers skipped: {n}" for n in pg.notes]
+        notes += [f"the LangGraph savers on PostgreSQL: {n}" for n in pg.notes]
     else:
         try:
             import langgraph_postgres_compare  # noqa: F401
