@@ -152,6 +152,14 @@ def when(ts: float) -> str:
         timespec="seconds")
 
 
+def age(seconds: float) -> str:
+    """A short human age: 42s, 3m, 2h, 5d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
 def checkpoint_row(c: Any) -> dict[str, Any]:
     """Every field of a ``Checkpoint``, the time in ISO 8601."""
     return {"id": c.id, "parent": c.parent, "lsn": c.lsn, "created": when(c.created_at),

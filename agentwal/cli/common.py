@@ -252,16 +252,6 @@ def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def age(seconds: float) -> str:
-    """A short human age: 42s, 3m, 2h, 5d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-
-
 def checkpoint_table(rows: list[dict[str, Any]]) -> None:
     table([(r["id"], r["parent"] or "-", r["lsn"], r["created"], r["hash"][:16],
              json.dumps(jsonable(r["meta"]), sort_keys=True)) for r in rows],

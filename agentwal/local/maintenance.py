@@ -179,5 +179,9 @@ class Maintenance:
                 e.blobrefs.sweep()
             e._counters["retention_passes"] += 1
             e._retain_error = None
+            if e.health is not None:
+                e.health.succeeded("retention")
         except Error as exc:
             e._retain_error = exc
+            if e.health is not None:
+                e.health.failed("retention", exc)

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import agentwal
 from agentwal.cli import main
-from agentwal.cli.common import age as _age
 from agentwal.effects import STATUSES
+from agentwal.views import age as _age
 
 WHEN = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
 LONG_ERROR = "the card processor said no " + "because " * 20
