@@ -101,7 +101,7 @@ async function renderRuns(params, live) {
       el("td", {}, link(`#/run/${enc(r.run)}`, r.run), r.origin ? el("span", { class: "muted" }, ` forked from ${r.origin[0]} #${r.origin[1]}`) : null),
       el("td", {}, r.head === null ? "-" : `#${r.head}`),
       el("td", {}, age(r.created_at)),
-      el("td", { class: "num" }, r.checkpoints),
+      el("td", { class: "num", title: r.checkpoints_more ? "counted up to this many; the run's page lists them all" : null }, r.checkpoints_more ? `${r.checkpoints}+` : String(r.checkpoints)),
       el("td", { class: "num" }, r.in_doubt ? el("span", { class: "badge bad" }, r.in_doubt) : "0")))));
   const body = el("div", { id: "runs-body" }, table,
     rows.length ? null : el("p", { class: "muted" }, q ? "No run matches." : "The store has no runs yet."));
