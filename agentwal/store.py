@@ -671,14 +671,15 @@ class Store:
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
                                                keep_fork_origins, progress)
 
-    def copy_runs(self, dest: Any, runs: Any = None) -> Any:
+    def copy_runs(self, dest: Any, runs: Any = None, *, progress: Progress | None = None) -> Any:
         """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
 
         Either store may be local or PostgreSQL: see :func:`agentwal.transfer.copy_runs`.
+        ``progress`` is told ``("checkpoints", copied, total)`` as it goes.
         """
         from .transfer import copy_runs
 
-        return copy_runs(self, dest, runs)
+        return copy_runs(self, dest, runs, progress=progress)
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""

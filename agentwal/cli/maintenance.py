@@ -163,8 +163,9 @@ def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
 
     if not is_postgres_dsn(dest) and os.path.exists(dest) and not os.path.isdir(dest):
         raise usage(f"DEST {dest!r} is a file: give a store directory or a PostgreSQL URI")
-    with open_ro(path) as src, open_store(dest) as out, progress_bar(f"copy to {dest}"):
-        rep = src.copy_runs(out, runs=list(runs) or None)
+    with open_ro(path) as src, open_store(dest) as out, \
+            progress_bar(f"copy to {dest}") as progress:
+        rep = src.copy_runs(out, runs=list(runs) or None, progress=progress)
     data = dataclasses.asdict(rep)
     emit(as_json, data, lambda: click.echo(
         f"copied {len(rep.runs)} run(s) ({', '.join(rep.runs) or 'none'}) to {dest}: "

@@ -311,7 +311,7 @@ def _stderr_on_a_terminal(args: list[str]) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _on_a_terminal(args, env, stream="stderr"))
 
 
-def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
+def test_verify_backup_compact_copy_draw_progress_on_a_terminal_only(forked: str,
                                                                 tmp_path: Path) -> None:
     # The bar redraws ten times a second and once at the end: the last phase always shows.
     err = _stderr_on_a_terminal(["verify", forked])
@@ -321,6 +321,9 @@ def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
     assert f"backup to {dest}: snapshot" in err and "100%" in err
     err = _stderr_on_a_terminal(["compact", forked, "--keep-last", "2", "--vacuum"])
     assert "compact: vacuum" in err and "100%" in err
+    other = str(tmp_path / "other.awal")
+    err = _stderr_on_a_terminal(["copy", forked, other])
+    assert f"copy to {other}: checkpoints" in err and "100%" in err
     for args in (["verify", forked], ["compact", dest, "--keep-last", "1"]):
         code, _, err = run(*args)  # not a terminal: nothing but the result
         assert code == 0 and err == "", (args, err)

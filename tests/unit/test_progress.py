@@ -118,6 +118,18 @@ def test_a_raising_callback_before_the_commit_drops_nothing(path: str) -> None:
         assert s.compact(keep_last=1).checkpoints_dropped > 0  # the store goes on
 
 
+def test_copy_runs_reports_checkpoints(path: str, tmp_path: Path) -> None:
+    rec = Recorder()
+    with agentwal.open(path, readonly=True) as src, \
+            agentwal.open(str(tmp_path / "dest.awal")) as dest:
+        rep = src.copy_runs(dest, runs=["run-1", "run-2"], progress=rec)
+        assert [c.id for c in dest.history("run-2")] == [c.id for c in src.history("run-2")]
+    assert rec.phases() == ["checkpoints"]
+    rec.check_each_phase_rises_to_its_total()
+    assert rec.calls[0] == ("checkpoints", 0, 12) and rec.calls[-1] == ("checkpoints", 12, 12)
+    assert rep.checkpoints == 12
+
+
 def test_progress_is_keyword_only(path: str, tmp_path: Path) -> None:
     with agentwal.open(path) as s:
         bad: Any = s.verify
