@@ -178,7 +178,7 @@ class Maintenance:
             with e._fold_lock:
                 self.compact_locked(None, keep_last, cutoff, True)
                 e.blobrefs.sweep()
-            e._counters["retention_passes"] += 1
+            e.counters["retention_passes"] += 1
             e._retain_error = None
             if e.health is not None:
                 e.health.succeeded("retention")
