@@ -28,6 +28,7 @@ from ..views import (
 )
 from .app import main
 from .common import (
+    NotFound,
     checkpoint_table,
     clip,
     console,
@@ -40,7 +41,6 @@ from .common import (
     reports_errors,
     store_argument,
     table,
-    usage,
 )
 
 
@@ -272,8 +272,9 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
     missing = [k for k in wanted if k not in state]
     if missing:
         where = f"checkpoint {at}" if at else "its latest commit"
-        raise usage(f"run {run!r} has no key {missing[0]!r} at {where}. List its keys with "
-                    f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
+        raise NotFound("missing_key", f"run {run!r} has no key {missing[0]!r} at {where}. "
+                       "List its keys with "
+                       f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
     if key is not None and not keys and key not in trees:
         value = state[key]
         emit(as_json, value, lambda: click.echo(to_json(value)))

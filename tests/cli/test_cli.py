@@ -75,7 +75,7 @@ def test_wal_dump(filled: str) -> None:
 
 def test_problems_exit_1_without_traceback(filled: str, tmp_path: Path) -> None:
     code, out = run("show", filled, "no-such-run")
-    assert code == 1 and "run_not_found" in out and "Traceback" not in out
+    assert code == 2 and "run_not_found" in out and "Traceback" not in out
     empty = tmp_path / "empty"
     empty.mkdir()
     code, out = run("inspect", str(empty))
@@ -125,7 +125,7 @@ def test_compact(tmp_path: Path) -> None:
     assert run("compact", path, "--older-than", "soon")[0] == 2
     assert run("compact", path, "--keep-last", "0")[0] == 2
     code, out = run("compact", path, "--run", "nope")
-    assert code == 1 and "run_not_found" in out
+    assert code == 2 and "run_not_found" in out
     with agentwal.open(path):  # a writer holds the store
         code, out = run("compact", path, "--keep-last", "1")
     assert code == 1 and "store_locked" in out

@@ -77,18 +77,21 @@ def test_show_a_missing_key_is_a_usage_error_naming_the_list_command(forked: str
     code, out, err = run("show", forked, "run-a", "nope")
     assert code == 2 and out == "" and f"agentwal show {forked} run-a" in err
     code, out, _ = run("show", forked, "run-a", "nope", "--json")
-    assert code == 2 and json.loads(out)["error"]["code"] == "usage"
+    assert code == 2 and json.loads(out)["error"]["code"] == "missing_key"
 
 
-def test_an_unknown_run_exits_1_with_the_list_command(forked: str) -> None:
+def test_an_unknown_run_is_a_usage_error_with_the_list_command(forked: str) -> None:
     for args in (["show", forked, "nope"], ["history", forked, "nope"],
                  ["diff", forked, "nope", "1", "2"]):
         code, out, err = run(*args)
         assert out == ""
-        assert code == 1 and "run_not_found" in err and f"agentwal runs {forked}" in err, args
+        assert code == 2 and "run_not_found" in err and f"agentwal runs {forked}" in err, args
         assert "store.runs()" not in err  # the library's hint is replaced by the command
+    code, out, _ = run("show", forked, "nope", "--json")
+    assert code == 2 and json.loads(out)["error"] == {
+        "code": "run_not_found", "exit_code": 2, "message": json.loads(out)["error"]["message"]}
     code, _, err = run("history", forked, "run-a", "--before", "99")
-    assert code == 1 and f"agentwal history {forked} run-a" in err
+    assert code == 2 and f"agentwal history {forked} run-a" in err
 
 
 def test_history_graph_shows_forks_rollbacks_and_head(forked: str) -> None:
