@@ -160,6 +160,18 @@ def test_escaping_tracebacks_are_gone(forked: str, tmp_path: Path) -> None:
         os.path.join(forked, "inside"))
     code, _, err = run("compact", forked, "--older-than", "10000000000d")
     assert code == 2 and "--older-than" in err
+    code, _, err = run("backup", forked, str(tmp_path / "no" / "such" / "b.awal"))
+    assert code == 2 and "parent directory" in err and "create it first" in err
+    code, _, err = run("copy", forked, forked)
+    assert code == 2 and "is STORE itself" in err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_backup_that_cannot_be_written_blames_dest_not_the_store(forked: str) -> None:
+    dest = "/proc/agentwal-no-such-backup"  # its parent exists; nothing can be made in it
+    code, _, err = run("backup", forked, dest)
+    assert code == 1 and f"cannot write the backup at {dest!r}" in err
+    assert "The store is unchanged" in err and "reopen the store" not in err
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
