@@ -32,6 +32,8 @@ from .views import age, effect_counts, outbox, when
 
 __all__ = ["attention", "inspect", "size"]
 
+#: A background job's name in a sentence.
+_JOB = {"fold": "fold", "retention": "retention pass"}
 #: The writer's default ``wal_max_bytes`` (``agentwal.open``), assumed when not told.
 DEFAULT_WAL_MAX_BYTES = 64 << 20
 
@@ -106,7 +108,7 @@ def attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
     for field in ("writer_broken", "fold_error", "retention_error"):
         if st.get(field):
             what = {"writer_broken": "the writer is broken (it accepts no more commits "
-                    "until reopened)"}.get(field, f"the last {field.split('_')[0]} failed")
+                    "until reopened)"}.get(field, f"the last {_JOB[field.split('_')[0]]} failed")
             out.append(f"{what}: {st[field]}")
     record = st.get("health_record") or {}
     if st.get("readonly"):  # a writer's own failures are in its stats above
@@ -114,7 +116,7 @@ def attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
             entry = record.get(job)
             if entry:
                 ago = max(0.0, time.time() - entry["at"])
-                out.append(f"the last {job} failed {age(ago)} ago ({when(entry['at'])}), "
+                out.append(f"the last {_JOB[job]} failed {age(ago)} ago ({when(entry['at'])}), "
                            f"as the writer recorded it: {entry['error']}")
     eff = st["effects"]
     if eff["in_doubt"] or eff["failed"]:

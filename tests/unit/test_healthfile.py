@@ -10,7 +10,7 @@ import pytest
 
 import agentwal
 from agentwal import health
-from agentwal.errors import DurabilityError
+from agentwal.errors import DiskFullError, DurabilityError
 from agentwal.local.healthfile import HEALTH_FILE, HealthFile, read_health
 from agentwal.testing import SimulatedDisk
 from agentwal.testing import crash as crash_store
@@ -72,9 +72,12 @@ def test_a_failed_fold_is_in_a_read_only_inspect_with_when_and_the_error(
     assert any(a.startswith("the last fold failed") and "No space left" in a
                for a in st["attention"]), st["attention"]
     rec.succeeded("fold")
+    rec.failed("retention", DiskFullError(path, "no room"))
     with agentwal.open(path, readonly=True) as ro:
         st = health.inspect(ro, path)
     assert not any("fold failed" in a for a in st["attention"])
+    assert [a for a in st["attention"] if a.startswith("the last retention pass failed")]
+    assert st["health_record"]["retention"]["code"] == "disk_full"
 
 
 @pytest.mark.parametrize("content, why", [
