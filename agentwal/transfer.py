@@ -34,7 +34,7 @@ was on; ``delete_run`` that one and copy it again.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from .codec import decode_blob_ref, is_blob_ref
 from .effects import EffectRecord
 from .errors import BackendUnsupportedError, ReadOnlyError, RunExistsError, RunNotFoundError
 from .format import TREE_MEDIA_TYPE
-from .types import Checkpoint, check_key
+from .types import Checkpoint, Progress, check_key
 
 __all__ = ["CopyReport", "copy_runs"]
 
@@ -81,8 +81,13 @@ def backend_of(store: Any) -> Any:
     return inner
 
 
-def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None) -> CopyReport:
+def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None, *,
+              progress: Progress | None = None) -> CopyReport:
     """Copy ``runs`` (default: every run) of store ``src`` into store ``dest`` (module doc).
+
+    ``progress(phase, done, total)`` is told ``("checkpoints", copied, of all
+    the runs')`` as each checkpoint is committed in ``dest`` (a run's ledger
+    entries are recorded after its checkpoints, within the same phase).
 
     Raises:
         RunNotFoundError: a run named is not in ``src``.
@@ -114,9 +119,17 @@ def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None) -> CopyRep
         _refuse_trees(sb, run, hist)
     copied = checkpoints = 0
     renumbered: dict[str, dict[int, int]] = {}
+    tick = progress or (lambda phase, done, total: None)
+    total = sum(len(h) for h in plans.values())
+    tick("checkpoints", 0, total)
     for run in _origins_first(names, plans):
+        base = checkpoints
+
+        def done(n: int, base: int = base) -> None:
+            tick("checkpoints", base + n, total)
+
         ids = _copy_history(src, sb, db, dest, run, plans[run],
-                            [e for e in entries if e.run == run])
+                            [e for e in entries if e.run == run], done)
         checkpoints += len(ids)
         if any(old != new for old, new in ids.items()):
             renumbered[run] = ids
@@ -204,8 +217,12 @@ def _carry_blobs(src: Any, dest: Any, run: str, cid: int, delta: dict[str, bytes
 
 
 def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
-                  entries: list[EffectRecord]) -> dict[int, int]:
-    """Commit the run's checkpoints in ``db``; returns ``{source id: destination id}``."""
+                  entries: list[EffectRecord], done: Callable[[int], None]
+                  ) -> dict[int, int]:
+    """Commit the run's checkpoints in ``db``; returns ``{source id: destination id}``.
+
+    ``done(n)`` is called after the n-th checkpoint is committed.
+    """
     ids: dict[int, int] = {}
     keeps_time = bool(getattr(db, "commits_at_given_time", False))
     carried: set[str] = set()
@@ -227,6 +244,7 @@ def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Ch
             finally:
                 db.end(view)
             ids[c.id] = made.id
+            done(len(ids))
     finally:
         if pins:
             dest._engine._blobs.unpin(pins)
