@@ -112,6 +112,16 @@ def _successor(prefix: str) -> str | None:
     return None
 
 
+class _Dropped(Exception):
+    """The checkpoint being read was dropped by a compaction (``_state``'s marker row)."""
+
+
+def _compacted(view: PgView) -> ConflictError:
+    return ConflictError(view.run, reason=(
+        f"a compaction dropped checkpoint {view.base}, which this transaction reads at, "
+        "after it began; nothing was applied. Begin again (from the run's head)."))
+
+
 class _Retry(Exception):
     """The server aborted a commit as a serialization failure or deadlock: run it again."""
 
@@ -204,14 +214,27 @@ class PostgresBackend:
             return None
         with self._conn() as conn:
             row = conn.execute(
-                "SELECT d.inline, v.data FROM deltas d LEFT JOIN vals v ON v.digest = d.digest "
-                "WHERE d.run = %s AND d.key = %s AND d.ckpt <= %s ORDER BY d.ckpt DESC LIMIT 1",
-                (view.run, key, view.base)).fetchone()
-        return None if row is None else _value(row[0], row[1])
+                "SELECT c.dropped, d.inline, v.data FROM checkpoints c LEFT JOIN LATERAL "
+                "(SELECT inline, digest FROM deltas WHERE run = c.run AND key = %s "
+                "AND ckpt <= c.id ORDER BY ckpt DESC LIMIT 1) d ON true "
+                "LEFT JOIN vals v ON v.digest = d.digest WHERE c.run = %s AND c.id = %s",
+                (key, view.run, view.base)).fetchone()
+        if row is None:
+            return None  # the run was deleted since the view: its commit will say so
+        if row[0]:
+            raise _compacted(view)
+        return _value(row[1], row[2])
 
     def scan(self, view: PgView, prefix: str) -> dict[str, bytes]:
-        """``{key: stored bytes}`` of every key under ``prefix`` at the view."""
-        return self._state(view.run, view.base, prefix=prefix)
+        """``{key: stored bytes}`` of every key under ``prefix`` at the view.
+
+        Raises:
+            ConflictError: a compaction dropped the view's checkpoint meanwhile.
+        """
+        try:
+            return self._state(view.run, view.base, prefix=prefix)
+        except _Dropped:
+            raise _compacted(view) from None
 
     def _state(self, run: str, upto: int, *, prefix: str = "",
                key: str | None = None) -> dict[str, bytes]:
@@ -235,9 +258,15 @@ class PostgresBackend:
                 "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
                 "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
                 "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until > %(upto)s "
-                "AND d.ckpt <= %(upto)s AND " + where + " ORDER BY 1", args).fetchall()
+                "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
+                # A marker row (no key) when a compaction dropped the checkpoint: its rows
+                # are gone in part, so what was read above is not its state.
+                "SELECT NULL, NULL, NULL FROM checkpoints WHERE run = %(run)s "
+                "AND id = %(upto)s AND dropped ORDER BY 1", args).fetchall()
         out: dict[str, bytes] = {}
         for k, inline, data in rows:
+            if k is None:
+                raise _Dropped
             value = _value(inline, data)
             if value is not None:
                 out[k] = value
@@ -538,7 +567,10 @@ class PostgresBackend:
             CheckpointNotFoundError: no such checkpoint.
         """
         self.check_at(run, checkpoint)
-        return self._state(run, checkpoint, key=key)
+        try:
+            return self._state(run, checkpoint, key=key)
+        except _Dropped:  # a compaction dropped it since check_at
+            raise CheckpointNotFoundError(run, checkpoint) from None
 
     def check_at(self, run: str, checkpoint: int) -> Checkpoint:
         """Checkpoint ``checkpoint`` of ``run``, or RunNotFoundError / CheckpointNotFoundError."""

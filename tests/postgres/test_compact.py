@@ -59,6 +59,33 @@ def test_keep_last_drops_the_rest_and_the_kept_read_as_before(
     assert pgstore.verify().ok
 
 
+def test_a_transaction_at_a_dropped_checkpoint_conflicts_at_its_next_read(
+        open_pg: Callable[..., PostgresStore]) -> None:
+    a = open_pg(worker_id="a")
+    with a.begin("r") as txn:
+        txn["k"] = 0
+        txn["p/x"] = 0
+    stale = a.begin("r")  # at checkpoint 1
+    assert stale.get("k") == 0
+    for i in (1, 2):
+        with a.begin("r") as txn:
+            txn["k"] = i
+    a.compact(keep_last=1)  # drops 1 and 2
+    with pytest.raises(agentwal.ConflictError, match="compaction dropped checkpoint 1"):
+        stale.get("p/x")
+    with pytest.raises(agentwal.ConflictError):
+        list(stale.items("p/"))
+    stale.rollback()
+    calls: list[int] = []
+
+    def step(txn: agentwal.Transaction) -> None:
+        calls.append(txn.get("k"))
+        txn["k"] = 9
+
+    a.transact("r", step)
+    assert calls == [2] and a.get("r", "k") == 9
+
+
 def test_fork_origins_and_gaps_stay_readable(pgstore: PostgresStore) -> None:
     for i in range(6):
         with pgstore.begin("r") as txn:
