@@ -35,7 +35,7 @@ RANK = {
     "postgres": 7, "transfer": 7,
     # the engine and its parts (each references Engine, for typing only)
     "local.engine": 7, "local.fold": 7, "local.maintenance": 7, "local.blobrefs": 7,
-    "local.effectlog": 7, "local.audit": 7, "local.runs": 7,
+    "local.effectlog": 7, "local.audit": 7, "local.runs": 7, "local.startup": 7,
     "local.backend": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
     "workspace": 8, "snapshot": 8, "health": 8, "local.salvage": 8,
