@@ -120,6 +120,25 @@ class RunInfo:
     #: a fork's origin, kept here once compaction dropped its first checkpoint
     origin: tuple[str, int] | None = None
 
+    @classmethod
+    def decode(cls, obj: Any) -> RunInfo | None:
+        """The run record ``obj`` (decoded CBOR of a ``runs`` value), or None if malformed.
+
+        ``[number, head, head_hash, count, keys, digest]``, with a seventh
+        item ``[origin run, origin checkpoint]`` once compaction dropped a
+        fork's first checkpoint. The one decoder of it: the reader raises
+        ``CorruptionError`` on None, verify reports it.
+        """
+        if not (isinstance(obj, list) and len(obj) in (6, 7)
+                and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
+                and isinstance(obj[2], bytes)
+                and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
+                                       and isinstance(obj[6][0], str)
+                                       and isinstance(obj[6][1], int)))):
+            return None
+        origin = (obj[6][0], obj[6][1]) if len(obj) == 7 else None
+        return cls(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5], origin)
+
 
 def crc(key: bytes, data: bytes) -> int:
     """The CRC-32 a sealed value carries: over its key, then its bytes."""

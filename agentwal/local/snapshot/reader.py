@@ -196,15 +196,10 @@ class SnapshotReader:
             obj = self._load(rk, self._txn.get(rk, db=self._runs), f"run {run!r}")
         if obj is None:
             return None
-        if not (isinstance(obj, list) and len(obj) in (6, 7)
-                and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
-                and isinstance(obj[2], bytes)
-                and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                       and isinstance(obj[6][0], str)
-                                       and isinstance(obj[6][1], int)))):
+        info = RunInfo.decode(obj)
+        if info is None:
             raise self._corrupt(f"run record of {run!r} is malformed")
-        origin = (obj[6][0], obj[6][1]) if len(obj) == 7 else None
-        return RunInfo(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5], origin)
+        return info
 
     def runs(self) -> list[str]:
         """Every folded run id (each record's checksum verified)."""

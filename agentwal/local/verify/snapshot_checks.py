@@ -36,7 +36,7 @@ from ... import history
 from ...codec import CodecError, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, index_keys
+from ..snapshot.layout import EFFECTS_INDEX, RunInfo, index_keys
 from .chain_checks import ChainChecks
 from .object_checks import ObjectChecks
 from .snapshot_base import _U32, _U64, _Damaged, _int, _Run
@@ -141,12 +141,12 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             obj = self.decode("runs", k, data)
             if obj is None:
                 continue
-            if not (isinstance(obj, list) and len(obj) in (6, 7)
-                    and all(_int(obj[i]) for i in (0, 1, 3, 4, 5))
-                    and isinstance(obj[2], bytes) and len(obj[2]) == 32
-                    and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                           and isinstance(obj[6][0], str)
-                                           and _int(obj[6][1])))):
+            info = RunInfo.decode(obj)
+            # Stricter than a read: no bool for an int, and a whole SHA-256.
+            if (info is None or len(info.head_hash) != 32
+                    or not all(_int(x) for x in (info.number, info.head, info.count, info.keys,
+                                                 info.digest))
+                    or (info.origin is not None and not _int(info.origin[1]))):
                 self.entry_problem("runs", k, "run record is malformed")
                 continue
             try:
@@ -154,7 +154,7 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             except UnicodeDecodeError:
                 self.entry_problem("runs", k, "run id is not UTF-8")
                 continue
-            n = obj[0]
+            n = info.number
             if n in self.runs:
                 self.entry_problem("runs", k, f"run number #{n} is also that of run "
                                    f"{self.runs[n].name!r}")
@@ -162,10 +162,10 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             if self.next_run is not None and n >= self.next_run:
                 self.entry_problem("runs", k, f"run number #{n} is not below next_run "
                                    f"{self.next_run}")
-            if obj[1] < 1:
-                self.entry_problem("runs", k, f"head checkpoint {obj[1]} is not an id")
-            self.runs[n] = _Run(name, obj[1], obj[2], obj[3], obj[4], obj[5],
-                                (obj[6][0], obj[6][1]) if len(obj) == 7 else None)
+            if info.head < 1:
+                self.entry_problem("runs", k, f"head checkpoint {info.head} is not an id")
+            self.runs[n] = _Run(name, info.head, info.head_hash, info.count, info.keys,
+                                info.digest, info.origin)
             self.run_nos[name] = n
             self.run_names[n] = name
         if self.runs and self.applied == 0:
