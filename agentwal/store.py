@@ -7,11 +7,13 @@ work to the embedded engine (``agentwal.local.engine.Engine``: views, the
 commit pipeline, folds, retention, blobs, the ledger's storage, verify,
 backup). What is the same for every backend stays in the facade: decoding
 stored values, a rollback's or fork's ``effects_after``, the effects
-listing's filter and ``transact``'s retry loop.
+listing's filter and ``transact``'s retry loop (``store_steps.py``).
 
-The class is split by concern over four modules: this one (``open``,
-transactions, durability, deletion and retention, verify, backup, stats,
-closing, asyncio) and the base classes it inherits, ``store_history.py``
+The class is split by concern over five modules: this one (``open``,
+``begin``, durability, deletion and retention, verify, backup, stats,
+closing) and the base classes it inherits, ``store_steps.py``
+(``transact``, ``atransact``, ``abegin``: shared with ``PostgresStore``),
+``store_history.py``
 (reads at a checkpoint, history, ``diff``, ``rollback_to``, ``fork``),
 ``store_blobs.py`` (blobs and trees) and ``store_effects.py`` (the effects
 ledger's API).
@@ -26,25 +28,20 @@ the hooks ``txn.StepHooks`` names.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
-import inspect
 import os
-import random
-import time
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import aio, failpoints
 from .codec import DecodedValues
-from .errors import ConflictError, ReadOnlyError
+from .errors import ReadOnlyError
 from .format import DEFAULT_SEGMENT_BYTES, FIRST_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from .io import FileSystem, OsFileSystem
 from .retention import CompactReport, Policy, check_args, policy_args
 from .store_blobs import BlobsAPI
 from .store_effects import EffectsAPI
 from .store_history import HistoryAPI
-from .txn import Begin, Transaction, check_retry_of
+from .store_steps import StepsAPI
+from .txn import Transaction, check_retry_of
 from .types import (
     Durability,
     Progress,
@@ -163,42 +160,7 @@ def open(
     return Store(engine)
 
 
-class _StepAttempts:
-    """The bookkeeping of ``transact``/``atransact``: one step's attempts, one at a time."""
-
-    def __init__(self, store: Store, run: str, fn: object, retries: int) -> None:
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if not callable(fn):
-            raise TypeError("fn must be callable as fn(txn)")
-        self.store, self.run, self.retries = store, run, retries
-        self.prev: Transaction | None = None
-        self.attempt = 0
-
-    def begin(self) -> Transaction:
-        """The next attempt's transaction, a retry of the last one."""
-        self.attempt += 1
-        return self.store.begin(self.run, retry_of=self.prev)
-
-    def conflicted(self, txn: Transaction, exc: ConflictError) -> float:
-        """``txn`` raised ``exc``: raise it if the retries are spent, else the pause to take."""
-        if txn.state == "active":
-            txn.rollback()
-        if txn.state == "committed" or self.attempt > self.retries:
-            raise exc
-        self.store._engine.counters["retries"] += 1
-        failpoints.hit("step_before_retry")
-        self.prev = txn
-        return random.random() * min(0.001 * 2.0 ** (self.attempt - 1), 0.05)
-
-    @staticmethod
-    def abort(txn: Transaction) -> None:
-        """Any other exception: roll the attempt back (the caller re-raises)."""
-        if txn.state == "active":
-            txn.rollback()
-
-
-class Store(HistoryAPI, BlobsAPI, EffectsAPI):
+class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
     """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
 
     def __init__(self, engine: Engine) -> None:
@@ -270,100 +232,8 @@ class Store(HistoryAPI, BlobsAPI, EffectsAPI):
             check_retry_of(retry_of, backend, run)
         return Transaction(backend, backend.begin(run), self._engine, retry_of=retry_of)
 
-    def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
-        """Run one step, ``fn(txn)``, and commit it, redoing it on ``ConflictError``.
-
-        Each attempt gets a new transaction that reads the run as it is then;
-        its effects are positioned at the first attempt's base checkpoint, so
-        an effect an earlier attempt already made returns its recorded result
-        (or raises ``EffectDivergenceError`` if the retry asks for it with
-        other args) and is never called a second time under a new key.
-        ``fn`` may commit or roll back the transaction itself; otherwise a
-        normal return commits it and an exception rolls it back.
-
-        Args:
-            run: the run id.
-            fn: the step, called as ``fn(txn)`` once per attempt; must be safe
-                to call again (its effects are, through the ledger).
-            retries: attempts after the first (>= 0).
-
-        Returns:
-            What ``fn`` returned on the attempt that committed.
-
-        Raises:
-            ConflictError: the last attempt still conflicted (after
-                ``retries`` retries); nothing of any attempt was committed.
-            Whatever ``fn`` raised (the attempt is rolled back, not retried).
-            ValueError: bad ``retries``. TypeError: ``fn`` is a coroutine
-                function (use ``await store.atransact(run, fn)``).
-            And what ``begin`` and ``commit`` raise.
-
-        Example::
-
-            def step(txn):
-                inbox = txn.get("inbox", [])
-                receipt = txn.effect("charge", charge, mode="exactly_once",
-                                     args={"amount": 4900}, idempotent=True)
-                txn["receipt"] = receipt
-                return receipt
-
-            receipt = store.transact("run-42", step)
-        """
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("store.transact runs a synchronous step; for an async step use "
-                            "`await store.atransact(run, step)`")
-        steps = _StepAttempts(self, run, fn, retries)
-        while True:
-            txn = steps.begin()
-            try:
-                result = fn(txn)
-                if txn.state == "active":
-                    txn.commit()
-                return result
-            except ConflictError as exc:
-                time.sleep(steps.conflicted(txn, exc))
-            except BaseException:
-                steps.abort(txn)
-                raise
-
-    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
-                        retries: int = 10) -> T:
-        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``.
-
-        The same contract as ``transact`` (a redone step's effects meet what
-        its first attempt recorded, through ``await txn.aeffect(...)`` or
-        ``txn.effect``); the commit's write and fsync run off the event loop
-        and the pause between attempts is an ``asyncio.sleep``.
-
-        Raises:
-            What ``transact`` raises. TypeError: ``fn`` is not a coroutine
-            function (use ``transact``).
-
-        Example::
-
-            async def step(txn):
-                reply = await txn.aeffect("llm", ask, mode="at_least_once")
-                txn["reply"] = reply
-                return reply
-
-            reply = await store.atransact("run-42", step)
-        """
-        if not inspect.iscoroutinefunction(fn) and not aio.is_async_callable(fn):
-            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
-                            "for a synchronous one use store.transact(run, step)")
-        steps = _StepAttempts(self, run, fn, retries)
-        while True:
-            txn = steps.begin()
-            try:
-                result = await fn(txn)
-                if txn.state == "active":
-                    await txn.acommit()
-                return result
-            except ConflictError as exc:
-                await asyncio.sleep(steps.conflicted(txn, exc))
-            except BaseException:
-                steps.abort(txn)
-                raise
+    def _count_retry(self) -> None:
+        self._engine.counters["retries"] += 1
 
     # -- durability and folding -----------------------------------------------------
 
@@ -620,27 +490,3 @@ class Store(HistoryAPI, BlobsAPI, EffectsAPI):
     def __repr__(self) -> str:
         state = "closed" if self._engine.closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
-
-    # -- asyncio (agentwal/aio.py) --------------------------------------------------
-
-    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
-        """:meth:`begin` for asyncio code; use as ``async with store.abegin(run) as txn:``.
-
-        Takes the arguments of :meth:`begin` (``retry_of=`` positions a retried
-        step's effects where its first attempt's were). A clean exit commits
-        with ``await txn.acommit()`` (validation, write and fsync off the
-        event loop); an exception rolls back and propagates.
-        ``txn = await store.abegin(run)`` gives the transaction, to finish by
-        hand or with ``async with txn:``. Beginning takes no I/O (a snapshot
-        of memory and an LMDB read transaction), nor do ``txn.get`` and the
-        other reads, so they stay synchronous.
-
-        Raises:
-            What :meth:`begin` raises, at the call.
-
-        Example::
-
-            async with store.abegin("run-42") as txn:
-                txn["step"] = txn.get("step", 0) + 1
-        """
-        return Begin(self.begin(run, retry_of=retry_of))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .effects import STATUSES, EffectContext, EffectMode, EffectRecord, effects_after
+from .effects import EffectContext, EffectMode, EffectRecord, check_listing, effects_after, listing
 from .errors import ReadOnlyError
 from .ledger import DispatchReport, Request
 from .txn import check_effect_args
@@ -60,14 +60,10 @@ class EffectsAPI:
             for e in store.effects(status="in_doubt"):
                 print(e.effect_id, e.name, e.attempts, e.error)
         """
-        if status is not None and status not in STATUSES:
-            raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
-        if run is not None:
-            check_key(run, "run id")
+        check_listing(run, status)
         found = self._engine.effectlog.entries() if run is None and status is None else \
             self._engine.effectlog.query(run, status)
-        return [e for e in sorted(found, key=lambda e: (e.created_at, e.order or (0, 0), e.key))
-                if (run is None or e.run == run) and (status is None or e.status == status)]
+        return listing(found, run, status)
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
                  probes: dict[str, Callable[[EffectContext], Any]] | None = None,
@@ -177,9 +173,6 @@ class EffectsAPI:
         self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
-        if not isinstance(key, str):
-            raise TypeError("store.effect needs key=, a business key (str): with no "
-                            "transaction there is no position to derive one from")
         req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
                                                probe=probe, idempotent=idempotent,
                                                retries=retries, backoff=backoff,

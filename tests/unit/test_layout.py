@@ -31,7 +31,7 @@ RANK = {
     "local.reads": 4, "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
-    "store": 7, "store_history": 7, "store_blobs": 7, "store_effects": 7,
+    "store": 7, "store_steps": 7, "store_history": 7, "store_blobs": 7, "store_effects": 7,
     "postgres": 7, "transfer": 7,
     # the engine and its parts (each references Engine, for typing only)
     "local.engine": 7, "local.fold": 7, "local.maintenance": 7, "local.blobrefs": 7,
@@ -44,7 +44,8 @@ RANK = {
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).
 SHIMS = {"snapshot"}
 #: The neutral layers: they reach the engine only through agentwal.backend.
-NEUTRAL = ("txn", "ledger", "store", "store_history", "store_blobs", "store_effects")
+NEUTRAL = ("txn", "ledger", "store", "store_steps", "store_history", "store_blobs",
+           "store_effects")
 
 
 def _dotted(path: Path) -> str:
