@@ -15,10 +15,13 @@ Leases: ``begin`` (and ``delete_run``, ``rollback_to``, ``fork``) take the
 run's lease for this worker when it does not hold it; ``lease``, ``release``
 and ``claim_runs`` are the explicit forms (``leases.py``).
 
-When the backend seam's facade lands on main, this class is meant to shrink
-to what is PostgreSQL-specific (the lease calls); until then it implements
-the part of ``agentwal.Store``'s API this backend supports (docs/postgres.md
-lists what is not there yet).
+It shares with ``agentwal.Store`` what is the same for every backend:
+``transact``/``atransact``/``abegin`` (``store_steps.StepsAPI``, a base
+class), ``retry_of``'s checks (``txn.check_retry_of``), ``diff``'s decoding
+(``history.compare_states``) and the effects listing (``effects.listing``).
+The rest (reads, the history writes, the effects API under leases) is its
+own, over the backend: the part of ``agentwal.Store``'s API this backend
+supports (docs/postgres.md lists what is not there yet).
 """
 
 from __future__ import annotations
