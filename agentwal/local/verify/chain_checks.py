@@ -17,6 +17,7 @@ import cbor2
 
 from ... import history
 from ...codec import CodecError, chain_hash, decode_meta
+from ..snapshot.layout import CheckpointRecord
 from .snapshot_base import _U64, _ZERO_HASH, CheckerBase, _Ckpt, _Damaged, _int, _Run
 
 __all__ = ["ChainChecks"]
@@ -31,21 +32,14 @@ class ChainChecks(CheckerBase):
         obj = None if data is None else self.decode("ckpt", k, data)
         if obj is None:
             return None
-        ok = (isinstance(obj, list) and len(obj) in (7, 8, 9) and _int(obj[0])
-              and (obj[1] is None or _int(obj[1])) and _int(obj[2])
-              and isinstance(obj[3], (int, float)) and isinstance(obj[4], bytes)
-              and isinstance(obj[5], bytes) and len(obj[5]) == 32
-              and (obj[6] is None or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                      and isinstance(obj[6][0], str) and _int(obj[6][1])))
-              and (len(obj) == 7 or obj[7] is None
-                   or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
-              and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32)))
-        if not ok:
+        c = CheckpointRecord.decode(obj)
+        # Stricter than a read: no bool for an int, a whole SHA-256, the origin's types.
+        if (c is None or not _int(c.id) or not (c.parent is None or _int(c.parent))
+                or not _int(c.lsn) or len(c.hash) != 32
+                or not (c.origin is None or (isinstance(c.origin[0], str)
+                                             and _int(c.origin[1])))):
             self.entry_problem("ckpt", k, "checkpoint record is malformed")
             return None
-        c = _Ckpt(obj[0], obj[1], obj[2], float(obj[3]), obj[4], obj[5],
-                  (obj[6][0], obj[6][1]) if obj[6] is not None else None,
-                  obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) == 9 else None)
         try:
             decode_meta(c.meta)
         except CodecError as exc:

@@ -20,7 +20,7 @@ from typing import Any
 from ... import history
 from ...codec import CodecError, loads
 from ...errors import CorruptionError
-from ..snapshot.layout import unseal
+from ..snapshot.layout import CheckpointRecord, unseal
 from .report import Findings, Source
 
 __all__ = ["CheckerBase"]
@@ -44,20 +44,8 @@ class _Run:
     origin: tuple[str, int] | None = None  # kept once compaction dropped checkpoint 1
 
 
-@dataclass(frozen=True)
-class _Ckpt:
-    """A decoded checkpoint record."""
-
-    id: int
-    parent: int | None
-    lsn: int
-    created_at: float
-    meta: bytes
-    hash: bytes
-    origin: tuple[str, int] | None
-    outbox: bytes | None
-    #: the dropped parent's hash (compaction): the chain goes on from it
-    parent_hash: bytes | None = None
+#: A decoded checkpoint record (the snapshot layout's own codec).
+_Ckpt = CheckpointRecord
 
 
 class _Damaged(CodecError):
