@@ -122,10 +122,6 @@ _RETAIN_COMMITS = 1000
 T = TypeVar("T")
 
 
-_Pin = Pin  # the old names, used throughout the engine's body below
-_View = View
-
-
 def open_engine(path: str, durability: Durability, *, readonly: bool, wal_max_bytes: int,
                 fs: FileSystem, sync_interval: float, segment_bytes: int,
                 map_size: int | None, effect_retention: float | None,
@@ -191,10 +187,10 @@ class Engine:
         self._visible = 0
         self._applied = 0
         self._snaps: dict[int, int] = {}
-        self._ro_pin: _Pin | None = None
+        self._ro_pin: Pin | None = None
         self._ro_lock = threading.Lock()  # reads through a shared LMDB txn, one at a time
         self._refresh_lock = threading.Lock()
-        self._dead: collections.deque[_View] = collections.deque()  # from Transaction.__del__
+        self._dead: collections.deque[View] = collections.deque()  # from Transaction.__del__
         #: (run, checkpoint) -> the live transaction whose step uses the effect
         #: positions there (``EffectLog.claim``); under ``_lock``
         self._pos_owners = PositionOwners()
@@ -251,7 +247,7 @@ class Engine:
             raise ReadOnlyError(self.path)
         return self._pipe
 
-    def _view(self) -> _View:
+    def _view(self) -> View:
         self.check_open()
         assert self._snap is not None
         while self._dead:  # views of transactions the garbage collector dropped
@@ -265,13 +261,13 @@ class Engine:
                 pin = self._ro_pin
                 assert pin is not None
                 pin.users += 1
-                view = _View(snap, layers, pin.txn, self._ro_lock, pin)
+                view = View(snap, layers, pin.txn, self._ro_lock, pin)
             else:
-                view = _View(snap, layers, self._snap.begin_read(), None)
+                view = View(snap, layers, self._snap.begin_read(), None)
             self._snaps[snap] = self._snaps.get(snap, 0) + 1
         return view
 
-    def _release(self, view: _View) -> None:
+    def _release(self, view: View) -> None:
         if not view.live:
             return
         view.live = False
@@ -292,36 +288,36 @@ class Engine:
         if ended is not None and self._snap is not None:
             self._snap.end_read(ended)
 
-    def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
+    def _lmdb(self, view: View, fn: Callable[[Any], T]) -> T:
         return in_txn(view, fn)
 
-    def _reads(self, view: _View) -> LayeredReader:
+    def _reads(self, view: View) -> LayeredReader:
         assert self._snap is not None
         return LayeredReader(self._snap, view)
 
-    def _info(self, view: _View, run: str) -> RunInfo | None:
+    def _info(self, view: View, run: str) -> RunInfo | None:
         return self._reads(view).info(run)
 
-    def _layers(self, view: _View, run: str) -> tuple[Memtable, ...]:
+    def _layers(self, view: View, run: str) -> tuple[Memtable, ...]:
         return self._reads(view).layers(run)
 
-    def _read(self, view: _View, run: str, key: str) -> bytes | None:
+    def _read(self, view: View, run: str, key: str) -> bytes | None:
         return self._reads(view).value(run, key)
 
-    def _items(self, view: _View, run: str, prefix: str) -> dict[str, bytes | None]:
+    def _items(self, view: View, run: str, prefix: str) -> dict[str, bytes | None]:
         return self._reads(view).items(run, prefix)
 
-    def _head(self, view: _View, run: str) -> Checkpoint | None:
+    def _head(self, view: View, run: str) -> Checkpoint | None:
         return self._reads(view).head(run)
 
-    def _check_at(self, view: _View, run: str, cid: int) -> Checkpoint:
+    def _check_at(self, view: View, run: str, cid: int) -> Checkpoint:
         return self._reads(view).check_at(run, cid)
 
-    def _raw_at(self, view: _View, run: str, cid: int,
+    def _raw_at(self, view: View, run: str, cid: int,
                 key: str | None = None) -> dict[str, bytes]:
         return self._reads(view).state_at(run, cid, key)
 
-    def _with_view(self, fn: Callable[[_View], T]) -> T:
+    def _with_view(self, fn: Callable[[View], T]) -> T:
         view = self._view()
         try:
             return fn(view)
@@ -330,7 +326,7 @@ class Engine:
 
     # -- commits (LocalBackend.commit) ---------------------------------------------
 
-    def commit_change(self, view: _View, change: Change) -> Checkpoint | None:
+    def commit_change(self, view: View, change: Change) -> Checkpoint | None:
         """Commit ``change``, read at ``view``, through the pipeline (``RunStore.commit``).
 
         An empty change applies nothing and returns the run's head as the view sees it.
@@ -356,7 +352,7 @@ class Engine:
                            dict(change.meta), list(change.deferred), origin=change.origin,
                            effects=change.effects)
 
-    def _view_epoch(self, v: _View, run: str) -> int:
+    def _view_epoch(self, v: View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
         return self._reads(v).epoch(run)
 
