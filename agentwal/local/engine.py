@@ -104,6 +104,7 @@ from .blobs import BlobStore
 from .commit import CommitPipeline, Pending
 from .effectlog import EffectLog
 from .fold import Folder
+from .healthfile import HealthFile
 from .maintenance import Maintenance
 from .memtable import Memtable
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
@@ -215,6 +216,8 @@ class Engine:
         self._retain_commits = 0  # commits since the last retention pass
         self._retain_wanted = False  # a pass is due: the fold thread runs it
         self._retain_error: BaseException | None = None
+        #: the writer's HEALTH file (``local/healthfile.py``); None when read-only
+        self.health: HealthFile | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
         self._trees = TreeStore(self._blobs, path, readonly=readonly)

@@ -34,6 +34,7 @@ from .apply import replay
 from .background import Worker
 from .commit import CommitPipeline
 from .control import create_control, read_control
+from .healthfile import HealthFile
 from .opening import no_control, prepare
 from .reads import Pin
 from .recovery import Plan, recover
@@ -97,6 +98,9 @@ class Startup:
         if not e.readonly:
             fs.mkdir(wal_dir)
             fs.fsync_dir(path)
+            e.health = HealthFile(path, e.store_id)
+            e.health.opened({"wal_max_bytes": e.wal_max_bytes,
+                             "durability": e.durability.value})
         e._snap = self.new_snapshot()
         self.load(wal_dir)
         e.closed = False
