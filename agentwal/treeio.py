@@ -139,7 +139,9 @@ _QUEUED_DIRS, _QUEUED_FILES = 64, 256
 #: Name prefix of restore's temp files (removed by the next restore).
 TMP_PREFIX = ".awtmp-"
 _CACHE_MAGIC = "awstat"
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
+#: Record sets (trees) a stat cache file keeps, newest first.
+_CACHE_SETS = 4
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
     os, "O_NOCTTY", 0)
@@ -184,23 +186,31 @@ def _digest(sigs: list[bytes]) -> bytes:
 
 
 class StatCache:
-    """What one directory tree looked like when it was last snapshotted (or restored).
+    """What one directory tree looked like when it was last snapshotted (or restored),
+    for each of the last :data:`_CACHE_SETS` trees it held.
 
-    Per directory (``dirs[relpath bytes]``, ``b""`` for the top) a record
+    A *record set* belongs to one tree (its root object's hash, ``root``): per
+    directory (``dirs[relpath bytes]``, ``b""`` for the top) a record
     ``[digest, recorded, newest, sha256, size, files, bytes, entries]``:
     the digest of the signatures of its entries as stored (see
     :func:`_digest`), when the walk that made it began, the newest mtime
     among its files, its directory object's hash and size, the files and
     bytes below it, and its files' entries, CBOR
     ``{name: [size, mtime, ctime, inode, sha256, recorded]}``, decoded only
-    for a directory that changed. ``root`` is the tree (its root object's
-    hash) every record's object belongs to, or None.
+    for a directory that changed. The set loaded is the one of tree
+    ``prefer`` if the file has it (the key's current tree: its records may
+    then stand for directories), else the newest; the others are kept as
+    they are, and a file lookup that misses in the loaded set tries theirs
+    (a file entry names a content hash whatever tree it came from). So two
+    keys (or a restore of another checkpoint) alternating on one directory
+    each find their own set.
 
     A hint, never state: a missing, torn or stale file is an empty cache.
     The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
     """
 
-    def __init__(self, path: str | None, top: str, *, load: bool = True) -> None:
+    def __init__(self, path: str | None, top: str, *, load: bool = True,
+                 prefer: str | None = None) -> None:
         self.path = path
         self.top = top
         self.root: str | None = None
@@ -208,10 +218,16 @@ class StatCache:
         self._files: dict[bytes, dict[bytes, list[Any]]] = {}
         self.seen: dict[bytes, dict[bytes, list[Any]]] = {}  # file entries to save, by dir
         self.out: dict[bytes, list[Any]] = {}  # directory records to save
+        # the other record sets, newest first: (root bytes or None, body) as read, and
+        # their decoded directory records (once a lookup needs them)
+        self._loaded: list[tuple[bytes, bytes]] = []  # the loaded set, as read
+        self._sets: list[tuple[bytes, bytes]] = []
+        self._others: list[dict[bytes, list[Any]]] | None = None
+        self._other_files: dict[bytes, list[dict[bytes, list[Any]]]] = {}
         if path is not None and load:
-            self._load()
+            self._load(prefer)
 
-    def _load(self) -> None:
+    def _load(self, prefer: str | None) -> None:
         assert self.path is not None
         try:
             with open(self.path, "rb") as f:
@@ -225,12 +241,21 @@ class StatCache:
             obj = loads(body)
         except CodecError:
             return
-        if (isinstance(obj, list) and len(obj) == 5 and obj[0] == _CACHE_MAGIC
+        if not (isinstance(obj, list) and len(obj) == 4 and obj[0] == _CACHE_MAGIC
                 and obj[1] == _CACHE_VERSION and obj[2] == self.top
-                and isinstance(obj[4], dict)):
-            root = obj[3]
-            self.root = root.hex() if isinstance(root, bytes) and len(root) == 32 else None
-            self.dirs = {k: v for k, v in obj[4].items() if _valid_record(k, v)}
+                and isinstance(obj[3], list)):
+            return
+        sets = [(r, b) for r, b in (s for s in obj[3] if isinstance(s, list) and len(s) == 2)
+                if isinstance(r, bytes) and len(r) == 32 and isinstance(b, bytes)]
+        if not sets:
+            return
+        want = None if prefer is None else bytes.fromhex(prefer)
+        pick = next((i for i, (r, _b) in enumerate(sets) if r == want), 0)
+        root, chosen = sets.pop(pick)
+        self._sets = sets
+        dirs = _decode_set(chosen)
+        if dirs is not None:
+            self.root, self.dirs, self._loaded = root.hex(), dirs, [(root, chosen)]
 
     def reusable(self, rel: bytes, digest: bytes) -> list[Any] | None:
         """The directory's record if its entries are exactly as recorded (same digest)
@@ -262,24 +287,29 @@ class StatCache:
         """The directory's recorded file entries (decoded once)."""
         got = self._files.get(rel)
         if got is None:
-            got = {}
-            rec = self.dirs.get(rel)
-            if rec is not None:
-                with contextlib.suppress(CodecError):
-                    obj = loads(rec[7])
-                    if isinstance(obj, dict):
-                        got = obj
-            self._files[rel] = got
+            got = self._files[rel] = _decode_files(self.dirs.get(rel))
+        return got
+
+    def _others_of(self, rel: bytes) -> list[dict[bytes, list[Any]]]:
+        """The directory's file entries in the other record sets (decoded once)."""
+        got = self._other_files.get(rel)
+        if got is None:
+            if self._others is None:
+                self._others = [d for d in (_decode_set(b) for _r, b in self._sets)
+                                if d is not None]
+            got = self._other_files[rel] = [f for f in (_decode_files(d.get(rel))
+                                                        for d in self._others) if f]
         return got
 
     def lookup(self, rel: bytes, name: bytes, st: os.stat_result) -> tuple[str, bool] | None:
         """``(sha256, trusted)`` if file ``name`` of directory ``rel`` matches ``st``
-        (trusted: not racy). A trusted entry is carried over to the next save as it is."""
-        e = self.files_of(rel).get(name)
-        if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size
-                or e[1] != st.st_mtime_ns or e[2] != st.st_ctime_ns or e[3] != st.st_ino
-                or not isinstance(e[4], bytes) or len(e[4]) != 32
-                or not isinstance(e[5], int)):
+        (trusted: not racy), in the loaded record set or else in another. A trusted
+        entry is carried over to the next save as it is."""
+        e: list[Any] | None = self.files_of(rel).get(name)
+        if not _entry_matches(e, st):
+            e = next((o[name] for o in self._others_of(rel)
+                      if _entry_matches(o.get(name), st)), None) if self._sets else None
+        if e is None:
             return None
         trusted = e[5] - st.st_mtime_ns >= RACY_NS
         if trusted:
@@ -302,12 +332,17 @@ class StatCache:
                          blob]
 
     def save(self, root: str | None) -> None:
-        """Write the records closed or carried, as those of tree ``root``; errors are ignored."""
+        """Write the records closed or carried as the set of tree ``root``, before the
+        other sets read (the loaded one too, if it is of another tree), at most
+        :data:`_CACHE_SETS` in all; errors are ignored."""
         if self.path is None:
             return
-        out = self.out
-        body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
-                                  None if root is None else bytes.fromhex(root), out]))
+        if root is None:
+            return  # (no tree: nothing to record)
+        new = bytes.fromhex(root)
+        kept = [[r, b] for r, b in self._loaded + self._sets if r != new]
+        sets = [[new, bytes(cbor2.dumps(self.out))], *kept[:_CACHE_SETS - 1]]
+        body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top, sets]))
         tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -317,6 +352,34 @@ class StatCache:
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _entry_matches(e: object, st: os.stat_result) -> bool:
+    """Whether a file's cache entry has its stat signature (and is well formed)."""
+    return (isinstance(e, list) and len(e) == 6 and e[0] == st.st_size
+            and e[1] == st.st_mtime_ns and e[2] == st.st_ctime_ns and e[3] == st.st_ino
+            and isinstance(e[4], bytes) and len(e[4]) == 32 and isinstance(e[5], int))
+
+
+def _decode_set(body: bytes) -> dict[bytes, list[Any]] | None:
+    """One record set's directory records (the valid ones), or None if it is damaged."""
+    try:
+        obj = loads(body)
+    except CodecError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return {k: v for k, v in obj.items() if _valid_record(k, v)}
+
+
+def _decode_files(rec: list[Any] | None) -> dict[bytes, list[Any]]:
+    """A directory record's file entries ({} for none, or a damaged one)."""
+    if rec is not None:
+        with contextlib.suppress(CodecError):
+            obj = loads(rec[7])
+            if isinstance(obj, dict):
+                return obj
+    return {}
 
 
 def _valid_record(rel: object, rec: object) -> bool:
@@ -386,12 +449,17 @@ class TreeStore:
         self._objects: dict[str, list[Entry]] = {}
         self._objects_lock = threading.Lock()
 
-    def _cache(self, top: str, *, rehash: bool = False) -> StatCache:
-        """The stat cache of directory ``top`` (``rehash``: empty, replacing the file)."""
+    def _cache(self, top: str, prefer: BlobRef | None, *, rehash: bool = False
+               ) -> StatCache:
+        """The stat cache of directory ``top``, with the record set of tree ``prefer``
+        loaded if it has one (``rehash``: empty, replacing the file)."""
+        want = prefer.sha256 if prefer is not None and prefer.media_type == TREE_MEDIA_TYPE \
+            else None
         if self.readonly:
             return StatCache(None, top)
         name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
-        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash)
+        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash,
+                         prefer=want)
 
     # -- snapshot --------------------------------------------------------------------
 
@@ -411,7 +479,7 @@ class TreeStore:
             DiskFullError, DurabilityError: from the blob store.
         """
         top = _top(path, self.store_dir)
-        cache = self._cache(top, rehash=rehash)
+        cache = self._cache(top, base, rehash=rehash)
         # The cache's directory records may stand for directories only if the tree
         # they belong to is the key's current one (it keeps their objects and files
         # referenced): then nothing below an unchanged directory needs a pin.
@@ -571,8 +639,42 @@ class TreeStore:
 
     def diff(self, old: BlobRef | None, new: BlobRef | None) -> TreeDiff:
         """File-level changes from tree ``old`` (None: empty) to tree ``new``."""
-        return diff_listings({} if old is None else self.listing(old),
-                             {} if new is None else self.listing(new))
+        a, b = (None if ref is None else self._root(ref) for ref in (old, new))
+        return self._diff_dirs(None if a is None else (a.sha256, a.size),
+                               None if b is None else (b.sha256, b.size))
+
+    def _diff_dirs(self, old: tuple[str, int] | None, new: tuple[str, int] | None,
+                   extra: dict[str, list[Entry]] | None = None) -> TreeDiff:
+        """File-level changes from directory object ``old`` to ``new`` (None: empty),
+        looking only into the directories whose objects differ; ``extra`` holds
+        objects not stored (a status's)."""
+        extra = extra or {}
+
+        def entries(sha: str, size: int, where: str) -> list[Entry]:
+            got = extra.get(sha)
+            return self._dir(sha, size, where) if got is None else got
+
+        sides: tuple[dict[str, Leaf], dict[str, Leaf]] = ({}, {})
+        todo: list[tuple[str, tuple[str, int] | None, tuple[str, int] | None]] = [
+            ("", old, new)]
+        while todo:
+            where, a, b = todo.pop()
+            if a is not None and b is not None and a[0] == b[0]:
+                continue  # the same object: the same files below it
+            names: list[dict[bytes, Entry]] = [
+                {} if d is None else {e.name: e for e in entries(d[0], d[1], where)}
+                for d in (a, b)]
+            for name in names[0].keys() | names[1].keys():
+                pair = [side.get(name) for side in names]
+                path = join(where, name)
+                sub = [(e.sha256, e.size) if e is not None and e.kind == TREE_DIR else None
+                       for e in pair]
+                if sub[0] is not None or sub[1] is not None:
+                    todo.append((path, sub[0], sub[1]))
+                for side, e, s in zip(sides, pair, sub, strict=True):
+                    if e is not None and s is None:
+                        side[path] = leaf(e)
+        return diff_listings(*sides)
 
     def reachable(self, ref: BlobRef | None) -> frozenset[str]:
         """The hashes a tree reference reaches (its objects and files); empty for
@@ -659,7 +761,7 @@ class TreeStore:
         counts = _Counts()
         root, dirs = self.load(ref)
         top = _make_dest(dest, self.store_dir)
-        cache = self._cache(top)
+        cache = self._cache(top, BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE))
         restorer = _Restorer(self, top, cache, dirs, root, counts)
         try:
             fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
@@ -707,13 +809,17 @@ class TreeStore:
                patterns: tuple[str, ...], gitignore: bool) -> TreeDiff:
         """What differs on disk at ``path`` from tree ``ref``, storing nothing."""
         top = _top(path, self.store_dir)
+        old = None
         if ref is not None:
             root = self._root(ref)
-            patterns, gitignore = root.exclude, root.gitignore
-        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
-                        store=False)
-        snap.directory(top, "", snap.rules)
-        return diff_listings({} if ref is None else self.listing(ref), snap.listing)
+            patterns, gitignore, old = root.exclude, root.gitignore, (root.sha256, root.size)
+        cache = self._cache(top, ref)
+        # As in a snapshot, a directory whose entries are as the head tree's record set
+        # says is that tree's object: the diff then skips it.
+        snap = _Snapper(self, top, cache, IgnoreRules.of(patterns), gitignore, store=False,
+                        reuse=ref is not None and cache.root == ref.sha256)
+        new = snap.directory(top, "", snap.rules)
+        return self._diff_dirs(old, new, snap.objects)
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -773,9 +879,9 @@ class _Node:
     depth: int
     entries: list[Entry] = field(default_factory=list)
     subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
-    pending: list[tuple[bytes, bytes, str]] = field(default_factory=list)  # name, path, rel
-    cached: list[tuple[bytes, bytes, str, os.stat_result, str, bool]] = field(
-        default_factory=list)  # name, path, rel, stat, sha256, trusted
+    pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # name, path
+    cached: list[tuple[bytes, bytes, os.stat_result, str, bool]] = field(
+        default_factory=list)  # name, path, stat, sha256, trusted
     sigs: list[bytes] = field(default_factory=list)  # of the entries as stored
     newest: int = 0  # the newest mtime among its files as stored
     blob: bytes | None = None  # its files' cache entries, if all are as recorded
@@ -805,15 +911,15 @@ class _Snapper:
                  reuse: bool = False) -> None:
         self.trees = trees
         self.known = set() if known is None else known  # reached by the key's tree: no pin
-        self.reuse = reuse and store
+        self.reuse = reuse
         self.blobs = trees.blobs
         self.top = top
         self.cache = cache
         self.rules = rules
         self.gitignore = gitignore
-        self.store = store  # False: only hash (status), keep a listing
+        self.store = store  # False: only hash (status), keep the objects in memory
         self.pins: list[str] = []
-        self.listing: dict[str, Leaf] = {}
+        self.objects: dict[str, list[Entry]] = {}  # (not storing) the changed directories'
         self.files_read = self.bytes_read = 0
         self.root: Root | None = None
         self.began = time.time_ns()  # before any stat: the directory records' "recorded"
@@ -835,12 +941,12 @@ class _Snapper:
         nodes: list[_Node] = []
         top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
         changed = [n for n in nodes if not n.reused]
-        if self.reuse:
+        if self.reuse and self.store:
             self._old_known(changed)
         self._pin_cached(changed)
         jobs = [(node, item) for node in changed for item in node.pending]
         with ThreadPoolExecutor(THREADS) as pool:
-            for (node, (name, _p, _r)), got in zip(
+            for (node, (name, _p)), got in zip(
                     jobs, pool.map(lambda j: self._file(j[0], *j[1]), jobs), strict=True):
                 if got is not None:
                     node.entries.append(got[0])
@@ -911,17 +1017,14 @@ class _Snapper:
         if self.reuse and self._as_recorded(node, files, other):
             return node
         node.sigs = other
-        for crel, e in links:
-            node.entries.append(e)
-            if not self.store:
-                self.listing[crel] = leaf(e)
+        node.entries.extend(e for _crel, e in links)
+        lookup, key = self.cache.lookup, node.key
         for name, d, st in files:
-            hit = self.cache.lookup(node.key, name, st)
-            fpath, crel = d.path, join(rel, name)
-            if hit is not None and (hit[1] or _hashes_to(fpath, hit[0])):
-                node.cached.append((name, fpath, crel, st, hit[0], hit[1]))
+            hit = lookup(key, name, st)
+            if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
+                node.cached.append((name, d.path, st, hit[0], hit[1]))
             else:
-                node.pending.append((name, fpath, crel))
+                node.pending.append((name, d.path))
         return node
 
     def _as_recorded(self, node: _Node,
@@ -988,16 +1091,15 @@ class _Snapper:
         present = [True] * len(cached)
         if self.store:  # pin what the key's current tree does not already hold
             known = self.known
-            ask = [i for i, (_n, item) in enumerate(cached) if item[4] not in known]
-            got = self.blobs.pin_present([(cached[i][1][4], cached[i][1][3].st_size)
+            ask = [i for i, (_n, item) in enumerate(cached) if item[3] not in known]
+            got = self.blobs.pin_present([(cached[i][1][3], cached[i][1][2].st_size)
                                           for i in ask])
             for i, ok in zip(ask, got, strict=True):
                 present[i] = ok
         now = time.time_ns()
-        for (node, (name, path, rel, st, sha, trusted)), ok in zip(cached, present,
-                                                                  strict=True):
+        for (node, (name, path, st, sha, trusted)), ok in zip(cached, present, strict=True):
             if not ok:
-                node.pending.append((name, path, rel))
+                node.pending.append((name, path))
                 self.cache.forget(node.key, name)
                 continue
             if self.store and sha not in self.known:
@@ -1005,8 +1107,6 @@ class _Snapper:
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
             if not trusted:  # a racy entry, hashed again just now
                 self.cache.record(node.key, name, st, sha, now)
-            if not self.store:
-                self.listing[rel] = leaf(e)
             node.entries.append(e)
             node.sigs.append(_file_sig(name, st))
             node.newest = max(node.newest, st.st_mtime_ns)
@@ -1040,9 +1140,11 @@ class _Snapper:
             self.trees.remember(node.sha, entries)  # what a restore or a listing reads next
             self.cache.close_dir(node.key, _digest(node.sigs), self.began, node.newest, node.sha,
                                  node.size, node.files, node.nbytes, node.blob)
+        else:
+            self.objects[node.sha] = entries
         return data
 
-    def _file(self, node: _Node, name: bytes, bpath: bytes, rel: str
+    def _file(self, node: _Node, name: bytes, bpath: bytes
               ) -> tuple[Entry, os.stat_result] | None:
         """Read one file into the blob store (or only hash it), consistently; None if gone."""
         path = os.fsdecode(bpath)
@@ -1067,8 +1169,6 @@ class _Snapper:
             with self._lock:
                 self.files_read += 1
                 self.bytes_read += st.st_size
-                if not self.store:
-                    self.listing[rel] = leaf(e)
             failpoints.hit("tree_after_file")
             return e, st
         raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
