@@ -9,12 +9,15 @@ pins, sweeps, verification and backups.
 *Snapshot* (``txn.put_tree``): walk the directory (never following links),
 skip excluded paths and the store's own directory, and build the tree
 bottom-up. The *stat cache* (``<store>/cache/stat-<hash of the directory's
-path>``, :class:`StatCache`) keeps, per directory, a record of its last
-snapshot (or restore): a digest of its entries' signatures, its object and
-its files' entries. A directory whose entries hash to a trusted record
-(see :class:`_Snapper`) is that record's object, not looked into, when the
-record's tree is the key's current one; its files need no pin, since that
-tree keeps them referenced. In any other directory, a regular file whose
+path>.<root>``, :class:`StatCache`) keeps, per directory, a record of its
+last snapshot (or restore) of each of the last few trees it held: a digest
+of its entries' signatures, its object and its files' entries. A directory
+whose entries hash to a trusted record (see :class:`_Snapper`) is that
+record's object, not looked into, when the record's tree is the key's
+current one; its files need no pin, since that tree keeps them
+referenced. ``status`` stands on the same records, and diffs only the
+directories whose objects differ. No directory's own mtime is relied on:
+a file rewritten in place does not change it. In any other directory, a regular file whose
 ``(size, mtime, ctime, inode)`` match its cache entry is not read: its
 hash comes from the cache and its blob is pinned if it is still present.
 Every other file is read with ``fstat`` before and after (a small one into
@@ -135,7 +138,7 @@ _DEFER_BYTES = 32 << 20
 #: Decoded directory objects a store keeps in memory (a few hundred bytes each).
 _OBJECT_CACHE = 8192
 #: A restore writes its queued files once this many directories (or files) wait.
-_QUEUED_DIRS, _QUEUED_FILES = 64, 256
+_QUEUED_DIRS, _QUEUED_FILES = 256, 1024
 #: Name prefix of restore's temp files (removed by the next restore).
 TMP_PREFIX = ".awtmp-"
 _CACHE_MAGIC = "awstat"
@@ -205,8 +208,10 @@ class StatCache:
     keys (or a restore of another checkpoint) alternating on one directory
     each find their own set.
 
-    A hint, never state: a missing, torn or stale file is an empty cache.
-    The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
+    Each set is a file of its own, ``<path>.<root hash>``: ``sha256(body)[:16] +
+    body`` (CBOR), written by rename; a snapshot reads one and writes one (none
+    if nothing in it changed), and the oldest beyond :data:`_CACHE_SETS` are
+    removed. A hint, never state: a missing, torn or stale file is an empty set.
     """
 
     def __init__(self, path: str | None, top: str, *, load: bool = True,
@@ -214,48 +219,80 @@ class StatCache:
         self.path = path
         self.top = top
         self.root: str | None = None
-        self.dirs: dict[bytes, list[Any]] = {}
+        self.dirs: dict[bytes, list[Any]] = {}  # the loaded set (read records with get)
+        self._valid: set[bytes] = set()  # directories whose record get checked
         self._files: dict[bytes, dict[bytes, list[Any]]] = {}
         self.seen: dict[bytes, dict[bytes, list[Any]]] = {}  # file entries to save, by dir
         self.out: dict[bytes, list[Any]] = {}  # directory records to save
         # the other record sets, newest first: (root bytes or None, body) as read, and
         # their decoded directory records (once a lookup needs them)
-        self._loaded: list[tuple[bytes, bytes]] = []  # the loaded set, as read
-        self._sets: list[tuple[bytes, bytes]] = []
+        self._loaded: dict[bytes, list[Any]] = {}  # the loaded set, as read
+        self._sets: list[str] = []  # the other sets' files
         self._others: list[dict[bytes, list[Any]]] | None = None
         self._other_files: dict[bytes, list[dict[bytes, list[Any]]]] = {}
+        self._keep = _CACHE_SETS - 1 if load else 0  # other sets kept by save (rehash: none)
         if path is not None and load:
             self._load(prefer)
 
+    def _set_files(self) -> list[str]:
+        """This directory's record-set files, newest first."""
+        assert self.path is not None
+        folder, base = os.path.split(self.path)
+        try:
+            names = [n for n in os.listdir(folder) if n.startswith(base + ".")
+                     and len(n) == len(base) + 65 and not n.endswith(".tmp")]
+        except OSError:
+            return []
+        dated = []
+        for n in names:
+            with contextlib.suppress(OSError):
+                dated.append((os.stat(os.path.join(folder, n)).st_mtime_ns, n))
+        return [os.path.join(folder, n) for _t, n in sorted(dated, reverse=True)]
+
     def _load(self, prefer: str | None) -> None:
         assert self.path is not None
+        files = self._set_files()
+        want = None if prefer is None else f"{self.path}.{prefer}"
+        pick = want if want in files else (files[0] if files else None)
+        if pick is None:
+            return
+        self._sets = [f for f in files if f != pick]
+        got = self._read_set(pick)
+        if got is not None:
+            self.root, self.dirs = got
+            self._loaded = self.dirs
+
+    def _read_set(self, path: str) -> tuple[str, dict[bytes, list[Any]]] | None:
+        """``(root, records)`` of one record-set file, or None if it is missing or damaged."""
         try:
-            with open(self.path, "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read()
         except OSError:
-            return
+            return None
         body = data[16:]
         if hashlib.sha256(body).digest()[:16] != data[:16]:
-            return
+            return None
         try:
             obj = loads(body)
         except CodecError:
-            return
-        if not (isinstance(obj, list) and len(obj) == 4 and obj[0] == _CACHE_MAGIC
+            return None
+        if not (isinstance(obj, list) and len(obj) == 5 and obj[0] == _CACHE_MAGIC
                 and obj[1] == _CACHE_VERSION and obj[2] == self.top
-                and isinstance(obj[3], list)):
-            return
-        sets = [(r, b) for r, b in (s for s in obj[3] if isinstance(s, list) and len(s) == 2)
-                if isinstance(r, bytes) and len(r) == 32 and isinstance(b, bytes)]
-        if not sets:
-            return
-        want = None if prefer is None else bytes.fromhex(prefer)
-        pick = next((i for i, (r, _b) in enumerate(sets) if r == want), 0)
-        root, chosen = sets.pop(pick)
-        self._sets = sets
-        dirs = _decode_set(chosen)
-        if dirs is not None:
-            self.root, self.dirs, self._loaded = root.hex(), dirs, [(root, chosen)]
+                and isinstance(obj[3], bytes) and len(obj[3]) == 32
+                and isinstance(obj[4], dict) and path.endswith(obj[3].hex())):
+            return None
+        return obj[3].hex(), obj[4]  # each record is checked when first used (get)
+
+    def get(self, rel: bytes) -> list[Any] | None:
+        """The directory's record in the loaded set, if it has a well-formed one."""
+        rec = self.dirs.get(rel)
+        if rec is None or rel in self._valid:
+            return rec
+        if not _valid_record(rel, rec):
+            del self.dirs[rel]
+            return None
+        self._valid.add(rel)
+        return rec
 
     def reusable(self, rel: bytes, digest: bytes) -> list[Any] | None:
         """The directory's record if its entries are exactly as recorded (same digest)
@@ -268,7 +305,7 @@ class StatCache:
 
     def matches(self, rel: bytes, digest: bytes) -> list[Any] | None:
         """As :meth:`reusable`, without carrying the record over."""
-        rec = self.dirs.get(rel)
+        rec = self.get(rel)
         if rec is None or rec[0] != digest or rec[1] - rec[2] < RACY_NS:
             return None
         return rec
@@ -287,7 +324,7 @@ class StatCache:
         """The directory's recorded file entries (decoded once)."""
         got = self._files.get(rel)
         if got is None:
-            got = self._files[rel] = _decode_files(self.dirs.get(rel))
+            got = self._files[rel] = _decode_files(self.get(rel))
         return got
 
     def _others_of(self, rel: bytes) -> list[dict[bytes, list[Any]]]:
@@ -295,10 +332,11 @@ class StatCache:
         got = self._other_files.get(rel)
         if got is None:
             if self._others is None:
-                self._others = [d for d in (_decode_set(b) for _r, b in self._sets)
-                                if d is not None]
-            got = self._other_files[rel] = [f for f in (_decode_files(d.get(rel))
-                                                        for d in self._others) if f]
+                self._others = [read[1] for read in map(self._read_set, self._sets)
+                                if read is not None]
+            got = self._other_files[rel] = [f for f in (
+                _decode_files(d[rel]) for d in self._others
+                if _valid_record(rel, d.get(rel))) if f]
         return got
 
     def lookup(self, rel: bytes, name: bytes, st: os.stat_result) -> tuple[str, bool] | None:
@@ -332,26 +370,36 @@ class StatCache:
                          blob]
 
     def save(self, root: str | None) -> None:
-        """Write the records closed or carried as the set of tree ``root``, before the
-        other sets read (the loaded one too, if it is of another tree), at most
-        :data:`_CACHE_SETS` in all; errors are ignored."""
-        if self.path is None:
+        """Write the records closed or carried as the set of tree ``root`` (nothing if
+        that set is the one loaded, unchanged), and remove the oldest sets beyond
+        :data:`_CACHE_SETS` (a cache made with ``load=False``, a rehash's: every other
+        set, since any set's file entries may be looked up); errors are ignored."""
+        if self.path is None or root is None:
             return
-        if root is None:
-            return  # (no tree: nothing to record)
-        new = bytes.fromhex(root)
-        kept = [[r, b] for r, b in self._loaded + self._sets if r != new]
-        sets = [[new, bytes(cbor2.dumps(self.out))], *kept[:_CACHE_SETS - 1]]
-        body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top, sets]))
-        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        path = f"{self.path}.{root}"
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(hashlib.sha256(body).digest()[:16] + body)
-            os.replace(tmp, self.path)
+            if (root == self.root and len(self.out) == len(self._loaded)
+                    and all(self._loaded.get(k) is v for k, v in self.out.items())):
+                os.utime(path)  # the same records: only marked as the newest
+            else:
+                body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
+                                          bytes.fromhex(root), self.out]))
+                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(tmp, "wb") as f:
+                        f.write(hashlib.sha256(body).digest()[:16] + body)
+                    os.replace(tmp, path)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            for old in [f for f in self._set_files() if f != path][self._keep:]:
+                os.unlink(old)
+            if os.path.exists(self.path):
+                os.unlink(self.path)  # a version-2 file (one set, no suffix)
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            pass
 
 
 def _entry_matches(e: object, st: os.stat_result) -> bool:
@@ -359,17 +407,6 @@ def _entry_matches(e: object, st: os.stat_result) -> bool:
     return (isinstance(e, list) and len(e) == 6 and e[0] == st.st_size
             and e[1] == st.st_mtime_ns and e[2] == st.st_ctime_ns and e[3] == st.st_ino
             and isinstance(e[4], bytes) and len(e[4]) == 32 and isinstance(e[5], int))
-
-
-def _decode_set(body: bytes) -> dict[bytes, list[Any]] | None:
-    """One record set's directory records (the valid ones), or None if it is damaged."""
-    try:
-        obj = loads(body)
-    except CodecError:
-        return None
-    if not isinstance(obj, dict):
-        return None
-    return {k: v for k, v in obj.items() if _valid_record(k, v)}
 
 
 def _decode_files(rec: list[Any] | None) -> dict[bytes, list[Any]]:
@@ -979,29 +1016,30 @@ class _Snapper:
         links: list[tuple[str, Entry]] = []
         is_dir_, is_reg, gitignore, store_dir = stat.S_ISDIR, stat.S_ISREG, self.gitignore, \
             self.trees.store_dir_b
+        ruled, add = bool(rules), files.append  # (the loop runs once per file of the tree)
         for d in items:
             try:
-                st = d.stat(follow_symlinks=False)
+                st = d.stat(follow_symlinks=False)  # the one syscall per entry (fstatat)
             except FileNotFoundError:
                 continue  # removed meanwhile: not in this snapshot
             except OSError as exc:
                 raise TreeSourceError(os.fsdecode(d.path), f"cannot stat it: "
                                       f"{exc.strerror or exc}") from None
-            name, mode = d.name, st.st_mode
-            if is_reg(mode):
+            name = d.name
+            if is_reg(st.st_mode):
                 if not ((gitignore and name == b".git")
-                        or (rules and rules.ignored(join(rel, name), False))):
-                    files.append((name, d, st))
+                        or (ruled and rules.ignored(join(rel, name), False))):
+                    add((name, d, st))
                 continue
-            is_dir = is_dir_(mode)
-            if ((gitignore and name == b".git") or (rules and rules.ignored(join(rel, name),
+            is_dir = is_dir_(st.st_mode)
+            if ((gitignore and name == b".git") or (ruled and rules.ignored(join(rel, name),
                                                                              is_dir))
                     or (is_dir and d.path == store_dir)):
                 continue
             if is_dir:
                 sub = self._walk(d.path, join(rel, name), rules, depth + 1, nodes)
                 node.subdirs.append((name, sub))
-            elif stat.S_ISLNK(mode):
+            elif stat.S_ISLNK(st.st_mode):
                 try:
                     target = os.readlink(d.path)
                 except FileNotFoundError:
@@ -1074,7 +1112,7 @@ class _Snapper:
         """Add what the key's tree held in each changed directory (its old object, as the
         cache records it, is in that tree) to ``known``: those need no pin."""
         for node in changed:
-            rec = self.cache.dirs.get(node.key)
+            rec = self.cache.get(node.key)
             if rec is None:
                 continue
             try:
@@ -1122,7 +1160,9 @@ class _Snapper:
             self.pins.extend(refs[i][0] for i in ask if present[i])
         missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
                    if not ok}
-        for ref in pool.map(self.blobs.put_bytes, missing.values()):
+        # (put, not put_bytes: their absence was just seen; a blob named meanwhile by
+        # another writer is still stored once, by put's own check)
+        for ref in pool.map(lambda data: self.blobs.put(io.BytesIO(data)), missing.values()):
             with self._lock:
                 self.pins.append(ref.sha256)
 
@@ -1456,22 +1496,27 @@ class _Restorer:
         """``(object hash, {name: entry})`` of the directory object the cache says the
         directory holds now (its entries' signatures hash to a trusted record's
         digest), or None. Fills ``stats`` with the entries' lstat results."""
-        rec = self.cache.dirs.get(key)
+        rec = self.cache.get(key)
         if rec is None or rec[1] - rec[2] < RACY_NS:
             return None
         sigs: list[bytes] = []
-        for name, d in present.items():
+        ruled, pack = bool(rules) or self.gitignore, _FILE_SIG.pack
+        for name, d in present.items():  # (once per entry of the tree: kept lean)
             is_dir = d.is_dir(follow_symlinks=False)
-            if self._kept(join(rel, name), name, is_dir, rules):
+            if (ruled or is_dir) and self._kept(join(rel, name), name, is_dir, rules):
                 continue
-            st = stats[name] = self._lstat(fd, name, join(rel, name), present)
-            if st is None:
+            try:
+                st = stats[name] = d.stat(follow_symlinks=False)
+            except FileNotFoundError:
                 return None  # removed meanwhile
-            bname = _key(name)
-            if stat.S_ISDIR(st.st_mode):
+            except OSError as exc:
+                raise _restore_error(exc, self._abs(join(rel, name))) from None
+            bname = name.encode("utf-8", "surrogateescape")
+            if stat.S_ISREG(st.st_mode):  # _file_sig, inline
+                sigs.append(bname + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                   st.st_ino, st.st_mode))
+            elif stat.S_ISDIR(st.st_mode):
                 sigs.append(_dir_sig(bname))
-            elif stat.S_ISREG(st.st_mode):
-                sigs.append(_file_sig(bname, st))
             elif stat.S_ISLNK(st.st_mode):
                 try:
                     sigs.append(_link_sig(bname, os.readlink(bname, dir_fd=fd)))
@@ -1490,7 +1535,7 @@ class _Restorer:
 
     def _kept(self, rel: str, name: str, is_dir: bool, rules: IgnoreRules) -> bool:
         """An entry the tree lacks that the restore leaves alone (excluded, or the store)."""
-        if (self.gitignore and name == ".git") or rules.ignored(rel, is_dir):
+        if (self.gitignore and name == ".git") or (rules and rules.ignored(rel, is_dir)):
             return True
         return is_dir and os.path.join(self.top, rel) == self.trees.store_dir
 

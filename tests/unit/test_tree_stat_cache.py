@@ -304,3 +304,26 @@ def test_the_cache_keeps_the_newest_record_sets_only(
     lookups.clear()
     put(store, src, key=keys[0])  # evicted: no record stands for any directory
     assert len(lookups) == 5
+
+
+def _set_files(store: agentwal.Store) -> list[Path]:
+    return sorted(Path(store.path, "cache").iterdir())
+
+
+def test_an_unchanged_snapshot_writes_no_record_set(store: agentwal.Store, src: str) -> None:
+    put(store, src)
+    put(store, src)
+    [before] = _set_files(store)
+    ino = before.stat().st_ino
+    put(store, src)  # every record carried as read: the file is not rewritten
+    [after] = _set_files(store)
+    assert after == before and after.stat().st_ino == ino
+
+
+def test_a_rehash_drops_every_other_record_set(store: agentwal.Store, src: str) -> None:
+    put(store, src, key="a")
+    Path(src, "README.md").write_bytes(b"b's\n")
+    put(store, src, key="b")
+    assert len(_set_files(store)) == 2
+    put(store, src, key="a", rehash=True)  # no entry of any set survives a rehash
+    assert len(_set_files(store)) == 1
