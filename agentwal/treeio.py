@@ -201,12 +201,12 @@ class StatCache:
     bytes below it, and its files' entries, CBOR
     ``{name: [size, mtime, ctime, inode, sha256, recorded]}``, decoded only
     for a directory that changed. The set loaded is the one of tree
-    ``prefer`` if the file has it (the key's current tree: its records may
-    then stand for directories), else the newest; the others are kept as
-    they are, and a file lookup that misses in the loaded set tries theirs
-    (a file entry names a content hash whatever tree it came from). So two
-    keys (or a restore of another checkpoint) alternating on one directory
-    each find their own set.
+    ``prefer`` if there is one (the key's current tree: its records may
+    then stand for directories), else the newest; a file lookup that
+    misses in it tries the sets newer than it (a file entry names a
+    content hash whatever tree it came from). So two keys (or a restore of
+    another checkpoint) alternating on one directory each find their own
+    set, and the files the other one read or wrote.
 
     Each set is a file of its own, ``<path>.<root hash>``: ``sha256(body)[:16] +
     body`` (CBOR), written by rename; a snapshot reads one and writes one (none
@@ -227,7 +227,7 @@ class StatCache:
         # the other record sets, newest first: (root bytes or None, body) as read, and
         # their decoded directory records (once a lookup needs them)
         self._loaded: dict[bytes, list[Any]] = {}  # the loaded set, as read
-        self._sets: list[str] = []  # the other sets' files
+        self._sets: list[str] = []  # the files of the sets newer than the loaded one
         self._others: list[dict[bytes, list[Any]]] | None = None
         self._other_files: dict[bytes, list[dict[bytes, list[Any]]]] = {}
         self._keep = _CACHE_SETS - 1 if load else 0  # other sets kept by save (rehash: none)
@@ -256,7 +256,7 @@ class StatCache:
         pick = want if want in files else (files[0] if files else None)
         if pick is None:
             return
-        self._sets = [f for f in files if f != pick]
+        self._sets = files[:files.index(pick)]  # the newer sets: where a lookup may go on
         got = self._read_set(pick)
         if got is not None:
             self.root, self.dirs = got
@@ -798,7 +798,9 @@ class TreeStore:
         counts = _Counts()
         root, dirs = self.load(ref)
         top = _make_dest(dest, self.store_dir)
-        cache = self._cache(top, BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE))
+        # the newest record set: what the last snapshot or restore left in dest (the
+        # target tree's own set may be much older)
+        cache = self._cache(top, None)
         restorer = _Restorer(self, top, cache, dirs, root, counts)
         try:
             fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
@@ -1338,6 +1340,10 @@ class _Restorer:
         # directories with files still to write: (their own fd, rel, [(name, rel, entry)],
         # their record)
         self._queue: list[tuple[int, str, list[tuple[str, str, Entry]], _Closing]] = []
+        self._queued = 0  # files in the queue
+        inside = os.path.relpath(trees.store_dir, top)  # the store's path in dest, if inside
+        self._store_rel = None if inside == os.pardir or inside.startswith(
+            os.pardir + os.sep) else inside.replace(os.sep, "/")
         self._counted: dict[str, tuple[int, int]] = {}
         self._sizes = {root.sha256: root.size}
         for entries in dirs.values():
@@ -1345,7 +1351,7 @@ class _Restorer:
 
     def flush(self) -> None:
         """Write the queued files (in a thread pool), then fsync their directories."""
-        queue, self._queue = self._queue, []
+        queue, self._queue, self._queued = self._queue, [], 0
         try:
             jobs = [(dfd, closing, name, crel, e) for dfd, _rel, writes, closing in queue
                     for name, crel, e in writes]
@@ -1364,7 +1370,7 @@ class _Restorer:
 
     def close(self) -> None:
         """Close what a failed restore left queued (nothing is written)."""
-        queue, self._queue = self._queue, []
+        queue, self._queue, self._queued = self._queue, [], 0
         for dfd, *_rest in queue:
             os.close(dfd)
 
@@ -1420,12 +1426,11 @@ class _Restorer:
             # Exactly the directory the cache recorded, and already the tree's: only
             # the subdirectories are left to look at.
             self.cache.carry(key)
-            for e in entries:
-                if e.kind == TREE_DIR:
-                    self._dir(fd, os.fsdecode(e.name), join(rel, e.name), e,
-                              stats.get(os.fsdecode(e.name)), rules)
-                else:
-                    self.counts.unchanged += 1
+            subdirs = [e for e in entries if e.kind == TREE_DIR]
+            self.counts.unchanged += len(entries) - len(subdirs)
+            for e in subdirs:
+                name = os.fsdecode(e.name)
+                self._dir(fd, name, join(rel, name), e, stats.get(name), rules)
             return
         known = {} if old is None else old[1]
         closing = _Closing(key, sha)
@@ -1447,7 +1452,7 @@ class _Restorer:
         for e in entries:
             name = os.fsdecode(e.name)
             crel = join(rel, name)
-            if os.path.join(self.top, crel) == self.trees.store_dir:
+            if crel == self._store_rel:
                 raise RestoreError(self._abs(crel), "the tree has an entry where the store "
                                    "itself lives; restore it somewhere else")
             st = stats[name] if name in stats else self._lstat(fd, name, crel, present)
@@ -1472,8 +1477,8 @@ class _Restorer:
                     closing.add(e.name, final)
         if writes:  # written later, many at once; the directory is fsynced after them
             self._queue.append((os.dup(fd), rel, writes, closing))
-            if len(self._queue) >= _QUEUED_DIRS or sum(len(q[2]) for q in self._queue) \
-                    >= _QUEUED_FILES:
+            self._queued += len(writes)
+            if len(self._queue) >= _QUEUED_DIRS or self._queued >= _QUEUED_FILES:
                 self.flush()
         elif changed:
             self._fsync_dir(fd, rel)
@@ -1537,7 +1542,7 @@ class _Restorer:
         """An entry the tree lacks that the restore leaves alone (excluded, or the store)."""
         if (self.gitignore and name == ".git") or (rules and rules.ignored(rel, is_dir)):
             return True
-        return is_dir and os.path.join(self.top, rel) == self.trees.store_dir
+        return is_dir and rel == self._store_rel
 
     def _dir(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None,
              rules: IgnoreRules) -> bool:

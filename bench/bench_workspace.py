@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -97,11 +98,25 @@ def change(root: str, paths: list[str], n: int, tag: int) -> list[str]:
     return picked
 
 
+#: CPU seconds (user + system, this process's threads and its finished children) of
+#: every timed call, in order: a figure the other processes of a loaded machine
+#: disturb far less than wall time.
+CPU: list[float] = []
+
+
+def _cpu() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     os.sync()  # untimed: no tool pays for the other's unwritten pages at its next fsync
-    t = time.perf_counter()
+    c, t = _cpu(), time.perf_counter()
     out = fn()
-    return time.perf_counter() - t, out
+    wall = time.perf_counter() - t
+    CPU.append(_cpu() - c)
+    return wall, out
 
 
 def git(root: str, *args: str) -> str:
@@ -183,6 +198,7 @@ def paired(r: int, fa: Callable[[], Any], fg: Callable[[], Any]) -> tuple[float,
     if r % 2:
         tg, _ = timed(fg)
         ta, out = timed(fa)
+        CPU[-2:] = CPU[-1:-3:-1]  # (kept in agentwal, git order)
     else:
         ta, out = timed(fa)
         tg, _ = timed(fg)
@@ -205,6 +221,7 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
               "snapshot, 100 files changed",
               "restore the round's first checkpoint ({} differ)"]
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
+    cpu: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
     ta, first = timed(lambda: ws.checkpoint(step=0))
     tg, g_first = timed(lambda: git_commit(root, "first"))
     first_row = ("first snapshot", ta, tg)
@@ -216,10 +233,12 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
         ta, tg, st = paired(r, ws.status, lambda: git(root, "status", "--porcelain"))
         assert list(st.modified) == [one[0].replace(os.sep, "/")], st
         times[labels[0]].append((ta, tg))
+        cpu[labels[0]].append((CPU[-2], CPU[-1]))
         before_blobs, before_wal = blob_bytes(store), store.stats()["wal_bytes_since_fold"]
         before_git = du(os.path.join(root, ".git", "objects"))
         ta, tg, _ = paired(r, lambda: ws.checkpoint(step=1), lambda: git_commit(root, "one"))
         times[labels[1]].append((ta, tg))
+        cpu[labels[1]].append((CPU[-2], CPU[-1]))
         if r == 0:
             added = (blob_bytes(store) - before_blobs + store.stats()["wal_bytes_since_fold"]
                      - before_wal)
@@ -231,6 +250,7 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
                               lambda: git_commit(root, "hundred"))
         g_head = git(root, "rev-parse", "HEAD")
         times[labels[2]].append((ta, tg))
+        cpu[labels[2]].append((CPU[-2], CPU[-1]))
         # Each restore starts at the head with its tool's cache fresh: git goes to the old
         # commit (timed) and back, then agentwal (whose records the files git rewrote no
         # longer match) refreshes them, untimed, before its own restore.
@@ -240,6 +260,7 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
         ta, report = timed(lambda at=start: store.restore_tree("agent", "workspace", root,
                                                                 at=at))
         times[labels[3]].append((ta, tg))
+        cpu[labels[3]].append((CPU[-1], CPU[-2]))  # git's checkout ran first
         assert report.written == differ, (report, differ)
         ws.restore()  # untimed: both back at the head, caches refreshed
         settle(root, ws)
@@ -257,6 +278,12 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
         ratio = statistics.median(a / g for a, g in pairs)
         print(f"{label.format(differ):52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms {a / g:7.2f} "
               f"{ratio:7.2f}")
+    print(f"{'CPU time (user + system, medians)':52} {'agentwal':>10} {'git':>10} {'ratio':>7}")
+    for label, pairs in cpu.items():
+        a = statistics.median(a for a, _g in pairs)
+        g = statistics.median(g for _a, g in pairs)
+        print(f"{label.format(differ):52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms "
+              f"{a / g if g else float('inf'):7.2f}")
     print(f"(first snapshot: one run; the others: medians of {rounds} rounds, the two tools "
           "in turn first; ratio: of the medians; paired: the median of the rounds' ratios)")
     print(f"bytes added by the one-file snapshot: agentwal {added:,} "
