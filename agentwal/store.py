@@ -621,7 +621,7 @@ class Store:
             keep_fork_origins: never drop a checkpoint a fork started from.
             progress: ``progress(phase, done, total)``, called in this thread
                 as the work goes: ``("fold", 0|1, 1)``, ``("runs", runs done,
-                runs)``, then with ``vacuum`` ``("vacuum", 0|1, 1)``. It runs
+                runs)``, then with ``vacuum`` ``("vacuum: LMDB copy and swap", 0|1, 1)``. It runs
                 while the store holds its fold lock: keep it quick and do not
                 call the store from it; what it raises propagates.
 
@@ -656,14 +656,15 @@ class Store:
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
                                                keep_fork_origins, progress)
 
-    def copy_runs(self, dest: Any, runs: Any = None) -> Any:
+    def copy_runs(self, dest: Any, runs: Any = None, *, progress: Progress | None = None) -> Any:
         """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
 
         Either store may be local or PostgreSQL: see :func:`agentwal.transfer.copy_runs`.
+        ``progress`` is told ``("checkpoints", copied, total)`` as it goes.
         """
         from .transfer import copy_runs
 
-        return copy_runs(self, dest, runs)
+        return copy_runs(self, dest, runs, progress=progress)
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
@@ -1001,10 +1002,11 @@ class Store:
 
         Args:
             progress: ``progress(phase, done, total)``, called in this thread
-                as the checks go: ``("snapshot", groups of databases checked,
-                10)``, ``("log", segments, segments)``, ``("blobs", bytes,
-                bytes)``. A writer holds its fold lock meanwhile: keep it quick
-                and do not call the store from it; what it raises propagates.
+                as the checks go: ``("snapshot: PART", parts checked, 10)``
+                (each part named as it begins: ``meta`` ... ``effects``),
+                ``("log", segments, segments)``, ``("blobs", bytes, bytes)``.
+                A writer holds its fold lock meanwhile: keep it quick and do
+                not call the store from it; what it raises propagates.
 
         Returns:
             A :class:`VerifyReport` (``ok``, ``problems``, ``checked``, ``notes``).
@@ -1043,7 +1045,7 @@ class Store:
                 the backup is written to the operating system's.
             progress: ``progress(phase, done, total)``, called in this thread
                 as the copy goes: ``("log", segments copied, segments)``,
-                ``("snapshot", 0|1, 1)`` (one LMDB copy), ``("blobs", files
+                ``("snapshot: LMDB copy", 0|1, 1)`` (one C call), ``("blobs", files
                 copied, None)``. Locks may be held meanwhile: keep it quick and
                 do not call the store from it; what it raises propagates (and
                 nothing is published at ``dest``).

@@ -106,6 +106,7 @@ from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .effectlog import EffectLog
 from .fold import Folder
+from .healthfile import HealthFile
 from .maintenance import Maintenance
 from .memtable import Memtable
 from .opening import no_control, prepare
@@ -246,6 +247,8 @@ class Engine:
         self._retain_commits = 0  # commits since the last retention pass
         self._retain_wanted = False  # a pass is due: the fold thread runs it
         self._retain_error: BaseException | None = None
+        #: the writer's HEALTH file (``local/healthfile.py``); None when read-only
+        self.health: HealthFile | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
         self._trees = TreeStore(self._blobs, path, readonly=readonly)
@@ -276,6 +279,9 @@ class Engine:
         if not self.readonly:
             fs.mkdir(wal_dir)
             fs.fsync_dir(path)
+            self.health = HealthFile(path, self.store_id)
+            self.health.opened({"wal_max_bytes": self.wal_max_bytes,
+                                "durability": self.durability.value})
         self._snap = self._new_snapshot()
         self._load(wal_dir)
         self.closed = False

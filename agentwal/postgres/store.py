@@ -576,12 +576,13 @@ class PostgresStore:
         """Run ids with at least one checkpoint, sorted."""
         return self._b.runs()
 
-    def copy_runs(self, dest: Any, runs: Any = None) -> CopyReport:
+    def copy_runs(self, dest: Any, runs: Any = None, *,
+                  progress: Progress | None = None) -> CopyReport:
         """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
 
         ``dest`` is a local or PostgreSQL store: see :func:`agentwal.transfer.copy_runs`.
         """
-        return copy_runs(self, dest, runs)
+        return copy_runs(self, dest, runs, progress=progress)
 
     # -- history writes (each a fenced commit) ---------------------------------------
 
