@@ -19,8 +19,9 @@ def test_the_workspace_benchmark_runs(tmp_path: Path) -> None:
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    for row in ("first snapshot", "status, 1 file changed", "snapshot, 1 file changed", "snapshot, 100 files changed",
-                "restore the round's first checkpoint (",
+    for row in ("first snapshot", "status, 1 file changed", "snapshot, 1 file changed",
+                "snapshot, 100 files changed", "restore the round's first checkpoint (",
+                "CPU time (user + system, medians)",
                 "bytes added by the one-file snapshot"):
         assert row in out
     # the one-file snapshot adds the file plus at most 4 KiB (the goal)
