@@ -15,7 +15,8 @@ Theory of operation, in three steps:
    them (its records would be applied twice): the shadow then takes none of
    the log, and the report says so.
 2. *The shadow is opened* with ``recover="prefix"`` (read-only, the log up to
-   its first damage; ``Lost`` says what is past it).
+   its first damage; ``Lost`` says what is past it). A damaged ``LOGMARK`` is
+   left out of the shadow (and reported): the log is then read without it.
 3. *Every run is copied*, forks after their origins, checkpoint by
    checkpoint under its own id: each readable checkpoint becomes one commit
    of the new store (under ``dest + ".tmp"``) with the checkpoint's
@@ -46,6 +47,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +60,7 @@ from ..io import OsFileSystem
 from ..transfer import _origins_first
 from ..types import BlobRef, Checkpoint, TreeRef
 from .control import read_control
-from .logmark import LOGMARK_FILE
+from .logmark import LOGMARK_FILE, read_mark
 from .recovery import Lost, _lost_after
 from .snapshot import env as snapshot_env
 from .snapshot.layout import DATA, U64, seal, unseal
@@ -176,9 +178,15 @@ def _named(lost: Lost | None, shadow: str, src: str) -> Lost | None:
 
 def _build_shadow(src: str, shadow: str, store_id: bytes, report: SalvageReport) -> bool:
     """Fill ``shadow`` (module doc, step 1). Returns False if the log is left out."""
-    for name in (CONTROL_FILE, LOGMARK_FILE):
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copyfile(os.path.join(src, name), os.path.join(shadow, name))
+    shutil.copyfile(os.path.join(src, CONTROL_FILE), os.path.join(shadow, CONTROL_FILE))
+    if os.path.isfile(os.path.join(src, LOGMARK_FILE)):
+        try:
+            read_mark(OsFileSystem(), src, uuid.UUID(bytes=store_id))
+        except CorruptionError as exc:
+            report.skipped.append(f"LOGMARK is damaged ({exc.reason}): the log was read "
+                                  "without it, so a missing or cut log may go unnoticed")
+        else:
+            shutil.copyfile(os.path.join(src, LOGMARK_FILE), os.path.join(shadow, LOGMARK_FILE))
     wal = os.path.join(src, WAL_DIR)
     os.mkdir(os.path.join(shadow, WAL_DIR))
     if os.path.isdir(wal):
@@ -288,11 +296,17 @@ def _copy_runs(src: Any, out: Any, report: SalvageReport) -> None:
         if kept:
             keep[run] = kept
         head = expect.get(run)
+        have = {c.id for c in hist}
         if head is not None and head[1] == head[0]:  # never compacted: every id was there
-            have = {c.id for c in hist}
             missing = [i for i in range(1, head[0] + 1) if i not in have]
             if missing:
                 report.lost_checkpoints.setdefault(run, []).extend(missing)
+        elif head is not None:  # compacted: the run record counts what LMDB kept
+            folded = sum(1 for i in have if i <= head[0])
+            if folded < head[1]:
+                report.skipped.append(f"run {run!r}: {head[1] - folded} of the {head[1]} "
+                                      "checkpoints its compacted history keeps do not read "
+                                      "(their ids are not known)")
         for ids in report.lost_checkpoints.values():
             ids.sort()
     _drop_placeholders(out, keep)

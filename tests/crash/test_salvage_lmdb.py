@@ -235,3 +235,21 @@ def test_salvage_keeps_ids_gaps_and_fork_origins(tmp_path: Path) -> None:
         assert origin(got, "f") == origin(want, "f") == ("a", 10)
         assert got.verify().ok
     assert not judge_salvage(str(src), str(dest), report)
+
+
+def test_a_damaged_logmark_does_not_stop_salvage(tmp_path: Path) -> None:
+    src = tmp_path / "s"
+    store = agentwal.open(src)
+    for i in range(5):
+        with store.begin("r") as txn:
+            txn["i"] = i
+    crash(store)
+    mark = src / "LOGMARK"
+    raw = bytearray(mark.read_bytes())
+    raw[-1] ^= 0xFF  # in the segment list: the whole mark is refused
+    mark.write_bytes(bytes(raw))
+    with pytest.raises(agentwal.CorruptionError):
+        agentwal.open(src, recover="prefix")
+    report = salvage(str(src), str(tmp_path / "out"))
+    assert report.checkpoints == {"r": 5}
+    assert any("LOGMARK is damaged" in s for s in report.skipped), report.skipped
