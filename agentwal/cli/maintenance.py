@@ -86,8 +86,9 @@ def salvage(path: str, dest: str, as_json: bool) -> None:
     The report names what was not copied: the log's LSN range past the
     damage, the damage found in the snapshot, and each run, checkpoint and
     value that did not read (a value that did not read is absent from those
-    checkpoints in DEST). Exits 1 if DEST (or DEST.tmp) exists, or if
-    CONTROL is damaged (nothing says whose files these are).
+    checkpoints in DEST). A damaged CONTROL is rebuilt from the store id the
+    snapshot or the log's segment headers hold. Exits 1 if DEST (or
+    DEST.tmp) exists, or if nothing says whose files these are.
     """
     from ..local.salvage import describe
     from ..local.salvage import salvage as salvage_store

@@ -10,10 +10,11 @@ Theory of operation, in three steps:
    (``snapshot/rescue.py``) can still vouch for (reachable once from the
    newest meta, in its parent's key range, not a free page, its CRC-32
    seal intact), written into a fresh LMDB file. A missing, empty or
-   unreadable ``data.mdb`` gives an empty one. If the snapshot's applied
-   LSN is lost while other records survive, the log cannot be joined to
-   them (its records would be applied twice): the shadow then takes none of
-   the log, and the report says so.
+   unreadable ``data.mdb`` gives an empty one. A damaged ``CONTROL`` is
+   rebuilt with the store id the snapshot's sealed meta (else every segment
+   header) holds. If the snapshot's applied LSN is lost while other records
+   survive, the log cannot be joined to them (its records would be applied
+   twice): the shadow then takes none of the log, and the report says so.
 2. *The shadow is opened* with ``recover="prefix"`` (read-only, the log up to
    its first damage; ``Lost`` says what is past it). A damaged ``LOGMARK`` is
    left out of the shadow (and reported): the log is then read without it.
@@ -59,7 +60,7 @@ from ..format import BLOBS_DIR, CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR
 from ..io import OsFileSystem
 from ..transfer import _origins_first
 from ..types import BlobRef, Checkpoint, TreeRef
-from .control import read_control
+from .control import Control, create_control, read_control
 from .logmark import LOGMARK_FILE, read_mark
 from .recovery import Lost, _lost_after
 from .snapshot import env as snapshot_env
@@ -120,8 +121,9 @@ def salvage(src_path: str, dest: str) -> SalvageReport:
     Raises:
         PathExistsError: ``dest`` or ``dest.tmp`` exists.
         StoreNotFoundError: no store at ``src_path``, or ``dest``'s parent is missing.
-        CorruptionError: the source's ``CONTROL`` is damaged (nothing says
-            whose log and snapshot these are).
+        CorruptionError: the source's ``CONTROL`` is damaged and neither the
+            snapshot nor the log's segment headers say whose files these are;
+            or it is whole but of another format version.
     """
     from ..store import open as open_store
 
@@ -137,15 +139,21 @@ def salvage(src_path: str, dest: str) -> SalvageReport:
     if not os.path.isdir(src_path):
         raise StoreNotFoundError(src_path, "no store here (the directory does not exist)",
                                  "Check the path.")
-    control = read_control(fs, src_path)
-    if control is None:
+    report = SalvageReport(dest)
+    try:
+        control = read_control(fs, src_path)
+        damaged_control = None
+    except CorruptionError as exc:
+        if exc.reason.startswith("store format"):  # whole, of another version: not damage
+            raise
+        control, damaged_control = None, exc
+    if control is None and damaged_control is None:
         raise StoreNotFoundError(src_path, "no agentwal store here (no CONTROL file)",
                                  "Check the path: salvage needs the store's CONTROL file.")
-    report = SalvageReport(dest)
     shadow = tempfile.mkdtemp(prefix=".agentwal-salvage-", dir=parent)
     done = False
     try:
-        joined = _build_shadow(src_path, shadow, control.store_id.bytes, report)
+        joined = _build_shadow(src_path, shadow, control, damaged_control, report)
         with open_store(shadow, recover="prefix") as src:
             if joined:
                 report.lost = _named(src.lost, shadow, src_path)
@@ -176,12 +184,26 @@ def _named(lost: Lost | None, shadow: str, src: str) -> Lost | None:
 # -- the shadow ---------------------------------------------------------------------------
 
 
-def _build_shadow(src: str, shadow: str, store_id: bytes, report: SalvageReport) -> bool:
+def _build_shadow(src: str, shadow: str, control: Control | None,
+                  damaged_control: CorruptionError | None, report: SalvageReport) -> bool:
     """Fill ``shadow`` (module doc, step 1). Returns False if the log is left out."""
-    shutil.copyfile(os.path.join(src, CONTROL_FILE), os.path.join(shadow, CONTROL_FILE))
+    data = os.path.join(src, SNAPSHOT_DIR, DATA)
+    found = rescue(data)
+    if control is None:
+        assert damaged_control is not None
+        sid = _store_id(found.records, os.path.join(src, WAL_DIR))
+        if sid is None:
+            raise damaged_control
+        create_control(OsFileSystem(), shadow, sid)
+        report.skipped.append(f"CONTROL is damaged ({damaged_control.reason}): the store id "
+                              "was taken from the snapshot or the log's segment headers")
+    else:
+        sid = control.store_id
+        shutil.copyfile(os.path.join(src, CONTROL_FILE), os.path.join(shadow, CONTROL_FILE))
+    store_id = sid.bytes
     if os.path.isfile(os.path.join(src, LOGMARK_FILE)):
         try:
-            read_mark(OsFileSystem(), src, uuid.UUID(bytes=store_id))
+            read_mark(OsFileSystem(), src, sid)
         except CorruptionError as exc:
             report.skipped.append(f"LOGMARK is damaged ({exc.reason}): the log was read "
                                   "without it, so a missing or cut log may go unnoticed")
@@ -196,8 +218,6 @@ def _build_shadow(src: str, shadow: str, store_id: bytes, report: SalvageReport)
     if os.path.isdir(os.path.join(src, BLOBS_DIR)):
         os.symlink(os.path.abspath(os.path.join(src, BLOBS_DIR)),
                    os.path.join(shadow, BLOBS_DIR))
-    data = os.path.join(src, SNAPSHOT_DIR, DATA)
-    found = rescue(data)
     report.snapshot = [p.replace(shadow, src) for p in found.problems]
     records = found.records
     meta = dict(records.get("meta", []))
@@ -223,6 +243,18 @@ def _build_shadow(src: str, shadow: str, store_id: bytes, report: SalvageReport)
             f"the run record of run number {number} is lost, so its name is not known; "
             f"{len(ids)} of its checkpoints ({_ranges(ids)}) still read but cannot be copied")
     return joined
+
+
+def _store_id(records: dict[str, list[tuple[bytes, bytes]]], wal: str) -> uuid.UUID | None:
+    """The store id the snapshot's sealed meta, else every segment header, agrees on."""
+    for k, v in records.get("meta", []):
+        if k == b"store_id":
+            data = unseal(k, v)
+            if data is not None and len(data) == 16:
+                return uuid.UUID(bytes=data)
+    ids = {s.header.store_id for s in (list_segments(OsFileSystem(), wal)
+                                       if os.path.isdir(wal) else []) if s.header is not None}
+    return ids.pop() if len(ids) == 1 else None
 
 
 def _last_lsn(records: dict[str, list[tuple[bytes, bytes]]]) -> int:

@@ -5,8 +5,8 @@ For every kind of WAL damage of the corruption tier (seeded, on each variant
 of base store), the copy is opened with ``recover="prefix"`` and salvaged;
 the salvaged store is then judged like any opened copy: it must hold the
 state after a prefix of the acknowledged commits (at least what LMDB had
-folded), never wrong data, and must open again the same. Damage to CONTROL
-(nothing to salvage from) is refused with ``CorruptionError``.
+folded), never wrong data, and must open again the same. Damage to the
+snapshot and to CONTROL is salvaged in ``test_salvage_lmdb.py``.
 """
 
 from __future__ import annotations
