@@ -204,6 +204,8 @@ class Transaction:
         self._reads: set[str] = set()
         self._prefixes: set[str] = set()
         self._meta: dict[str, Any] = {}
+        #: a fork's ``(run, checkpoint)`` for the run's first commit (salvage sets it)
+        self._origin: tuple[str, int] | None = None
         self._savepoints: list[Savepoint] = []
         self._deferred: list[Deferred] = []
         self._effects_made = 0  # effect positions used (never rolled back: effects are not)
@@ -296,7 +298,8 @@ class Transaction:
         """What committing now applies, as the backend seam's value object (copies)."""
         return Change(run=self.run, writes=dict(self._writes), reads=frozenset(self._reads),
                       prefixes=frozenset(self._prefixes), meta=dict(self._meta),
-                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys))
+                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys),
+                      origin=self._origin)
 
     def _finish(self, state: str) -> None:
         self._state = state

@@ -3,7 +3,8 @@
 Usage: ``.venv/bin/python bench/bench_logmark.py [--rounds 9] [--commits 400]``
 
 After every sync of the log the writer overwrites one 16-byte slot of
-``LOGMARK`` in place, unsynced (open, pwrite, close). This runs 9
+``LOGMARK`` in place (open, pwrite, close), and fsyncs it every 256 slot
+writes or once a second, whichever comes first. This runs 9
 (``--rounds``) interleaved rounds of 400 (``--commits``) one-key ``sync``
 commits with that write and with it replaced by nothing, each in a fresh
 store under the working directory (removed after), and prints the medians

@@ -77,15 +77,23 @@ def verify(path: str, as_json: bool) -> None:
 def salvage(path: str, dest: str, as_json: bool) -> None:
     """Write a new, healthy store DEST from everything a damaged store still reads.
 
-    Opens STORE read-only up to the last intact record before the damage in
-    its log (``agentwal.open(path, recover="prefix")``), copies every run's
-    history up to there (checkpoint by checkpoint, with its metadata, blobs
-    and trees) and the effects ledger into DEST.tmp, then renames it to DEST.
-    Reports what was copied and what was lost (the LSN range, the runs and
-    checkpoints found after the damage). STORE is never changed. Exits 1 if
-    DEST (or DEST.tmp) exists.
+    STORE is never changed, and its damaged snapshot is never handed to LMDB:
+    every record of snapshot/data.mdb that still checks (reachable, in range,
+    its CRC intact) is read by hand into a rebuilt copy, and the log is read
+    up to its first damage (agentwal.open(path, recover="prefix")). Every run
+    is then copied checkpoint by checkpoint under its own ids (gaps kept as
+    compacted, fork origins kept), value by value, with blobs, trees and the
+    effects ledger, into DEST.tmp, which is renamed to DEST. A missing,
+    truncated or damaged data.mdb still gives what the log holds.
+
+    The report names what was not copied: the log's LSN range past the
+    damage, the damage found in the snapshot, and each run, checkpoint and
+    value that did not read (a value that did not read is absent from those
+    checkpoints in DEST). A damaged CONTROL is rebuilt from the store id the
+    snapshot or the log's segment headers hold. Exits 1 if DEST (or
+    DEST.tmp) exists, or if nothing says whose files these are.
     """
-    from ..local.salvage import describe_lost
+    from ..local.salvage import describe
     from ..local.salvage import salvage as salvage_store
 
     real_src, real_dest = os.path.realpath(path), os.path.realpath(dest)
@@ -95,6 +103,7 @@ def salvage(path: str, dest: str, as_json: bool) -> None:
     with progress_bar(f"salvage {path} into {dest}"):
         rep = salvage_store(path, dest)
     data = dataclasses.asdict(rep)
+    data["complete"] = rep.complete
 
     def human() -> None:
         total = sum(rep.checkpoints.values())
@@ -102,15 +111,11 @@ def salvage(path: str, dest: str, as_json: bool) -> None:
                    f"checkpoints, {rep.effects} effects-ledger entries")
         for run, n in sorted(rep.checkpoints.items()):
             click.echo(f"  {run}: {n} checkpoints")
-        if rep.lost is not None:
-            click.echo(describe_lost(rep.lost))
-        else:
-            click.echo("nothing lost: the log read to its end")
-        for line in rep.skipped:
-            click.echo(f"skipped: {line}")
-        if rep.renumbered:
-            click.echo("renumbered (compacted history; ids start at 1 in DEST): "
-                       + ", ".join(rep.renumbered))
+        lines = describe(rep)
+        for line in lines:
+            click.echo(line)
+        if not lines:
+            click.echo("nothing lost: the log and the snapshot read to their end")
 
     emit(as_json, data, human)
 

@@ -74,9 +74,14 @@ def read_control(fs: FileSystem, directory: str) -> Control | None:
     return Control(sid, FORMAT_VERSION, float(created))
 
 
-def create_control(fs: FileSystem, directory: str) -> Control:
-    """Write a new control file atomically and durably; returns it."""
-    ctl = Control(uuid.uuid4(), FORMAT_VERSION, time.time())
+def create_control(fs: FileSystem, directory: str,
+                   store_id: uuid.UUID | None = None) -> Control:
+    """Write a new control file atomically and durably; returns it.
+
+    ``store_id``: the identity to write (salvage rebuilding a damaged file's);
+    None makes a new one.
+    """
+    ctl = Control(store_id or uuid.uuid4(), FORMAT_VERSION, time.time())
     body = cbor2.dumps({"format": ctl.format, "store_id": ctl.store_id.bytes,
                         "created_at": ctl.created_at})
     replace_file(fs, directory, CONTROL_FILE, _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)

@@ -11,10 +11,12 @@ truncated or older copy of a segment looked like an empty or shorter store.
   when a segment is created or removed and when a writer opens;
 - the *acknowledged LSN*: after every sync of the log the writer overwrites
   one of two fixed 16-byte slots in place (alternating, each with its own
-  CRC), without an fsync: the log itself was just synced, so any value a
-  slot holds is durable in the log. A process kill keeps the latest value
-  (the page cache has it); a power cut may keep an older one or tear the
-  slot being written, which then fails its CRC and the other slot counts.
+  CRC): the log itself was just synced, so any value a slot holds is
+  durable in the log. A process kill keeps the latest value (the page cache
+  has it). The slot write is fsynced only every ``MARK_SYNC_EVERY`` (256)
+  writes or ``MARK_SYNC_SECONDS`` (1 s), whichever comes first (the writer,
+  ``wal/writer.py``), so a power cut keeps a value at most that far behind:
+  an older one, or a torn slot, which fails its CRC so the other one counts.
 
 Every statement is true when it is made: the list names only segments
 already durably named, a slot only an LSN already synced. The mark is
@@ -142,11 +144,14 @@ def write_mark(fs: FileSystem, directory: str, store_id: uuid.UUID, mark: LogMar
     return int(struct.unpack_from("<I", image, _BODY_CRC)[0])
 
 
-def write_acked(fs: FileSystem, directory: str, slot: int, lsn: int, body_crc: int) -> None:
-    """Overwrite slot ``slot`` (0 or 1) with ``lsn``, in place and unsynced (see above)."""
+def write_acked(fs: FileSystem, directory: str, slot: int, lsn: int, body_crc: int, *,
+                sync: bool = False) -> None:
+    """Overwrite slot ``slot`` (0 or 1) with ``lsn``, in place (see above); fsync it if ``sync``."""
     fd = fs.open(os.path.join(directory, LOGMARK_FILE), create=False)
     try:
         write_all(fs, fd, SLOT_OFFSETS[slot], _slot(lsn, body_crc))
+        if sync:
+            fs.fsync(fd)
     finally:
         fs.close(fd)
 

@@ -94,11 +94,16 @@ class Maintenance:
 
     def compact_locked(self, runs: list[str] | None, keep_last: int | None,
                        cutoff: float | None, keep_origins: bool,
-                       progress: Progress | None = None) -> Tally:
-        """The LMDB part of a compaction; under ``_fold_lock``."""
+                       progress: Progress | None = None, *,
+                       protect: set[tuple[str, int]] | None = None) -> Tally:
+        """The LMDB part of a compaction; under ``_fold_lock``.
+
+        ``protect``: ``(run, id)`` pairs kept whatever the rules say (salvage
+        keeps exactly the ids it copied).
+        """
         e = self._e
         assert e._snap is not None and e._pipe is not None
-        origins: set[tuple[str, int]] = set()
+        origins: set[tuple[str, int]] = set(protect or ())
         if keep_origins:  # forks not folded yet (committed since the fold) count too
             with e._lock:
                 for layer in (e._active, e._frozen):

@@ -161,18 +161,34 @@ class LayeredReader:
             raise CheckpointNotFoundError(run, cid)
         return head
 
-    def state_at(self, run: str, cid: int, key: str | None = None) -> dict[str, bytes]:
+    def state_at(self, run: str, cid: int, key: str | None = None,
+                 damaged: dict[str, str] | None = None) -> dict[str, bytes]:
         """``{key: value bytes}`` of ``run`` at checkpoint ``cid`` (checked), or of ``key`` only.
 
         A folded checkpoint older than LMDB's head is rebuilt from history;
         a newer one is LMDB's head state plus the memtables' deltas up to it.
+        With ``damaged`` (salvage), LMDB's part is always rebuilt from history
+        (an entry missing from the head table is then not read as absent), and
+        a value that does not read is named there instead of failing the state.
         """
         info = self.info(run)
         folded = info.head if info is not None else 0
         if info is not None and cid < folded:
-            return self.lmdb(lambda r: r.state_at(run, info, cid, key))
+            return self.lmdb(lambda r: r.state_at(run, info, cid, key, damaged))
         out: dict[str, bytes] = {}
-        if info is not None and key is None:
+        if info is not None and damaged is not None:
+            out.update(self.lmdb(lambda r: r.state_at(run, info, folded, key, damaged)))
+            number = info.number
+            for k in list(damaged):  # the head table holds the folded head's values too
+
+                def head_value(r: SnapshotReader, k: str = k) -> bytes | None:
+                    return r.get(number, k)
+
+                one = self.lmdb(head_value)
+                if one is not None:
+                    out[k] = one
+                    del damaged[k]
+        elif info is not None and key is None:
             got = self.lmdb(lambda r: r.items(info, ""))
             out.update(got)
         elif info is not None and key is not None:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -24,9 +25,10 @@ from click.testing import CliRunner
 import agentwal
 from agentwal.cli import main
 from agentwal.errors import CorruptionError
+from agentwal.local.wal import writer
 from agentwal.local.wal.frame import parse_header
 from agentwal.local.wal.reader import scan_segment
-from agentwal.testing import crash
+from agentwal.testing import SimulatedDisk, crash
 
 STEPS = 20
 FOLD_AT = 10
@@ -184,3 +186,57 @@ def test_a_torn_acknowledged_slot_falls_back_to_the_other(tmp_path: Path) -> Non
     with pytest.raises(CorruptionError, match="LOGMARK"):
         agentwal.open(path, readonly=True)
     assert os.path.exists(path / "CONTROL")
+
+
+# -- after a power cut (the simulated disk: only what was fsynced survives) -------------
+
+
+def _power_cut_then_older_log(tmp_path: Path, steps: int, copy_at: int) -> tuple[Any, str]:
+    """Commit ``steps`` sync steps on a simulated disk, keeping the log as it was after
+    step ``copy_at``; cut the power; put that older log back. Returns (disk image, path)."""
+    disk = SimulatedDisk()
+    path = str(tmp_path / "s")
+    os.makedirs(path)
+    store = agentwal.open(path, fs=disk, segment_bytes=1 << 20)
+    older: dict[str, bytes] = {}
+    wal = os.path.join(path, "wal")
+    for i in range(1, steps + 1):
+        with store.begin("chat") as txn:
+            txn["step"] = i
+        if i == copy_at:
+            for name in disk.listdir(wal):
+                fd = disk.open_read(os.path.join(wal, name))
+                older[name] = disk.read(fd)
+                disk.close(fd)
+    image = disk.crash_image("strict")  # only what was fsynced, names included
+    crash(store)
+    assert sorted(image.listdir(wal)) == sorted(older)  # one preallocated segment, same size
+    for name, data in older.items():
+        fd = image.open(os.path.join(wal, name), create=False)
+        image.pwrite(fd, 0, data)
+        image.fsync(fd)
+        image.close(fd)
+    return image, path
+
+
+def test_an_older_log_is_noticed_after_a_power_cut(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark's slot is fsynced every MARK_SYNC_EVERY syncs, so a power cut cannot take
+    the mark back further than that: an older copy of the log below it is refused."""
+    monkeypatch.setattr(writer, "MARK_SYNC_SECONDS", 1e9)  # by count only: deterministic
+    steps = writer.MARK_SYNC_EVERY + 20
+    image, path = _power_cut_then_older_log(tmp_path, steps, copy_at=writer.MARK_SYNC_EVERY - 1)
+    for readonly in (True, False):
+        with pytest.raises(CorruptionError, match="acknowledged"):
+            agentwal.open(path, fs=image, readonly=readonly)
+
+
+def test_what_a_power_cut_hides_is_only_the_last_mark_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stated limit (durability.md, "Known limits"): a log put back to a copy taken
+    after the mark's last fsync opens to that copy, which is all the mark can tell."""
+    monkeypatch.setattr(writer, "MARK_SYNC_SECONDS", 1e9)
+    steps = writer.MARK_SYNC_EVERY + 20
+    image, path = _power_cut_then_older_log(tmp_path, steps, copy_at=writer.MARK_SYNC_EVERY + 5)
+    with agentwal.open(path, fs=image, readonly=True) as store:
+        assert store.get("chat", "step") == writer.MARK_SYNC_EVERY + 5

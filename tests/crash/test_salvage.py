@@ -5,8 +5,8 @@ For every kind of WAL damage of the corruption tier (seeded, on each variant
 of base store), the copy is opened with ``recover="prefix"`` and salvaged;
 the salvaged store is then judged like any opened copy: it must hold the
 state after a prefix of the acknowledged commits (at least what LMDB had
-folded), never wrong data, and must open again the same. Damage to CONTROL
-(nothing to salvage from) is refused with ``CorruptionError``.
+folded), never wrong data, and must open again the same. Damage to the
+snapshot and to CONTROL is salvaged in ``test_salvage_lmdb.py``.
 """
 
 from __future__ import annotations
@@ -104,23 +104,37 @@ def test_recover_prefix_says_what_was_lost(tmp_path: Path) -> None:
         assert again.lost is not None and again.lost.first_lsn == 11
 
 
+def _tree_files(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
 def test_recover_prefix_of_a_whole_store_loses_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "a.txt").write_text("alpha")
+    (work / "sub" / "b.txt").write_text("beta")
     with agentwal.open(tmp_path / "s") as store:
         blob = tmp_path / "artifact.bin"
         blob.write_bytes(b"weights" * 1000)
         with store.begin("r") as txn:
             txn["k"] = 1
             txn.put_blob("model", str(blob))
+            txn.put_tree("work", str(work))
         with store.begin("r") as txn:
             txn["k"] = 2
             txn.meta(node="second")
+    before = _tree_files(tmp_path / "s")
     report = salvage(str(tmp_path / "s"), str(tmp_path / "copy"))
-    assert report.lost is None and report.checkpoints == {"r": 2}
+    assert _tree_files(tmp_path / "s") == before  # blobs/ is shared with the shadow: untouched
+    assert report.complete and report.checkpoints == {"r": 2}
     with agentwal.open(tmp_path / "copy", readonly=True) as out:
         assert out.get("r", "k", at=1) == 1 and out.get("r", "k") == 2
         assert out.head("r").meta == {"node": "second"}  # type: ignore[union-attr]
         with out.open_blob("r", "model") as f:
             assert f.read() == b"weights" * 1000
+        out.restore_tree("r", "work", tmp_path / "back")
+    assert _tree_files(tmp_path / "back") == _tree_files(work)
 
 
 def test_recover_argument(tmp_path: Path) -> None:

@@ -36,9 +36,11 @@ class Compactor(FoldWriter):
         """Drop what the retention rules allow from ``runs`` (None: every folded run)."""
         tally = retention.Tally()
         protected: dict[str, set[int]] = {}
+        pairs = set(origins or ())  # kept whatever keep_origins says
         if keep_origins:
-            for run, cid in self._fork_origins() | (origins or set()):
-                protected.setdefault(run, set()).add(cid)
+            pairs |= self._fork_origins()
+        for run, cid in pairs:
+            protected.setdefault(run, set()).add(cid)
         chosen = self.runs() if runs is None else runs
         for i, run in enumerate(chosen):
             if progress is not None:

@@ -53,7 +53,7 @@ from .layout import DATA, DB_KEYS, LOCK, Dbs
 from .lmdbfile import check_lmdb_file
 
 __all__ = ["Error", "MapFull", "MapFullError", "MapResizedError", "Shared", "acquire", "closed",
-           "discard", "lock", "release", "swap_file", "translate"]
+           "discard", "lock", "release", "swap_file", "translate", "write_records"]
 
 #: LMDB's exception root and its map-full error, for the snapshot's other modules.
 Error = lmdb.Error
@@ -239,3 +239,26 @@ def swap_file(shared: Shared, directory: str, tmp: str) -> bool:
             raise DurabilityError(data, f"cannot swap in the compacted snapshot: {exc}; "
                                   "reopen the store") from None
     return True
+
+
+def write_records(directory: str, records: dict[str, list[tuple[bytes, bytes]]]) -> None:
+    """A new environment in ``directory`` holding exactly ``records`` (salvage's rebuilt snapshot).
+
+    Every named database is created, empty if ``records`` has none for it;
+    the records are written as they are (sealed values, in key order), in
+    one synced transaction.
+    """
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    total = sum(len(k) + len(v) for rows in records.values() for k, v in rows)
+    env = lmdb.open(directory, map_size=1 << max(26, (4 * total + (16 << 20)).bit_length()),
+                    max_dbs=16, sync=True, metasync=True, lock=True, mode=0o600)
+    try:
+        with env.begin(write=True) as txn:
+            for name in DB_KEYS:
+                db = env.open_db(name, txn=txn, create=True)
+                for k, v in records.get(name.decode(), ()):
+                    txn.put(k, v, db=db, append=False)
+    except lmdb.Error as exc:
+        raise translate(exc, directory, "cannot write the rebuilt snapshot") from None
+    finally:
+        env.close()

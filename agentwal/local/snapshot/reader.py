@@ -464,21 +464,32 @@ class SnapshotReader:
             history.apply_delta(refs, delta)
         return refs
 
-    def state_at(self, run: str, info: RunInfo, cid: int,
-                 key: str | None = None) -> dict[str, bytes]:
+    def state_at(self, run: str, info: RunInfo, cid: int, key: str | None = None,
+                 damaged: dict[str, str] | None = None) -> dict[str, bytes]:
         """``{key: value bytes}`` of a run at folded checkpoint ``cid`` (only ``key`` if given).
 
         Rebuilt from the manifest at or before ``cid`` and the deltas after
-        it (at most ``history.MANIFEST_EVERY - 1``).
+        it (at most ``history.MANIFEST_EVERY - 1``). With ``damaged`` (salvage),
+        a value whose objects are missing or damaged is left out and named
+        there with the reason, instead of failing the whole state.
 
         Raises:
-            CorruptionError: a record or object is missing or damaged.
+            CorruptionError: a record or object is missing or damaged (with
+                ``damaged``: the manifest or a delta, so no key is known).
         """
         with self._reading(f"the state of {run!r} at {cid}"):
             refs = self._refs_at(run, info.number, cid)
             if key is not None:
                 refs = {key: refs[key]} if key in refs else {}
             objs = TxnObjects(self)
+            if damaged is not None:
+                out = {}
+                for k, r in refs.items():
+                    try:
+                        out[k] = history.resolve(objs, r)
+                    except (CodecError, CorruptionError) as exc:
+                        damaged[k] = str(exc)
+                return out
             try:
                 return {k: history.resolve(objs, r) for k, r in refs.items()}
             except CodecError as exc:

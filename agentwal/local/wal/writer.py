@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -46,6 +47,11 @@ from ...format import (
 from ...io import DISK_FULL_ERRNOS, FileSystem, write_all
 from ..logmark import LogMark, write_acked, write_mark
 from .frame import SegmentHeader, encode_frame, encode_header
+
+#: After this many unsynced slot writes of the log mark, the next one is fsynced.
+MARK_SYNC_EVERY = 256
+#: ... or after this many seconds since the mark was last durable.
+MARK_SYNC_SECONDS = 1.0
 
 __all__ = ["PendingRecord", "Segment", "Writer"]
 
@@ -98,6 +104,9 @@ class Writer:
         self._mark_crc: int | None = None  # seed of the log mark's slots; None: no mark file
         self._mark_slot = 0
         self._marked = 0  # the acknowledged LSN the mark holds
+        #: slot writes since the mark was last made durable, and when that was
+        self._mark_unsynced = 0
+        self._mark_synced_at = time.monotonic()
 
     # -- opening ---------------------------------------------------------------
 
@@ -299,13 +308,24 @@ class Writer:
         return True
 
     def _note_acked(self, lsn: int) -> None:
-        """Say in the mark's next slot that the log is durable through ``lsn`` (best effort)."""
+        """Say in the mark's next slot that the log is durable through ``lsn`` (best effort).
+
+        The slot is fsynced too once :data:`MARK_SYNC_EVERY` slot writes or
+        :data:`MARK_SYNC_SECONDS` have passed since it last was, so after a
+        power cut the mark lags the acknowledged log by at most that much.
+        """
         assert self._mark_crc is not None
+        self._mark_unsynced += 1
+        durable = (self._mark_unsynced >= MARK_SYNC_EVERY
+                   or time.monotonic() - self._mark_synced_at >= MARK_SYNC_SECONDS)
         try:
             write_acked(self.fs, os.path.dirname(self.wal_dir), self._mark_slot, lsn,
-                        self._mark_crc)
+                        self._mark_crc, sync=durable)
         except OSError:
             return  # the mark keeps an older LSN, which is still true
+        if durable:
+            self._mark_unsynced = 0
+            self._mark_synced_at = time.monotonic()
         self._mark_slot ^= 1
         self._marked = lsn
 
