@@ -45,7 +45,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import is_async_callable, off_loop
 from .backend import Change
-from .codec import DecodedValues, append_encoded, encode_blob_ref, encode_value
+from .codec import (
+    Append,
+    DecodedValues,
+    append_base,
+    append_encoded,
+    encode_blob_ref,
+    encode_value,
+)
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
     BackendUnsupportedError,
@@ -117,14 +124,15 @@ def _check_mode(mode: object) -> EffectMode:
 class Savepoint:
     """A point inside a transaction to return to with ``txn.rollback_to(sp)``."""
 
-    __slots__ = ("_deferred", "_depth", "_meta", "_writes")
+    __slots__ = ("_appends", "_deferred", "_depth", "_meta", "_writes")
 
     def __init__(self, depth: int, writes: dict[str, bytes | None], meta: dict[str, Any],
-                 deferred: int = 0):
+                 deferred: int = 0, appends: dict[str, tuple[Append, bytes]] | None = None):
         self._depth = depth
         self._writes = writes
         self._meta = meta
         self._deferred = deferred
+        self._appends = appends or {}
 
 
 class Transaction:
@@ -144,6 +152,9 @@ class Transaction:
         self.run = run
         self._view = view
         self._writes: dict[str, bytes | None] = {}
+        #: key -> (append entry, the value it made): a write that is an append to the
+        #: stored list, logged as the entry while ``_writes`` still holds that value
+        self._appends: dict[str, tuple[Append, bytes]] = {}
         self._reads: set[str] = set()
         self._prefixes: set[str] = set()
         self._meta: dict[str, Any] = {}
@@ -237,9 +248,13 @@ class Transaction:
 
     def _change(self) -> Change:
         """What committing now applies, as the backend seam's value object (copies)."""
-        return Change(run=self.run, writes=dict(self._writes), reads=frozenset(self._reads),
+        writes = self._writes
+        appends = {k: entry for k, (entry, made) in self._appends.items()
+                   if writes.get(k) is made}
+        return Change(run=self.run, writes=dict(writes), reads=frozenset(self._reads),
                       prefixes=frozenset(self._prefixes), meta=dict(self._meta),
-                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys))
+                      deferred=tuple(self._deferred), effects=tuple(self._effect_keys),
+                      appends=appends)
 
     def _finish(self, state: str) -> None:
         self._state = state
@@ -369,7 +384,28 @@ class Transaction:
         joined = append_encoded(stored, tail)
         if joined is None:
             raise NotAListError(self.run, key, type(self._decode(stored, key)).__name__)
+        self._note_append(key, stored, tail, joined)
         self._writes[key] = joined
+
+    def _note_append(self, key: str, stored: bytes, tail: bytes, joined: bytes) -> None:
+        """Note that ``joined`` (``stored`` + ``tail``'s items) is an append, to log as one.
+
+        An append to what the view holds is an entry over that value; one to
+        an earlier append of this transaction extends that entry's tail; one
+        to a value this transaction put is a whole value.
+        """
+        before = self._appends.get(key)
+        if before is not None and self._writes.get(key) is before[1]:
+            (count, length, first), _made = before
+            more = append_encoded(first, tail)
+            if more is not None:
+                self._appends[key] = ((count, length, more), joined)
+            return
+        if key in self._writes:
+            return
+        base = append_base(stored)
+        if base is not None:
+            self._appends[key] = ((base[0], base[1], tail), joined)
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if it is absent)."""
@@ -690,7 +726,7 @@ class Transaction:
         """Mark the current changes; ``rollback_to`` returns to this mark."""
         self._check()
         sp = Savepoint(len(self._savepoints), dict(self._writes), dict(self._meta),
-                       len(self._deferred))
+                       len(self._deferred), dict(self._appends))
         self._savepoints.append(sp)
         return sp
 
@@ -705,6 +741,7 @@ class Transaction:
             raise ValueError("savepoint is not live in this transaction (released or foreign)")
         del self._savepoints[sp._depth + 1 :]
         self._writes = dict(sp._writes)
+        self._appends = dict(sp._appends)
         self._meta = dict(sp._meta)
         del self._deferred[sp._deferred :]
 

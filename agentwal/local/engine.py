@@ -141,6 +141,12 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _folded_value(reader: Any, run: str, key: str) -> bytes | None:
+    """The value bytes LMDB holds for ``key`` of ``run`` (replay's base of an append)."""
+    info = reader.run_info(run)
+    return None if info is None else reader.get(info.number, key)
+
+
 def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
                      writer: Writer | None) -> None:
     """Finalizer of a store dropped without close(): like a crash, nothing is written."""
@@ -291,7 +297,9 @@ class Engine:
             ltxn, applied, plan = self._read_base(wal_dir)
             snap = self._snap
             mem, heads = replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run),
-                                 lambda key: snap.reader(ltxn).effect(key))
+                                 lambda key: snap.reader(ltxn).effect(key),
+                                 lambda run, key: _folded_value(snap.reader(ltxn), run, key),
+                                 path=self.path)
         ended = None
         with self._lock:
             if self.readonly:
@@ -523,7 +531,7 @@ class Engine:
                                dict(change.meta))
         return pipe.commit(run, view.snap, change.reads, change.prefixes, delta,
                            dict(change.meta), list(change.deferred), origin=change.origin,
-                           effects=change.effects)
+                           effects=change.effects, appends=change.appends)
 
     def _txn_base(self, txn: Transaction) -> int:
         head = self._head(txn._view, txn.run)

@@ -23,7 +23,10 @@ Databases (keys are bytes; integers big-endian so they sort):
   (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
   written before it existed have 7 elements), plus a 9th element, the
   parent's hash, when compaction dropped the parent (the chain stays
-  checkable, and a gap in the ids is told apart from damage)
+  checkable, and a gap in the ids is told apart from damage; else null when a
+  10th follows), and a 10th, ``{key: [base count, base length]}``, when the
+  commit's record logged some keys as appends (a form-2 delta): ``verify``
+  rebuilds the hashed delta from it and the folded values
 - ``effects``: the effects ledger (``effects.py``), three kinds of key:
   ``b"k"`` + idempotency key -> CRC + entry CBOR map;
   ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
@@ -71,7 +74,7 @@ import cbor2
 from ...types import Checkpoint
 
 __all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH", "LOCK",
-           "VACUUM", "Dbs", "FoldRun", "RunInfo", "crc", "index_keys", "pos_key",
+           "VACUUM", "Dbs", "FoldRun", "RunInfo", "appends_field", "crc", "index_keys", "pos_key",
            "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal"]
 
 U64 = struct.Struct(">Q")
@@ -188,3 +191,19 @@ class FoldRun:
     #: LSN of the run's deletion (0: none): remove it from LMDB first, and record the
     #: LSN as the run id's epoch (``checkpoints`` follow the deletion)
     reset: int = 0
+    #: checkpoint id -> the keys its commit record logged as appends: key -> (base
+    #: count, base length), kept in the checkpoint record (its 10th field)
+    appends: dict[int, dict[str, tuple[int, int]]] | None = None
+
+
+def appends_field(obj: Any) -> dict[str, tuple[int, int]] | None:
+    """A checkpoint record's 10th field ``{key: [base count, base length]}``; None if malformed."""
+    if not (isinstance(obj, dict) and obj):
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for k, v in obj.items():
+        if not (isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                and type(v[0]) is int and type(v[1]) is int and v[0] >= 0 and v[1] >= 1):
+            return None
+        out[k] = (v[0], v[1])
+    return out

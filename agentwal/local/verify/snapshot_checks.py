@@ -38,11 +38,11 @@ from typing import Any
 import cbor2
 
 from ... import history
-from ...codec import CodecError, chain_hash, decode_meta, decode_value, loads
+from ...codec import CodecError, append_tail, chain_hash, decode_meta, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...errors import CorruptionError
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, index_keys, unseal
+from ..snapshot.layout import EFFECTS_INDEX, appends_field, index_keys, unseal
 from .report import Findings, Source
 
 __all__ = ["CACHE_BYTES", "SnapshotChecker"]
@@ -83,6 +83,8 @@ class _Ckpt:
     outbox: bytes | None
     #: the dropped parent's hash (compaction): the chain goes on from it
     parent_hash: bytes | None = None
+    #: keys the commit's record logged as appends: key -> (base count, base length)
+    appends: dict[str, tuple[int, int]] | None = None
 
 
 class _Damaged(CodecError):
@@ -323,7 +325,7 @@ class SnapshotChecker(Findings):
         obj = None if data is None else self.decode("ckpt", k, data)
         if obj is None:
             return None
-        ok = (isinstance(obj, list) and len(obj) in (7, 8, 9) and _int(obj[0])
+        ok = (isinstance(obj, list) and len(obj) in (7, 8, 9, 10) and _int(obj[0])
               and (obj[1] is None or _int(obj[1])) and _int(obj[2])
               and isinstance(obj[3], (int, float)) and isinstance(obj[4], bytes)
               and isinstance(obj[5], bytes) and len(obj[5]) == 32
@@ -331,13 +333,16 @@ class SnapshotChecker(Findings):
                                       and isinstance(obj[6][0], str) and _int(obj[6][1])))
               and (len(obj) == 7 or obj[7] is None
                    or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
-              and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32)))
+              and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32)
+                   or (len(obj) == 10 and obj[8] is None))
+              and (len(obj) < 10 or appends_field(obj[9]) is not None))
         if not ok:
             self.entry_problem("ckpt", k, "checkpoint record is malformed")
             return None
         c = _Ckpt(obj[0], obj[1], obj[2], float(obj[3]), obj[4], obj[5],
                   (obj[6][0], obj[6][1]) if obj[6] is not None else None,
-                  obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) == 9 else None)
+                  obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) >= 9 else None,
+                  appends_field(obj[9]) if len(obj) == 10 else None)
         try:
             decode_meta(c.meta)
         except CodecError as exc:
@@ -461,8 +466,8 @@ class SnapshotChecker(Findings):
                    delta: dict[str, history.Ref | None], prev_hash: bytes) -> None:
         """Recompute checkpoint ``c``'s hash from its parent's, its fields and its delta."""
         try:
-            raw = cbor2.dumps({k: None if r is None else self.value(r)
-                               for k, r in delta.items()})
+            values = {k: None if r is None else self.value(r) for k, r in delta.items()}
+            raw = cbor2.dumps(self.logged(values, c.appends) if c.appends else values)
         except _Damaged:
             self.checked["hashes_unchecked"] += 1
             return
@@ -476,6 +481,30 @@ class SnapshotChecker(Findings):
             self.entry_problem("ckpt", key, "hash chain broken: the stored hash is not the "
                                "SHA-256 of the parent's hash, this checkpoint's fields and "
                                "its delta")
+
+    @staticmethod
+    def logged(values: dict[str, bytes | None], appends: dict[str, tuple[int, int]]
+               ) -> dict[str, Any]:
+        """The form-2 delta a commit hashed, rebuilt from the whole values it made.
+
+        Raises:
+            CodecError: an appended key's value cannot be what the append made.
+        """
+        out: dict[str, Any] = {}
+        for k, v in values.items():
+            if k not in appends:
+                out[k] = v
+                continue
+            count, length = appends[k]
+            tail = None if v is None else append_tail(v, count, length)
+            if tail is None:
+                raise CodecError(f"key {k!r} is recorded as an append to {count} items, "
+                                 "which its value cannot be")
+            out[k] = [count, length, tail]
+        if appends.keys() - values.keys():
+            raise CodecError(f"keys {sorted(appends.keys() - values.keys())[:5]} are recorded "
+                             "as appends but the delta has no such key")
+        return out
 
     def value(self, ref: history.Ref) -> bytes:
         """The value bytes of a ref; a list node is checked on the way (once)."""
