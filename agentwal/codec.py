@@ -59,6 +59,8 @@ __all__ = [
     "append_base",
     "append_encoded",
     "append_tail",
+    "array_head",
+    "array_header_size",
     "join_append",
     "decode_delta_entries",
     "CodecError",
@@ -263,7 +265,19 @@ def append_encoded(stored: bytes, tail: bytes) -> bytes | None:
     more = _array_head(tail)
     if head is None or more is None:
         return None
-    return _array_header(head[0] + more[0]) + stored[head[1]:] + tail[more[1]:]
+    # One allocation and one copy of each body (a growing list is the big part).
+    return b"".join((_array_header(head[0] + more[0]), memoryview(stored)[head[1]:],
+                     memoryview(tail)[more[1]:]))
+
+
+def array_head(data: bytes) -> tuple[int, int] | None:
+    """``(item count, header length)`` of a definite-length CBOR array, else None."""
+    return _array_head(data)
+
+
+def array_header_size(count: int) -> int:
+    """Bytes of the shortest CBOR header of an array of ``count`` items."""
+    return len(_array_header(count))
 
 
 def append_base(stored: bytes) -> tuple[int, int] | None:

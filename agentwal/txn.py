@@ -68,6 +68,7 @@ from .errors import (
     UnencodableValueError,
 )
 from .format import TREE_MEDIA_TYPE
+from .handout import Handout
 from .ledger import Request
 from .types import BlobRef, Checkpoint, TreeRef, check_key, check_media_type
 
@@ -87,6 +88,8 @@ T = TypeVar("T")
 #: Small values transactions read lately, decoded; an entry serves only the same bytes,
 #: so it is shared by every store and backend of the process.
 _DECODED = DecodedValues()
+#: Stored lists shorter than this are encoded again on a re-put (cheaper than the snapshot).
+_HANDOUT_MIN = 2048
 
 
 class _Engine(Protocol):
@@ -155,6 +158,8 @@ class Transaction:
         #: key -> (append entry, the value it made): a write that is an append to the
         #: stored list, logged as the entry while ``_writes`` still holds that value
         self._appends: dict[str, tuple[Append, bytes]] = {}
+        #: stored lists ``get`` handed out, to log a re-put that only appended as an append
+        self._handouts: dict[str, Handout] = {}
         self._reads: set[str] = set()
         self._prefixes: set[str] = set()
         self._meta: dict[str, Any] = {}
@@ -292,6 +297,15 @@ class Transaction:
     def _decode(self, raw: bytes, key: str) -> Any:
         return _DECODED.decode(self.run, key, raw, self._engine.path, "value of ")
 
+    def _handed(self, raw: bytes, key: str) -> Any:
+        """The decoded value of ``raw``; a stored list is noted as handed out (``handout.py``)."""
+        value = self._decode(raw, key)
+        if type(value) is list and len(raw) >= _HANDOUT_MIN and key not in self._writes:
+            handout = Handout.of(value, raw)
+            if handout is not None:
+                self._handouts[key] = handout
+        return value
+
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key`` as this transaction sees it, or ``default``.
 
@@ -301,14 +315,14 @@ class Transaction:
         """
         self._check()
         raw = self._raw(check_key(key))
-        return default if raw is None else self._decode(raw, key)
+        return default if raw is None else self._handed(raw, key)
 
     def __getitem__(self, key: str) -> Any:
         self._check()
         raw = self._raw(check_key(key))
         if raw is None:
             raise MissingKeyError(self.run, key)
-        return self._decode(raw, key)
+        return self._handed(raw, key)
 
     def __contains__(self, key: object) -> bool:
         self._check()
@@ -351,7 +365,17 @@ class Transaction:
             Either way nothing changes.
         """
         self._check()
-        self._writes[check_key(key)] = encode_value(key, value)
+        check_key(key)
+        handout = self._handouts.get(key) if type(value) is list else None
+        if handout is not None and handout.grown_from(value):
+            # The first items are the stored ones, untouched: only the rest is new.
+            tail = encode_value(key, value[handout.count:])
+            joined = append_encoded(handout.stored, tail)
+            if joined is not None:
+                self._appends[key] = ((handout.count, len(handout.stored), tail), joined)
+                self._writes[key] = joined
+                return
+        self._writes[key] = encode_value(key, value)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)

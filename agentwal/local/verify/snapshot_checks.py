@@ -736,6 +736,21 @@ class SnapshotChecker(Findings):
             return None
         return None if data is None else decode_entry(data)
 
+    def folded_value(self, run: str, key: str) -> bytes | None:
+        """The value bytes the snapshot's state holds for ``run``/``key`` (None: none, or
+        unreadable: the state pass reports that)."""
+        n = self.run_nos.get(run)
+        if self.src is None or n is None:
+            return None
+        k = _U64.pack(n) + key.encode()
+        _present, data = self.fetch("state", k)
+        if data is None:
+            return None
+        try:
+            return history.head_value(self.objs, data)
+        except CodecError:
+            return None
+
     def folded_hash(self, run: str, cid: int) -> bytes | None:
         """The hash the snapshot stores for ``run``/``cid``, if it has one."""
         n = self.run_nos.get(run)
