@@ -57,6 +57,28 @@ def test_exhaustive_sweep_of_a_five_commit_workload(tmp_path: Path) -> None:
     assert len(results) == len(ops) * len(MODELS)
 
 
+# -- append records: a commit that logs only what it appended to a list --------------
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_power_cut_rounds_with_append_records(tmp_path: Path, durability: str) -> None:
+    # Most operations grow their run's list (txn.append, or a re-put of the list read):
+    # a cut lands between an append record and its base, or after a fold took the base.
+    results: list[Result] = []
+    for seed in range(8):
+        for model in MODELS:
+            results.extend(power_cut_rounds(str(tmp_path), f"d{seed}", model, rounds=4,
+                                            durability=durability, appends=0.8))
+    assert not failures(results), failures(results)
+    assert len(results) == 8 * len(MODELS) * 4
+
+
+def test_exhaustive_sweep_of_a_workload_of_append_records(tmp_path: Path) -> None:
+    results = list(sweep(str(tmp_path), "sweep-appends", commits=5, appends=1.0))
+    assert not failures(results), failures(results)
+    assert len({r.case.split("/")[1] for r in results}) >= 15
+
+
 # -- the harness can fail: deliberately broken engines ------------------------------
 
 
