@@ -45,22 +45,23 @@ _keys_of = dict.keys
 #: Levels of nesting followed at most (deeper values make no snapshot).
 _MAX_LEVELS = 64
 
-#: One level of the snapshot: its objects, each container's length, each dict's keys.
-_Level = tuple[list[Any], list[int], list[Any]]
+#: One level of the snapshot: its objects, the containers among them, the dicts among
+#: those, each container's length, each dict's keys.
+_Level = tuple[list[Any], list[Any], list[Any], list[int], list[Any]]
 
 
-def _level(objs: list[Any]) -> tuple[_Level, list[Any]] | None:
-    """The snapshot of one level and the objects of the next; None if a type is not safe."""
+def _level(objs: list[Any]) -> _Level | None:
+    """The snapshot of one level; None if a type is not safe."""
     types = list(map(type, objs))
     kinds = set(types)
     if not kinds <= _SAFE:
         return None
     if not kinds & _CONTAINERS:
-        return (objs, [], []), []
+        return objs, [], [], [], []
     boxes = list(compress(objs, map(_CONTAINERS.__contains__, types)))
     dicts = list(compress(objs, map(_is, types, repeat(dict)))) if dict in kinds else []
-    keys = list(chain.from_iterable(map(_keys_of, dicts)))
-    return (objs, list(map(len, boxes)), keys), gc.get_referents(*boxes)
+    return objs, boxes, dicts, list(map(len, boxes)), list(chain.from_iterable(
+        map(_keys_of, dicts)))
 
 
 def _same(a: list[Any], b: list[Any]) -> bool:
@@ -85,11 +86,11 @@ class Handout:
         while objs:
             if len(levels) >= _MAX_LEVELS:
                 return None
-            got = _level(objs)
-            if got is None:
+            level = _level(objs)
+            if level is None:
                 return None
-            levels.append(got[0])
-            objs = got[1]
+            levels.append(level)
+            objs = gc.get_referents(*level[1])
         return cls(stored, len(value), levels)
 
     def grown_from(self, value: list[Any]) -> bool:
@@ -97,15 +98,15 @@ class Handout:
         if len(value) < self.count:
             return False
         objs: list[Any] = value[:self.count]
-        for want, lens, keys in self.levels:
+        for want, boxes, dicts, lens, keys in self.levels:
+            # The same objects as then, so the same containers (a type never changes):
+            # what may have changed is what the containers hold.
             if not _same(objs, want):
                 return False
-            if not lens:
+            if not boxes:
                 return True  # scalars only: nothing below
-            got = _level(objs)
-            if got is None:
+            if list(map(len, boxes)) != lens or not _same(
+                    list(chain.from_iterable(map(_keys_of, dicts))), keys):
                 return False
-            (_o, now_lens, now_keys), objs = got
-            if now_lens != lens or not _same(now_keys, keys):
-                return False
+            objs = gc.get_referents(*boxes)
         return not objs
