@@ -137,10 +137,10 @@ class Folder:
             with e._lock:
                 e._frozen = None
                 e._applied = frozen.last_lsn
-                e._counters["folds"] += 1
+                e.counters["folds"] += 1
             with pipe.flush_lock:
                 if pipe.writer.broken is None:
-                    e._counters["segments_removed"] += pipe.writer.remove_through(
+                    e.counters["segments_removed"] += pipe.writer.remove_through(
                         frozen.last_lsn)
         return leftover
 
@@ -165,4 +165,4 @@ class Folder:
                                     f"{why}. Nothing was lost: the WAL keeps everything; "
                                     "finish those reads and the next fold grows it.") from full
             e._snap.grow()
-            e._counters["map_grows"] += 1
+            e.counters["map_grows"] += 1

@@ -177,7 +177,7 @@ class Maintenance:
             with e._fold_lock:
                 self.compact_locked(None, keep_last, cutoff, True)
                 e.blobrefs.sweep()
-            e._counters["retention_passes"] += 1
+            e.counters["retention_passes"] += 1
             e._retain_error = None
         except Error as exc:
             e._retain_error = exc
