@@ -127,8 +127,8 @@ def _check_bases(v: SnapshotChecker, name: str, f: Any, r: Replayed, bases: _Bas
             continue
         count, length, tail = entry
         slot = (run, key)
-        if slot in bases:
-            base = bases[slot]
+        if slot in bases or (run, "") in bases:
+            base = bases.get(slot)
         elif f.lsn > v.applied and not dead:
             found = v.folded_value(run, key)
             base = None if found is None else append_base(found)
@@ -161,6 +161,7 @@ def _check_record(v: SnapshotChecker, name: str, f: Any,
             del hashes[k]
         for b in [b for b in bases if b[0] == r.run]:  # and with no values
             bases[b] = None
+        bases[(r.run, "")] = None  # ("" is never a key): LMDB's values are not its now
         return
     if not isinstance(r, Replayed):
         return
