@@ -39,14 +39,21 @@ def test_power_cut_rounds_sync(tmp_path: Path, model: str) -> None:
     assert len(results) >= SEEDS * 4
 
 
+def _every_model(tmp_path: Path, prefix: str, seeds: int, rounds: int,
+                 **options: Any) -> list[Result]:
+    """Power-cut rounds of ``seeds`` seeds under every crash model; none may fail."""
+    results: list[Result] = []
+    for seed in range(seeds):
+        for model in MODELS:
+            results.extend(power_cut_rounds(str(tmp_path), f"{prefix}{seed}", model,
+                                            rounds=rounds, **options))
+    assert not failures(results), failures(results)
+    return results
+
+
 @pytest.mark.parametrize("durability", ["async", "none"])
 def test_power_cut_rounds_async_and_none_keep_a_prefix(tmp_path: Path, durability: str) -> None:
-    results: list[Result] = []
-    for seed in range(6):
-        for model in MODELS:
-            results.extend(power_cut_rounds(str(tmp_path), f"a{seed}", model, rounds=3,
-                                            durability=durability))
-    assert not failures(results), failures(results)
+    _every_model(tmp_path, "a", 6, 3, durability=durability)
 
 
 def test_exhaustive_sweep_of_a_five_commit_workload(tmp_path: Path) -> None:
@@ -64,12 +71,7 @@ def test_exhaustive_sweep_of_a_five_commit_workload(tmp_path: Path) -> None:
 def test_power_cut_rounds_with_append_records(tmp_path: Path, durability: str) -> None:
     # Most operations grow their run's list (txn.append, or a re-put of the list read):
     # a cut lands between an append record and its base, or after a fold took the base.
-    results: list[Result] = []
-    for seed in range(8):
-        for model in MODELS:
-            results.extend(power_cut_rounds(str(tmp_path), f"d{seed}", model, rounds=4,
-                                            durability=durability, appends=0.8))
-    assert not failures(results), failures(results)
+    results = _every_model(tmp_path, "d", 8, 4, durability=durability, appends=0.8)
     assert len(results) == 8 * len(MODELS) * 4
 
 

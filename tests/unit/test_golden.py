@@ -21,6 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import cbor2
 import pytest
@@ -228,6 +229,16 @@ def test_regenerated_control_is_identical() -> None:
     assert mg.control_image() == CONTROL.read_bytes()
 
 
+def _scan_clean(path: Path) -> Any:
+    """The frames of a golden segment file, which must end clean."""
+    data = path.read_bytes()
+    h = parse_header(data)
+    assert isinstance(h, SegmentHeader)
+    scan = scan_segment(data, h)
+    assert scan.state == "clean"
+    return scan
+
+
 # -- the effects segment: REC_EFFECT records and a commit with an outbox ------------------------
 
 EFFECTS = DATA / f"effects-v{FORMAT_VERSION}.bin"
@@ -237,11 +248,8 @@ def test_golden_effects_segment_decodes() -> None:
     from agentwal.effects import decode_entry, decode_outbox
     from agentwal.format import REC_EFFECT
 
-    data = EFFECTS.read_bytes()
-    h = parse_header(data)
-    assert isinstance(h, SegmentHeader)
-    scan = scan_segment(data, h)
-    assert scan.state == "clean" and [f.lsn for f in scan.frames] == [1, 2, 3]
+    scan = _scan_clean(EFFECTS)
+    assert [f.lsn for f in scan.frames] == [1, 2, 3]
     assert [f.type for f in scan.frames] == [REC_EFFECT, REC_EFFECT, REC_COMMIT]
     intent, outcome = (decode_entry(f.payload) for f in scan.frames[:2])
     assert (intent.name, intent.status, intent.attempts) == ("charge-card", "in_doubt", 1)
@@ -282,12 +290,8 @@ def test_golden_appends_segment_decodes() -> None:
     from agentwal.codec import decode_delta_entries
     from agentwal.format import FLAG_APPENDS
 
-    data = APPENDS.read_bytes()
-    h = parse_header(data)
-    assert isinstance(h, SegmentHeader)
-    scan = scan_segment(data, h)
-    assert scan.state == "clean" and [f.flags for f in scan.frames] == [0, FLAG_APPENDS,
-                                                                        FLAG_APPENDS]
+    scan = _scan_clean(APPENDS)
+    assert [f.flags for f in scan.frames] == [0, FLAG_APPENDS, FLAG_APPENDS]
     parent_hash, count, length = bytes(32), 0, 0
     for f, items in zip(scan.frames, mg.APPEND_STATES, strict=True):
         rec = decode_commit(f.payload)
