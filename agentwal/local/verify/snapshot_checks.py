@@ -136,6 +136,8 @@ class SnapshotChecker(Findings):
         self.runs: dict[int, _Run] = {}
         self.run_nos: dict[str, int] = {}
         self.damaged_runs: set[int] = set()  # run numbers of damaged run records
+        self.damaged_run_records = 0  # run records whose seal or shape is bad
+        self.orphans: set[int] = set()  # run numbers of no run, reported once (``orphan``)
         self.objs = _Objects(self)
         self.found_refs: collections.Counter[int] = collections.Counter()
         self.addrs: set[int] = set()
@@ -236,7 +238,8 @@ class SnapshotChecker(Findings):
             data = self.unseal("runs", k, raw)
             if data is None:
                 # Its entries are not checked; a number still read from it keeps them
-                # from being reported as belonging to no run.
+                # from being reported as belonging to no run (``orphan``).
+                self.damaged_run_records += 1
                 with contextlib.suppress(CodecError, IndexError, TypeError):
                     n = loads(raw[4:])[0]
                     if _int(n):
@@ -244,6 +247,7 @@ class SnapshotChecker(Findings):
                 continue
             obj = self.decode("runs", k, data)
             if obj is None:
+                self.damaged_run_records += 1
                 continue
             if not (isinstance(obj, list) and len(obj) in (6, 7)
                     and all(_int(obj[i]) for i in (0, 1, 3, 4, 5))
@@ -252,6 +256,7 @@ class SnapshotChecker(Findings):
                                            and isinstance(obj[6][0], str)
                                            and _int(obj[6][1])))):
                 self.entry_problem("runs", k, "run record is malformed")
+                self.damaged_run_records += 1
                 continue
             try:
                 name = k.decode("utf-8")
@@ -293,8 +298,7 @@ class SnapshotChecker(Findings):
             if len(raw) >= 4:
                 digests[n] ^= struct.unpack_from("<I", raw)[0]
             if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.entry_problem("state", k, f"belongs to no run (run number #{n})")
+                self.orphan("state", k, n)
                 continue
             data = self.unseal("state", k, raw)
             if data is None:
@@ -372,7 +376,7 @@ class SnapshotChecker(Findings):
             if n not in self.runs:
                 if n not in self.damaged_runs:
                     self.unseal("ckpt", k, raw)
-                    self.entry_problem("ckpt", k, f"belongs to no run (run number #{n})")
+                self.orphan("ckpt", k, n)
                 continue
             if n != current:
                 if current is not None:
@@ -581,8 +585,7 @@ class SnapshotChecker(Findings):
             n, cid = _U64.unpack_from(k)[0], _U64.unpack_from(k, 8)[0]
             run = self.runs.get(n)
             if run is None:
-                if n not in self.damaged_runs:
-                    self.entry_problem(db, k, f"belongs to no run (run number #{n})")
+                self.orphan(db, k, n)
             elif (not 1 <= cid <= run.head or cid not in self.kept.get(n, (cid,))
                   or (manifest and not history.is_manifest(cid)
                       and cid not in self.block_starts.get(n, ()))):
@@ -735,6 +738,27 @@ class SnapshotChecker(Findings):
             self.entry_problem("effects", k, f"names ledger entry {target!r}, which is missing")
             return None
         return None if data is None else decode_entry(data)
+
+    def orphan(self, db: str, k: bytes, n: int) -> None:
+        """Report an entry of run number ``n``, which no readable run record has.
+
+        A damaged run record's number is read as well as it can be
+        (``damaged_runs``: its entries are that damage, not more). When the
+        damage hit the number itself, the run's entries name a number no
+        record claims: with a damaged run record about, each such number is
+        reported once, as probably that record's, not at every entry.
+        """
+        if n in self.damaged_runs:
+            return
+        if self.damaged_run_records:
+            if n in self.orphans:
+                return
+            self.orphans.add(n)
+            self.entry_problem(db, k, f"belongs to no run (run number #{n}); a damaged run "
+                               "record is probably its run's (its other entries are not "
+                               "listed)")
+            return
+        self.entry_problem(db, k, f"belongs to no run (run number #{n})")
 
     def folded_value(self, run: str, key: str) -> bytes | None:
         """The value bytes the snapshot's state holds for ``run``/``key`` (None: none, or
