@@ -77,9 +77,20 @@ class Folder:
         return BUSY
 
     def fold(self) -> None:
-        """Fold everything published so far (a table left by a failed fold first)."""
-        while self.fold_one():
-            pass
+        """Fold everything published so far (a table left by a failed fold first).
+
+        A writer's ``HEALTH`` file records a failure and clears it at the next success.
+        """
+        e = self._e
+        try:
+            while self.fold_one():
+                pass
+        except Error as exc:
+            if e.health is not None:
+                e.health.failed("fold", exc)
+            raise
+        if e.health is not None:
+            e.health.succeeded("fold")
 
     def fold_one(self) -> bool:
         """Fold one memtable; True if it was one a failed fold had left frozen."""

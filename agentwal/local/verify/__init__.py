@@ -43,7 +43,11 @@ before it is.
 
 The parts: ``report.py`` (what a report holds, the shared plumbing, the
 reads of ``CONTROL`` and the WAL through the I/O seam), ``snapshot_checks.py``
-(LMDB), ``wal_checks.py`` (the log). Nothing here touches a file but
+(LMDB: meta, runs, state, the ledger, and the order of the passes), with
+``snapshot_base.py`` (the checker's shared state and sealed reads),
+``chain_checks.py`` (each run's checkpoints: hash chains, manifests, head
+state) and ``object_checks.py`` (deltas, manifests, objects, reference
+counts, object ids), and ``wal_checks.py`` (the log). Nothing here touches a file but
 :func:`read_wal` and :func:`check_control`; the store hands over an LMDB
 read transaction.
 """
@@ -85,7 +89,7 @@ def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit
             for the writer): damage at or before it is a problem even at the
             tail of the log; after it, a torn tail is a write in progress.
         problems: problems already found by the caller (``CONTROL``).
-        progress: called with ``("snapshot", groups checked, 10)`` and
+        progress: called with ``("snapshot: PART", parts checked, 10)`` and
             ``("log", segments checked, segments)`` as the checks go.
 
     Returns:

@@ -28,68 +28,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import struct
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
-
-import cbor2
+from collections.abc import Callable
 
 from ... import history
-from ...codec import CodecError, append_tail, chain_hash, decode_meta, decode_value, loads
+from ...codec import CodecError, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
-from ...errors import CorruptionError
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, appends_field, index_keys, unseal
-from .report import Findings, Source
+from ..snapshot.layout import EFFECTS_INDEX, RunInfo, index_keys
+from .chain_checks import ChainChecks
+from .object_checks import ObjectChecks
+from .snapshot_base import _U32, _U64, _Damaged, _int, _Run
 
-__all__ = ["CACHE_BYTES", "SnapshotChecker"]
+__all__ = ["CACHE_BYTES", "SNAPSHOT_PARTS", "SnapshotChecker"]
 
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-_ZERO_HASH = bytes(32)
+#: The parts of verify's ``snapshot`` phase, in order, as its progress names them.
+SNAPSHOT_PARTS = ("meta", "runs", "state", "checkpoints (hash chains)", "deltas", "manifests",
+                  "objects", "references", "object ids", "effects")
+
+
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
                EFFECTS_INDEX: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
-
-
-@dataclass
-class _Run:
-    """A run record as found in ``runs``."""
-
-    name: str
-    head: int
-    head_hash: bytes
-    count: int
-    keys: int
-    digest: int
-    origin: tuple[str, int] | None = None  # kept once compaction dropped checkpoint 1
-
-
-@dataclass(frozen=True)
-class _Ckpt:
-    """A decoded checkpoint record."""
-
-    id: int
-    parent: int | None
-    lsn: int
-    created_at: float
-    meta: bytes
-    hash: bytes
-    origin: tuple[str, int] | None
-    outbox: bytes | None
-    #: the dropped parent's hash (compaction): the chain goes on from it
-    parent_hash: bytes | None = None
-    #: keys the commit's record logged as appends: key -> (base count, base length)
-    appends: dict[str, tuple[int, int]] | None = None
-
-
-class _Damaged(CodecError):
-    """An object needed is damaged: reported once, at the object, not at each user."""
-
 
 class _Objects:
     """``history.Objects`` (reads only) over the verifier's sealed reads.
@@ -120,84 +82,27 @@ class _Objects:
         return data
 
 
+class SnapshotChecker(ChainChecks, ObjectChecks):
+    """Checks one snapshot (``src`` None: no snapshot to read; only the log is checked).
 
-def _int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    The passes are split by concern: the checkpoint chains in
+    ``chain_checks.py``, history storage in ``object_checks.py``, the
+    shared reads in ``snapshot_base.py``; meta, runs, state and the ledger here.
+    """
 
-
-class SnapshotChecker(Findings):
-    """Checks one snapshot (``src`` None: no snapshot to read; only the log is checked)."""
-
-    def __init__(self, src: Source | None, store_id: uuid.UUID) -> None:
-        super().__init__(store_id)
-        self.src = src
-        self.applied = 0
-        self.next_run: int | None = None
-        self.runs: dict[int, _Run] = {}
-        self.run_nos: dict[str, int] = {}
-        self.damaged_runs: set[int] = set()  # run numbers of damaged run records
-        self.damaged_run_records = 0  # run records whose seal or shape is bad
-        self.orphans: set[int] = set()  # run numbers of no run, reported once (``orphan``)
-        self.objs = _Objects(self)
-        self.found_refs: collections.Counter[int] = collections.Counter()
-        self.addrs: set[int] = set()
-        self.nodes_ok: set[int] = set()  # list nodes already rebuilt and checked
-        self.kept: dict[int, set[int]] = {}  # run number -> checkpoint ids stored
-        #: run number -> ids that follow checkpoints compaction dropped (they have manifests)
-        self.block_starts: dict[int, set[int]] = {}
-
-    # -- reading ------------------------------------------------------------------
-
-    def scan(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        """Entries of ``db``; a database LMDB cannot walk is one problem, then the scan ends."""
-        assert self.src is not None
-        try:
-            for k, raw in self.src.entries(db, prefix):
-                if not prefix:
-                    self.checked["lmdb_entries"] += 1
-                yield k, raw
-        except CorruptionError as exc:
-            self.db_problem(db, f"LMDB cannot read this database any further: {exc.reason}")
-
-    def unseal(self, db: str, key: bytes, raw: bytes) -> bytes | None:
-        """The value of a sealed entry, or None (reported) if its CRC does not match."""
-        data = unseal(key, raw)
-        if data is None:
-            self.entry_problem(db, key, "checksum mismatch: the CRC-32 stored with the entry "
-                               "does not cover its key and value")
-        return data
-
-    def fetch(self, db: str, key: bytes) -> tuple[bool, bytes | None]:
-        """``(present, value)``; value None when absent or damaged (damage is reported)."""
-        assert self.src is not None
-        try:
-            raw = self.src.get(db, key)
-        except CorruptionError as exc:
-            self.entry_problem(db, key, f"LMDB cannot read it: {exc.reason}")
-            return True, None
-        if raw is None:
-            return False, None
-        return True, self.unseal(db, key, raw)
-
-    def decode(self, db: str, key: bytes, data: bytes) -> Any:
-        """Decode CBOR from an entry; None (reported) if it does not decode."""
-        try:
-            return loads(data)
-        except CodecError as exc:
-            self.entry_problem(db, key, str(exc))
-            return None
-
-    def refs_of(self, db: str, key: bytes, data: bytes,
-                manifest: bool) -> dict[str, history.Ref | None] | None:
-        try:
-            return history.decode_refs(data, manifest=manifest)
-        except CodecError as exc:
-            self.entry_problem(db, key, str(exc))
-            return None
+    def objects(self) -> history.ObjectReader:
+        return _Objects(self)
 
     # -- the snapshot ---------------------------------------------------------------
 
     def check_snapshot(self, progress: Progress | None = None) -> None:
+        """Every check of LMDB, in order; ``progress`` is told each part as it begins.
+
+        The parts are named in the phase (``"snapshot: checkpoints"``, see
+        :data:`SNAPSHOT_PARTS`) so that a long part (the hash chains of the
+        checkpoints, usually) never shows as the previous one; ``done`` counts
+        the parts finished, of 10, ending with the last part at 10.
+        """
         damaged: set[int] = set()
         steps: list[Callable[[], object]] = [
             self.check_meta, self.check_runs, lambda: damaged.update(self.check_state()),
@@ -205,10 +110,13 @@ class SnapshotChecker(Findings):
             lambda: self.check_history_records("delta"),
             lambda: self.check_history_records("manifest"),
             self.check_objects, self.check_refs, self.check_oids, self.check_effects]
-        for i, step in enumerate(steps):
-            step()
+        assert len(steps) == len(SNAPSHOT_PARTS)
+        for i, (step, part) in enumerate(zip(steps, SNAPSHOT_PARTS, strict=True)):
             if progress is not None:
-                progress("snapshot", i + 1, len(steps))
+                progress(f"snapshot: {part}", i, len(steps))
+            step()
+        if progress is not None:
+            progress(f"snapshot: {SNAPSHOT_PARTS[-1]}", len(steps), len(steps))
 
     def check_meta(self) -> None:
         seen: dict[bytes, bytes] = {}
@@ -249,12 +157,12 @@ class SnapshotChecker(Findings):
             if obj is None:
                 self.damaged_run_records += 1
                 continue
-            if not (isinstance(obj, list) and len(obj) in (6, 7)
-                    and all(_int(obj[i]) for i in (0, 1, 3, 4, 5))
-                    and isinstance(obj[2], bytes) and len(obj[2]) == 32
-                    and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                           and isinstance(obj[6][0], str)
-                                           and _int(obj[6][1])))):
+            info = RunInfo.decode(obj)
+            # Stricter than a read: no bool for an int, and a whole SHA-256.
+            if (info is None or len(info.head_hash) != 32
+                    or not all(_int(x) for x in (info.number, info.head, info.count, info.keys,
+                                                 info.digest))
+                    or (info.origin is not None and not _int(info.origin[1]))):
                 self.entry_problem("runs", k, "run record is malformed")
                 self.damaged_run_records += 1
                 continue
@@ -263,7 +171,7 @@ class SnapshotChecker(Findings):
             except UnicodeDecodeError:
                 self.entry_problem("runs", k, "run id is not UTF-8")
                 continue
-            n = obj[0]
+            n = info.number
             if n in self.runs:
                 self.entry_problem("runs", k, f"run number #{n} is also that of run "
                                    f"{self.runs[n].name!r}")
@@ -271,10 +179,10 @@ class SnapshotChecker(Findings):
             if self.next_run is not None and n >= self.next_run:
                 self.entry_problem("runs", k, f"run number #{n} is not below next_run "
                                    f"{self.next_run}")
-            if obj[1] < 1:
-                self.entry_problem("runs", k, f"head checkpoint {obj[1]} is not an id")
-            self.runs[n] = _Run(name, obj[1], obj[2], obj[3], obj[4], obj[5],
-                                (obj[6][0], obj[6][1]) if len(obj) == 7 else None)
+            if info.head < 1:
+                self.entry_problem("runs", k, f"head checkpoint {info.head} is not an id")
+            self.runs[n] = _Run(name, info.head, info.head_hash, info.count, info.keys,
+                                info.digest, info.origin)
             self.run_nos[name] = n
             self.run_names[n] = name
         if self.runs and self.applied == 0:
@@ -322,367 +230,6 @@ class SnapshotChecker(Findings):
                                    f"{digests[n]:08x}); the run record says {run.keys} "
                                    f"({run.digest:08x})")
         return damaged
-
-    def checkpoint(self, k: bytes, raw: bytes) -> _Ckpt | None:
-        """Decode and check one ``ckpt`` entry (None, reported, if it is bad)."""
-        data = self.unseal("ckpt", k, raw)
-        obj = None if data is None else self.decode("ckpt", k, data)
-        if obj is None:
-            return None
-        ok = (isinstance(obj, list) and len(obj) in (7, 8, 9, 10) and _int(obj[0])
-              and (obj[1] is None or _int(obj[1])) and _int(obj[2])
-              and isinstance(obj[3], (int, float)) and isinstance(obj[4], bytes)
-              and isinstance(obj[5], bytes) and len(obj[5]) == 32
-              and (obj[6] is None or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                      and isinstance(obj[6][0], str) and _int(obj[6][1])))
-              and (len(obj) == 7 or obj[7] is None
-                   or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
-              and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32)
-                   or (len(obj) == 10 and obj[8] is None))
-              and (len(obj) < 10 or appends_field(obj[9]) is not None))
-        if not ok:
-            self.entry_problem("ckpt", k, "checkpoint record is malformed")
-            return None
-        c = _Ckpt(obj[0], obj[1], obj[2], float(obj[3]), obj[4], obj[5],
-                  (obj[6][0], obj[6][1]) if obj[6] is not None else None,
-                  obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) >= 9 else None,
-                  appends_field(obj[9]) if len(obj) == 10 else None)
-        try:
-            decode_meta(c.meta)
-        except CodecError as exc:
-            self.entry_problem("ckpt", k, f"metadata: {exc}")
-            return None
-        want = _U64.unpack_from(k, 8)[0]
-        if c.id != want:
-            self.entry_problem("ckpt", k, f"record says checkpoint {c.id}")
-            return None
-        if c.parent != (c.id - 1 if c.id > 1 else None):
-            self.entry_problem("ckpt", k, f"parent is {c.parent}, not {c.id - 1 or None}")
-        if c.lsn > self.applied:
-            self.entry_problem("ckpt", k, f"LSN {c.lsn} is after the snapshot's applied LSN "
-                               f"{self.applied}")
-        return c
-
-    def check_checkpoints(self, damaged_state: set[int]) -> None:
-        group: list[tuple[bytes, bytes]] = []
-        current: int | None = None
-        seen: set[int] = set()
-        for k, raw in self.scan("ckpt"):
-            self.checked["checkpoints"] += 1
-            if len(k) != 16:
-                self.entry_problem("ckpt", k, "key is not a run number and a checkpoint id")
-                continue
-            n = _U64.unpack_from(k)[0]
-            if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.unseal("ckpt", k, raw)
-                self.orphan("ckpt", k, n)
-                continue
-            if n != current:
-                if current is not None:
-                    self.check_run(current, group, current not in damaged_state)
-                current, group = n, []
-                seen.add(n)
-            group.append((k, raw))
-        if current is not None:
-            self.check_run(current, group, current not in damaged_state)
-        for n, run in self.runs.items():
-            if n not in seen:
-                self.entry_problem("runs", run.name.encode(),
-                                   f"the run has no checkpoint records (head {run.head})")
-
-    def check_run(self, n: int, group: list[tuple[bytes, bytes]], compare_state: bool) -> None:
-        """The chain, the manifests and the head state of one run."""
-        run = self.runs[n]
-        base = _U64.pack(n)
-        ckpts: dict[int, _Ckpt | None] = {}
-        for k, raw in group:
-            ckpts[_U64.unpack_from(k, 8)[0]] = self.checkpoint(k, raw)
-        if len(group) != run.count:
-            self.entry_problem("runs", run.name.encode(), f"the run record counts {run.count} "
-                               f"checkpoints, {len(group)} are stored")
-        for cid in sorted(c for c in ckpts if c > run.head):
-            self.entry_problem("ckpt", base + _U64.pack(cid),
-                               f"is after the run's head checkpoint {run.head}")
-        top = max((c for c in ckpts if c <= run.head), default=0)
-        if top < run.head:
-            self.entry_problem("runs", run.name.encode(), f"head checkpoint {run.head} is "
-                               f"missing; the last one stored is {top}")
-        refs: dict[str, history.Ref] = {}
-        replayed = top == run.head  # refs hold the state at the checkpoint reached
-        prev_hash: bytes | None = _ZERO_HASH
-        last_lsn = 0
-        # Compaction leaves gaps: the first checkpoint after one carries its dropped
-        # parent's hash and has a manifest; the ids in a gap have no records at all.
-        self.kept[n] = set(ckpts)
-        dropped = self.dropped_ids(ckpts, top)
-        for cid in range(1, top + 1):
-            key = base + _U64.pack(cid)
-            c = ckpts.get(cid)
-            if cid in dropped:
-                self.checked["checkpoints_dropped"] += 1
-                continue
-            block_start = cid - 1 in dropped
-            if block_start and c is not None:
-                prev_hash, replayed = c.parent_hash, False
-                self.block_starts.setdefault(n, set()).add(cid)
-            if cid not in ckpts:
-                self.entry_problem("ckpt", key, "is missing: the run's checkpoints are 1.."
-                                   f"{run.head}")
-            if c is not None:
-                if c.lsn <= last_lsn:
-                    self.entry_problem("ckpt", key, f"LSN {c.lsn} is not after the previous "
-                                       f"checkpoint's ({last_lsn})")
-                last_lsn = c.lsn
-            present, data = self.fetch("delta", key)
-            delta = None if data is None else self.refs_of("delta", key, data, False)
-            if not present:
-                self.entry_problem("delta", key, "is missing: every checkpoint has a delta")
-            if delta is None:
-                replayed = False
-            else:
-                history.apply_delta(refs, delta)
-            if c is not None and delta is not None and prev_hash is not None:
-                self.check_hash(run, key, c, delta, prev_hash)
-            prev_hash = c.hash if c is not None else None
-            if history.is_manifest(cid) or block_start:
-                refs, replayed = self.check_manifest(key, cid, refs, replayed)
-        head = ckpts.get(run.head)
-        if head is not None and head.hash != run.head_hash:
-            self.entry_problem("runs", run.name.encode(), f"head hash differs from that of "
-                               f"checkpoint {run.head}")
-        if replayed and compare_state:
-            self.compare_state(n, run, refs)
-
-    @staticmethod
-    def dropped_ids(ckpts: dict[int, _Ckpt | None], top: int) -> set[int]:
-        """Ids compaction dropped: every gap below a record that carries its parent's hash."""
-        out: set[int] = set()
-        prev = 0
-        for cid in sorted(c for c in ckpts if c <= top):
-            c = ckpts[cid]
-            if cid > prev + 1 and c is not None and c.parent_hash is not None:
-                out.update(range(prev + 1, cid))
-            prev = cid
-        return out
-
-    def check_hash(self, run: _Run, key: bytes, c: _Ckpt,
-                   delta: dict[str, history.Ref | None], prev_hash: bytes) -> None:
-        """Recompute checkpoint ``c``'s hash from its parent's, its fields and its delta."""
-        try:
-            values = {k: None if r is None else self.value(r) for k, r in delta.items()}
-            raw = cbor2.dumps(self.logged(values, c.appends) if c.appends else values)
-        except _Damaged:
-            self.checked["hashes_unchecked"] += 1
-            return
-        except CodecError as exc:
-            self.entry_problem("delta", key, f"cannot rebuild the committed delta: {exc}")
-            return
-        want = chain_hash(prev_hash, run.name, c.id, c.parent, c.created_at, c.meta, c.origin,
-                          hashlib.sha256(raw).digest(), c.outbox)
-        self.checked["hashes"] += 1
-        if want != c.hash:
-            self.entry_problem("ckpt", key, "hash chain broken: the stored hash is not the "
-                               "SHA-256 of the parent's hash, this checkpoint's fields and "
-                               "its delta")
-
-    @staticmethod
-    def logged(values: dict[str, bytes | None], appends: dict[str, tuple[int, int]]
-               ) -> dict[str, Any]:
-        """The form-2 delta a commit hashed, rebuilt from the whole values it made.
-
-        Raises:
-            CodecError: an appended key's value cannot be what the append made.
-        """
-        out: dict[str, Any] = {}
-        for k, v in values.items():
-            if k not in appends:
-                out[k] = v
-                continue
-            count, length = appends[k]
-            tail = None if v is None else append_tail(v, count, length)
-            if tail is None:
-                raise CodecError(f"key {k!r} is recorded as an append to {count} items, "
-                                 "which its value cannot be")
-            out[k] = [count, length, tail]
-        if appends.keys() - values.keys():
-            raise CodecError(f"keys {sorted(appends.keys() - values.keys())[:5]} are recorded "
-                             "as appends but the delta has no such key")
-        return out
-
-    def value(self, ref: history.Ref) -> bytes:
-        """The value bytes of a ref; a list node is checked on the way (once)."""
-        if isinstance(ref, tuple) and ref[0] == history.LIST and ref[1] not in self.nodes_ok:
-            try:
-                value = history.check_node(self.objs, ref[1])
-            except _Damaged:
-                raise
-            except CodecError:  # the objects pass reports the node; the chain goes on
-                return history.resolve(self.objs, ref)
-            self.nodes_ok.add(ref[1])
-            return value
-        return history.resolve(self.objs, ref)
-
-    def check_manifest(self, key: bytes, cid: int, refs: dict[str, history.Ref],
-                       replayed: bool) -> tuple[dict[str, history.Ref], bool]:
-        """Compare the manifest at ``cid`` with the replay; returns the state to go on from."""
-        present, data = self.fetch("manifest", key)
-        if not present:
-            why = (f"a multiple of {history.MANIFEST_EVERY}" if history.is_manifest(cid) else
-                   "the first kept after checkpoints compaction dropped")
-            self.entry_problem("manifest", key, f"is missing: checkpoint {cid} is {why}")
-            return refs, replayed
-        found = None if data is None else self.refs_of("manifest", key, data, True)
-        if found is None:
-            return refs, replayed
-        manifest = {k: r for k, r in found.items() if r is not None}
-        if not replayed:
-            return manifest, True
-        if manifest != refs:
-            diff = sorted(set(manifest.items()) ^ set(refs.items()), key=repr)
-            self.entry_problem("manifest", key, f"differs from the deltas replayed up to it "
-                               f"(keys {sorted({k for k, _ in diff})[:5]})")
-        return refs, replayed
-
-    def compare_state(self, n: int, run: _Run, refs: dict[str, history.Ref]) -> None:
-        """The ``state`` fast path against the history replay of the head checkpoint."""
-        seen: set[str] = set()
-        for k, raw in self.scan("state", _U64.pack(n)):
-            data = self.unseal("state", k, raw)
-            key = k[8:].decode("utf-8", "replace")
-            seen.add(key)
-            if data is None:
-                continue
-            ref = refs.get(key)
-            if ref is None:
-                self.entry_problem("state", k, f"is not in the run's history at its head "
-                                   f"checkpoint {run.head}")
-                continue
-            try:
-                same = history.head_value(self.objs, data) == history.resolve(self.objs, ref)
-            except _Damaged:
-                continue
-            except CodecError as exc:
-                self.entry_problem("state", k, f"cannot compare with history: {exc}")
-                continue
-            if not same:
-                self.entry_problem("state", k, f"differs from the value the history gives at "
-                                   f"the head checkpoint {run.head}")
-        for key in sorted(refs.keys() - seen):
-            self.entry_problem("state", _U64.pack(n) + key.encode(),
-                               f"is missing: the history at head checkpoint {run.head} has it")
-
-    def check_history_records(self, db: str) -> None:
-        """Every delta or manifest: seal, shape, owner; count the references it holds."""
-        manifest = db == "manifest"
-        for k, raw in self.scan(db):
-            self.checked[db + "s"] += 1
-            data = self.unseal(db, k, raw)
-            refs = None if data is None else self.refs_of(db, k, data, manifest)
-            if len(k) != 16:
-                self.entry_problem(db, k, "key is not a run number and a checkpoint id")
-                continue
-            n, cid = _U64.unpack_from(k)[0], _U64.unpack_from(k, 8)[0]
-            run = self.runs.get(n)
-            if run is None:
-                self.orphan(db, k, n)
-            elif (not 1 <= cid <= run.head or cid not in self.kept.get(n, (cid,))
-                  or (manifest and not history.is_manifest(cid)
-                      and cid not in self.block_starts.get(n, ()))):
-                self.entry_problem(db, k, f"belongs to no checkpoint of {run.name!r} (head "
-                                   f"{run.head})")
-            for ref in (refs or {}).values():
-                if isinstance(ref, tuple):
-                    self.found_refs[ref[1]] += 1
-
-    def check_objects(self) -> None:
-        nodes = []
-        for k, raw in self.scan("objects"):
-            self.checked["objects"] += 1
-            if len(k) != 8:
-                self.entry_problem("objects", k, "key is not an address")
-                continue
-            addr = _U64.unpack(k)[0]
-            self.addrs.add(addr)
-            data = self.unseal("objects", k, raw)
-            if data is None:
-                continue
-            try:
-                kids = history.children(data)
-            except CodecError as exc:
-                self.entry_problem("objects", k, str(exc))
-                continue
-            for child in kids:
-                self.found_refs[child] += 1
-            oid = hashlib.sha256(data).digest()
-            present, found = self.fetch("oids", oid)
-            if not present:
-                self.entry_problem("objects", k, "its SHA-256 has no entry in oids (the record "
-                                   "changed, or its id was lost)")
-            elif found is not None and found != k:
-                self.entry_problem("objects", k, f"oids maps its SHA-256 to "
-                                   f"{self.key_text('objects', found)}")
-            if history.is_node(data):
-                nodes.append((k, addr, kids))
-        for k, addr, kids in nodes:
-            missing = [c for c in kids if c not in self.addrs]
-            if missing:
-                self.entry_problem("objects", k, f"names missing objects {missing[:5]}")
-                continue
-            if addr in self.nodes_ok:  # rebuilt and checked with a delta that names it
-                continue
-            try:
-                history.check_node(self.objs, addr)
-            except _Damaged:
-                continue
-            except CodecError as exc:
-                self.entry_problem("objects", k, str(exc))
-        for addr in sorted(set(self.found_refs) - self.addrs):
-            self.db_problem("objects", f"object @{addr} is referenced "
-                            f"{self.found_refs[addr]} times but missing")
-
-    def check_refs(self) -> None:
-        counted: set[int] = set()
-        for k, raw in self.scan("refs"):
-            data = self.unseal("refs", k, raw)
-            if len(k) != 8:
-                self.entry_problem("refs", k, "key is not an address")
-                continue
-            addr = _U64.unpack(k)[0]
-            counted.add(addr)
-            if addr not in self.addrs:
-                self.entry_problem("refs", k, "counts references to an object that does "
-                                   "not exist")
-                continue
-            if data is None:
-                continue
-            if len(data) != 8:
-                self.entry_problem("refs", k, f"is {len(data)} bytes, not 8")
-                continue
-            n, found = _U64.unpack(data)[0], self.found_refs[addr]
-            if n != found:
-                self.entry_problem("refs", k, f"counts {n} references; {found} were found "
-                                   "(delta and manifest entries, list nodes)")
-            elif n == 0:
-                self.entry_problem("refs", k, "nothing references the object (it should "
-                                   "have been freed)")
-        for addr in sorted(self.addrs - counted):
-            self.entry_problem("objects", _U64.pack(addr), "has no reference count in refs")
-
-    def check_oids(self) -> None:
-        for k, raw in self.scan("oids"):
-            data = self.unseal("oids", k, raw)
-            if data is None:
-                continue
-            if len(k) != 32 or len(data) != 8:
-                self.entry_problem("oids", k, "is not a 32-byte id naming an 8-byte address")
-                continue
-            addr = _U64.unpack(data)[0]
-            present, record = self.fetch("objects", data)
-            if not present:
-                self.entry_problem("oids", k, f"names object @{addr}, which does not exist")
-            elif record is not None and hashlib.sha256(record).digest() != k:
-                self.entry_problem("oids", k, f"names object @{addr}, whose SHA-256 differs")
 
     def check_effects(self) -> None:
         # With the index marker, every entry has its run and status rows (format 2).
@@ -738,27 +285,6 @@ class SnapshotChecker(Findings):
             self.entry_problem("effects", k, f"names ledger entry {target!r}, which is missing")
             return None
         return None if data is None else decode_entry(data)
-
-    def orphan(self, db: str, k: bytes, n: int) -> None:
-        """Report an entry of run number ``n``, which no readable run record has.
-
-        A damaged run record's number is read as well as it can be
-        (``damaged_runs``: its entries are that damage, not more). When the
-        damage hit the number itself, the run's entries name a number no
-        record claims: with a damaged run record about, each such number is
-        reported once, as probably that record's, not at every entry.
-        """
-        if n in self.damaged_runs:
-            return
-        if self.damaged_run_records:
-            if n in self.orphans:
-                return
-            self.orphans.add(n)
-            self.entry_problem(db, k, f"belongs to no run (run number #{n}); a damaged run "
-                               "record is probably its run's (its other entries are not "
-                               "listed)")
-            return
-        self.entry_problem(db, k, f"belongs to no run (run number #{n})")
 
     def folded_value(self, run: str, key: str) -> bytes | None:
         """The value bytes the snapshot's state holds for ``run``/``key`` (None: none, or
