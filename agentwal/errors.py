@@ -46,6 +46,7 @@ __all__ = [
     "NotAListError",
     "PathExistsError",
     "LeaseHeldError",
+    "RunParkedError",
     "LeaseLostError",
     "BackendUnavailableError",
     "SchemaVersionError",
@@ -596,6 +597,34 @@ class LeaseHeldError(StoreLockedError):
         self.args = (f"run {_shown(run)} is leased by worker {holder!r} ({when}); nothing was "
                      "changed. Work on another run (store.claim_runs() adopts runs whose "
                      "holder died), or try again after the lease ends.",)
+
+
+class RunParkedError(LeaseHeldError):
+    """The run is parked: its lease was taken over too often without a commit (a poison run).
+
+    A run whose holders keep dying before they commit (a step that crashes
+    every worker that runs it) is set aside instead of being handed around
+    the fleet; no worker takes its lease until an operator unparks it
+    (``store.unpark(run)``, ``agentwal unpark STORE RUN``). Nothing was
+    changed; its state, history and effects stay readable. A
+    ``LeaseHeldError`` too (held by nobody), so code that waits for a lease
+    handles it the same way.
+
+    Attributes:
+        run: the run. steals: how many takeovers without a commit parked it.
+        why: what the parking recorded (the last holder).
+    """
+
+    code = "run_parked"
+
+    def __init__(self, run: str, steals: int, why: str) -> None:
+        super().__init__(run, None, None)
+        self.steals = steals
+        self.why = why
+        self.args = (f"run {_shown(run)} is parked: {why}; nothing was changed. Find out "
+                     "why its step kills its workers (its last checkpoint and effects), then "
+                     "store.unpark(run) (or `agentwal unpark STORE RUN`) to let a worker "
+                     "take it again.",)
 
 
 class LeaseLostError(ConflictError):

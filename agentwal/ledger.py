@@ -642,8 +642,14 @@ class Ledger:
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
                  probes: dict[str, Callable[[EffectContext], Any]] | None = None,
-                 run: str | None = None, limit: int | None = None) -> DispatchReport:
-        """Run committed outbox entries in commit order (see ``Store.dispatch``)."""
+                 run: str | None = None, limit: int | None = None,
+                 tokens: dict[str, int] | None = None) -> DispatchReport:
+        """Run committed outbox entries in commit order (see ``Store.dispatch``).
+
+        ``tokens`` maps a run to the lease epoch its entries are dispatched
+        under (PostgreSQL), handed to the handlers as ``ctx.fencing_token``.
+        """
+        tokens = tokens or {}
         probes = probes or {}
         report = DispatchReport()
         held: dict[str, str] = {}  # run -> why its later entries wait
@@ -674,7 +680,8 @@ class Ledger:
             assert handler is not None
             req = Request(entry.name, handler, entry.mode, encode_value("args", entry.args),
                           entry.key, entry.run, entry.checkpoint, None, probe,
-                          entry.idempotent, digest=entry.args_digest)
+                          entry.idempotent, digest=entry.args_digest,
+                          fencing_token=tokens.get(entry.run))
             try:
                 with self._locked(("key", entry.key)):
                     self._drive(req, self._store.effect(entry.key))

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from .types import check_key
+
 __all__ = [
     "CompactReport",
     "KeepFor",
@@ -159,6 +161,19 @@ def check_args(keep_last: object, older_than: object) -> None:
                             f"{type(older_than).__name__}")
         if older_than.total_seconds() < 0:
             raise ValueError("older_than must not be negative")
+
+
+def selected_runs(runs: Iterable[str] | None) -> list[str] | None:
+    """``compact``'s ``runs=``: its run ids sorted, or None for every run.
+
+    Raises:
+        TypeError: one str instead of a list of them. InvalidKeyError: a bad id.
+    """
+    if runs is None:
+        return None
+    if isinstance(runs, str):
+        raise TypeError("runs is a list of run ids, not one str")
+    return sorted({check_key(r, "run id") for r in runs})
 
 
 def policy_args(retain: object) -> tuple[int | None, datetime.timedelta | None]:

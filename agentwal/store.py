@@ -36,7 +36,7 @@ from .codec import DecodedValues
 from .errors import ReadOnlyError
 from .format import DEFAULT_SEGMENT_BYTES, FIRST_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from .io import FileSystem, OsFileSystem
-from .retention import CompactReport, Policy, check_args, policy_args
+from .retention import CompactReport, Policy, check_args, policy_args, selected_runs
 from .store_blobs import BlobsAPI
 from .store_effects import EffectsAPI
 from .store_history import HistoryAPI
@@ -354,11 +354,7 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
         if self.readonly:
             raise ReadOnlyError(self.path)
         check_args(keep_last, older_than)
-        selected: list[str] | None = None
-        if runs is not None:
-            if isinstance(runs, str):
-                raise TypeError("runs is a list of run ids, not one str")
-            selected = sorted({check_key(r, "run id") for r in runs})
+        selected = selected_runs(runs)
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
                                                keep_fork_origins, progress)
 

@@ -18,12 +18,15 @@ doubt stays in doubt.
 What is not carried over: the commit times and hashes (each destination
 stamps its own commits; PostgreSQL keeps the source's times, since its
 commits take a given time), the LSNs (each store has its own sequence), and
-blob or tree values (refused before anything is written: their files are
-the local engine's).
+tree values (refused before anything is written: a tree's objects are the
+local engine's). A blob value's content is streamed from the source
+(``open_blob`` at its checkpoint, its SHA-256 checked as it is read) into
+the destination's blob store before the checkpoint that references it is
+committed, once per content.
 
 Everything is checked before the first write: the runs exist in the
 source, none exists in the destination, no ledger entry of theirs is
-already in the destination under another content, no value is a blob. A
+already in the destination under another content, no value is a tree. A
 copy that fails midway leaves the runs it finished and part of the one it
 was on; ``delete_run`` that one and copy it again.
 """
@@ -36,9 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backend import Change
-from .codec import is_blob_ref
+from .codec import decode_blob_ref, is_blob_ref
 from .effects import EffectRecord
 from .errors import BackendUnsupportedError, ReadOnlyError, RunExistsError, RunNotFoundError
+from .format import TREE_MEDIA_TYPE
 from .types import Checkpoint, Progress, check_key
 
 __all__ = ["CopyReport", "copy_runs"]
@@ -88,7 +92,7 @@ def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None, *,
     Raises:
         RunNotFoundError: a run named is not in ``src``.
         RunExistsError: a run is already in ``dest`` (nothing written).
-        BackendUnsupportedError: a value is a blob or tree (nothing written).
+        BackendUnsupportedError: a value is a tree (nothing written).
         ValueError: ``dest`` is ``src``, or holds a ledger entry of these runs
             with other content (nothing written).
         LeaseHeldError: on PostgreSQL, another worker holds a run in ``dest``.
@@ -112,7 +116,7 @@ def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None, *,
             raise ValueError(f"the destination already holds ledger entry {e.key!r} "
                              f"(effect {e.effect_id}) with other content; nothing was copied")
     for run, hist in plans.items():
-        _refuse_blobs(sb, run, hist)
+        _refuse_trees(sb, run, hist)
     copied = checkpoints = 0
     renumbered: dict[str, dict[int, int]] = {}
     tick = progress or (lambda phase, done, total: None)
@@ -124,8 +128,8 @@ def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None, *,
         def done(n: int, base: int = base) -> None:
             tick("checkpoints", base + n, total)
 
-        ids = _copy_history(sb, db, dest, run, plans[run], [e for e in entries if e.run == run],
-                            done)
+        ids = _copy_history(src, sb, db, dest, run, plans[run],
+                            [e for e in entries if e.run == run], done)
         checkpoints += len(ids)
         if any(old != new for old, new in ids.items()):
             renumbered[run] = ids
@@ -174,17 +178,45 @@ def _states(sb: Any, run: str, hist: list[Checkpoint]
         prev = state
 
 
-def _refuse_blobs(sb: Any, run: str, hist: list[Checkpoint]) -> None:
+def _is_tree(value: bytes | None) -> bool:
+    return is_blob_ref(value) and decode_blob_ref(value).media_type == TREE_MEDIA_TYPE
+
+
+def _refuse_trees(sb: Any, run: str, hist: list[Checkpoint]) -> None:
     for c, delta in _states(sb, run, hist):
-        blob = next((k for k, v in delta.items() if is_blob_ref(v)), None)
-        if blob is not None:
+        tree = next((k for k, v in delta.items() if _is_tree(v)), None)
+        if tree is not None:
             raise BackendUnsupportedError(
-                "copy_runs of a blob or tree value", "copy", f"run {run!r} holds one at key "
-                f"{blob!r} (checkpoint {c.id}); nothing was copied. Its files live in the "
+                "copy_runs of a tree value", "copy", f"run {run!r} holds one at key "
+                f"{tree!r} (checkpoint {c.id}); nothing was copied. Its files live in the "
                 "local store's blob directory; back that store up with store.backup instead.")
 
 
-def _copy_history(sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
+def _carry_blobs(src: Any, dest: Any, run: str, cid: int, delta: dict[str, bytes | None],
+                 carried: set[str], pins: list[str]) -> None:
+    """Stream the blobs ``delta`` references from ``src`` into ``dest`` (each content once).
+
+    A local destination pins what it stores until the caller unpins ``pins``
+    (after the commits that reference them).
+    """
+    from .store import Store
+
+    for key, value in delta.items():
+        if not is_blob_ref(value):
+            continue
+        ref = decode_blob_ref(value)
+        if ref.sha256 in carried:
+            continue
+        with src.open_blob(run, key, at=cid) as reader:  # its SHA-256 checked at the end
+            if isinstance(dest, Store):
+                dest._engine._blobs.put(reader, ref.media_type)
+                pins.append(ref.sha256)
+            else:
+                dest._b.blobs.put(reader, ref.media_type)
+        carried.add(ref.sha256)
+
+
+def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
                   entries: list[EffectRecord], done: Callable[[int], None]
                   ) -> dict[int, int]:
     """Commit the run's checkpoints in ``db``; returns ``{source id: destination id}``.
@@ -193,8 +225,11 @@ def _copy_history(sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
     """
     ids: dict[int, int] = {}
     keeps_time = bool(getattr(db, "commits_at_given_time", False))
+    carried: set[str] = set()
+    pins: list[str] = []
     try:
         for c, delta in _states(sb, run, hist):
+            _carry_blobs(src, dest, run, c.id, delta, carried, pins)
             # The keys of the entries this checkpoint committed: the destination's commit
             # marks them when they are there (they are recorded after), and they make a
             # checkpoint that changed no key (only effects, or an outbox) a commit too.
@@ -211,6 +246,8 @@ def _copy_history(sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
             ids[c.id] = made.id
             done(len(ids))
     finally:
+        if pins:
+            dest._engine._blobs.unpin(pins)
         release = getattr(dest, "release", None)
         if release is not None:
             release(run)

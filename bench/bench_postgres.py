@@ -16,12 +16,16 @@ Variants, interleaved round by round so load changes hit them alike:
   pgserver or the system's ``initdb``), with the server's own ``fsync=on`` and
   ``synchronous_commit=on`` (the tests' server turns them off; this one does not).
 
-Reported: steps per second per round and the median over rounds.
+Reported: steps per second per round and the median over rounds. Then, with
+``--blob-mib N`` (default 32), one blob of N MiB of random bytes put with
+``txn.put_blob`` and read back with ``open_blob`` on each backend: MiB/s each
+way, and on PostgreSQL the blob tables' ``pg_total_relation_size`` against N.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import statistics
@@ -51,10 +55,25 @@ def steps(store: Any, run: str, seconds: float) -> float:
     return n / seconds
 
 
+def blob_rates(store: Any, mib: int) -> tuple[float, float]:
+    """MiB/s of one put_blob and one full open_blob read of ``mib`` random MiB."""
+    data = os.urandom(mib << 20)
+    t0 = time.perf_counter()
+    with store.begin("blob") as txn:
+        txn.put_blob("b", io.BytesIO(data))
+    t1 = time.perf_counter()
+    with store.open_blob("blob", "b") as f:
+        while f.read(1 << 20):
+            pass
+    t2 = time.perf_counter()
+    return mib / (t1 - t0), mib / (t2 - t1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--blob-mib", type=int, default=32)
     args = ap.parse_args()
     why: list[str] = []
     server = pg.start(why)
@@ -76,11 +95,22 @@ def main() -> None:
         for r in range(args.rounds):
             results["local"].append(steps(local, f"r{r}", args.seconds))
             results["postgres"].append(steps(remote, f"r{r}", args.seconds))
-        local.close()
-        remote.close()
         for name, rates in results.items():
             shown = ", ".join(f"{x:,.0f}" for x in rates)
             print(f"{name:9s} steps/s per round: {shown}; median {statistics.median(rates):,.0f}")
+        if args.blob_mib:
+            for name, store in (("local", local), ("postgres", remote)):
+                put, get = blob_rates(store, args.blob_mib)
+                print(f"{name:9s} blob of {args.blob_mib} MiB: put {put:,.0f} MiB/s, "
+                      f"open_blob read {get:,.0f} MiB/s")
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                row = conn.execute("SELECT pg_total_relation_size('bench.blob_chunks') + "
+                                   "pg_total_relation_size('bench.blobs')").fetchone()
+            size = int(row[0]) if row else 0
+            print(f"postgres  blob tables: {size / (1 << 20):,.2f} MiB for {args.blob_mib} MiB "
+                  f"of content ({size / (args.blob_mib << 20):.3f}x)")
+        local.close()
+        remote.close()
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)

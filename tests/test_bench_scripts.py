@@ -38,7 +38,9 @@ SCRIPTS = [
 ]
 # the same, on a PostgreSQL server (the schemas and table each one leaves are dropped after)
 PG_SCRIPTS = [
-    ("bench_postgres.py", ["--rounds", "1", "--seconds", "0.1"], "postgres  steps/s"),
+    ("bench_postgres.py", ["--rounds", "1", "--seconds", "0.1", "--blob-mib", "1"],
+     "postgres  blob tables:"),
+    ("bench_postgres_reads.py", ["--steps", "6", "--repeat", "1"], "42 delta rows"),
     ("bench_postgres_fleet.py", ["--workers", "1", "--seconds", "1", "--ttl", "0.3"],
      "kill -9 to next commit"),
     ("langgraph_postgres_compare.py", ["--threads", "1", "--steps", "3", "--rounds", "1"],
@@ -76,7 +78,7 @@ def test_the_postgres_benchmark_script_runs_on_a_tiny_size(
                               check=False)
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            for schema in ("bench", "fleet"):
+            for schema in ("bench", "fleet", "reads"):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             conn.execute("DROP TABLE IF EXISTS public.pgbench_one")
             left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lg_%'"

@@ -12,6 +12,7 @@ import click
 
 from ..errors import DiskFullError, DurabilityError
 from ..health import size
+from ..views import when
 from .app import main
 from .common import (
     Failure,
@@ -173,7 +174,7 @@ def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
     checkpoint and the ledger entries are the source's; DEST stamps its own
     hashes (verify passes there) and, unless it is PostgreSQL, commit times.
     A run DEST already holds exits 1 (run_exists) before anything is
-    written, as does a blob or tree value (backend_unsupported). Opens the
+    written, as does a tree value (backend_unsupported); blobs are copied. Opens the
     source read-only.
     """
     from .. import is_postgres_dsn
@@ -193,6 +194,36 @@ def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
         f"{rep.checkpoints} checkpoints, {rep.effects} ledger entries"
         + "".join(f"; {run} renumbered from {min(ids)} to 1 (compacted)"
                   for run, ids in rep.renumbered.items())))
+
+
+@main.command(epilog=examples("agentwal unpark 'postgresql://app@db/agents' run-42"))
+@store_argument
+@click.argument("run")
+@json_option
+@reports_errors
+def unpark(path: str, run: str, as_json: bool) -> None:
+    """Let workers take a parked run again (PostgreSQL).
+
+    A run is parked when its lease was taken over max_steals times in a row
+    without a commit: its step keeps killing the workers that run it (a
+    poison run), so no worker takes it (run_parked) until it is unparked.
+    Look at its last checkpoint and effects first (`agentwal show`,
+    `agentwal effects --run`), fix the cause, then unpark it: its takeover
+    count starts over. Exits 1 if the run is not parked.
+    """
+    from .. import is_postgres_dsn
+
+    if not is_postgres_dsn(path):
+        raise usage("agentwal unpark needs a PostgreSQL store: a local store has one "
+                    "writer process, so it parks no run")
+    with open_rw(path) as store:
+        was = store.parked().get(run)
+        if not store.unpark(run):
+            raise Failure("not_parked", f"run {run!r} is not parked; nothing was changed. "
+                          f"`agentwal runs {path}` shows the parked runs.")
+    data = {"run": run, "parked_at": when(was[0]) if was else None,
+            "was": was[1] if was else None}
+    emit(as_json, data, lambda: click.echo(f"unparked {run} (parked because {data['was']})"))
 
 
 # -- compact ----------------------------------------------------------------------------
@@ -243,10 +274,13 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     younger than AGE (--older-than): a checkpoint either keeps is kept; with
     neither, nothing is dropped. Checkpoints forks started from are kept
     unless --drop-fork-origins. --vacuum then rewrites the LMDB file so it
-    shrinks on disk. Prints what was dropped and freed. Opens the store for
+    shrinks on disk (on PostgreSQL: VACUUM (ANALYZE) of the store's tables).
+    Prints what was dropped and freed. Opens the store for
     writing, so it fails with store_locked while an agent has it open (use
     agentwal.open(..., retain=agentwal.KeepLast(n)) there instead).
     """
+    from .. import is_postgres_dsn
+
     with open_rw(path) as store, progress_bar("compact") as progress:
         rep = store.compact(keep_last=keep_last, older_than=older_than,
                             runs=list(runs) if runs else None, vacuum=vacuum,
@@ -256,8 +290,10 @@ def compact(path: str, keep_last: int | None, older_than: Any, runs: tuple[str, 
     def human() -> None:
         if rep.runs:
             table(sorted(rep.runs.items()), ("run", "dropped"))
+        values, files = (("rows", "tables") if is_postgres_dsn(path)
+                         else ("LMDB values", "data.mdb"))
         click.echo(f"{rep.checkpoints_dropped} checkpoint(s) dropped, {size(rep.bytes_freed)} "
-                   f"of LMDB values freed, {rep.objects_freed} object(s) freed; data.mdb "
+                   f"of {values} freed, {rep.objects_freed} object(s) freed; {files} "
                    f"{size(rep.file_bytes_before)} -> {size(rep.file_bytes_after)}"
                    + (" (vacuumed)" if rep.vacuumed else ""))
 

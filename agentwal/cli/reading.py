@@ -10,7 +10,7 @@ import click
 from rich.text import Text
 from rich.tree import Tree
 
-from .. import health
+from .. import health, is_postgres_dsn
 from ..errors import RunNotFoundError
 from ..health import DEFAULT_WAL_MAX_BYTES, size
 from ..types import TreeRef
@@ -162,19 +162,29 @@ def _inspect_human(st: dict[str, Any]) -> None:
 @json_option
 @reports_errors
 def runs(path: str, as_json: bool) -> None:
-    """List the runs with their head checkpoint, last commit time and effects in doubt."""
+    """List the runs with their head checkpoint, last commit time and effects in doubt.
+
+    On PostgreSQL a "parked" column says why a poison run was set aside
+    (its holders kept dying before a commit); `agentwal unpark` lets it go.
+    """
     with open_ro(path) as store:
         doubt = problems_by_run(store.effects())
+        parked = store.parked() if is_postgres_dsn(path) else None
         rows = []
         for run in store.runs():
             head = store.head(run)
-            rows.append({"run": run, "head": head.id if head else None,
-                         "lsn": head.lsn if head else None,
-                         "updated": when(head.created_at) if head else None,
-                         "in_doubt_or_failed": doubt.get(run, 0)})
+            row = {"run": run, "head": head.id if head else None,
+                   "lsn": head.lsn if head else None,
+                   "updated": when(head.created_at) if head else None,
+                   "in_doubt_or_failed": doubt.get(run, 0)}
+            if parked is not None:
+                row["parked"] = parked[run][1] if run in parked else None
+            rows.append(row)
+    headers = ("run", "head", "lsn", "updated", "in doubt/failed")
     emit(as_json, rows, lambda: table(
-        [(r["run"], r["head"], r["lsn"], r["updated"], r["in_doubt_or_failed"]) for r in rows],
-        ("run", "head", "lsn", "updated", "in doubt/failed")))
+        [(r["run"], r["head"], r["lsn"], r["updated"], r["in_doubt_or_failed"])
+         + ((r["parked"] or "-",) if parked is not None else ()) for r in rows],
+        headers + (("parked",) if parked is not None else ())))
 
 
 @main.command(epilog=examples("agentwal history state.awal run-42 --limit 20",

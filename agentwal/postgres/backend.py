@@ -6,6 +6,15 @@ Theory of operation: the operations are those of the backend seam
 ``runs``/``delete_run``, and the ledger with a compare-and-set
 ``record_effect``), so the public facade can sit on either backend.
 
+*Reads.* Each ``deltas`` row is live from its checkpoint until the one that
+next wrote its key (``until``, NULL while it is the key's latest), so the
+state at checkpoint ``N`` is the rows with ``ckpt <= N`` whose ``until`` is
+NULL or above ``N``: the live rows (a partial index on ``(run, key)``) plus
+those superseded after ``N`` (a partial index on ``(run, until)``). Reading
+the head, or any view of it, costs the keys read, not the run's history; an
+old checkpoint costs its keys plus the writes made since. A prefix is an
+index range.
+
 *A view* is ``(run, base, epoch, fence)``: the run's head checkpoint id when
 it began, the run id's epoch (sequence number of its last deletion) and the
 worker's :class:`~agentwal.postgres.leases.Lease` on the run (None for a
@@ -52,7 +61,7 @@ import psycopg
 
 from .. import failpoints
 from ..backend import Change, EffectRace
-from ..codec import checkpoint_hash, decode_meta, encode_meta
+from ..codec import checkpoint_hash, decode_blob_ref, decode_meta, encode_meta, is_blob_ref
 from ..effects import (
     Deferred,
     EffectRecord,
@@ -77,6 +86,7 @@ from ..errors import (
 )
 from ..types import Checkpoint
 from . import schema as schema_mod
+from .blobs import PgBlobs
 from .db import Db, session_gone
 from .leases import Lease, Leases
 
@@ -86,6 +96,30 @@ _ZERO_HASH = bytes(32)
 _CKPT_COLS = "run, id, parent, seq, created_at, meta, hash, origin_run, origin_id"
 #: Retries of a commit the server aborted as a serialization failure or deadlock.
 _RETRIES = 3
+
+
+def _successor(prefix: str) -> str | None:
+    """The least string above every string that starts with ``prefix`` (None: none exists).
+
+    Keys sort by code point (``COLLATE "C"`` on UTF-8), so a prefix scan is
+    the index range ``[prefix, successor)``.
+    """
+    for i in range(len(prefix) - 1, -1, -1):
+        c = ord(prefix[i])
+        if c < 0x10FFFF:
+            nxt = c + 1 if c + 1 != 0xD800 else 0xE000  # past the surrogates
+            return prefix[:i] + chr(nxt)
+    return None
+
+
+class _Dropped(Exception):
+    """The checkpoint being read was dropped by a compaction (``_state``'s marker row)."""
+
+
+def _compacted(view: PgView) -> ConflictError:
+    return ConflictError(view.run, reason=(
+        f"a compaction dropped checkpoint {view.base}, which this transaction reads at, "
+        "after it began; nothing was applied. Begin again (from the run's head)."))
 
 
 class _Retry(Exception):
@@ -120,11 +154,11 @@ class PostgresBackend:
 
     def __init__(self, dsn: str, *, schema: str, worker_id: str, lease_ttl: float,
                  synchronous: bool, readonly: bool, pool_size: int,
-                 create: bool = True) -> None:
+                 create: bool = True, max_steals: int | None = None) -> None:
         self.readonly = readonly
         self.worker_id = worker_id
         self.db = Db(dsn, schema, worker_id=worker_id, pool_size=pool_size,
-                     idle_timeout=lease_ttl / 2, synchronous=synchronous)
+                     lease_ttl=lease_ttl, synchronous=synchronous)
         self.name = self.db.where
         self.db.open()
         try:
@@ -136,7 +170,8 @@ class PostgresBackend:
         except BaseException:
             self.db.close()
             raise
-        self.leases = Leases(self.db, worker_id, lease_ttl)
+        self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
+        self.blobs = PgBlobs(self.db, self.name)
         self.closed = False
 
     def _check_open(self) -> None:
@@ -179,30 +214,59 @@ class PostgresBackend:
             return None
         with self._conn() as conn:
             row = conn.execute(
-                "SELECT d.inline, v.data FROM deltas d LEFT JOIN vals v ON v.digest = d.digest "
-                "WHERE d.run = %s AND d.key = %s AND d.ckpt <= %s ORDER BY d.ckpt DESC LIMIT 1",
-                (view.run, key, view.base)).fetchone()
-        return None if row is None else _value(row[0], row[1])
+                "SELECT c.dropped, d.inline, v.data FROM checkpoints c LEFT JOIN LATERAL "
+                "(SELECT inline, digest FROM deltas WHERE run = c.run AND key = %s "
+                "AND ckpt <= c.id ORDER BY ckpt DESC LIMIT 1) d ON true "
+                "LEFT JOIN vals v ON v.digest = d.digest WHERE c.run = %s AND c.id = %s",
+                (key, view.run, view.base)).fetchone()
+        if row is None:
+            return None  # the run was deleted since the view: its commit will say so
+        if row[0]:
+            raise _compacted(view)
+        return _value(row[1], row[2])
 
     def scan(self, view: PgView, prefix: str) -> dict[str, bytes]:
-        """``{key: stored bytes}`` of every key under ``prefix`` at the view."""
-        return self._state(view.run, view.base, prefix=prefix)
+        """``{key: stored bytes}`` of every key under ``prefix`` at the view.
+
+        Raises:
+            ConflictError: a compaction dropped the view's checkpoint meanwhile.
+        """
+        try:
+            return self._state(view.run, view.base, prefix=prefix)
+        except _Dropped:
+            raise _compacted(view) from None
 
     def _state(self, run: str, upto: int, *, prefix: str = "",
                key: str | None = None) -> dict[str, bytes]:
+        """The values live at checkpoint ``upto`` (module doc: the intervals of delta rows)."""
         if upto == 0:
             return {}
-        where, args = "starts_with(key, %s)", [prefix]
+        args: dict[str, Any] = {"run": run, "upto": upto, "key": key, "p": prefix,
+                                "hi": _successor(prefix)}
         if key is not None:
-            where, args = "key = %s", [key]
+            where = "d.key = %(key)s"
+        elif not prefix:
+            where = "true"
+        elif args["hi"] is None:
+            where = "d.key >= %(p)s AND starts_with(d.key, %(p)s)"
+        else:
+            where = "d.key >= %(p)s AND d.key < %(hi)s"
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT d.key, d.inline, v.data FROM (SELECT DISTINCT ON (key) key, inline, "
-                "digest FROM deltas WHERE run = %s AND ckpt <= %s AND " + where +
-                " ORDER BY key, ckpt DESC) d LEFT JOIN vals v ON v.digest = d.digest "
-                "ORDER BY d.key", [run, upto, *args]).fetchall()
+                "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
+                "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until IS NULL "
+                "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
+                "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
+                "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until > %(upto)s "
+                "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
+                # A marker row (no key) when a compaction dropped the checkpoint: its rows
+                # are gone in part, so what was read above is not its state.
+                "SELECT NULL, NULL, NULL FROM checkpoints WHERE run = %(run)s "
+                "AND id = %(upto)s AND dropped ORDER BY 1", args).fetchall()
         out: dict[str, bytes] = {}
         for k, inline, data in rows:
+            if k is None:
+                raise _Dropped
             value = _value(inline, data)
             if value is not None:
                 out[k] = value
@@ -305,6 +369,15 @@ class PostgresBackend:
                 if isinstance(exc, (psycopg.errors.SerializationFailure,
                                     psycopg.errors.DeadlockDetected)):
                     raise _Retry from None  # not a psycopg error: passes translate() as is
+                if isinstance(exc, psycopg.errors.ForeignKeyViolation) and (
+                        exc.diag.constraint_name == "deltas_digest_fkey"):
+                    raise _Retry from None  # a compaction freed a value it shares: insert again
+                if isinstance(exc, psycopg.errors.ForeignKeyViolation):
+                    raise ConflictError(run, reason=(
+                        "a blob this transaction put was collected before it committed "
+                        "(its run was deleted, and the blob was put over an hour ago); "
+                        "nothing was applied. Put the blob again and retry the step.")
+                        ) from None
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
@@ -396,6 +469,8 @@ class PostgresBackend:
                 token: uuid.UUID, delta: dict[str, bytes | None]) -> None:
         rows: list[tuple[str, int, str, bytes | None, bytes | None]] = []
         vals: dict[bytes, bytes] = {}
+        blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256) for v in delta.values()
+                        if is_blob_ref(v)})
         for key, value in delta.items():
             if value is None or len(value) <= schema_mod.INLINE_MAX:
                 rows.append((run, cid, key, value, None))
@@ -413,9 +488,14 @@ class PostgresBackend:
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (run, cid, parent, seq, created, meta_raw, hsh, digest, outbox,
                  origin[0] if origin else None, origin[1] if origin else None, epoch, token))
-            if rows:
+            if rows:  # the keys' previous rows stop being live at this checkpoint
+                cur.execute("UPDATE deltas SET until = %s WHERE run = %s AND until IS NULL "
+                            "AND key = ANY(%s)", (cid, run, [r[2] for r in rows]))
                 cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest) "
                                 "VALUES (%s, %s, %s, %s, %s)", rows)
+            if blobs:  # the foreign key fails the commit if a blob is gone
+                cur.executemany("INSERT INTO delta_blobs (run, ckpt, sha256) "
+                                "VALUES (%s, %s, %s)", [(run, cid, b) for b in blobs])
             cur.execute("UPDATE runs SET head = %s, head_hash = %s, steals = 0 WHERE run = %s",
                         (cid, hsh, run))
 
@@ -465,8 +545,8 @@ class PostgresBackend:
         if cid == 0:
             return None
         with self._conn() as conn:
-            row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id = %s",
-                               (run, cid)).fetchone()
+            row = conn.execute(f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id = %s "
+                               "AND NOT dropped", (run, cid)).fetchone()
         return None if row is None else _checkpoint(row)
 
     def checkpoints(self, run: str, *, limit: int | None = None,
@@ -475,7 +555,7 @@ class PostgresBackend:
         with self._conn() as conn:
             rows = conn.execute(
                 f"SELECT {_CKPT_COLS} FROM checkpoints WHERE run = %s AND id < %s "
-                "ORDER BY id DESC LIMIT %s",
+                "AND NOT dropped ORDER BY id DESC LIMIT %s",
                 (run, before if before is not None else 1 << 62, limit)).fetchall()
         return [_checkpoint(r) for r in rows]
 
@@ -487,7 +567,10 @@ class PostgresBackend:
             CheckpointNotFoundError: no such checkpoint.
         """
         self.check_at(run, checkpoint)
-        return self._state(run, checkpoint, key=key)
+        try:
+            return self._state(run, checkpoint, key=key)
+        except _Dropped:  # a compaction dropped it since check_at
+            raise CheckpointNotFoundError(run, checkpoint) from None
 
     def check_at(self, run: str, checkpoint: int) -> Checkpoint:
         """Checkpoint ``checkpoint`` of ``run``, or RunNotFoundError / CheckpointNotFoundError."""
@@ -524,7 +607,10 @@ class PostgresBackend:
                 row = self._lock_fenced(conn, run, lease)
                 if int(row[0]) == 0:
                     raise RunNotFoundError(run)
+                shas = [bytes(r[0]) for r in conn.execute(
+                    "SELECT DISTINCT sha256 FROM delta_blobs WHERE run = %s", (run,))]
                 conn.execute("DELETE FROM checkpoints WHERE run = %s", (run,))
+                PgBlobs.collect(conn, shas)  # the run's blobs nothing else references
                 # The ledger keeps the run's entries, but their positions are free: a run
                 # made again under the id derives new keys at the same positions.
                 conn.execute("UPDATE effects SET ordinal = NULL WHERE run = %s "
@@ -624,12 +710,14 @@ class PostgresBackend:
                                "worker_id": self.worker_id,
                                "leases_held": sorted(r for r in self.leases._held)}
         with self._conn() as conn:
-            for table in ("runs", "checkpoints", "deltas", "vals", "effects"):
+            for table in ("runs", "checkpoints", "deltas", "vals", "effects", "blobs",
+                          "blob_chunks"):
                 row = conn.execute(f"SELECT count(*), pg_total_relation_size('{table}') "
                                    f"FROM {table}").fetchone()
                 assert row is not None
                 out[f"{table}_rows"], out[f"{table}_bytes"] = int(row[0]), int(row[1])
         out["runs"] = len(self.runs())
+        out["runs_parked"] = len(self.leases.parked())
         return out
 
     def close(self) -> None:

@@ -10,6 +10,16 @@ a takeover is not blocked forever), the durability mode as
 lease holder ends a stale holder's stuck sessions by it, see ``leases``).
 No PostgreSQL transaction is ever held open across user code.
 
+A link that dies without a word (a partition, a NAT table or a proxy losing
+the connection) leaves a client waiting for a reply that never comes. On a
+real network the sessions' TCP keepalives and ``tcp_user_timeout`` (scaled to
+the lease TTL) end such a session; a peer that still acknowledges the bytes
+(a stuck proxy) defeats both, so the calls that must not hang carry a
+client-side :func:`deadline` as well: past it, the session's socket is shut
+down from a timer thread, the blocked call fails as a lost session, and the
+caller retries on a new one. The lease heartbeat's renewals and the pool's
+check of an idle session run under one.
+
 :func:`translate` maps every psycopg error at the boundary: a session that
 is gone (SQLSTATE class 08, 25P03, 57P0x, or a closed connection; psycopg
 reports these with several exception classes, so they are classified by
@@ -23,7 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,7 +47,7 @@ from psycopg import conninfo
 
 from ..errors import BackendUnavailableError, CorruptionError, DiskFullError
 
-__all__ = ["Db", "app_name", "redact", "session_gone", "translate"]
+__all__ = ["Db", "app_name", "deadline", "redact", "session_gone", "translate"]
 
 #: SQLSTATEs that mean the server ended the session (or is going away).
 _GONE = frozenset({"25P03", "57P01", "57P02", "57P03", "57P05", "08000", "08003", "08006"})
@@ -106,13 +119,53 @@ def _brief(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+@contextlib.contextmanager
+def deadline(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """Sever ``conn`` if the block still runs after ``seconds`` (its link is taken for dead).
+
+    The block then fails as a lost session (``session_gone``) and ``conn`` is
+    broken: close it, or let the pool discard it. A block that ends in time
+    leaves ``conn`` alone, even if the timer fires at that same moment.
+    """
+    lock = threading.Lock()
+    running = [True]
+
+    def sever() -> None:
+        with lock:
+            if running[0]:
+                _shut_down(conn)
+
+    timer = threading.Timer(seconds, sever)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            running[0] = False
+        timer.cancel()
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    """Shut ``conn``'s socket down: a call blocked on it returns at once, as if the peer left.
+
+    Only the socket is touched (through a duplicate of its descriptor), never
+    the libpq connection another thread is using.
+    """
+    with contextlib.suppress(OSError, psycopg.Error):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        with contextlib.closing(sock):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 class Db:
     """A pool of sessions configured for one store; ``connection()`` lends one."""
 
     def __init__(self, dsn: str, schema: str, *, worker_id: str, pool_size: int,
-                 idle_timeout: float, synchronous: bool, connect_timeout: float = 10.0) -> None:
+                 lease_ttl: float, synchronous: bool, connect_timeout: float = 10.0) -> None:
         self.where = redact(dsn) + f" (schema {schema})"
         self.dsn = dsn
+        idle_timeout = lease_ttl / 2
         options = (f"-c search_path={schema} "
                    f"-c idle_in_transaction_session_timeout={max(1, int(idle_timeout * 1000))}")
         # Set either way: "sync" must not inherit a server or role default of off.
@@ -122,7 +175,18 @@ class Db:
             "options": options,
             "application_name": app_name(worker_id),
             "connect_timeout": max(1, int(connect_timeout)),
+            # A dead TCP link ends the session within about half a TTL (ignored on a
+            # Unix socket): idle, the keepalive probes go unanswered; with bytes in
+            # flight, they stay unacknowledged past tcp_user_timeout.
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(lease_ttl / 4)),
+            "keepalives_interval": max(1, int(lease_ttl / 12)),
+            "keepalives_count": 3,
+            "tcp_user_timeout": max(1000, int(lease_ttl * 500)),
         }
+        #: seconds a renewal or the check of an idle session may take before its
+        #: link is taken for dead (``deadline``)
+        self.call_timeout = max(0.25, lease_ttl / 4)
         self._connect_timeout = connect_timeout
         self._used: dict[int, float] = {}  # id(pooled session) -> when it was last returned
         self.pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
@@ -139,7 +203,8 @@ class Db:
         it would double the round trips of a busy worker.
         """
         if time.monotonic() - self._used.get(id(conn), 0.0) > _FRESH:
-            psycopg_pool.ConnectionPool.check_connection(conn)
+            with deadline(conn, self.call_timeout):  # a dead link: the pool takes another
+                psycopg_pool.ConnectionPool.check_connection(conn)
 
     def open(self) -> None:
         """Open the pool and check the server answers.
@@ -167,6 +232,7 @@ class Db:
         with translate(self.where):
             conn = psycopg.connect(self.dsn, **self._kwargs)
             conn.execute("SET synchronous_commit = on")
+            conn.execute(f"SET statement_timeout = {max(1, int(self.call_timeout * 1000))}")
             return conn
 
     def close(self) -> None:

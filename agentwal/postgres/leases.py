@@ -15,13 +15,23 @@ than the server's expiry. Past it the holder treats the lease as gone
 (:meth:`Lease.live` is False: no effect function is called on it) until a
 renewal succeeds. A heartbeat thread with its own session renews every held
 lease every ``ttl / 3``; a renewal that finds the lease taken marks it lost
-for good.
+for good. A renewal gets ``Db.call_timeout`` (a quarter TTL) before its link
+is taken for dead (``db.deadline``): the heartbeat then drops that session and
+renews at once on a new one, so a link that died silently costs no lease.
 
 Acquire waits at most ``lock_timeout`` for the run's row. If the row is held
 longer and the lease has expired, the holder is stale (frozen inside a
 transaction, perhaps in the middle of a pipeline, where the server's idle
 timeout never fires): its sessions, found by ``application_name``, are ended,
 which the fencing makes safe, and the acquire is tried once more.
+
+Poison runs: ``steals`` counts the takeovers of a run's expired lease since
+its last commit (a commit resets it). A run whose step kills every worker
+that runs it would otherwise be handed around the fleet forever, one TTL and
+one dead worker at a time. Once ``steals`` reaches ``max_steals``, the next
+takeover (by ``acquire`` or ``claim``) parks the run instead: ``parked_at`` and
+``parked_why`` are set, the lease is cleared with a new epoch, and no worker
+takes it (:class:`~agentwal.errors.RunParkedError`) until :meth:`Leases.unpark`.
 """
 
 from __future__ import annotations
@@ -34,18 +44,41 @@ from typing import Any
 
 import psycopg
 
-from ..errors import LeaseHeldError, LeaseLostError
-from .db import Db, app_name, translate
+from ..errors import LeaseHeldError, LeaseLostError, RunParkedError
+from .db import Db, app_name, deadline, translate
 
 __all__ = ["Lease", "Leases"]
 
 _LOCK_TIMEOUT_MS = 500
+#: ``max_steals`` when parking is off
+_NEVER = 2**31 - 1
+
+# Sets a poison run aside; the SET expressions see the row as it was.
+_PARK_SET = """
+SET parked_at = clock_timestamp(), lease_owner = NULL, lease_expires = NULL,
+    lease_epoch = r.lease_epoch + 1,
+    parked_why = 'the leases of its last ' || (r.steals + 1) || ' holders expired without '
+                 || 'a commit (the last holder: worker ' || r.lease_owner || ')'
+"""
+# The takeover of an expired lease another worker held, when it would be one too many.
+_PARK_ONE = "UPDATE runs r " + _PARK_SET + """
+ WHERE run = %(run)s AND parked_at IS NULL AND lease_owner IS NOT NULL
+   AND lease_owner <> %(me)s AND lease_expires < clock_timestamp() AND steals >= %(max)s
+RETURNING r.steals, r.parked_why
+"""
+_PARK_EXPIRED = "UPDATE runs r " + _PARK_SET + """
+  FROM (SELECT run FROM runs WHERE parked_at IS NULL AND lease_owner IS NOT NULL
+          AND lease_expires < clock_timestamp() AND steals >= %(max)s
+          FOR UPDATE SKIP LOCKED) p
+ WHERE r.run = p.run
+RETURNING r.run
+"""
 
 _ACQUIRE = """
 UPDATE runs SET lease_owner = %(me)s, lease_epoch = lease_epoch + 1,
        lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s),
        steals = steals + (lease_owner IS NOT NULL AND lease_owner <> %(me)s)::int
- WHERE run = %(run)s
+ WHERE run = %(run)s AND parked_at IS NULL
    AND (lease_owner IS NULL OR lease_owner = %(me)s OR lease_expires < clock_timestamp())
 RETURNING lease_epoch
 """
@@ -61,7 +94,7 @@ RETURNING r.run
 _CLAIM = """
 WITH c AS (
     SELECT run FROM runs
-     WHERE lease_owner IS NOT NULL AND lease_expires < clock_timestamp()
+     WHERE lease_owner IS NOT NULL AND lease_expires < clock_timestamp() AND parked_at IS NULL
      ORDER BY lease_expires LIMIT %(n)s FOR UPDATE SKIP LOCKED)
 UPDATE runs r SET lease_owner = %(me)s, lease_epoch = r.lease_epoch + 1, steals = steals + 1,
        lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s)
@@ -95,10 +128,12 @@ class Lease:
 class Leases:
     """The leases one worker holds, and the heartbeat that renews them."""
 
-    def __init__(self, db: Db, worker_id: str, ttl: float) -> None:
+    def __init__(self, db: Db, worker_id: str, ttl: float, max_steals: int | None = None
+                 ) -> None:
         self.db = db
         self.me = worker_id
         self.ttl = float(ttl)
+        self.max_steals = _NEVER if max_steals is None else int(max_steals)
         self._held: dict[str, Lease] = {}
         self._lock = threading.Lock()
         #: held while a lease is taken or renewed in place by ``ensure``
@@ -139,26 +174,28 @@ class Leases:
 
         Raises:
             LeaseHeldError: another worker holds it and it has not expired.
+            RunParkedError: the run is parked, or this takeover parked it.
         """
         for attempt in (1, 2):
             sent = time.monotonic()
+            args = {"me": self.me, "ttl": self.ttl, "run": run, "max": self.max_steals}
             with self.db.connection() as conn:
                 try:
                     with conn.transaction():
                         conn.execute(f"SET LOCAL lock_timeout = {_LOCK_TIMEOUT_MS}")
                         conn.execute("INSERT INTO runs (run) VALUES (%s) ON CONFLICT DO NOTHING",
                                      (run,))
-                        row = conn.execute(_ACQUIRE, {"me": self.me, "ttl": self.ttl,
-                                                      "run": run}).fetchone()
+                        parked = conn.execute(_PARK_ONE, args).fetchone()
+                        row = None if parked else conn.execute(_ACQUIRE, args).fetchone()
                 except psycopg.errors.LockNotAvailable:
                     if attempt == 1 and self._end_stale_holder(conn, run):
                         continue
                     holder = self._holder(conn, run)
                     raise LeaseHeldError(run, holder[0] if holder else None, None) from None
+                if parked is not None:
+                    raise RunParkedError(run, int(parked[0]), str(parked[1]))
                 if row is None:
-                    holder = self._holder(conn, run)
-                    raise LeaseHeldError(run, holder[0] if holder else None,
-                                         holder[1] if holder else None)
+                    raise self._refusal(conn, run)
             lease = Lease(run, int(row[0]), sent + 0.9 * self.ttl)
             with self._lock:
                 old = self._held.get(run)
@@ -168,6 +205,15 @@ class Leases:
             self._start()
             return lease
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _refusal(self, conn: psycopg.Connection[Any], run: str) -> LeaseHeldError:
+        """Why ``run``'s lease was not granted: it is parked, or another worker holds it."""
+        row = conn.execute("SELECT steals, parked_why FROM runs WHERE run = %s "
+                           "AND parked_at IS NOT NULL", (run,)).fetchone()
+        if row is not None:
+            return RunParkedError(run, int(row[0]), str(row[1]))
+        holder = self._holder(conn, run)
+        return LeaseHeldError(run, holder[0] if holder else None, holder[1] if holder else None)
 
     def _holder(self, conn: psycopg.Connection[Any], run: str) -> tuple[str, float] | None:
         row = conn.execute("SELECT lease_owner, extract(epoch FROM lease_expires)::float8 "
@@ -193,10 +239,12 @@ class Leases:
         """Adopt up to ``limit`` runs whose holder's lease expired; their ids.
 
         ``FOR UPDATE SKIP LOCKED``: workers claiming at once never take the
-        same run, and never queue behind each other.
+        same run, and never queue behind each other. Expired runs whose
+        takeovers reached ``max_steals`` are parked instead (module doc).
         """
         sent = time.monotonic()
         with self.db.connection() as conn, conn.transaction():
+            conn.execute(_PARK_EXPIRED, {"max": self.max_steals})  # poison runs: set aside
             rows = conn.execute(_CLAIM, {"n": limit, "me": self.me, "ttl": self.ttl}).fetchall()
         with self._lock:
             for run, epoch in rows:
@@ -220,6 +268,20 @@ class Leases:
                                "WHERE run = %s AND lease_owner = %s AND lease_epoch = %s",
                                (run, self.me, lease.epoch))
         return cur.rowcount == 1
+
+    def unpark(self, run: str) -> bool:
+        """Let workers take ``run`` again (its steal count starts over); True if it was parked."""
+        with self.db.connection() as conn:
+            cur = conn.execute("UPDATE runs SET parked_at = NULL, parked_why = NULL, steals = 0 "
+                               "WHERE run = %s AND parked_at IS NOT NULL", (run,))
+        return cur.rowcount == 1
+
+    def parked(self) -> dict[str, tuple[float, str]]:
+        """``{run: (when it was parked, seconds since the epoch; why)}`` of the parked runs."""
+        with self.db.connection() as conn:
+            rows = conn.execute("SELECT run, extract(epoch FROM parked_at)::float8, parked_why "
+                                "FROM runs WHERE parked_at IS NOT NULL ORDER BY run").fetchall()
+        return {str(r): (float(t), str(why)) for r, t, why in rows}
 
     def forget(self, lease: Lease, why: str) -> None:
         """The server refused ``lease``: mark it lost for good."""
@@ -245,8 +307,12 @@ class Leases:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            with contextlib.suppress(Exception):
-                self.renew()
+            for _ in range(2):  # a renewal lost with its session is tried once more, at once
+                try:
+                    self.renew()
+                    break
+                except Exception:
+                    continue
 
     def renew(self) -> None:
         """Extend every held lease once (the heartbeat's step); a lease found taken is lost."""
@@ -257,7 +323,7 @@ class Leases:
         try:
             if self._hb_conn is None or self._hb_conn.closed:
                 self._hb_conn = self.db.dedicated()
-            with translate(self.db.where):
+            with translate(self.db.where), deadline(self._hb_conn, self.db.call_timeout):
                 self._extend(self._hb_conn, leases)
         except Exception:
             if self._hb_conn is not None:

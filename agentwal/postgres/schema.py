@@ -16,14 +16,22 @@ Tables (version 1):
   hash-chain tip, ``run_epoch`` (the commit sequence number of the run id's
   last deletion), and the lease (owner, epoch, expiry by the server's clock).
   Commits and renewals rewrite it, so it has no index on those columns and
-  ``fillfactor = 50``: the updates stay HOT.
+  ``fillfactor = 50``: the updates stay HOT. ``steals`` counts the
+  takeovers since the run's last commit; ``parked_at``/``parked_why``
+  (version 2) mark a poison run no worker may lease.
 - ``checkpoints``: one row per commit, with what ``codec.checkpoint_hash``
   covers, the lease epoch that wrote it and a unique ``commit_token`` (a
-  commit whose reply was lost is looked up by it).
+  commit whose reply was lost is looked up by it); ``dropped`` (version 5)
+  marks one ``compact`` removed (its row stays for the chain).
 - ``deltas`` + ``vals``: the keys each commit changed; values over
   :data:`INLINE_MAX` bytes are stored once in ``vals`` by SHA-256, so storage is
   O(delta) and equal values are shared across checkpoints, keys and runs.
+  ``until`` (version 4) is the checkpoint that next wrote the row's key
+  (NULL: the key's latest row), so reading a checkpoint's state scans no
+  history (``backend``).
 - ``effects``: the effects ledger (``effects.encode_entry`` bytes per key).
+- ``blobs``, ``blob_chunks``, ``delta_blobs`` (version 3): blob content in
+  chunks, and the checkpoints whose values reference each blob (``blobs.py``).
 """
 
 from __future__ import annotations
@@ -98,8 +106,59 @@ CREATE TABLE effects (
 CREATE INDEX effects_by_position ON effects (run, ckpt, ordinal);
 """
 
+# Poison runs: a run whose lease was taken over ``max_steals`` times without a
+# commit is parked (``leases``) until an operator unparks it.
+_V2 = """
+ALTER TABLE runs ADD COLUMN parked_at timestamptz, ADD COLUMN parked_why text;
+"""
+
+# Blobs (``blobs.py``): content-addressed rows streamed in chunks, and which
+# checkpoints reference each (collection and verify read it).
+_V3 = """
+CREATE TABLE blobs (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    sha256     bytea UNIQUE,
+    size       bigint NOT NULL,
+    touched_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE blob_chunks (
+    blob bigint NOT NULL REFERENCES blobs ON DELETE CASCADE,
+    n    integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (blob, n)
+);
+ALTER TABLE blob_chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE delta_blobs (
+    run    text COLLATE "C" NOT NULL,
+    ckpt   bigint NOT NULL,
+    sha256 bytea NOT NULL REFERENCES blobs (sha256),
+    PRIMARY KEY (run, ckpt, sha256),
+    FOREIGN KEY (run, ckpt) REFERENCES checkpoints ON DELETE CASCADE
+);
+CREATE INDEX delta_blobs_by_blob ON delta_blobs (sha256);
+"""
+
+# Reads that scan no history: each delta row records the checkpoint that
+# superseded it (``until``; NULL while live), filled in for existing rows.
+_V4 = """
+ALTER TABLE deltas ADD COLUMN until bigint;
+UPDATE deltas d SET until = n.next
+  FROM (SELECT run, key, ckpt, lead(ckpt) OVER (PARTITION BY run, key ORDER BY ckpt) AS next
+          FROM deltas) n
+ WHERE d.run = n.run AND d.key = n.key AND d.ckpt = n.ckpt AND n.next IS NOT NULL;
+CREATE UNIQUE INDEX deltas_live ON deltas (run, key) WHERE until IS NULL;
+CREATE INDEX deltas_superseded ON deltas (run, until) WHERE until IS NOT NULL;
+"""
+
+# Compaction (``compact``): a dropped checkpoint keeps its row, marked; the
+# values its deleted rows named are found by digest.
+_V5 = """
+ALTER TABLE checkpoints ADD COLUMN dropped boolean NOT NULL DEFAULT false;
+CREATE INDEX deltas_by_digest ON deltas (digest) WHERE digest IS NOT NULL;
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

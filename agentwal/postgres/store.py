@@ -27,6 +27,7 @@ supports (docs/postgres.md lists what is not there yet).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import socket
 import threading
@@ -40,7 +41,7 @@ from psycopg import pq as psycopg_pq
 
 from ..aio import off_loop
 from ..backend import View
-from ..codec import decode_stored, loads
+from ..codec import decode_blob_ref, decode_stored, is_blob_ref, loads
 from ..effects import (
     EffectContext,
     EffectMode,
@@ -59,18 +60,24 @@ from ..errors import (
     EffectDivergenceError,
     EffectNotAppliedError,
     LeaseHeldError,
+    MissingKeyError,
+    NotABlobError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
 )
+from ..format import TREE_MEDIA_TYPE
 from ..history import compare_states
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
+from ..retention import CompactReport, check_args, selected_runs
 from ..store_steps import StepsAPI
 from ..transfer import CopyReport, copy_runs
 from ..txn import Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PostgresBackend
+from .blobs import PgBlobReader
+from .compact import compact as compact_runs
 from .leases import Lease
 from .verify import verify as verify_tables
 
@@ -90,7 +97,7 @@ def default_worker_id() -> str:
 def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None = None,
                   lease_ttl: float = 30.0, durability: Durability | str = Durability.SYNC,
                   readonly: bool = False, pool_size: int = 4,
-                  create: bool = True) -> PostgresStore:
+                  create: bool = True, max_steals: int | None = 5) -> PostgresStore:
     """Open (creating or migrating on first open) the store in ``schema`` of a PostgreSQL server.
 
     Args:
@@ -112,6 +119,9 @@ def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None 
         pool_size: connections in this process's pool (plus one for the heartbeat).
         create: False to refuse (``CorruptionError``) a schema with no store
             in it instead of creating one (the CLI never creates a store).
+        max_steals: how many times in a row a run's expired lease may be
+            taken over without a commit; the next takeover parks the run (a
+            poison run: ``RunParkedError`` until ``unpark``). None: never park.
 
     Raises:
         BackendUnavailableError: the server cannot be reached.
@@ -132,10 +142,14 @@ def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None 
         raise ValueError("lease_ttl must be a number of seconds > 0")
     if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
         raise ValueError("pool_size must be an int >= 1")
+    if max_steals is not None and (not isinstance(max_steals, int)
+                                   or isinstance(max_steals, bool) or max_steals < 0):
+        raise ValueError("max_steals must be an int >= 0 or None")
     wid = default_worker_id() if worker_id is None else check_key(worker_id, "worker id")
     backend = PostgresBackend(dsn, schema=schema, worker_id=wid, lease_ttl=float(lease_ttl),
                               synchronous=mode is Durability.SYNC, readonly=bool(readonly),
-                              pool_size=pool_size, create=bool(create))
+                              pool_size=pool_size, create=bool(create),
+                              max_steals=max_steals)
     return PostgresStore(backend, mode)
 
 
@@ -207,12 +221,24 @@ class PostgresStore(StepsAPI):
         """Adopt up to ``limit`` runs whose holder's lease expired; returns their ids, sorted.
 
         Each run is adopted by exactly one claiming worker, with a new epoch:
-        the old holder's writes are fenced off from then on.
+        the old holder's writes are fenced off from then on. An expired run
+        taken over ``max_steals`` times without a commit is parked instead.
         """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError("limit must be an int >= 0")
         self._writable()
         return self._b.leases.claim(limit) if limit else []
+
+    def unpark(self, run: str) -> bool:
+        """Let workers take a parked run again, its takeover count reset; True if it was parked."""
+        check_key(run, "run id")
+        self._writable()
+        return self._b.leases.unpark(run)
+
+    def parked(self) -> dict[str, tuple[float, str]]:
+        """The parked runs: ``{run: (when, seconds since the epoch; why)}``."""
+        self._b._check_open()
+        return self._b.leases.parked()
 
     # -- transactions ----------------------------------------------------------------
 
@@ -241,22 +267,20 @@ class PostgresStore(StepsAPI):
     # Transaction's hooks (agentwal.txn.StepHooks); its reads and commit go to self._b.
 
     def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
-        raise BackendUnsupportedError(
-            "txn.put_blob", "PostgreSQL", "Keep large artifacts in a local store (or in "
-            "object storage, with their reference as a value) until it stores blobs; "
-            "docs/postgres.md lists what it does today.")
+        self._writable()
+        return self._b.blobs.put(source, media_type)  # chunked rows (postgres/blobs.py)
 
     def txn_put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
                      subdir: str | None = None) -> tuple[BlobRef, list[str]]:
         raise BackendUnsupportedError(
-            "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "
-            "yet; use a local store for workspaces (docs/postgres.md).")
+            "txn.put_tree", "PostgreSQL", "It stores blobs (txn.put_blob) but no directory "
+            "trees yet; use a local store for workspaces (docs/postgres.md).")
 
     def txn_unpin(self, pins: list[str]) -> None:
-        """Nothing is pinned: no blob is stored here."""
+        """Nothing to unpin: a blob put and not yet committed is kept by its grace hour."""
 
     def txn_abandon_pins(self, pins: list[str]) -> None:
-        """Nothing is pinned: no blob is stored here."""
+        """Nothing to unpin: a blob put and not yet committed is kept by its grace hour."""
 
     def _fenced(self, view: View, req: Request) -> Lease:
         """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``.
@@ -554,7 +578,8 @@ class PostgresStore(StepsAPI):
         pending entries (and gives back those it took only for this), so the
         ledger writes of a dispatch are fenced like a step's. The entries of a
         run another worker holds are left to that owner, reported ``skipped``,
-        and nothing of them is called or written.
+        and nothing of them is called or written. ``ctx.fencing_token`` is
+        the epoch of the lease an entry is dispatched under.
         """
         self._writable()
         if run is not None:
@@ -578,7 +603,9 @@ class PostgresStore(StepsAPI):
                 took.append(r)
         self._fences.update((e.key, leases[e.run]) for e in pending)
         try:
-            report = self._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+            report = self._ledger.dispatch(
+                dict(handlers), probes=probes, run=run, limit=limit,
+                tokens={r: lease.epoch for r, lease in leases.items() if lease.lost is None})
         finally:
             for e in pending:
                 self._fences.pop(e.key, None)
@@ -683,10 +710,28 @@ class PostgresStore(StepsAPI):
         raise _unsupported("store.snapshot", "The server makes commits durable by itself; "
                            "store.sync() waits for the ones made with durability='async'.")
 
-    def compact(self, **_options: Any) -> Any:
-        """Not on PostgreSQL yet (``BackendUnsupportedError``)."""
-        raise _unsupported("store.compact", "Delete finished runs with store.delete_run; "
-                           "dropping old checkpoints of a live run is not there yet.")
+    def compact(self, *, keep_last: int | None = None,
+                older_than: datetime.timedelta | None = None,
+                runs: list[str] | tuple[str, ...] | set[str] | None = None,
+                vacuum: bool = False, keep_fork_origins: bool = True,
+                progress: Progress | None = None) -> CompactReport:
+        """Drop old checkpoints and the rows only they needed (as ``Store.compact``).
+
+        The same choice of kept checkpoints as the local engine's; dropped
+        ones raise ``CheckpointNotFoundError`` from then on. Each run is one
+        transaction under its row lock (``agentwal/postgres/compact.py``);
+        ``vacuum=True`` then runs ``VACUUM (ANALYZE)`` on the store's tables.
+        ``progress`` hears ``("runs", done, total)``. The report's file sizes
+        are the tables' ``pg_total_relation_size``; nothing is written for
+        ``manifests_written``/``bytes_written`` (no manifest is needed).
+
+        Raises:
+            RunNotFoundError, TypeError / ValueError, ReadOnlyError, StoreClosedError.
+        """
+        self._writable()
+        check_args(keep_last, older_than)
+        return compact_runs(self._b, selected_runs(runs), keep_last, older_than, bool(vacuum),
+                            bool(keep_fork_origins), progress)
 
     def verify(self, *, progress: Progress | None = None) -> VerifyReport:
         """Recompute every run's hash chain from the rows and check what they name.
@@ -711,21 +756,45 @@ class PostgresStore(StepsAPI):
         raise _unsupported("store.backup", "Use pg_dump --schema, or `agentwal copy` to a "
                            "local store.")
 
-    def open_blob(self, run: str, key: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no blobs (``BackendUnsupportedError``)."""
-        raise _unsupported("store.open_blob", _NO_BLOBS)
+    def open_blob(self, run: str, key: str, *, at: int | None = None,
+                  verify: bool = True) -> PgBlobReader:
+        """A read-only binary stream of the blob ``key`` holds (as ``Store.open_blob``).
+
+        Fetched one 1 MiB chunk at a time; with ``verify``, reading to the end
+        checks the SHA-256 (``CorruptionError`` on a mismatch).
+
+        Raises:
+            RunNotFoundError, CheckpointNotFoundError, MissingKeyError,
+            NotABlobError (a value not put with ``put_blob``, or a tree),
+            CorruptionError (the blob is missing, or of another size).
+        """
+        check_key(run, "run id")
+        check_key(key)
+        if at is None:
+            view = self._b.begin(run, lease=False)
+            if view.base == 0:
+                raise RunNotFoundError(run)
+            raw = self._b.read(view, key)
+        else:
+            raw = self._b.state_at(run, check_checkpoint_id(at), key=key).get(key)
+        if raw is None:
+            raise MissingKeyError(run, key)
+        ref = decode_blob_ref(raw) if is_blob_ref(raw) else None
+        if ref is None or ref.media_type == TREE_MEDIA_TYPE:
+            raise NotABlobError(run, key, type(self._decode(raw, f"{run!r}/{key!r}")).__name__)
+        return self._b.blobs.open(ref, verify=verify)
 
     def list_tree(self, run: str, key: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.list_tree", _NO_BLOBS)
+        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.list_tree", _NO_TREES)
 
     def restore_tree(self, run: str, key: str, dest: Any, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.restore_tree", _NO_BLOBS)
+        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.restore_tree", _NO_TREES)
 
     def open_tree_file(self, run: str, key: str, relpath: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores no trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.open_tree_file", _NO_BLOBS)
+        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
+        raise _unsupported("store.open_tree_file", _NO_TREES)
 
     def sync(self) -> None:
         """Make every acknowledged commit durable now (matters with ``durability="async"``)."""
@@ -774,8 +843,8 @@ def _recorded(entry: EffectRecord, req: Request) -> Any:
     return entry.result
 
 
-_NO_BLOBS = ("Blobs and trees are not stored on PostgreSQL yet; keep them in a local store "
-             "(docs/postgres.md).")
+_NO_TREES = ("Directory trees are not stored on PostgreSQL yet (blobs are); keep them in a "
+             "local store (docs/postgres.md).")
 
 
 def _unsupported(what: str, hint: str) -> BackendUnsupportedError:

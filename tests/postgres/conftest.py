@@ -30,3 +30,9 @@ def open_pg(pg_dsn: str, pg_schema: str) -> Iterator[Callable[..., PostgresStore
 @pytest.fixture
 def pgstore(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
     return open_pg(worker_id="w1")
+
+
+@pytest.fixture
+def url(pg_dsn: str, pg_schema: str) -> str:
+    """The test's store as the CLI is given it: the schema in the URI's query."""
+    return f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}schema={pg_schema}"

@@ -239,16 +239,68 @@ def test_durable_modes_commit_the_same(open_pg: Callable[..., PostgresStore]) ->
     assert store.stats()["checkpoints_rows"] == 1
 
 
-def test_blobs_and_trees_are_refused_with_a_typed_error_and_the_txn_goes_on(
+def test_trees_are_refused_with_a_typed_error_and_the_txn_goes_on(
         pgstore: PostgresStore, tmp_path: Any) -> None:
     import agentwal
 
     (tmp_path / "f").write_bytes(b"data")
     with pgstore.begin("r") as txn:
         with pytest.raises(agentwal.BackendUnsupportedError) as info:
-            txn.put_blob("weights", str(tmp_path / "f"))
-        assert info.value.code == "backend_unsupported" and "put_blob" in str(info.value)
-        with pytest.raises(agentwal.BackendUnsupportedError):
             txn.put_tree("ws", str(tmp_path))
+        assert info.value.code == "backend_unsupported" and "put_tree" in str(info.value)
         txn["k"] = 1  # still usable: nothing was changed
-    assert pgstore.get("r", "k") == 1 and pgstore.get("r", "weights") is None
+    assert pgstore.get("r", "k") == 1 and pgstore.get("r", "ws") is None
+
+
+def _history_states(store: PostgresStore, run: str) -> list[dict[str, Any]]:
+    head = store.head(run)
+    assert head is not None
+    return [store.state(run, at=i) for i in range(1, head.id + 1)]
+
+
+def test_a_version_3_store_gets_its_intervals_filled_in(
+        open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str) -> None:
+    """Schema v4 adds ``deltas.until``; a v3 store's rows get theirs from its history."""
+    store = open_pg(worker_id="w")
+    for i in range(6):
+        with store.begin("r") as txn:
+            txn["n"] = i
+            txn[f"m/{i % 3}"] = "x" * (10 * i)
+            if i == 4:
+                del txn["m/0"]
+    with store.begin("s") as txn:
+        txn["n"] = "other run"
+    before = _history_states(store, "r")
+    store.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # back to version 3
+        conn.execute(f'SET search_path = "{pg_schema}"')
+        conn.execute("DROP INDEX deltas_live, deltas_superseded, deltas_by_digest")
+        conn.execute("ALTER TABLE deltas DROP COLUMN until")
+        conn.execute("ALTER TABLE checkpoints DROP COLUMN dropped")
+        conn.execute("UPDATE meta SET schema_version = 3")
+    again = open_pg(worker_id="w2")
+    assert _history_states(again, "r") == before
+    assert again.state("s") == {"n": "other run"}
+    assert again.verify().ok
+
+
+def test_verify_finds_a_wrong_interval(pgstore: PostgresStore, pg_dsn: str,
+                                       pg_schema: str) -> None:
+    for i in range(3):
+        with pgstore.begin("r") as txn:
+            txn["k"] = i
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{pg_schema}".deltas SET until = 3 WHERE ckpt = 1')
+    [problem] = pgstore.verify().problems
+    assert problem.db == "deltas" and "next written at 2" in problem.what
+
+
+def test_prefix_reads_are_index_ranges_that_miss_nothing(pgstore: PostgresStore) -> None:
+    keys = ["a", "a/", "a/b", "a/\U0010ffff", "a/\U0010ffffz", "a0", "a\U0010ffff/x", "b"]
+    with pgstore.begin("r") as txn:
+        for k in keys:
+            txn[k] = k
+    with pgstore.begin("r") as txn:
+        assert sorted(txn.items("a/")) == [(k, k) for k in sorted(keys) if k.startswith("a/")]
+        assert sorted(k for k, _ in txn.items("a\U0010ffff")) == ["a\U0010ffff/x"]
+        assert len(list(txn.items(""))) == len(keys)

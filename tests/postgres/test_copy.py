@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from agentwal import (
     RunExistsError,
     RunNotFoundError,
 )
+from agentwal.local.blobs import CHUNK
 from agentwal.postgres import PostgresStore
 from tests.postgres.test_cli import error_of
 from tests.postgres.test_cli import run as cli
@@ -127,10 +129,12 @@ def test_refusals_write_nothing(tmp_path: Path, open_pg: Callable[..., PostgresS
             src.copy_runs(pg, runs=["run-b", "nope"])
         with pytest.raises(ValueError, match="destination is the source"):
             src.copy_runs(src)
-        with src.begin("run-blob") as txn:
-            txn.put_blob("file", io.BytesIO(b"\x00" * 100))
-        with pytest.raises(BackendUnsupportedError, match="blob"):
-            src.copy_runs(pg, runs=["run-b", "run-blob"])
+        (tmp_path / "dir").mkdir()
+        (tmp_path / "dir" / "f.txt").write_text("x")
+        with src.begin("run-tree") as txn:
+            txn.put_tree("files", tmp_path / "dir")
+        with pytest.raises(BackendUnsupportedError, match="tree"):
+            src.copy_runs(pg, runs=["run-b", "run-tree"])
         assert pg.runs() == ["run-a"] and pg.effects() == []
         other = open_pg(worker_id="w2")
         pg.lease("run-f")
@@ -211,3 +215,29 @@ def test_the_copy_command(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
     assert code == 1 and error_of(out)["code"] == "run_exists"
     code, out = cli("copy", src, src + "/CONTROL", "--json")
     assert code == 2 and error_of(out)["code"] == "usage"
+
+
+def test_blob_values_are_carried_both_ways(tmp_path: Path,
+                                           open_pg: Callable[..., PostgresStore]) -> None:
+    big = os.urandom(CHUNK + 17)
+    pg = open_pg(worker_id="w1")
+    with agentwal.open(str(tmp_path / "src.awal"), durability="none") as src:
+        with src.begin("r") as txn:
+            txn.put_blob("weights", io.BytesIO(big), media_type="application/x-bin")
+            txn.put_blob("same", io.BytesIO(big))
+        with src.begin("r") as txn:
+            txn.put_blob("weights", io.BytesIO(b"v2"))
+        assert src.copy_runs(pg).checkpoints == 2
+    with pg.open_blob("r", "weights", at=1) as f:
+        assert f.read() == big and f.ref.media_type == "application/x-bin"
+    with pg.open_blob("r", "weights") as f:
+        assert f.read() == b"v2"
+    assert pg.stats()["blobs_rows"] == 2  # "same" shares its content with "weights" at 1
+    assert pg.verify().ok
+    with agentwal.open(str(tmp_path / "back.awal"), durability="none") as back:
+        pg.copy_runs(back)
+        with back.open_blob("r", "weights", at=1) as f:
+            assert f.read() == big
+        with back.open_blob("r", "same") as f:
+            assert f.read() == big
+        assert back.verify().ok

@@ -151,12 +151,16 @@ def test_dispatch_runs_under_each_runs_lease(open_pg: Callable[..., PostgresStor
         with owner.begin(run) as txn:
             txn.defer("mail", mode="at_least_once", args={"run": run})
     owner.release("free")
-    sent: list[str] = []
-    report = dispatcher.dispatch({"mail": lambda ctx: sent.append(ctx.args["run"])})
-    assert sent == ["free"] and len(report.done) == 1
+    sent: list[tuple[str, int | None]] = []
+
+    def mail(ctx: EffectContext) -> None:
+        sent.append((ctx.args["run"], ctx.fencing_token))
+
+    report = dispatcher.dispatch({"mail": mail})
+    assert sent == [("free", 2)] and len(report.done) == 1  # the dispatcher's lease: epoch 2
     [(_eid, why)] = report.skipped
     assert "'owner'" in why  # the run's owner dispatches its own entries
     assert dispatcher.stats()["leases_held"] == []  # the lease it took for this is given back
     assert [e.run for e in owner.effects(status="pending")] == ["held"]
-    assert len(owner.dispatch({"mail": lambda ctx: sent.append(ctx.args["run"])}).done) == 1
-    assert sent == ["free", "held"]
+    assert len(owner.dispatch({"mail": mail}).done) == 1
+    assert sent == [("free", 2), ("held", 1)]  # the owner's lease on "held": epoch 1

@@ -6,7 +6,9 @@ retransmit them) and ``heal()`` delivers them. While cut, the holder's
 renewals do not arrive: its lease expires on the server, another worker
 takes the run, and the holder, past its local deadline, must call no
 effect function; once healed, its late writes (the stuck renewal, the
-commit) are refused by the epoch.
+commit) are refused by the epoch. ``drop_links()`` models a link that dies
+without a word: the connections open then carry nothing ever again (nothing
+is closed either), while new ones go through.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,6 +47,7 @@ class Proxy:
         self._open.set()
         self._closed = False
         self._socks: list[socket.socket] = []
+        self._dead: set[int] = set()  # id() of the sockets whose link is dead
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut(self) -> None:
@@ -53,6 +57,10 @@ class Proxy:
     def heal(self) -> None:
         """Deliver what waited, and forward again."""
         self._open.set()
+
+    def drop_links(self) -> None:
+        """The connections open now go dead: what they carry is discarded, forever."""
+        self._dead.update(id(s) for s in list(self._socks))
 
     def close(self) -> None:
         self._closed = True
@@ -78,7 +86,8 @@ class Proxy:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
                 self._open.wait()
-                dst.sendall(data)
+                if id(src) not in self._dead:
+                    dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
@@ -132,6 +141,33 @@ def test_a_partitioned_holder_calls_nothing_and_its_late_writes_are_refused(
     assert entry.result == epoch_b and entry.committed_in == 2
     lease = _rows(pg_dsn, pg_schema, "SELECT lease_owner, lease_epoch FROM runs")
     assert lease == [("B", epoch_b)]  # A's stuck renewal, delivered late, changed nothing
+
+
+def test_a_heartbeat_on_a_dead_link_renews_the_lease_on_a_new_one(
+        through: Callable[..., Worker], proxy: Proxy, pg_dsn: str, pg_schema: str) -> None:
+    """The holder's sessions die silently; its lease must not lapse, nor its next commit hang.
+
+    Without a client-side deadline the heartbeat waits forever for the reply
+    to a renewal on the dead link, and the lease expires under a live worker.
+    """
+    a = through("A", "hold", "run")
+    epoch = a.event()["ready"]
+    [(taken,)] = _rows(pg_dsn, pg_schema, "SELECT lease_expires FROM runs")
+    while _rows(pg_dsn, pg_schema, "SELECT lease_expires FROM runs") == [(taken,)]:
+        time.sleep(0.05)  # until the heartbeat's own session exists (its first renewal)
+    [(cut_at,)] = _rows(pg_dsn, pg_schema, "SELECT clock_timestamp()")
+    proxy.drop_links()
+    while True:  # until the server shows a renewal sent after the links died
+        [row] = _rows(pg_dsn, pg_schema, "SELECT lease_owner, lease_epoch, "
+                      "lease_expires > clock_timestamp(), "
+                      "lease_expires > %s + make_interval(secs => %s) FROM runs", cut_at, TTL)
+        assert row[:3] == ("A", epoch, True)  # never expired meanwhile
+        if row[3]:
+            break
+        time.sleep(0.05)
+    a.send("commit")  # its pooled sessions are dead too: the pool's check drops them
+    assert a.event() == {"committed": 1}
+    assert _rows(pg_dsn, pg_schema, "SELECT lease_epoch FROM checkpoints") == [(epoch,)]
 
 
 def test_the_proxy_forwards_and_holds(proxy: Proxy) -> None:

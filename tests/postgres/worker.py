@@ -25,6 +25,8 @@
   effect whose function appends a line to the file CALLS, printing
   ``{"effect": result or error code, "token": fencing token seen}``, then
   commit, printing ``{"committed": id}`` or ``{"error": code}``.
+- ``hold RUN``: take the lease, print ``{"ready": epoch}``; on a line from
+  stdin commit a step, printing ``{"committed": id}`` or ``{"error": code}``.
 - ``txeffect RUN``: take the lease, begin, and call a transactional
   exactly_once effect whose function inserts a row into ``orders`` through
   ``ctx.conn``, prints ``{"inserted": true}`` and waits for a line on stdin
@@ -156,6 +158,13 @@ def main() -> None:
             say(effect=txn.effect("send", call, mode="at_least_once"), token=tokens)
         except Error as exc:
             say(effect=exc.code, token=tokens)
+        commit_and_say(txn)
+    elif mode == "hold":
+        run = rest[0]
+        say(ready=store.lease(run))
+        sys.stdin.readline()
+        txn = store.begin(run)
+        txn["who"] = worker
         commit_and_say(txn)
     elif mode == "txeffect":
         run = rest[0]
