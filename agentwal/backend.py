@@ -72,6 +72,10 @@ class Change:
         origin: a fork's ``(run, checkpoint)``: the commit must be the run's first.
         effects: keys of the ledger entries the step recorded (marked committed
             with the commit, atomically).
+        appends: keys of ``writes`` whose value is an append to the list the
+            step read there (``codec.Append``: base count, base length, tail);
+            a backend may log the entry instead of the whole value, or ignore it
+            (``writes`` always holds the whole value).
     """
 
     run: str
@@ -82,6 +86,7 @@ class Change:
     deferred: tuple[Deferred, ...] = ()
     origin: tuple[str, int] | None = None
     effects: tuple[str, ...] = ()
+    appends: Mapping[str, tuple[int, int, bytes]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

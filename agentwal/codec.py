@@ -46,6 +46,7 @@ from .errors import CorruptionError, UnencodableValueError
 from .format import (
     BLOB_REF_PREFIX,
     COMPRESS_THRESHOLD,
+    FLAG_APPENDS,
     FLAG_ZSTD,
     MAX_CBOR_DEPTH,
     MAX_DECOMPRESSED,
@@ -54,7 +55,14 @@ from .format import (
 from .types import BlobRef, TreeRef
 
 __all__ = [
+    "Append",
+    "append_base",
     "append_encoded",
+    "append_tail",
+    "array_head",
+    "array_header_size",
+    "join_append",
+    "decode_delta_entries",
     "CodecError",
     "CommitRecord",
     "DecodedValues",
@@ -67,6 +75,7 @@ __all__ = [
     "encode_commit",
     "encode_commit_fields",
     "encode_delta",
+    "logged_delta",
     "encode_meta",
     "encode_value",
     "pack_payload",
@@ -79,6 +88,11 @@ __all__ = [
 ]
 
 Delta = dict[str, "bytes | None"]
+#: An *append entry* of a form-2 delta (``format.FLAG_APPENDS``): ``(base count, base
+#: length, tail)``: the key's value becomes the list it held at the parent checkpoint,
+#: which has ``base count`` items and is ``base length`` bytes encoded, followed by the
+#: items of ``tail`` (the CBOR array of what was appended).
+Append = tuple[int, int, bytes]
 
 
 class CodecError(Exception):
@@ -251,7 +265,54 @@ def append_encoded(stored: bytes, tail: bytes) -> bytes | None:
     more = _array_head(tail)
     if head is None or more is None:
         return None
-    return _array_header(head[0] + more[0]) + stored[head[1]:] + tail[more[1]:]
+    # One allocation and one copy of each body (a growing list is the big part).
+    return b"".join((_array_header(head[0] + more[0]), memoryview(stored)[head[1]:],
+                     memoryview(tail)[more[1]:]))
+
+
+def array_head(data: bytes) -> tuple[int, int] | None:
+    """``(item count, header length)`` of a definite-length CBOR array, else None."""
+    return _array_head(data)
+
+
+def array_header_size(count: int) -> int:
+    """Bytes of the shortest CBOR header of an array of ``count`` items."""
+    return len(_array_header(count))
+
+
+def append_base(stored: bytes) -> tuple[int, int] | None:
+    """``(item count, encoded length)`` of a stored CBOR array (the base of an append)."""
+    head = _array_head(stored)
+    return None if head is None else (head[0], len(stored))
+
+
+def join_append(base: bytes, entry: Append) -> bytes | None:
+    """The value an append entry makes of ``base``; None if ``base`` is not its base.
+
+    ``base`` must be an array of exactly the entry's count and length (so a log
+    replayed over another value than the one the commit extended is refused).
+    """
+    count, length, tail = entry
+    if len(base) != length or append_base(base) != (count, length):
+        return None
+    return append_encoded(base, tail)
+
+
+def append_tail(value: bytes, count: int, length: int) -> bytes | None:
+    """The tail an append entry ``(count, length, tail)`` carried, rebuilt from its result.
+
+    ``value`` is what the entry made (header, the base's items, the tail's
+    items): the base's items are its first ``length - header(count)`` body
+    bytes. None if ``value`` cannot be such a result. ``verify`` rebuilds a
+    form-2 delta this way from folded values, without the base.
+    """
+    head = _array_head(value)
+    if head is None or head[0] < count:
+        return None
+    skip = head[1] + length - len(_array_header(count))
+    if skip > len(value) or length < len(_array_header(count)):
+        return None
+    return _array_header(head[0] - count) + value[skip:]
 
 
 def encode_value(key: str, value: object) -> bytes:
@@ -367,18 +428,29 @@ def decode_value(data: bytes) -> Any:
     return loads(data)
 
 
+def logged_delta(delta: Delta, appends: dict[str, Append] | None) -> dict[str, Any]:
+    """The map a commit logs and hashes: ``delta`` with each appended key's whole value
+    replaced, in place, by its append entry ``[count, length, tail]``."""
+    if not appends:
+        return delta
+    return {k: list(appends[k]) if k in appends else v for k, v in delta.items()}
+
+
 def encode_delta(delta: Delta, *, compress: bool = True,
-                 threshold: int = COMPRESS_THRESHOLD) -> tuple[bytes, int, bytes]:
+                 threshold: int = COMPRESS_THRESHOLD,
+                 appends: dict[str, Append] | None = None) -> tuple[bytes, int, bytes]:
     """Encode a delta; returns ``(bytes, flags, sha256 of the uncompressed bytes)``.
 
-    Deltas of at least ``threshold`` bytes (:data:`COMPRESS_THRESHOLD`, the
-    least the format compresses, by default) are zstd-compressed when
-    ``compress`` is true and that makes them at least 1/16 smaller.
+    ``appends`` (keys of ``delta`` whose change is an append) makes a form-2
+    delta (:func:`logged_delta`, ``FLAG_APPENDS`` in the flags). Deltas of at
+    least ``threshold`` bytes (:data:`COMPRESS_THRESHOLD`, the least the
+    format compresses, by default) are zstd-compressed when ``compress`` is
+    true and that makes them at least 1/16 smaller.
     """
-    raw = bytes(cbor2.dumps(delta))
+    raw = bytes(cbor2.dumps(logged_delta(delta, appends)))
     digest = hashlib.sha256(raw).digest()
     packed, flags = pack_payload(raw, "<commit>", compress=compress, threshold=threshold)
-    return packed, flags, digest
+    return packed, flags | (FLAG_APPENDS if appends else 0), digest
 
 
 def pack_payload(raw: bytes, what: str, *, compress: bool = True,
@@ -414,14 +486,35 @@ def unpack_payload(data: bytes, flags: int) -> bytes:
 
 
 def decode_delta(data: bytes, flags: int) -> Delta:
-    """Decode (and decompress) a delta; :class:`CodecError` if it is malformed."""
+    """Decode (and decompress) a form-1 delta; :class:`CodecError` if it is malformed."""
+    delta = decode_delta_entries(data, flags & ~FLAG_APPENDS)
+    return {k: v for k, v in delta.items() if not isinstance(v, tuple)}
+
+
+def decode_delta_entries(data: bytes, flags: int) -> dict[str, bytes | Append | None]:
+    """Decode (and decompress) a delta: whole values, None, and append entries, in order.
+
+    Append entries ``[count, length, tail]`` (as :data:`Append` tuples) are
+    accepted only with ``FLAG_APPENDS`` (a form-2 record); :class:`CodecError`
+    if anything is malformed.
+    """
     delta = loads(unpack_payload(data, flags))
     if not isinstance(delta, dict):
         raise CodecError("delta is not a map")
+    out: dict[str, bytes | Append | None] = delta
     for k, v in delta.items():
-        if not isinstance(k, str) or not (v is None or isinstance(v, bytes)):
+        if not isinstance(k, str):
             raise CodecError("delta entry is not str -> bytes|None")
-    return delta
+        if v is None or isinstance(v, bytes):
+            continue
+        if not flags & FLAG_APPENDS:
+            raise CodecError("delta entry is not str -> bytes|None")
+        if not (isinstance(v, list) and len(v) == 3 and type(v[0]) is int and v[0] >= 0
+                and type(v[1]) is int and v[1] >= 1 and isinstance(v[2], bytes)
+                and _array_head(v[2]) is not None):
+            raise CodecError(f"append entry of {k!r} is not [count, length, tail array]")
+        out[k] = (v[0], v[1], v[2])
+    return out
 
 
 @dataclass(frozen=True, slots=True)

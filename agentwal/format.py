@@ -26,7 +26,8 @@ Record frame (``RECORD_HEADER_SIZE`` bytes, then the payload)::
     8    8     LSN (previous + 1)
     16   8     synced LSN: the highest LSN the writer knew durable when it wrote this
     24   1     record type (1 commit, 2 effect entry, 3 run deletion)
-    25   1     flags (bit 0: the commit's delta / the effect entry is zstd-compressed)
+    25   1     flags (bit 0: the commit's delta / the effect entry is zstd-compressed;
+                 bit 1: the commit's delta may hold append entries)
     26   2     reserved (zero)
 """
 
@@ -56,7 +57,11 @@ RECORD_TYPES = frozenset({REC_COMMIT, REC_EFFECT, REC_DELETE_RUN})
 
 #: Record flags.
 FLAG_ZSTD = 0x01
-KNOWN_FLAGS = FLAG_ZSTD
+#: A commit whose delta may hold *append entries* ``[base count, base length, tail]``
+#: beside whole values (``txn.append``, a re-put that extends the list it read): the
+#: record's form 2. A commit without it is form 1 (every entry a whole value or None).
+FLAG_APPENDS = 0x02
+KNOWN_FLAGS = FLAG_ZSTD | FLAG_APPENDS
 
 #: Largest payload a frame may carry; a bigger length field is damage.
 MAX_RECORD_PAYLOAD = 1 << 30

@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import is_async_callable, off_loop
 from .backend import Change, RunStore, View
-from .codec import DecodedValues, append_encoded, encode_blob_ref, encode_value
+from .codec import (
+    Append,
+    DecodedValues,
+    append_base,
+    append_encoded,
+    encode_blob_ref,
+    encode_value,
+)
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
     BackendUnsupportedError,
@@ -66,6 +73,7 @@ from .errors import (
     UnencodableValueError,
 )
 from .format import TREE_MEDIA_TYPE
+from .handout import Handout
 from .ledger import Request
 from .types import BlobRef, Checkpoint, TreeRef, check_key, check_media_type
 
@@ -85,6 +93,8 @@ T = TypeVar("T")
 #: Small values transactions read lately, decoded; an entry serves only the same bytes,
 #: so it is shared by every store and backend of the process.
 _DECODED = DecodedValues()
+#: Stored lists shorter than this are encoded again on a re-put (cheaper than the snapshot).
+_HANDOUT_MIN = 2048
 
 
 class StepHooks(Protocol):
@@ -173,14 +183,15 @@ def _check_mode(mode: object) -> EffectMode:
 class Savepoint:
     """A point inside a transaction to return to with ``txn.rollback_to(sp)``."""
 
-    __slots__ = ("_deferred", "_depth", "_meta", "_writes")
+    __slots__ = ("_appends", "_deferred", "_depth", "_meta", "_writes")
 
     def __init__(self, depth: int, writes: dict[str, bytes | None], meta: dict[str, Any],
-                 deferred: int = 0):
+                 deferred: int = 0, appends: dict[str, tuple[Append, bytes]] | None = None):
         self._depth = depth
         self._writes = writes
         self._meta = meta
         self._deferred = deferred
+        self._appends = appends or {}
 
 
 class Transaction:
@@ -201,6 +212,11 @@ class Transaction:
         self.run = view.run
         self._view = view
         self._writes: dict[str, bytes | None] = {}
+        #: key -> (append entry, the value it made): a write that is an append to the
+        #: stored list, logged as the entry while ``_writes`` still holds that value
+        self._appends: dict[str, tuple[Append, bytes]] = {}
+        #: stored lists ``get`` handed out, to log a re-put that only appended as an append
+        self._handouts: dict[str, Handout] = {}
         self._reads: set[str] = set()
         self._prefixes: set[str] = set()
         self._meta: dict[str, Any] = {}
@@ -296,10 +312,13 @@ class Transaction:
 
     def _change(self) -> Change:
         """What committing now applies, as the backend seam's value object (copies)."""
-        return Change(run=self.run, writes=dict(self._writes), reads=frozenset(self._reads),
+        writes = self._writes
+        appends = {k: entry for k, (entry, made) in self._appends.items()
+                   if writes.get(k) is made}
+        return Change(run=self.run, writes=dict(writes), reads=frozenset(self._reads),
                       prefixes=frozenset(self._prefixes), meta=dict(self._meta),
                       deferred=tuple(self._deferred), effects=tuple(self._effect_keys),
-                      origin=self._origin)
+                      origin=self._origin, appends=appends)
 
     def _finish(self, state: str) -> None:
         self._state = state
@@ -341,6 +360,15 @@ class Transaction:
     def _decode(self, raw: bytes, key: str) -> Any:
         return _DECODED.decode(self.run, key, raw, self._hooks.path, "value of ")
 
+    def _handed(self, raw: bytes, key: str) -> Any:
+        """The decoded value of ``raw``; a stored list is noted as handed out (``handout.py``)."""
+        value = self._decode(raw, key)
+        if type(value) is list and len(raw) >= _HANDOUT_MIN and key not in self._writes:
+            handout = Handout.of(value, raw)
+            if handout is not None:
+                self._handouts[key] = handout
+        return value
+
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key`` as this transaction sees it, or ``default``.
 
@@ -350,14 +378,14 @@ class Transaction:
         """
         self._check()
         raw = self._raw(check_key(key))
-        return default if raw is None else self._decode(raw, key)
+        return default if raw is None else self._handed(raw, key)
 
     def __getitem__(self, key: str) -> Any:
         self._check()
         raw = self._raw(check_key(key))
         if raw is None:
             raise MissingKeyError(self.run, key)
-        return self._decode(raw, key)
+        return self._handed(raw, key)
 
     def __contains__(self, key: object) -> bool:
         self._check()
@@ -399,7 +427,17 @@ class Transaction:
             Either way nothing changes.
         """
         self._check()
-        self._writes[check_key(key)] = encode_value(key, value)
+        check_key(key)
+        handout = self._handouts.get(key) if type(value) is list else None
+        if handout is not None and handout.grown_from(value):
+            # The first items are the stored ones, untouched: only the rest is new.
+            tail = encode_value(key, value[handout.count:])
+            joined = append_encoded(handout.stored, tail)
+            if joined is not None:
+                self._appends[key] = ((handout.count, len(handout.stored), tail), joined)
+                self._writes[key] = joined
+                return
+        self._writes[key] = encode_value(key, value)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)
@@ -432,7 +470,28 @@ class Transaction:
         joined = append_encoded(stored, tail)
         if joined is None:
             raise NotAListError(self.run, key, type(self._decode(stored, key)).__name__)
+        self._note_append(key, stored, tail, joined)
         self._writes[key] = joined
+
+    def _note_append(self, key: str, stored: bytes, tail: bytes, joined: bytes) -> None:
+        """Note that ``joined`` (``stored`` + ``tail``'s items) is an append, to log as one.
+
+        An append to what the view holds is an entry over that value; one to
+        an earlier append of this transaction extends that entry's tail; one
+        to a value this transaction put is a whole value.
+        """
+        before = self._appends.get(key)
+        if before is not None and self._writes.get(key) is before[1]:
+            (count, length, first), _made = before
+            more = append_encoded(first, tail)
+            if more is not None:
+                self._appends[key] = ((count, length, more), joined)
+            return
+        if key in self._writes:
+            return
+        base = append_base(stored)
+        if base is not None:
+            self._appends[key] = ((base[0], base[1], tail), joined)
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if it is absent)."""
@@ -752,7 +811,7 @@ class Transaction:
         """Mark the current changes; ``rollback_to`` returns to this mark."""
         self._check()
         sp = Savepoint(len(self._savepoints), dict(self._writes), dict(self._meta),
-                       len(self._deferred))
+                       len(self._deferred), dict(self._appends))
         self._savepoints.append(sp)
         return sp
 
@@ -767,6 +826,7 @@ class Transaction:
             raise ValueError("savepoint is not live in this transaction (released or foreign)")
         del self._savepoints[sp._depth + 1 :]
         self._writes = dict(sp._writes)
+        self._appends = dict(sp._appends)
         self._meta = dict(sp._meta)
         del self._deferred[sp._deferred :]
 

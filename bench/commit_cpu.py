@@ -3,12 +3,16 @@
 
 Usage::
 
-    .venv/bin/python bench/commit_cpu.py KIND N     # KIND: single | agent | get
+    .venv/bin/python bench/commit_cpu.py KIND N     # KIND: single | agent | get | grow | append
 
 ``single``: a transaction putting a 20-key dict of about 1 KiB under one
 key; ``agent``: an agent step (get ``step``, put a 20-message list of about
 10 KiB, three small keys, ``txn.meta``); ``get``: ``store.get`` of that
-1 KiB dict from the memtable. ``durability="none"``, 200 warm-up
+1 KiB dict from the memtable; ``grow``: a step of a long conversation (get
+``messages``, add a ~1 KiB message, put the list back, commit), ``append``:
+the same step through ``txn.append`` (the 200 warm-up steps grow the list
+to 200 messages, so the timed steps are steps 201 to 200 + N).
+``durability="none"``, 200 warm-up
 operations, then N timed ones; prints ``{"kind": ..., "us": ...}``. To
 compare two engines, run it alternately with ``PYTHONPATH`` pointing at a
 ``git archive`` of each (docs/benchmarks.md, issue #16) from a directory
@@ -27,9 +31,11 @@ from benchlib import scratch_dir
 
 import agentwal
 
+KINDS = ("single", "agent", "get", "grow", "append")
+
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("single", "agent", "get") or not argv[1].isdigit():
+    if len(argv) != 2 or argv[0] not in KINDS or not argv[1].isdigit():
         print(__doc__, file=sys.stderr)
         return 2
     kind, n = argv[0], int(argv[1])
@@ -55,7 +61,18 @@ def main(argv: list[str]) -> int:
             def get(i: int) -> Any:
                 return store.get("r", "value")
 
-            op = {"single": single, "agent": agent, "get": get}[kind]
+            def grow(i: int) -> None:
+                with store.begin("r") as txn:
+                    grown = txn.get("messages", [])
+                    grown.append({"role": "user", "content": "w " * 500, "i": i})
+                    txn.put("messages", grown)
+
+            def append(i: int) -> None:
+                with store.begin("r") as txn:
+                    txn.append("messages", {"role": "user", "content": "w " * 500, "i": i})
+
+            op = {"single": single, "agent": agent, "get": get, "grow": grow,
+                  "append": append}[kind]
             if kind == "get":
                 single(0)
             for i in range(200):

@@ -33,8 +33,10 @@ transaction, and — where the system offers it — durable when it returns):
   appending a ~1 KiB message and putting the whole list back (as agents
   do), with ``durability="none"`` so only the engine's CPU is timed: the
   log bytes of the commit at step 200, the thread CPU of put + commit of
-  the last 20 steps against steps 11-30, and the folded history's bytes
-  per checkpoint (LMDB pages in use after ``snapshot()``, divided by 200).
+  the last 20 steps against steps 11-30 (and of get + put + commit: the
+  get decodes the list and notes what it handed out), the same through
+  ``txn.append``, and the folded history's bytes per checkpoint (LMDB
+  pages in use after ``snapshot()``, divided by 200).
 
 fsync latency on a shared (virtual) disk drifts by several times within
 minutes, so throughput is measured in short slices: each round runs every
@@ -105,6 +107,10 @@ GOALS: list[tuple[str, str, str | None, float, str]] = [
      "max"),
     ("growing, txn.append: CPU 181-200 vs 11-30", "growth_append_cpu_last20_us",
      "growth_append_cpu_11_30_us", 1.5, "max"),
+    ("growing, get+put+commit: CPU 181-200 vs 11-30", "growth_get_cpu_last20_us",
+     "growth_get_cpu_11_30_us", 1.5, "max"),
+    ("growing, txn.append: log bytes of commit 200", "growth_append_log_bytes_step200", None,
+     8192, "max"),
     ("growing: folded bytes per checkpoint", "growth_history_bytes_per_ckpt", None, 4096,
      "max"),
     ("open, 64 MiB WAL, warm cache (s)", "open_wal_64mib_warm_s", None, 1.5, "max"),
@@ -441,6 +447,7 @@ def growth(seed: int = 5, *, append: bool = False) -> dict[str, Any]:
 
     rnd = random.Random(seed)
     cpu_us: list[float] = []
+    get_us: list[float] = []  # the txn.get of the list (its decode, and the handout snapshot)
     log_bytes: list[int] = []
     with scratch_dir() as d:
         path = os.path.join(d, "chat.awal")
@@ -455,7 +462,9 @@ def growth(seed: int = 5, *, append: bool = False) -> dict[str, Any]:
                     t0 = time.thread_time()
                     txn.append("messages", msg)
                 else:
+                    g0 = time.thread_time()
                     messages = txn.get("messages", [])
+                    get_us.append((time.thread_time() - g0) * 1e6)
                     messages.append(msg)
                     t0 = time.thread_time()
                     txn.put("messages", messages)
@@ -482,6 +491,7 @@ def growth(seed: int = 5, *, append: bool = False) -> dict[str, Any]:
             store.close()
     return {
         "cpu_us": cpu_us,
+        "get_us": get_us,
         "log_bytes": log_bytes,
         "lmdb_used_bytes": used,
         "folds_during_steps": folds_during,
@@ -731,11 +741,18 @@ def run(
             samples.setdefault("growth_history_bytes_per_ckpt", []).append(
                 c["lmdb_used_bytes"] / GROWTH_STEPS)
             samples.setdefault("growth_state_head_ms", []).append(c["state_head_s"] * 1e3)
+            whole = [p + g for p, g in zip(cpu, c["get_us"], strict=True)]
+            samples.setdefault("growth_get_cpu_11_30_us", []).append(
+                statistics.median(whole[10:30]))
+            samples.setdefault("growth_get_cpu_last20_us", []).append(
+                statistics.median(whole[-20:]))
         for k in ("growth_cpu_11_30_us", "growth_cpu_last20_us", "growth_log_bytes_step200",
-                  "growth_history_bytes_per_ckpt", "growth_state_head_ms"):
+                  "growth_history_bytes_per_ckpt", "growth_state_head_ms",
+                  "growth_get_cpu_11_30_us", "growth_get_cpu_last20_us"):
             figures[k] = statistics.median(samples[k])
         detail["growth"] = [
             {"cpu_us": [round(x, 1) for x in c["cpu_us"]], "log_bytes": c["log_bytes"],
+             "get_us": [round(x, 1) for x in c["get_us"]],
              "lmdb_used_bytes": c["lmdb_used_bytes"],
              "folds_during_steps": c["folds_during_steps"],
              "whole_list_bytes": c["whole_list_bytes"],
@@ -826,6 +843,10 @@ def print_table(res: dict[str, Any]) -> None:
         print(f"{'log bytes of the commit at step 200':<44}{step200:>12,.0f}")
         print(f"{'put+commit CPU, steps 11-30 (µs)':<44}{figs['growth_cpu_11_30_us']:>12,.0f}")
         print(f"{'put+commit CPU, steps 181-200 (µs)':<44}{figs['growth_cpu_last20_us']:>12,.0f}")
+        print(f"{'get+put+commit CPU, steps 11-30 (µs)':<44}"
+              f"{figs['growth_get_cpu_11_30_us']:>12,.0f}")
+        print(f"{'get+put+commit CPU, steps 181-200 (µs)':<44}"
+              f"{figs['growth_get_cpu_last20_us']:>12,.0f}")
         print(f"{'folded history, bytes per checkpoint':<44}"
               f"{figs['growth_history_bytes_per_ckpt']:>12,.0f}")
         print(f"{'state() of the folded head (ms, best of 5)':<44}"

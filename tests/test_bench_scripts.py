@@ -23,6 +23,7 @@ SCRIPTS = [
     ("compare.py", ["--quick", "--seconds", "0.02", "--rounds", "1", "--no-open"],
      "1-thread sync vs"),
     ("commit_cpu.py", ["agent", "20"], '"kind": "agent"'),
+    ("commit_cpu.py", ["grow", "5"], '"kind": "grow"'),
     ("bench_loop_lag.py", ["--rounds", "1", "--seconds", "0.1"], "| acommit |"),
     ("bench_retention.py", ["12", "4"], "the 4 kept checkpoints read back unchanged"),
     ("test_bench_blobs.py", ["--mib", "1", "--rounds", "1"], "put_blob"),

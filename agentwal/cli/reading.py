@@ -322,7 +322,9 @@ def wal(path: str, limit: int | None, from_lsn: int | None, run: str | None,
 
     Reads the segments directly; changes nothing. A torn tail is reported,
     damage in the middle of the log exits with status 1. --from-lsn and
-    --run are filters: a run with no records lists none.
+    --run are filters: a run with no records lists none. A commit's keys
+    read KEY (a whole value), -KEY (deleted) or KEY+N (N items appended to
+    the list KEY held: the record carries only them).
     """
     local_only(path, "wal", "it reads the segment files of a local write-ahead log; on "
                "PostgreSQL, `agentwal history` lists the commits")
@@ -400,5 +402,17 @@ def _wal_record(seg_path: str, f: Any) -> dict[str, Any]:
                 "effect_id": e.effect_id, "name": e.name, "status": e.status,
                 "attempts": e.attempts}
     return {"type": "commit", "run": r.record.run, "id": r.record.id,
-            "keys": [k if v is not None else f"-{k}" for k, v in r.delta.items()],
+            "keys": [_key_label(k, v) for k, v in r.delta.items()],
             "deferred": [d[0] for d in r.deferred or []]}
+
+
+def _key_label(key: str, entry: Any) -> str:
+    """A commit's key as the dump names it: ``-key`` deleted, ``key+N`` N items appended."""
+    from ..codec import array_head
+
+    if entry is None:
+        return f"-{key}"
+    if isinstance(entry, tuple):  # an append entry (base count, base length, tail)
+        head = array_head(entry[2])
+        return f"{key}+{head[0] if head is not None else 0}"
+    return key

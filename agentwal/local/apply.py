@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from ..codec import CodecError, append_base, join_append
 from ..effects import (
     Deferred,
     EffectRecord,
@@ -36,6 +37,7 @@ from ..effects import (
     mark_committed,
     outbox_entries,
 )
+from ..errors import CorruptionError
 from ..types import Checkpoint
 from .commit import Pending
 from .memtable import Memtable
@@ -58,15 +60,43 @@ class Commit:
     outbox_digest: bytes | None = None  # SHA-256 of the commit's outbox field
     deferred: list[Deferred] | None = None
     effect_keys: tuple[str, ...] = ()
+    #: keys the record logged as appends: key -> (base count, base length)
+    appends: dict[str, tuple[int, int]] | None = None
 
     @classmethod
-    def replayed(cls, r: Replayed) -> Commit:
-        """The commit a log record holds."""
+    def replayed(cls, r: Replayed, base: Callable[[str, str], bytes | None]) -> Commit:
+        """The commit a log record holds; ``base(run, key)`` is a key's value before it.
+
+        A form-2 record's append entries are joined to the value the key has
+        before the record (the memtable replayed so far, else LMDB): the
+        commit applies whole values, as it did live.
+
+        Raises:
+            CodecError: an append entry's base is missing or is not the list
+                the entry extended (its count or length differ).
+        """
         rec = r.record
         ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
                           rec.hash.hex(), rec.origin)
         digest = None if rec.deferred is None else hashlib.sha256(rec.deferred).digest()
-        return cls(r.lsn, ckpt, rec.hash, rec.meta, r.delta, digest, r.deferred, rec.effects)
+        delta: dict[str, bytes | None] = {}
+        appends: dict[str, tuple[int, int]] = {}
+        for key, v in r.delta.items():
+            if not isinstance(v, tuple):
+                delta[key] = v
+                continue
+            stored = base(rec.run, key)
+            joined = None if stored is None else join_append(stored, v)
+            if joined is None:
+                found = ("no value" if stored is None else
+                         f"{len(stored)} bytes ({append_base(stored) or 'not a list'})")
+                raise CodecError(f"commit {rec.run!r}/{rec.id} appends to key {key!r}, whose "
+                                 f"base of {v[0]} items ({v[1]} bytes) is missing: the key "
+                                 f"holds {found}")
+            delta[key] = joined
+            appends[key] = (v[0], v[1])
+        return cls(r.lsn, ckpt, rec.hash, rec.meta, delta, digest, r.deferred, rec.effects,
+                   appends or None)
 
 
 #: What :func:`apply_record` takes: a commit, a ledger write, a run deletion.
@@ -81,7 +111,7 @@ def from_pending(p: Pending) -> Applied:
         assert p.effect is not None
         return ReplayedEffect(p.lsn, *p.effect)
     return Commit(p.lsn, p.ckpt, p.hsh, p.meta_raw, p.delta, p.outbox_digest, p.deferred,
-                  p.effect_keys)
+                  p.effect_keys, p.appends)
 
 
 def apply_record(mem: Memtable, rec: Applied, *, store_id: Any, oldest: int,
@@ -106,7 +136,8 @@ def apply_record(mem: Memtable, rec: Applied, *, store_id: Any, oldest: int,
         mem.apply_effect(rec.lsn, kept, rec.raw if kept is rec.entry else encode_entry(kept))
         return
     c = rec.ckpt
-    mem.apply(rec.lsn, c, rec.hash, rec.meta_raw, rec.delta, oldest, rec.outbox_digest)
+    mem.apply(rec.lsn, c, rec.hash, rec.meta_raw, rec.delta, oldest, rec.outbox_digest,
+              rec.appends)
     for key in rec.effect_keys:  # the entries the commit's effects made
         found = lookup(key)
         marked = mark_committed(found, c.id) if found is not None else None
@@ -120,14 +151,24 @@ def apply_record(mem: Memtable, rec: Applied, *, store_id: Any, oldest: int,
 
 def replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambda _r: 0,
            folded_effect: Callable[[str], EffectRecord | None] = lambda _k: None,
-           ) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
+           folded_value: Callable[[str, str], bytes | None] = lambda _r, _k: None,
+           path: str = "") -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
     """A memtable holding the replayed records, and each replayed run's head.
 
-    ``folded_epoch(run)`` and ``folded_effect(key)`` are what LMDB holds: the
-    run id's epoch and the ledger entry of a key.
+    ``folded_epoch(run)``, ``folded_effect(key)`` and ``folded_value(run,
+    key)`` are what LMDB holds: the run id's epoch, the ledger entry of a key,
+    a key's value bytes (the base of an append entry not replayed here);
+    ``path`` is the store's, for errors.
+
+    Raises:
+        CorruptionError: a form-2 record appends to a base that is not there.
     """
     mem = Memtable()
     heads: dict[str, tuple[int, bytes]] = {}
+
+    def base(run: str, key: str) -> bytes | None:
+        found, value = mem.lookup(run, key, 1 << 62)
+        return value if found else folded_value(run, key)
 
     def lookup(key: str) -> EffectRecord | None:
         found = mem.effects.get(key)
@@ -137,7 +178,10 @@ def replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambd
         return epoch_at((mem,), run, lsn, folded_epoch)
 
     for r in plan.records:
-        rec: Applied = Commit.replayed(r) if isinstance(r, Replayed) else r
+        try:
+            rec: Applied = Commit.replayed(r, base) if isinstance(r, Replayed) else r
+        except CodecError as exc:
+            raise CorruptionError(path, None, f"record LSN {r.lsn}: {exc}") from None
         # No reader is open during replay: versions older than the record can go.
         apply_record(mem, rec, store_id=store_id, oldest=r.lsn, lookup=lookup, epoch=epoch)
         if isinstance(rec, ReplayedDelete):

@@ -46,12 +46,14 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import failpoints
 from ..codec import (
+    Append,
     checkpoint_hash,
     encode_commit_fields,
     encode_delta,
@@ -119,6 +121,10 @@ class Pending:
     #: keys of the effects the committing transaction recorded (``txn.effect``):
     #: publishing marks their ledger entries ``committed_in`` this checkpoint
     effect_keys: tuple[str, ...] = ()
+    #: keys of ``delta`` the record logs as append entries: key -> (base count, base
+    #: length); the fold keeps them with the checkpoint, so ``verify`` can rebuild
+    #: the hashed delta from the folded values
+    appends: dict[str, tuple[int, int]] | None = None
 
 
 class Tables(Protocol):
@@ -174,7 +180,8 @@ class CommitPipeline:
                delta: dict[str, bytes | None], meta: dict[str, Any],
                deferred: list[Deferred] | None = None, *,
                origin: tuple[str, int] | None = None,
-               effects: tuple[str, ...] = ()) -> Checkpoint:
+               effects: tuple[str, ...] = (),
+               appends: Mapping[str, Append] | None = None) -> Checkpoint:
         """Validate, assign, queue and drive one commit; returns its checkpoint.
 
         ``deferred`` outbox entries are logged (and hashed) with the commit.
@@ -182,14 +189,19 @@ class CommitPipeline:
         checkpoint of ``run``: it is refused if ``run`` has one already.
         ``effects`` are the keys of the ledger entries the transaction
         recorded; the commit record carries them, so the commit and the
-        entries' ``committed_in`` mark are one atomic fact.
+        entries' ``committed_in`` mark are one atomic fact. ``appends`` are
+        keys of ``delta`` whose change is an append to the value the commit
+        read (``codec.Append``): the record logs and hashes the entry, the
+        memtable gets the whole value from ``delta``.
 
         Raises:
             ConflictError, UnencodableValueError, DiskFullError, DurabilityError,
             RunExistsError (with ``origin``).
         """
         try_zstd = self._zstd_skip <= 0
-        blob, flags, digest = encode_delta(delta, compress=try_zstd, threshold=WAL_ZSTD_MIN)
+        logged = {k: a for k, a in appends.items() if k in delta} if appends else None
+        blob, flags, digest = encode_delta(delta, compress=try_zstd, threshold=WAL_ZSTD_MIN,
+                                           appends=logged)
         self._learn_compression(
             try_zstd and (bool(flags & FLAG_ZSTD) or len(blob) >= WAL_ZSTD_MIN), flags)
         meta_raw = encode_meta(meta)
@@ -226,7 +238,9 @@ class CommitPipeline:
                          self.heads.get(run, _ABSENT), {k: writes.get(k, _ABSENT) for k in delta},
                          deferred=deferred or None,
                          outbox_digest=hashlib.sha256(outbox).digest() if outbox else None,
-                         effect_keys=effects)
+                         effect_keys=effects,
+                         appends={k: (a[0], a[1]) for k, a in logged.items()} if logged
+                         else None)
             for k in delta:
                 writes[k] = lsn
             self.heads[run] = (cid, hsh)

@@ -353,7 +353,7 @@ class Engine:
                                dict(change.meta))
         return pipe.commit(run, view.snap, change.reads, change.prefixes, delta,
                            dict(change.meta), list(change.deferred), origin=change.origin,
-                           effects=change.effects)
+                           effects=change.effects, appends=change.appends)
 
     def _view_epoch(self, v: View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""

@@ -111,7 +111,8 @@ class Folder:
             # LMDB must never be durable past the log: after a power cut the WAL
             # has to reach applied_lsn (async and none modes sync here).
             pipe.sync_through(frozen.last_lsn)
-            runs = [FoldRun(run, writes, ckpts, deltas, outboxes, reset)
+            runs = [FoldRun(run, writes, ckpts, deltas, outboxes, reset,
+                            frozen.appends_of(run) or None)
                     for run, reset, writes, ckpts, deltas, outboxes in frozen.fold_runs()]
             resets = any(fr.reset for fr in runs)
             effects = list(frozen.effects.values())

@@ -61,6 +61,10 @@ class RunMem:
     deltas: list[dict[str, bytes | None]] = field(default_factory=list)
     #: checkpoint id -> SHA-256 of its outbox field, for checkpoints that have one
     outboxes: dict[int, bytes] = field(default_factory=dict)
+    #: checkpoint id -> the keys its record logged as appends: key -> (base count,
+    #: base length); the fold keeps them with the checkpoint (``verify`` rebuilds
+    #: the hashed delta from them)
+    appends: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)
     #: LSNs of the run's delete records applied to this table, ascending
     deleted: list[int] = field(default_factory=list)
 
@@ -143,11 +147,14 @@ class Memtable:
 
     def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, meta_raw: bytes,
               delta: dict[str, bytes | None], oldest_snap: int,
-              outbox_digest: bytes | None = None) -> None:
+              outbox_digest: bytes | None = None,
+              appends: dict[str, tuple[int, int]] | None = None) -> None:
         """Make one commit visible; prune versions older than ``oldest_snap`` can see.
 
         ``outbox_digest`` is the SHA-256 of the commit's outbox field (its
-        checkpoint hash covers it); the fold stores it with the checkpoint.
+        checkpoint hash covers it); the fold stores it with the checkpoint, as
+        it does ``appends`` (the keys the record logged as appends; ``delta``
+        holds their whole values).
         """
         assert not self.frozen, "a frozen memtable is read-only"
         rm = self.runs.get(ckpt.run)
@@ -167,6 +174,8 @@ class Memtable:
         rm.deltas.append(delta)
         if outbox_digest is not None:
             rm.outboxes[ckpt.id] = outbox_digest
+        if appends:
+            rm.appends[ckpt.id] = appends
         self.last_lsn = lsn
 
     def lookup(self, run: str, key: str, snap: int) -> tuple[bool, bytes | None]:
@@ -221,6 +230,11 @@ class Memtable:
             out.append((run, floor, writes, [rm.checkpoints[i] for i in keep],
                         [rm.deltas[i] for i in keep], rm.outboxes))
         return out
+
+    def appends_of(self, run: str) -> dict[int, dict[str, tuple[int, int]]]:
+        """Checkpoint id -> keys logged as appends (``RunMem.appends``) of ``run``."""
+        rm = self.runs.get(run)
+        return rm.appends if rm is not None else {}
 
     def fold_view(self) -> dict[str, FoldItem]:
         """For a fold: each run's final writes and its checkpoints in order (after deletions)."""

@@ -7,7 +7,9 @@ decoder each type takes:
 
 - ``REC_COMMIT`` (:class:`Replayed`): ``codec.encode_commit`` fields, the
   commit metadata, the delta (zstd-compressed when the frame's flags say
-  so) and the outbox (``effects.encode_outbox``), if any;
+  so; with ``FLAG_APPENDS``, a form-2 delta whose entries may be appends to
+  the key's previous value, which replay joins: ``apply.replay``) and the
+  outbox (``effects.encode_outbox``), if any;
 - ``REC_EFFECT`` (:class:`ReplayedEffect`): an effects-ledger entry
   (``effects.encode_entry``), zstd-compressed when the flags say so;
 - ``REC_DELETE_RUN`` (:class:`ReplayedDelete`): CBOR ``[run, head id]``
@@ -28,16 +30,17 @@ from typing import Any, TypeAlias
 import cbor2
 
 from ..codec import (
+    Append,
     CodecError,
     CommitRecord,
     decode_commit,
-    decode_delta,
+    decode_delta_entries,
     decode_meta,
     loads,
     unpack_payload,
 )
 from ..effects import Deferred, EffectRecord, decode_entry, decode_outbox
-from ..format import REC_COMMIT, REC_DELETE_RUN, REC_EFFECT
+from ..format import FLAG_ZSTD, REC_COMMIT, REC_DELETE_RUN, REC_EFFECT
 
 __all__ = ["Record", "Replayed", "ReplayedDelete", "ReplayedEffect", "decode_delete_run",
            "decode_record", "encode_delete_run"]
@@ -50,7 +53,8 @@ class Replayed:
     lsn: int
     record: CommitRecord
     meta: dict[str, Any]
-    delta: dict[str, bytes | None]
+    #: whole values (None: deleted) and, in a form-2 record, append entries
+    delta: dict[str, bytes | Append | None]
     deferred: list[Deferred] | None = None
     #: the delta's encoded bytes, uncompressed (only when asked for: ``verify`` hashes them)
     raw_delta: bytes | None = None
@@ -99,7 +103,8 @@ def decode_record(lsn: int, rtype: int, flags: int, payload: bytes, *,
     rec = decode_commit(payload)
     meta = decode_meta(rec.meta)
     raw_delta = unpack_payload(rec.delta, flags) if keep_raw else None
-    delta = decode_delta(rec.delta, flags) if raw_delta is None else decode_delta(raw_delta, 0)
+    delta = (decode_delta_entries(rec.delta, flags) if raw_delta is None
+             else decode_delta_entries(raw_delta, flags & ~FLAG_ZSTD))
     deferred = decode_outbox(rec.deferred) if rec.deferred is not None else None
     return Replayed(lsn, rec, meta, delta, deferred, raw_delta)
 

@@ -70,6 +70,12 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
         lock.release()
 
 
+
+def _folded_value(reader: Any, run: str, key: str) -> bytes | None:
+    """The value bytes LMDB holds for ``key`` of ``run`` (replay's base of an append)."""
+    info = reader.run_info(run)
+    return None if info is None else reader.get(info.number, key)
+
 class Startup:
     """Opening and recovery of one engine (``engine.startup``)."""
 
@@ -119,7 +125,9 @@ class Startup:
             ltxn, applied, plan = self.read_base(wal_dir)
             snap = e._snap
             mem, heads = replay(plan, e.store_id, lambda run: snap.reader(ltxn).epoch(run),
-                                 lambda key: snap.reader(ltxn).effect(key))
+                                 lambda key: snap.reader(ltxn).effect(key),
+                                 lambda run, key: _folded_value(snap.reader(ltxn), run, key),
+                                 path=e.path)
         ended = None
         with e._lock:
             if e.readonly:

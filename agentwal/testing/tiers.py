@@ -59,22 +59,24 @@ class Result:
         return f"{mark} {self.tier:<8} {self.case:<36} {self.detail}"
 
 
-def _workload(seed: str, *, big: float = 0.01) -> Workload:
-    return Workload(seed, big=big)
+def _workload(seed: str, *, big: float = 0.01, appends: float = 0.0) -> Workload:
+    return Workload(seed, big=big, appends=appends)
 
 
 def power_cut_rounds(base: str, seed: str, model: str, *, rounds: int = 4,
                      ops_per_round: int = 12, durability: str = "sync",
                      big: float = 0.01, fs_hook: Any = None,
-                     store_hook: Any = None) -> Iterator[Result]:
+                     store_hook: Any = None, appends: float = 0.0) -> Iterator[Result]:
     """Commit, cut the power at a seeded operation, recover, judge; ``rounds`` times.
 
     Yields one result per round (a case is ``model/seed/round``). To test the
     harness itself, ``fs_hook(disk)`` may wrap the disk the workload writes
     through, and ``store_hook(store)`` may break the store it drives.
+    ``appends`` (a probability per operation) grows a list per run, so the log
+    holds append records whose bases are earlier records or folded values.
     """
     rng = random.Random(f"{seed}/{model}/{durability}")
-    w = _workload(seed, big=big)
+    w = _workload(seed, big=big, appends=appends)
     oracle = Oracle(w)
     path = os.path.join(base, f"sim-{model}-{durability}-{seed}")
     shutil.rmtree(path, ignore_errors=True)
@@ -166,13 +168,14 @@ def _ops_for(w: Workload, commits: int) -> int:
 
 
 def sweep(base: str, seed: str = "sweep", *, commits: int = 5,
-          models: tuple[str, ...] = MODELS) -> Iterator[Result]:
+          models: tuple[str, ...] = MODELS, appends: float = 0.0) -> Iterator[Result]:
     """Cut the power before every I/O operation of a ``commits``-transaction workload.
 
     The workload opens a new store (so store creation is swept too) and runs
     until ``commits`` commits; one case per operation index and model.
+    ``appends``: as for :func:`power_cut_rounds`.
     """
-    w = _workload(seed, big=0.0)
+    w = _workload(seed, big=0.0, appends=appends)
     oracle = Oracle(w)
     os.makedirs(base, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="sweep-count-", dir=base)

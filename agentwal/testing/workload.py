@@ -31,7 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FAILURE_CLASSES", "Op", "Oracle", "Verdict", "Workload", "drive", "read_all"]
+__all__ = ["FAILURE_CLASSES", "LOG_KEY", "Op", "Oracle", "Verdict", "Workload", "drive", "read_all"]
+
+#: The list each run grows in a workload with appends (logged as append entries).
+LOG_KEY = "log"
 
 FAILURE_CLASSES = ("lost_ack", "rolled_back_visible", "partial_transaction", "stale_version",
                    "garbage", "history", "unrecoverable")
@@ -47,6 +50,10 @@ class Op:
     puts: dict[str, Any]
     deletes: tuple[str, ...]
     meta: dict[str, Any]
+    #: items appended to the run's list :data:`LOG_KEY` (``Workload(appends=...)``)
+    appended: tuple[Any, ...] = ()
+    #: how: True re-puts the list read and extended, False calls ``txn.append``
+    reput: bool = False
 
 
 class Workload:
@@ -59,11 +66,16 @@ class Workload:
         big: probability that a put carries a large value.
         big_bytes: size of a large value (over 1 MiB by default).
         rollback_every: about one operation in this many rolls back.
+        appends: probability that an operation also appends to the run's list
+            :data:`LOG_KEY` (through ``txn.append``, or a re-put of the list it
+            read, which the transaction logs as an append too).
     """
 
     def __init__(self, seed: int | str, *, runs: int = 3, keys: int = 6, big: float = 0.01,
-                 big_bytes: int = (1 << 20) + 4096, rollback_every: int = 6) -> None:
+                 big_bytes: int = (1 << 20) + 4096, rollback_every: int = 6,
+                 appends: float = 0.0) -> None:
         self.seed = seed
+        self.appends = appends
         self.runs = [f"run-{i}" for i in range(runs)]
         self.keys = keys
         self.big = big
@@ -92,7 +104,13 @@ class Workload:
             victim = f"k{rng.randrange(self.keys)}"
             if victim not in puts:
                 deletes = (victim,)
-        return Op(i, run, commit, puts, deletes, {"op": i})
+        appended: tuple[Any, ...] = ()
+        reput = False
+        if self.appends and rng.random() < self.appends:
+            appended = tuple({"op": i, "n": n, "text": rng.randbytes(4).hex() * 40}
+                             for n in range(rng.randint(1, 3)))
+            reput = rng.random() < 0.5
+        return Op(i, run, commit, puts, deletes, {"op": i}, appended, reput)
 
     def _value(self, rng: random.Random, i: int, key: str) -> Any:
         roll = rng.random()
@@ -127,6 +145,8 @@ class Workload:
             state.update(op.puts)
             for k in op.deletes:
                 state.pop(k, None)
+            if op.appended:
+                state[LOG_KEY] = [*state.get(LOG_KEY, []), *op.appended]
             self._models.append(nxt)
         return {r: dict(s) for r, s in self._models[commits].items()}
 
@@ -153,6 +173,12 @@ def drive(store: Any, workload: Workload, start: int, count: int,
             txn.put(k, v)
         for k in op.deletes:
             txn.delete(k)
+        if op.appended and op.reput:
+            grown = txn.get(LOG_KEY, [])
+            grown.extend(op.appended)
+            txn.put(LOG_KEY, grown)
+        elif op.appended:
+            txn.append(LOG_KEY, *op.appended)
         txn.meta(**op.meta)
         if op.commit:
             txn.commit()
@@ -258,10 +284,17 @@ class Oracle:
             op = self.w.op(i)
             for k, v in op.puts.items():
                 out.add((op.run, k, _fingerprint(v)))
+        if self.w.appends:  # every list a commit left
+            for model in self.w._models:
+                for run, st in model.items():
+                    if LOG_KEY in st:
+                        out.add((run, LOG_KEY, _fingerprint(st[LOG_KEY])))
         return out
 
 
 def _fingerprint(value: Any) -> str:
+    if isinstance(value, list):
+        return f"list/{len(value)}/" + (_fingerprint(value[-1]) if value else "")
     if isinstance(value, dict) and "op" in value and "pad" in value:
         return f"{value.get('op')}/{value.get('key')}/{len(value['pad'])}/{value['pad'][:8]!r}"
     return repr(value)[:200]

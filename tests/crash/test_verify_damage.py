@@ -34,6 +34,7 @@ from typing import Any
 import cbor2
 import pytest
 
+import agentwal
 from agentwal.local.wal.frame import parse_header
 from agentwal.local.wal.reader import scan_segment
 from agentwal.testing.corrupt import lmdb_pages
@@ -74,6 +75,22 @@ for line in sys.stdin:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return build(str(tmp_path_factory.mktemp("sweep") / "base.awal"))
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The base store and a few more commits, folded, whose frames stay in the last segment.
+
+    (How many of the base's own records its last segment holds depends on their sizes: an
+    append record is small, a rollback's whole state is not.)
+    """
+    built = build(str(tmp_path_factory.mktemp("sweep") / "logged.awal"))
+    with agentwal.open(built.path, durability="sync") as s:
+        for j in range(8):
+            with s.begin("chat") as txn:
+                txn["step"] = 1000 + j
+                txn.append("messages", {"role": "agent", "text": f"late {j}"})
+    return built
 
 
 def key_text(db: str, key: bytes, runs: dict[int, str]) -> str:
@@ -200,7 +217,8 @@ def test_a_flipped_key_byte_is_reported_in_its_database(base: Built, tmp_path: P
 
 
 def test_a_flipped_byte_in_any_wal_frame_is_reported_at_its_offset(
-        base: Built, tmp_path: Path) -> None:
+        logged: Built, tmp_path: Path) -> None:
+    base = logged
     wal = Path(base.path) / "wal"
     name = sorted(os.listdir(wal))[-1]
     data = (wal / name).read_bytes()

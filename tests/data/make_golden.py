@@ -37,6 +37,17 @@ commit's outbox field came after the first segment was pinned):
   an outbox of one ``send-email`` entry (the optional 9th field), which the
   checkpoint hash covers;
 - zeros up to 4096 bytes.
+
+The appends segment (``appends-v1.bin``, 4096 bytes; form-2 commit records,
+``FLAG_APPENDS``, came after the others were pinned):
+
+- header: segment 0 of store ``STORE_ID``, first LSN 1, salt ``SALT``;
+- LSN 1: run ``chat`` checkpoint 1, ``messages`` as a whole two-item list;
+- LSN 2 (``FLAG_APPENDS``): checkpoint 2, ``messages`` as the append entry
+  ``[2, base length, tail of one item]`` and ``step`` as a whole value; the
+  checkpoint hash covers the entry, not the joined list;
+- LSN 3 (``FLAG_APPENDS``): checkpoint 3, two more items appended;
+- zeros up to 4096 bytes.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ import cbor2
 
 from agentwal.codec import (
     CommitRecord,
+    append_encoded,
     checkpoint_hash,
     encode_commit,
     encode_delta,
@@ -71,6 +83,7 @@ from agentwal.effects import (
 from agentwal.format import (
     COMPRESS_THRESHOLD,
     CONTROL_FILE,
+    FLAG_APPENDS,
     FLAG_ZSTD,
     FORMAT_VERSION,
     REC_COMMIT,
@@ -84,6 +97,7 @@ HERE = Path(__file__).resolve().parent
 SEGMENT_FILE = HERE / f"segment-v{FORMAT_VERSION}.bin"
 CONTROL_FILE_GOLDEN = HERE / f"control-v{FORMAT_VERSION}.bin"
 EFFECTS_FILE = HERE / f"effects-v{FORMAT_VERSION}.bin"
+APPENDS_FILE = HERE / f"appends-v{FORMAT_VERSION}.bin"
 
 STORE_ID = uuid.UUID("a9e1c0de-0000-4000-8000-00000000a11e")
 SALT = 0x5EED5A17
@@ -196,6 +210,53 @@ def effects_image() -> bytes:
     return bytes(out) + bytes(SEGMENT_SIZE - len(out))
 
 
+#: The three states of ``chat``'s ``messages`` in the appends segment.
+APPEND_STATES = [
+    [{"role": "user", "content": "Plan the trip."}, {"role": "assistant", "content": "Where?"}],
+    [{"role": "user", "content": "Lisbon, in May."}],
+    [{"role": "assistant", "content": "Booked."}, {"role": "user", "content": "Thanks!"}],
+]
+
+
+def append_commits() -> list[tuple[int, bytes, bytes]]:
+    """The appends segment's records: ``(flags, payload, checkpoint hash)`` per LSN."""
+    out = []
+    parent_hash = bytes(32)
+    stored = b""
+    for cid, items in enumerate(APPEND_STATES, start=1):
+        tail = encode_value("messages", items)
+        if cid == 1:
+            delta = {"messages": tail}
+            appends = None
+            stored = tail
+        else:
+            joined = append_encoded(stored, tail)
+            assert joined is not None
+            delta = {"messages": joined, "step": encode_value("step", cid)}
+            appends = {"messages": (sum(len(s) for s in APPEND_STATES[:cid - 1]), len(stored),
+                                    tail)}
+            stored = joined
+        packed, flags, digest = encode_delta(delta, appends=appends)
+        created = CREATED_AT + cid
+        meta_raw = encode_meta({"step": cid})
+        parent = cid - 1 or None
+        h = checkpoint_hash(parent_hash, "chat", cid, parent, created, meta_raw, None, digest)
+        out.append((flags, encode_commit(CommitRecord("chat", cid, parent, created, meta_raw, h,
+                                                      None, packed)), h))
+        parent_hash = h
+    assert [f for f, _p, _h in out] == [0, FLAG_APPENDS, FLAG_APPENDS]
+    return out
+
+
+def appends_image() -> bytes:
+    """The golden appends segment."""
+    out = bytearray(encode_header(HEADER))
+    for lsn, (flags, payload, _h) in enumerate(append_commits(), start=1):
+        out += encode_frame(SALT, lsn, lsn - 1, REC_COMMIT, flags, payload)
+    assert len(out) <= SEGMENT_SIZE
+    return bytes(out) + bytes(SEGMENT_SIZE - len(out))
+
+
 def control_image() -> bytes:
     """What ``create_control`` writes for ``STORE_ID`` at ``CREATED_AT``."""
     with tempfile.TemporaryDirectory() as tmp, \
@@ -211,7 +272,8 @@ def main() -> int:
     SEGMENT_FILE.write_bytes(segment_image())
     CONTROL_FILE_GOLDEN.write_bytes(control_image())
     EFFECTS_FILE.write_bytes(effects_image())
-    print(f"wrote {SEGMENT_FILE}, {CONTROL_FILE_GOLDEN} and {EFFECTS_FILE}")
+    APPENDS_FILE.write_bytes(appends_image())
+    print(f"wrote {SEGMENT_FILE}, {CONTROL_FILE_GOLDEN}, {EFFECTS_FILE} and {APPENDS_FILE}")
     return 0
 
 

@@ -34,6 +34,7 @@ Engine bugs found here are pinned at the end of the file as minimal
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import itertools
 import random
@@ -307,6 +308,65 @@ class StoreMachine(_Base):
         tm = self._txn(run)
         tm.txn.put(key, value)
         tm.writes[key] = value
+
+    @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS), n=st.integers(0, 40))
+    def put_long_list(self, run: str, key: str, n: int) -> None:
+        """A list long enough (over 2 KiB) that a re-put of it is told apart by identity."""
+        value = [{"i": i, "text": f"message {i} " * 8, "tags": [i, "t"]} for i in range(n)]
+        tm = self._txn(run)
+        tm.txn.put(key, value)
+        tm.writes[key] = copy.deepcopy(value)
+
+    @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS),
+          items=st.lists(small_values, max_size=3))
+    def append(self, run: str, key: str, items: list[Any]) -> None:
+        """``txn.append``: a list grows (logged as an append to what the view holds)."""
+        tm = self._txn(run)
+        old = tm.get(key)
+        if old is not _MISSING and not isinstance(old, list):
+            with pytest.raises(agentwal.NotAListError):
+                tm.txn.append(key, *items)
+            return
+        tm.txn.append(key, *items)
+        tm.writes[key] = (old if old is not _MISSING else []) + copy.deepcopy(items)
+
+    @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS),
+          items=st.lists(small_values, max_size=3),
+          change=st.sampled_from(["none", "copy", "replace", "inner", "nested", "rename",
+                                  "drop", "move"]))
+    def reput(self, run: str, key: str, items: list[Any], change: str) -> None:
+        """The agents' pattern: get a list, maybe change what it held, extend it, put it back,
+        then keep mutating the caller's copy (which must change nothing stored)."""
+        tm = self._txn(run)
+        value = tm.txn.get(key)
+        tm.get(key)
+        if not isinstance(value, list):
+            return
+        first = value[0] if value else None
+        if change == "copy":
+            value = list(value)
+        elif change == "replace" and value:
+            value[0] = {"replaced": True}
+        elif change == "inner" and isinstance(first, dict):
+            first["text"] = "edited"
+        elif change == "nested" and isinstance(first, dict) and isinstance(
+                first.get("tags"), list):
+            first["tags"].append("more")
+        elif change == "rename" and isinstance(first, dict) and "text" in first:
+            first["renamed"] = first.pop("text")
+        elif change == "drop" and value:
+            value.pop()
+        elif change == "move" and len(value) >= 2 and all(
+                isinstance(v, dict) and isinstance(v.get("tags"), list) for v in value[:2]):
+            value[1]["tags"].insert(0, value[0]["tags"].pop())
+        value.extend(copy.deepcopy(items))
+        tm.txn.put(key, value)
+        tm.writes[key] = copy.deepcopy(value)
+        event(f"reput ({change}): " + ("an append" if key in tm.txn._change().appends
+                                        else "a whole value"))
+        value.append("after the put")
+        if value and isinstance(value[0], dict):
+            value[0]["after"] = 1
 
     @rule(run=st.sampled_from(RUNS), key=st.sampled_from(KEYS))
     def delete(self, run: str, key: str) -> None:

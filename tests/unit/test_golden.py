@@ -21,6 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import cbor2
 import pytest
@@ -228,6 +229,16 @@ def test_regenerated_control_is_identical() -> None:
     assert mg.control_image() == CONTROL.read_bytes()
 
 
+def _scan_clean(path: Path) -> Any:
+    """The frames of a golden segment file, which must end clean."""
+    data = path.read_bytes()
+    h = parse_header(data)
+    assert isinstance(h, SegmentHeader)
+    scan = scan_segment(data, h)
+    assert scan.state == "clean"
+    return scan
+
+
 # -- the effects segment: REC_EFFECT records and a commit with an outbox ------------------------
 
 EFFECTS = DATA / f"effects-v{FORMAT_VERSION}.bin"
@@ -237,11 +248,8 @@ def test_golden_effects_segment_decodes() -> None:
     from agentwal.effects import decode_entry, decode_outbox
     from agentwal.format import REC_EFFECT
 
-    data = EFFECTS.read_bytes()
-    h = parse_header(data)
-    assert isinstance(h, SegmentHeader)
-    scan = scan_segment(data, h)
-    assert scan.state == "clean" and [f.lsn for f in scan.frames] == [1, 2, 3]
+    scan = _scan_clean(EFFECTS)
+    assert [f.lsn for f in scan.frames] == [1, 2, 3]
     assert [f.type for f in scan.frames] == [REC_EFFECT, REC_EFFECT, REC_COMMIT]
     intent, outcome = (decode_entry(f.payload) for f in scan.frames[:2])
     assert (intent.name, intent.status, intent.attempts) == ("charge-card", "in_doubt", 1)
@@ -271,3 +279,58 @@ def test_golden_effects_segment_recovers(tmp_path: Path) -> None:
 
 def test_regenerated_effects_segment_is_identical() -> None:
     assert mg.effects_image() == EFFECTS.read_bytes()
+
+
+# -- the appends segment: form-2 commit records (FLAG_APPENDS) ---------------------------------
+
+APPENDS = DATA / f"appends-v{FORMAT_VERSION}.bin"
+
+
+def test_golden_appends_segment_decodes() -> None:
+    from agentwal.codec import decode_delta_entries
+    from agentwal.format import FLAG_APPENDS
+
+    scan = _scan_clean(APPENDS)
+    assert [f.flags for f in scan.frames] == [0, FLAG_APPENDS, FLAG_APPENDS]
+    parent_hash, count, length = bytes(32), 0, 0
+    for f, items in zip(scan.frames, mg.APPEND_STATES, strict=True):
+        rec = decode_commit(f.payload)
+        delta = decode_delta_entries(rec.delta, f.flags)
+        entry = delta["messages"]
+        if f.lsn == 1:
+            assert isinstance(entry, bytes) and decode_value(entry) == items
+            count, length = len(items), len(entry)
+        else:
+            # [base count, base length, tail]: the list before, and only what was appended
+            assert isinstance(entry, tuple) and entry[:2] == (count, length)
+            assert decode_value(entry[2]) == items
+            assert decode_value(delta["step"]) == rec.id  # type: ignore[arg-type]
+            count += len(items)
+            length += len(entry[2]) - 1  # one-byte array headers throughout
+        # the hash covers the record's delta as logged: entries, not joined lists
+        digest = hashlib.sha256(rec.delta).digest()
+        assert rec.hash == checkpoint_hash(parent_hash, rec.run, rec.id, rec.parent,
+                                           rec.created_at, rec.meta, rec.origin, digest)
+        parent_hash = rec.hash
+    with pytest.raises(Exception, match="delta entry is not"):
+        decode_delta(decode_commit(scan.frames[1].payload).delta, 0)  # form 1 refuses them
+
+
+def test_golden_appends_segment_opens_as_a_store(tmp_path: Path) -> None:
+    import agentwal
+
+    (tmp_path / "wal").mkdir()
+    shutil.copy(CONTROL, tmp_path / CONTROL_FILE)
+    shutil.copy(APPENDS, tmp_path / "wal" / segment_name(1))
+    with agentwal.open(str(tmp_path), durability="none") as store:
+        everything = [m for items in mg.APPEND_STATES for m in items]
+        assert store.get("chat", "messages") == everything
+        assert store.state("chat", at=2)["messages"] == everything[:3]
+        assert store.verify().ok
+        store.snapshot()
+        report = store.verify()
+        assert report.ok and report.checked["hashes"] == 3
+
+
+def test_regenerated_appends_segment_is_identical() -> None:
+    assert mg.appends_image() == APPENDS.read_bytes()

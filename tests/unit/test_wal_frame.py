@@ -15,10 +15,13 @@ import zlib
 import pytest
 
 from agentwal.format import (
+    FLAG_APPENDS,
     FLAG_ZSTD,
     FORMAT_VERSION,
     MAX_RECORD_PAYLOAD,
     REC_COMMIT,
+    REC_DELETE_RUN,
+    REC_EFFECT,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER,
@@ -219,9 +222,17 @@ def test_frame_unknown_type(rtype: int) -> None:
     assert try_frame(_raw_frame(rtype=rtype), 0, SALT) is None
 
 
-@pytest.mark.parametrize("flags", [0x02, 0x04, 0x80, 0xFF, FLAG_ZSTD | 0x02])
+@pytest.mark.parametrize("flags", [0x04, 0x80, 0xFF, FLAG_ZSTD | 0x04])
 def test_frame_unknown_flag(flags: int) -> None:
     assert try_frame(_raw_frame(flags=flags), 0, SALT) is None
+
+
+@pytest.mark.parametrize("flags", [FLAG_APPENDS, FLAG_APPENDS | FLAG_ZSTD])
+def test_frame_appends_flag_is_a_commit_flag(flags: int) -> None:
+    # A form-2 commit (append entries) is a frame; the flag on another record type is not.
+    assert try_frame(_raw_frame(flags=flags), 0, SALT) is not None
+    assert try_frame(_raw_frame(flags=flags, rtype=REC_EFFECT), 0, SALT) is None
+    assert try_frame(_raw_frame(flags=flags, rtype=REC_DELETE_RUN), 0, SALT) is None
 
 
 def test_frame_known_flags() -> None:

@@ -98,10 +98,11 @@ class Compactor(FoldWriter):
                 self._txn.put(k, sealed, db=self._manifest)
                 tally.manifests_written += 1
                 tally.bytes_written += len(sealed)
-            for c in plan.orphans:  # [..., origin, outbox digest, parent hash]
+            for c in plan.orphans:  # [..., origin, outbox digest, parent hash, appends]
                 k = prefix + U64.pack(c)
                 outbox = recs[c][7] if len(recs[c]) > 7 else None
-                sealed = seal(k, cbor2.dumps([*recs[c][:7], outbox, recs[c - 1][5]]))
+                sealed = seal(k, cbor2.dumps([*recs[c][:7], outbox, recs[c - 1][5],
+                                              *recs[c][9:]]))
                 self._txn.put(k, sealed, db=self._ckpt)
                 tally.bytes_written += len(sealed)
             for c in plan.drop:

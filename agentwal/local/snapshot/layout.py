@@ -23,7 +23,10 @@ Databases (keys are bytes; integers big-endian so they sort):
   (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
   written before it existed have 7 elements), plus a 9th element, the
   parent's hash, when compaction dropped the parent (the chain stays
-  checkable, and a gap in the ids is told apart from damage)
+  checkable, and a gap in the ids is told apart from damage; else null when a
+  10th follows), and a 10th, ``{key: [base count, base length]}``, when the
+  commit's record logged some keys as appends (a form-2 delta): ``verify``
+  rebuilds the hashed delta from it and the folded values
 - ``effects``: the effects ledger (``effects.py``), three kinds of key:
   ``b"k"`` + idempotency key -> CRC + entry CBOR map;
   ``b"p"`` + CBOR ``[run, checkpoint, ordinal]`` -> CRC + idempotency key
@@ -71,8 +74,9 @@ import cbor2
 from ...types import Checkpoint
 
 __all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH", "LOCK",
-           "VACUUM", "CheckpointRecord", "Dbs", "FoldRun", "RunInfo", "crc", "index_keys",
-           "pos_key", "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal"]
+           "VACUUM", "CheckpointRecord", "Dbs", "FoldRun", "RunInfo", "appends_field", "crc",
+           "index_keys", "pos_key", "run_index_prefix", "run_part", "seal",
+           "status_index_prefix", "unseal"]
 
 U64 = struct.Struct(">Q")
 U32 = struct.Struct(">I")
@@ -154,6 +158,13 @@ class CheckpointRecord:
     outbox: bytes | None  # the digest of the commit's outbox entries, if it had any
     #: the dropped parent's hash (compaction): the chain goes on from it
     parent_hash: bytes | None = None
+    #: keys the commit's record logged as appends: key -> (base count, base length)
+    appends: dict[str, tuple[int, int]] | None = None
+
+    @property
+    def parent_dropped(self) -> bool:
+        """True if compaction dropped the parent (the record carries its hash)."""
+        return self.parent_hash is not None
 
     @classmethod
     def decode(cls, obj: Any) -> CheckpointRecord | None:
@@ -163,7 +174,7 @@ class CheckpointRecord:
         verify reports it (after checks of its own: no bool for an int, a
         whole SHA-256, the origin's types).
         """
-        if not (isinstance(obj, list) and len(obj) in (7, 8, 9)):
+        if not (isinstance(obj, list) and len(obj) in (7, 8, 9, 10)):
             return None
         cid, parent, lsn, created, meta_raw, hsh, origin = obj[:7]
         if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
@@ -172,11 +183,18 @@ class CheckpointRecord:
                 and (origin is None or (isinstance(origin, list) and len(origin) == 2))
                 and (len(obj) == 7 or obj[7] is None
                      or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
-                and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32))):
+                and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32)
+                     or (len(obj) == 10 and obj[8] is None))):
             return None
+        appends = None
+        if len(obj) == 10:
+            appends = appends_field(obj[9])
+            if appends is None:
+                return None
         return cls(cid, parent, lsn, float(created), meta_raw, hsh,
                    (origin[0], origin[1]) if origin is not None else None,
-                   obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) == 9 else None)
+                   obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) >= 9 else None,
+                   appends)
 
 
 def crc(key: bytes, data: bytes) -> int:
@@ -246,3 +264,19 @@ class FoldRun:
     #: LSN of the run's deletion (0: none): remove it from LMDB first, and record the
     #: LSN as the run id's epoch (``checkpoints`` follow the deletion)
     reset: int = 0
+    #: checkpoint id -> the keys its commit record logged as appends: key -> (base
+    #: count, base length), kept in the checkpoint record (its 10th field)
+    appends: dict[int, dict[str, tuple[int, int]]] | None = None
+
+
+def appends_field(obj: Any) -> dict[str, tuple[int, int]] | None:
+    """A checkpoint record's 10th field ``{key: [base count, base length]}``; None if malformed."""
+    if not (isinstance(obj, dict) and obj):
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for k, v in obj.items():
+        if not (isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                and type(v[0]) is int and type(v[1]) is int and v[0] >= 0 and v[1] >= 1):
+            return None
+        out[k] = (v[0], v[1])
+    return out

@@ -281,7 +281,7 @@ class SnapshotReader:
                 if expect is not None and c.id != expect and not (gap and c.id < expect):
                     raise self._corrupt(f"checkpoint {expect} of {run!r} is missing "
                                         f"(found {c.id})")
-                expect, gap = c.id - 1, len(obj) == 9
+                expect, gap = c.id - 1, _parent_dropped(obj)
                 yield c
             if expect is not None and expect != 0 and not gap:
                 raise self._corrupt(f"checkpoints of {run!r} end at {expect + 1}, not at 1")
@@ -302,12 +302,12 @@ class SnapshotReader:
                 if found.startswith(base):
                     obj = self._load(found, cur.value(), f"checkpoint of {run!r}")
                     self._ckpt_from(run, obj)
-                    if len(obj) == 9:  # its parent, and the ids between, were dropped
+                    if _parent_dropped(obj):  # its parent, and the ids between, were dropped
                         return False
         raise self._corrupt(f"checkpoint {cid} of {run!r} is missing")
 
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
-        if not (isinstance(obj, list) and len(obj) in (7, 8, 9)):
+        if not (isinstance(obj, list) and len(obj) in (7, 8, 9, 10)):
             raise self._corrupt(f"checkpoint record of {run!r} is malformed")
         rec = CheckpointRecord.decode(obj)
         if rec is None:
@@ -597,3 +597,9 @@ class RawEntries:
         with self._reader._reading(f"database {db}"):
             raw = self._txn.get(key, db=self._dbs[db])
         return None if raw is None else bytes(raw)
+
+
+def _parent_dropped(obj: list[Any]) -> bool:
+    """True if a checkpoint record carries its parent's hash (compaction dropped the parent)."""
+    return len(obj) >= 9 and obj[8] is not None
+

@@ -101,9 +101,12 @@ class FoldWriter(SnapshotReader):
                     nkeys += 1
                     digest ^= CRC.unpack_from(sealed)[0]
             for c, hsh, meta_raw in fr.checkpoints:
-                rec = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
-                       list(c.origin) if c.origin else None,
-                       (fr.outboxes or {}).get(c.id)]
+                rec: list[Any] = [c.id, c.parent, c.lsn, c.created_at, meta_raw, hsh,
+                                  list(c.origin) if c.origin else None,
+                                  (fr.outboxes or {}).get(c.id)]
+                appended = (fr.appends or {}).get(c.id)
+                if appended:  # 9th: the parent hash (compaction sets it); 10th: appends
+                    rec += [None, {k: list(a) for k, a in appended.items()}]
                 ck = base + U64.pack(c.id)
                 self._txn.put(ck, seal(ck, cbor2.dumps(rec)), db=self._ckpt)
             head, head_hash, _meta = fr.checkpoints[-1]

@@ -12,11 +12,12 @@ reported once, at itself; what needs it is skipped.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import cbor2
 
 from ... import history
-from ...codec import CodecError, chain_hash, decode_meta
+from ...codec import CodecError, append_tail, chain_hash, decode_meta
 from ..snapshot.layout import CheckpointRecord
 from .snapshot_base import _U64, _ZERO_HASH, CheckerBase, _Ckpt, _Damaged, _int, _Run
 
@@ -69,7 +70,7 @@ class ChainChecks(CheckerBase):
             if n not in self.runs:
                 if n not in self.damaged_runs:
                     self.unseal("ckpt", k, raw)
-                    self.entry_problem("ckpt", k, f"belongs to no run (run number #{n})")
+                self.orphan("ckpt", k, n)
                 continue
             if n != current:
                 if current is not None:
@@ -163,8 +164,8 @@ class ChainChecks(CheckerBase):
                    delta: dict[str, history.Ref | None], prev_hash: bytes) -> None:
         """Recompute checkpoint ``c``'s hash from its parent's, its fields and its delta."""
         try:
-            raw = cbor2.dumps({k: None if r is None else self.value(r)
-                               for k, r in delta.items()})
+            values = {k: None if r is None else self.value(r) for k, r in delta.items()}
+            raw = cbor2.dumps(self.logged(values, c.appends) if c.appends else values)
         except _Damaged:
             self.checked["hashes_unchecked"] += 1
             return
@@ -178,6 +179,30 @@ class ChainChecks(CheckerBase):
             self.entry_problem("ckpt", key, "hash chain broken: the stored hash is not the "
                                "SHA-256 of the parent's hash, this checkpoint's fields and "
                                "its delta")
+
+    @staticmethod
+    def logged(values: dict[str, bytes | None], appends: dict[str, tuple[int, int]]
+               ) -> dict[str, Any]:
+        """The form-2 delta a commit hashed, rebuilt from the whole values it made.
+
+        Raises:
+            CodecError: an appended key's value cannot be what the append made.
+        """
+        out: dict[str, Any] = {}
+        for k, v in values.items():
+            if k not in appends:
+                out[k] = v
+                continue
+            count, length = appends[k]
+            tail = None if v is None else append_tail(v, count, length)
+            if tail is None:
+                raise CodecError(f"key {k!r} is recorded as an append to {count} items, "
+                                 "which its value cannot be")
+            out[k] = [count, length, tail]
+        if appends.keys() - values.keys():
+            raise CodecError(f"keys {sorted(appends.keys() - values.keys())[:5]} are recorded "
+                             "as appends but the delta has no such key")
+        return out
 
     def value(self, ref: history.Ref) -> bytes:
         """The value bytes of a ref; a list node is checked on the way (once)."""

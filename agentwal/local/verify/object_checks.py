@@ -35,8 +35,7 @@ class ObjectChecks(CheckerBase):
             n, cid = _U64.unpack_from(k)[0], _U64.unpack_from(k, 8)[0]
             run = self.runs.get(n)
             if run is None:
-                if n not in self.damaged_runs:
-                    self.entry_problem(db, k, f"belongs to no run (run number #{n})")
+                self.orphan(db, k, n)
             elif (not 1 <= cid <= run.head or cid not in self.kept.get(n, (cid,))
                   or (manifest and not history.is_manifest(cid)
                       and cid not in self.block_starts.get(n, ()))):

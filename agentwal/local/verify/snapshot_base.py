@@ -67,6 +67,8 @@ class CheckerBase(Findings):
         self.runs: dict[int, _Run] = {}
         self.run_nos: dict[str, int] = {}
         self.damaged_runs: set[int] = set()  # run numbers of damaged run records
+        self.damaged_run_records = 0  # run records whose seal or shape is bad
+        self.orphans: set[int] = set()  # run numbers of no run, reported once (``orphan``)
         self.objs: history.ObjectReader = self.objects()
         self.found_refs: collections.Counter[int] = collections.Counter()
         self.addrs: set[int] = set()
@@ -74,6 +76,27 @@ class CheckerBase(Findings):
         self.kept: dict[int, set[int]] = {}  # run number -> checkpoint ids stored
         #: run number -> ids that follow checkpoints compaction dropped (they have manifests)
         self.block_starts: dict[int, set[int]] = {}
+
+    def orphan(self, db: str, k: bytes, n: int) -> None:
+        """Report an entry of run number ``n``, which no readable run record has.
+
+        A damaged run record's number is read as well as it can be
+        (``damaged_runs``: its entries are that damage, not more). When the
+        damage hit the number itself, the run's entries name a number no
+        record claims: with a damaged run record about, each such number is
+        reported once, as probably that record's, not at every entry.
+        """
+        if n in self.damaged_runs:
+            return
+        if self.damaged_run_records:
+            if n in self.orphans:
+                return
+            self.orphans.add(n)
+            self.entry_problem(db, k, f"belongs to no run (run number #{n}); a damaged run "
+                               "record is probably its run's (its other entries are not "
+                               "listed)")
+            return
+        self.entry_problem(db, k, f"belongs to no run (run number #{n})")
 
     def objects(self) -> history.ObjectReader:
         """The objects' reader the passes use (``SnapshotChecker``'s keeps a cache)."""

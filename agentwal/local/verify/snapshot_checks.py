@@ -146,7 +146,8 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             data = self.unseal("runs", k, raw)
             if data is None:
                 # Its entries are not checked; a number still read from it keeps them
-                # from being reported as belonging to no run.
+                # from being reported as belonging to no run (``orphan``).
+                self.damaged_run_records += 1
                 with contextlib.suppress(CodecError, IndexError, TypeError):
                     n = loads(raw[4:])[0]
                     if _int(n):
@@ -154,6 +155,7 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
                 continue
             obj = self.decode("runs", k, data)
             if obj is None:
+                self.damaged_run_records += 1
                 continue
             info = RunInfo.decode(obj)
             # Stricter than a read: no bool for an int, and a whole SHA-256.
@@ -162,6 +164,7 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
                                                  info.digest))
                     or (info.origin is not None and not _int(info.origin[1]))):
                 self.entry_problem("runs", k, "run record is malformed")
+                self.damaged_run_records += 1
                 continue
             try:
                 name = k.decode("utf-8")
@@ -203,8 +206,7 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             if len(raw) >= 4:
                 digests[n] ^= struct.unpack_from("<I", raw)[0]
             if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.entry_problem("state", k, f"belongs to no run (run number #{n})")
+                self.orphan("state", k, n)
                 continue
             data = self.unseal("state", k, raw)
             if data is None:
@@ -283,6 +285,21 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             self.entry_problem("effects", k, f"names ledger entry {target!r}, which is missing")
             return None
         return None if data is None else decode_entry(data)
+
+    def folded_value(self, run: str, key: str) -> bytes | None:
+        """The value bytes the snapshot's state holds for ``run``/``key`` (None: none, or
+        unreadable: the state pass reports that)."""
+        n = self.run_nos.get(run)
+        if self.src is None or n is None:
+            return None
+        k = _U64.pack(n) + key.encode()
+        _present, data = self.fetch("state", k)
+        if data is None:
+            return None
+        try:
+            return history.head_value(self.objs, data)
+        except CodecError:
+            return None
 
     def folded_hash(self, run: str, cid: int) -> bytes | None:
         """The hash the snapshot stores for ``run``/``cid``, if it has one."""

@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 from typing import Any
 
-from ...codec import CodecError, checkpoint_hash
+from ...codec import CodecError, append_base, array_head, array_header_size, checkpoint_hash
 from ...format import REC_DELETE_RUN, WAL_DIR, parse_segment_name
 from ...types import Progress
 from ..records import Replayed, ReplayedDelete, decode_delete_run, decode_record
@@ -55,6 +55,7 @@ def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int,
         v.problems.append(Problem(WAL_DIR, f"the log is missing: the snapshot covers "
                                   f"LSN {v.applied} but no segment remains", WAL_DIR))
     hashes: dict[tuple[str, int], bytes] = {}
+    bases: _Bases = {}
     deleted = _deletions(live)
     expected: int | None = None
     for i, w in enumerate(live):
@@ -80,7 +81,7 @@ def check_wal(v: SnapshotChecker, wal: list[WalFile], limit: int,
                               "are missing")
         scan = scan_segment(w.data, header)
         for f in scan.frames:
-            _check_record(v, w.name, f, hashes, deleted)
+            _check_record(v, w.name, f, hashes, deleted, bases)
         expected = scan.next_lsn
         if scan.state == "clean":
             continue
@@ -111,9 +112,44 @@ def _deletions(live: list[WalFile]) -> dict[str, int]:
     return out
 
 
+#: (run, key) -> (item count, encoded length) of the key's value after the records read
+#: so far (None: no value, or not a list): the base an append entry must find
+_Bases = dict[tuple[str, str], "tuple[int, int] | None"]
+
+
+def _check_bases(v: SnapshotChecker, name: str, f: Any, r: Replayed, bases: _Bases,
+                 dead: bool) -> None:
+    """Check each append entry of a record replay would apply against its key's base."""
+    run = r.record.run
+    for key, entry in r.delta.items():
+        if not isinstance(entry, tuple):
+            bases[(run, key)] = None if entry is None else append_base(entry)
+            continue
+        count, length, tail = entry
+        slot = (run, key)
+        if slot in bases or (run, "") in bases:
+            base = bases.get(slot)
+        elif f.lsn > v.applied and not dead:
+            found = v.folded_value(run, key)
+            base = None if found is None else append_base(found)
+        else:  # folded already, or of a run deleted since: its base is not here to check
+            base = (count, length)
+        if base != (count, length):
+            v.wal_problem(name, f.offset, f"record LSN {f.lsn} ({run!r}/{r.record.id}): "
+                          f"appends to key {key!r}, whose base of {count} items ({length} "
+                          f"bytes) is missing: the key holds "
+                          + ("no list" if base is None else f"{base[0]} items ({base[1]} bytes)"))
+        more = array_head(tail)
+        assert more is not None  # decode_record checked the tail is an array
+        joined = count + more[0]
+        bases[slot] = (joined, array_header_size(joined) + length - array_header_size(count)
+                       + len(tail) - more[1])
+
+
 def _check_record(v: SnapshotChecker, name: str, f: Any,
-                  hashes: dict[tuple[str, int], bytes], deleted: dict[str, int]) -> None:
-    """Decode one frame and recompute a commit's hash."""
+                  hashes: dict[tuple[str, int], bytes], deleted: dict[str, int],
+                  bases: _Bases) -> None:
+    """Decode one frame, recompute a commit's hash and check its appends' bases."""
     v.checked["wal_records"] += 1
     try:
         r = decode_record(f.lsn, f.type, f.flags, f.payload, keep_raw=True)
@@ -123,6 +159,9 @@ def _check_record(v: SnapshotChecker, name: str, f: Any,
     if isinstance(r, ReplayedDelete):
         for k in [k for k in hashes if k[0] == r.run]:  # the run starts again at 1
             del hashes[k]
+        for b in [b for b in bases if b[0] == r.run]:  # and with no values
+            bases[b] = None
+        bases[(r.run, "")] = None  # ("" is never a key): LMDB's values are not its now
         return
     if not isinstance(r, Replayed):
         return
@@ -133,6 +172,7 @@ def _check_record(v: SnapshotChecker, name: str, f: Any,
                       f"parent {rec.parent}")
     # Before the run's last deletion: the snapshot holds another run under this id.
     dead = f.lsn < deleted.get(rec.run, 0)
+    _check_bases(v, name, f, r, bases, dead)
     parent_hash: bytes | None = _ZERO_HASH
     if rec.parent is not None:
         parent_hash = hashes.get((rec.run, rec.parent)) or (

@@ -15,9 +15,11 @@ import zlib
 from dataclasses import dataclass
 
 from ...format import (
+    FLAG_APPENDS,
     FORMAT_VERSION,
     KNOWN_FLAGS,
     MAX_RECORD_PAYLOAD,
+    REC_COMMIT,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_TYPES,
@@ -99,7 +101,8 @@ def try_frame(data: bytes | memoryview, offset: int, salt: int) -> Frame | None:
         return None
     crc, length, lsn, synced, rtype, flags, res = RECORD_HEADER.unpack_from(data, offset)
     if (length == 0 or length > MAX_RECORD_PAYLOAD or rtype not in RECORD_TYPES
-            or flags & ~KNOWN_FLAGS or res != 0 or synced >= lsn):
+            or flags & ~KNOWN_FLAGS or res != 0 or synced >= lsn
+            or (flags & FLAG_APPENDS and rtype != REC_COMMIT)):
         return None
     end = offset + RECORD_HEADER_SIZE + length
     if end > len(data):
