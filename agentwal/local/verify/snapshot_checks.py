@@ -32,6 +32,7 @@ import hashlib
 import struct
 import uuid
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,16 +43,26 @@ from ...codec import CodecError, chain_hash, decode_meta, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...errors import CorruptionError
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, index_keys, unseal
+from ..snapshot.layout import (
+    EFFECTS_INDEX,
+    HISTORY_INDEX,
+    index_keys,
+    object_record,
+    object_split,
+    unseal,
+    version_key,
+    version_parts,
+)
 from .report import Findings, Source
 
 __all__ = ["CACHE_BYTES", "SnapshotChecker"]
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
 _ZERO_HASH = bytes(32)
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
-               EFFECTS_INDEX: 8}
+               EFFECTS_INDEX: 8, HISTORY_INDEX: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
 
@@ -107,7 +118,7 @@ class _Objects:
         if found is not None:
             self._cache.move_to_end(addr)
             return found
-        present, data = self._v.fetch("objects", _U64.pack(addr))
+        present, data = self._v.fetch_object(addr)
         if present and data is None:
             raise _Damaged(f"object @{addr} is damaged")
         if data is not None:
@@ -141,6 +152,12 @@ class SnapshotChecker(Findings):
         self.kept: dict[int, set[int]] = {}  # run number -> checkpoint ids stored
         #: run number -> ids that follow checkpoints compaction dropped (they have manifests)
         self.block_starts: dict[int, set[int]] = {}
+        #: the store has the versions index (format 3): its marker is in meta
+        self.indexed = False
+        #: the ``versions`` keys the deltas and block starts call for (format 3)
+        self.want_versions: set[bytes] = set()
+        #: (run number, id) of deltas that could not be read: their versions are not judged
+        self.unread_deltas: set[tuple[int, int]] = set()
 
     # -- reading ------------------------------------------------------------------
 
@@ -175,6 +192,43 @@ class SnapshotChecker(Findings):
             return False, None
         return True, self.unseal(db, key, raw)
 
+    def fetch_object(self, addr: int) -> tuple[bool, bytes | None]:
+        """``(present, record)`` of an object, joined from its parts if it has them (format 3);
+        record None when absent or damaged (damage, a part included, is reported)."""
+        k = _U64.pack(addr)
+        present, head = self.fetch("objects", k)
+        split = None if head is None else object_split(head)
+        if split is None:
+            return present, None if head is None else self.object_record(k, head)
+        size, count = split
+        if size < 0:
+            self.entry_problem("objects", k, "the head of an object in parts is malformed")
+            return True, None
+        parts = []
+        for i in range(1, count + 1):
+            pk = k + _U16.pack(i)
+            there, part = self.fetch("objects", pk)
+            if not there:
+                self.entry_problem("objects", pk, f"is missing: object @{addr} has {count} "
+                                   "parts")
+            if part is None:
+                return True, None
+            parts.append(part)
+        record = b"".join(parts)
+        if len(record) != size:
+            self.entry_problem("objects", k, f"its parts join to {len(record)} bytes, its head "
+                               f"says {size}")
+            return True, None
+        return True, self.object_record(k, record)
+
+    def object_record(self, k: bytes, form: bytes) -> bytes | None:
+        """An object's record from its stored form (None, reported, if it does not inflate)."""
+        try:
+            return object_record(form)
+        except CodecError as exc:
+            self.entry_problem("objects", k, f"the compressed record does not inflate: {exc}")
+            return None
+
     def decode(self, db: str, key: bytes, data: bytes) -> Any:
         """Decode CBOR from an entry; None (reported) if it does not decode."""
         try:
@@ -199,7 +253,7 @@ class SnapshotChecker(Findings):
             self.check_meta, self.check_runs, lambda: damaged.update(self.check_state()),
             lambda: self.check_checkpoints(damaged),
             lambda: self.check_history_records("delta"),
-            lambda: self.check_history_records("manifest"),
+            lambda: self.check_history_records("manifest"), self.check_versions,
             self.check_objects, self.check_refs, self.check_oids, self.check_effects]
         for i, step in enumerate(steps):
             step()
@@ -219,6 +273,7 @@ class SnapshotChecker(Findings):
                 self.entry_problem("meta", k, f"is {len(data)} bytes, not {want}")
             else:
                 seen[k] = data
+        self.indexed = HISTORY_INDEX in seen
         if b"applied_lsn" in seen:
             self.applied = _U64.unpack(seen[b"applied_lsn"])[0]
         if b"next_run" in seen:
@@ -406,7 +461,7 @@ class SnapshotChecker(Findings):
         # Compaction leaves gaps: the first checkpoint after one carries its dropped
         # parent's hash and has a manifest; the ids in a gap have no records at all.
         self.kept[n] = set(ckpts)
-        dropped = self.dropped_ids(ckpts, top)
+        dropped = self.dropped_ids(ckpts, top, self.block_marked(n, ckpts))
         for cid in range(1, top + 1):
             key = base + _U64.pack(cid)
             c = ckpts.get(cid)
@@ -414,9 +469,11 @@ class SnapshotChecker(Findings):
                 self.checked["checkpoints_dropped"] += 1
                 continue
             block_start = cid - 1 in dropped
-            if block_start and c is not None:
-                prev_hash, replayed = c.parent_hash, False
+            if block_start:  # the state restarts from its manifest
+                prev_hash, replayed = (c.parent_hash if c is not None else None), False
                 self.block_starts.setdefault(n, set()).add(cid)
+                if self.indexed:
+                    self.want_versions.add(version_key(n, b"", cid))
             if cid not in ckpts:
                 self.entry_problem("ckpt", key, "is missing: the run's checkpoints are 1.."
                                    f"{run.head}")
@@ -431,13 +488,19 @@ class SnapshotChecker(Findings):
                 self.entry_problem("delta", key, "is missing: every checkpoint has a delta")
             if delta is None:
                 replayed = False
+                self.unread_deltas.add((n, cid))
             else:
                 history.apply_delta(refs, delta)
+                if self.indexed:
+                    self.want_versions.update(version_key(n, k.encode(), cid) for k in delta)
             if c is not None and delta is not None and prev_hash is not None:
                 self.check_hash(run, key, c, delta, prev_hash)
             prev_hash = c.hash if c is not None else None
             if history.is_manifest(cid) or block_start:
-                refs, replayed = self.check_manifest(key, cid, refs, replayed)
+                # a regular manifest (every MANIFEST_EVERY ids) is required only without
+                # the versions index; a store indexed since keeps those it had
+                refs, replayed = self.check_manifest(key, cid, refs, replayed,
+                                                     block_start or not self.indexed)
         head = ckpts.get(run.head)
         if head is not None and head.hash != run.head_hash:
             self.entry_problem("runs", run.name.encode(), f"head hash differs from that of "
@@ -445,14 +508,25 @@ class SnapshotChecker(Findings):
         if replayed and compare_state:
             self.compare_state(n, run, refs)
 
+    def block_marked(self, n: int, ckpts: dict[int, _Ckpt | None]) -> set[int]:
+        """Ids whose record is unreadable but whose block start marker (format 3) says
+        compaction dropped their parent: the gap below them is not missing records."""
+        if not self.indexed:
+            return set()
+        return {cid for cid, c in ckpts.items()
+                if c is None and self.fetch("versions", version_key(n, b"", cid))[0]}
+
     @staticmethod
-    def dropped_ids(ckpts: dict[int, _Ckpt | None], top: int) -> set[int]:
-        """Ids compaction dropped: every gap below a record that carries its parent's hash."""
+    def dropped_ids(ckpts: dict[int, _Ckpt | None], top: int,
+                    marked: AbstractSet[int] = frozenset()) -> set[int]:
+        """Ids compaction dropped: every gap below a record that carries its parent's hash
+        (or, if that record is unreadable, below a block start marker)."""
         out: set[int] = set()
         prev = 0
         for cid in sorted(c for c in ckpts if c <= top):
             c = ckpts[cid]
-            if cid > prev + 1 and c is not None and c.parent_hash is not None:
+            if cid > prev + 1 and (cid in marked
+                                   or (c is not None and c.parent_hash is not None)):
                 out.update(range(prev + 1, cid))
             prev = cid
         return out
@@ -491,9 +565,11 @@ class SnapshotChecker(Findings):
         return history.resolve(self.objs, ref)
 
     def check_manifest(self, key: bytes, cid: int, refs: dict[str, history.Ref],
-                       replayed: bool) -> tuple[dict[str, history.Ref], bool]:
+                       replayed: bool, required: bool) -> tuple[dict[str, history.Ref], bool]:
         """Compare the manifest at ``cid`` with the replay; returns the state to go on from."""
         present, data = self.fetch("manifest", key)
+        if not present and not required:
+            return refs, replayed
         if not present:
             why = (f"a multiple of {history.MANIFEST_EVERY}" if history.is_manifest(cid) else
                    "the first kept after checkpoints compaction dropped")
@@ -563,18 +639,69 @@ class SnapshotChecker(Findings):
                 if isinstance(ref, tuple):
                     self.found_refs[ref[1]] += 1
 
+    def check_versions(self) -> None:
+        """Every ``versions`` entry names a key of its checkpoint's delta (or a block start),
+        and every delta key and block start has its entry (format 3)."""
+        extra = 0
+        for k, raw in self.scan("versions"):
+            self.checked["versions"] += 1
+            data = self.unseal("versions", k, raw)
+            parts = version_parts(k)
+            if parts is None:
+                self.entry_problem("versions", k, "key is not a run number, a key and an id")
+                continue
+            n, key, cid = parts
+            if not self.indexed:
+                extra += 1
+                continue
+            if n not in self.runs:
+                if n not in self.damaged_runs:
+                    self.entry_problem("versions", k, f"belongs to no run (run number #{n})")
+                continue
+            if data is not None and data:
+                self.entry_problem("versions", k, f"holds {len(data)} bytes, not none")
+            if k in self.want_versions:
+                self.want_versions.discard(k)
+            elif (n, cid) not in self.unread_deltas:
+                what = (f"checkpoint {cid} does not start a kept block" if not key else
+                        f"checkpoint {cid} of {self.runs[n].name!r} did not change this key")
+                self.entry_problem("versions", k, f"names no change: {what}")
+        if extra:
+            self.db_problem("versions", f"holds {extra} entries, yet meta has no history "
+                            "index marker")
+        for k in sorted(self.want_versions):
+            parts = version_parts(k)
+            assert parts is not None
+            what = "the block start" if not parts[1] else "the delta's key"
+            self.entry_problem("versions", k, f"is missing: {what} has no version entry")
+
     def check_objects(self) -> None:
         nodes = []
+        parts: set[bytes] = set()  # keys of the parts the heads read so far name
         for k, raw in self.scan("objects"):
             self.checked["objects"] += 1
+            if len(k) == 10:  # a part of a record stored in parts (read with its head)
+                if k not in parts:
+                    self.unseal("objects", k, raw)
+                    self.entry_problem("objects", k, "a part of no object")
+                continue
             if len(k) != 8:
                 self.entry_problem("objects", k, "key is not an address")
                 continue
             addr = _U64.unpack(k)[0]
             self.addrs.add(addr)
-            data = self.unseal("objects", k, raw)
-            if data is None:
+            head = self.unseal("objects", k, raw)
+            if head is None:
                 continue
+            split = object_split(head)
+            if split is not None:
+                parts.update(k + _U16.pack(i) for i in range(1, max(split[1], 0) + 1))
+                found_record = self.fetch_object(addr)[1]
+            else:
+                found_record = self.object_record(k, head)
+            if found_record is None:
+                continue
+            data = found_record
             try:
                 kids = history.children(data)
             except CodecError as exc:
@@ -646,7 +773,7 @@ class SnapshotChecker(Findings):
                 self.entry_problem("oids", k, "is not a 32-byte id naming an 8-byte address")
                 continue
             addr = _U64.unpack(data)[0]
-            present, record = self.fetch("objects", data)
+            present, record = self.fetch_object(addr)
             if not present:
                 self.entry_problem("oids", k, f"names object @{addr}, which does not exist")
             elif record is not None and hashlib.sha256(record).digest() != k:
