@@ -38,7 +38,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .effects import Deferred, EffectRecord
 from .errors import (
@@ -127,11 +127,18 @@ class View(Protocol):
         ...
 
 
-@runtime_checkable
-class RunStore(Protocol):
-    """What a transaction needs: a view, reads at it, and one commit."""
+#: A backend's own view type (each backend reads only the views it began).
+V = TypeVar("V", bound=View)
 
-    def begin(self, run: str) -> View:
+
+@runtime_checkable
+class RunStore(Protocol[V]):
+    """What a transaction needs: a view, reads at it, and one commit.
+
+    ``agentwal.txn.Transaction`` calls these and nothing else of storage.
+    """
+
+    def begin(self, run: str) -> V:
         """A view of ``run`` as of now (the run need not exist yet).
 
         Raises:
@@ -139,15 +146,15 @@ class RunStore(Protocol):
         """
         ...
 
-    def read(self, view: View, key: str) -> bytes | None:
+    def read(self, view: V, key: str) -> bytes | None:
         """The stored bytes of ``key`` in the view (None: absent). Never blocks on writers."""
         ...
 
-    def scan(self, view: View, prefix: str) -> dict[str, bytes]:
-        """``{key: stored bytes}`` of every key under ``prefix`` in the view."""
+    def scan(self, view: V, prefix: str) -> dict[str, bytes]:
+        """``{key: stored bytes}`` of every key under ``prefix`` in the view (a new dict)."""
         ...
 
-    def commit(self, view: View, change: Change) -> Checkpoint | None:
+    def commit(self, view: V, change: Change) -> Checkpoint | None:
         """Apply ``change`` atomically as the run's next checkpoint, by the commit rule.
 
         An empty change (:attr:`Change.empty`) applies nothing and returns the
@@ -162,11 +169,11 @@ class RunStore(Protocol):
         """
         ...
 
-    def end(self, view: View) -> None:
+    def end(self, view: V) -> None:
         """Release the view (idempotent)."""
         ...
 
-    def abandon(self, view: View) -> None:
+    def abandon(self, view: V) -> None:
         """Release the view later: called from a finalizer, so it takes no lock and no I/O."""
         ...
 
@@ -244,7 +251,7 @@ class LedgerStore(Protocol):
 
 
 @runtime_checkable
-class Backend(RunStore, HistoryStore, LedgerStore, Protocol):
+class Backend(RunStore[V], HistoryStore, LedgerStore, Protocol[V]):
     """A whole storage backend for ``Transaction``, ``Ledger`` and the history reads."""
 
     @property

@@ -199,11 +199,15 @@ def write_all(fs: FileSystem, fd: int, offset: int, data: bytes) -> None:
         view = view[n:]
 
 
-def replace_file(fs: FileSystem, directory: str, name: str, data: bytes) -> None:
+def replace_file(fs: FileSystem, directory: str, name: str, data: bytes, *,
+                 sync: bool = True) -> None:
     """Make ``directory/name`` hold ``data``, atomically and durably, through the seam.
 
     Written to ``name.tmp``, fsynced, renamed over ``name``, and ``directory``
     fsynced: after a crash the file is the old one or the new one, whole.
+    With ``sync=False`` nothing is fsynced (for advice, not state): readers
+    still see the old file or the new one, but a crash may leave either, or
+    a damaged one.
     """
     path = os.path.join(directory, name)
     tmp = path + ".tmp"
@@ -211,11 +215,13 @@ def replace_file(fs: FileSystem, directory: str, name: str, data: bytes) -> None
     try:
         fs.truncate(fd, 0)
         write_all(fs, fd, 0, data)
-        fs.fsync(fd)
+        if sync:
+            fs.fsync(fd)
     finally:
         fs.close(fd)
     fs.rename(tmp, path)
-    fs.fsync_dir(directory)
+    if sync:
+        fs.fsync_dir(directory)
 
 
 def read_all(fs: FileSystem, path: str) -> bytes:

@@ -103,37 +103,40 @@ class PositionOwners:
     Positions at a checkpoint belong to one step. Both stores keep one of
     these and call it under their own lock: :meth:`check` refuses a second
     live transaction begun from the same checkpoint that is not a retry in
-    the same chain; :meth:`take` records ``txn`` as the owner (weakly; dead
-    and finished owners are pruned once there are many).
+    the same chain (``chain``: an object every attempt of one step shares);
+    :meth:`take` records ``txn`` as the owner (weakly; dead and finished
+    owners are pruned once there are many).
     """
 
     _PRUNE_AT = 4096
 
     def __init__(self) -> None:
-        self._owners: dict[tuple[str, int], weakref.ref[Transaction]] = {}
+        #: (run, checkpoint) -> (the owner, weakly; its step's chain)
+        self._owners: dict[tuple[str, int], tuple[weakref.ref[Transaction], object]] = {}
 
     def owner(self, run: str, base: int) -> Transaction | None:
-        ref = self._owners.get((run, base))
-        return ref() if ref is not None else None
+        held = self._owners.get((run, base))
+        return held[0]() if held is not None else None
 
-    def check(self, txn: Transaction, base: int) -> None:
+    def check(self, txn: Transaction, base: int, chain: object) -> None:
         """Raise ``ConflictError`` if another live step owns the positions at ``base``."""
-        other = self.owner(txn.run, base)
-        if (other is not None and other is not txn and other.state == "active"
-                and other._chain is not txn._chain):
+        held = self._owners.get((txn.run, base))
+        other = held[0]() if held is not None else None
+        if (held is not None and other is not None and other is not txn
+                and other.state == "active" and held[1] is not chain):
             raise ConflictError(txn.run, reason=(
                 f"another transaction on this run, begun from checkpoint {base}, is "
                 "calling effects there; nothing was called or recorded. Two steps cannot "
                 "run from one checkpoint: retry once it commits (store.transact does)."))
 
-    def take(self, txn: Transaction, base: int) -> None:
-        """Record ``txn`` as the owner of the positions at ``base``."""
+    def take(self, txn: Transaction, base: int, chain: object) -> None:
+        """Record ``txn`` (of the step ``chain``) as the owner of the positions at ``base``."""
         if self.owner(txn.run, base) is txn:
             return
         if len(self._owners) > self._PRUNE_AT:
-            self._owners = {k: r for k, r in self._owners.items()
-                            if (t := r()) is not None and t.state == "active"}
-        self._owners[(txn.run, base)] = weakref.ref(txn)
+            self._owners = {k: held for k, held in self._owners.items()
+                            if (t := held[0]()) is not None and t.state == "active"}
+        self._owners[(txn.run, base)] = (weakref.ref(txn), chain)
 
 
 def moved_on(run: str, base: int, head: object) -> ConflictError:

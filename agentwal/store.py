@@ -7,13 +7,14 @@ work to the embedded engine (``agentwal.local.engine.Engine``: views, the
 commit pipeline, folds, retention, blobs, the ledger's storage, verify,
 backup). What is the same for every backend stays here: decoding stored
 values, a rollback's or fork's ``effects_after``, the effects listing's
-filter, ``transact``'s retry loop and its checks of ``retry_of``.
+filter and ``transact``'s retry loop.
 
 The engine is imported when a store is opened, not when this module is: the
 facade depends on the backend seam, not on the engine's modules
 (``tests/unit/test_layout.py`` holds it to that). A :class:`Transaction`
-from ``begin`` talks to the engine directly, through the hooks
-``agentwal.txn`` names.
+from ``begin`` reads and commits through the engine's ``backend.RunStore``
+(``engine.backend``) and reaches the rest of it (effects, blobs) through
+the hooks ``txn.StepHooks`` names.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .io import FileSystem, OsFileSystem
 from .ledger import DispatchReport, Request
 from .retention import CompactReport, Policy, check_args, policy_args
 from .tree import split_relpath
-from .txn import Begin, Transaction, check_effect_args
+from .txn import Begin, Transaction, check_effect_args, check_retry_of
 from .types import (
     Checkpoint,
     Diff,
@@ -189,7 +190,7 @@ class _StepAttempts:
             txn.rollback()
         if txn.state == "committed" or self.attempt > self.retries:
             raise exc
-        self.store._engine._counters["retries"] += 1
+        self.store._engine.counters["retries"] += 1
         failpoints.hit("step_before_retry")
         self.prev = txn
         return random.random() * min(0.001 * 2.0 ** (self.attempt - 1), 0.05)
@@ -199,23 +200,6 @@ class _StepAttempts:
         """Any other exception: roll the attempt back (the caller re-raises)."""
         if txn.state == "active":
             txn.rollback()
-
-
-def _check_retry_of(store: Store, run: str, prev: object) -> None:
-    """Refuse a ``retry_of`` that is not a finished, uncommitted attempt of ``run`` here."""
-    if not isinstance(prev, Transaction):
-        raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
-                        f"not {type(prev).__name__}")
-    if prev._engine is not store._engine:
-        raise ValueError("retry_of is a transaction of another store")
-    if prev.run != run:
-        raise ValueError(f"retry_of is a transaction of run {prev.run!r}, not {run!r}")
-    if prev.state == "active":
-        raise ValueError("retry_of is still active: roll it back (or let its ConflictError "
-                         "end it) before retrying the step")
-    if prev.state == "committed":
-        raise ValueError("retry_of committed: its step is done, so the next step begins "
-                         "with a plain store.begin(run)")
 
 
 class Store:
@@ -282,12 +266,13 @@ class Store:
                     txn = store.begin("run-42", retry_of=txn)
         """
         check_key(run, "run id")
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
+        backend = self._engine.backend
         if retry_of is not None:
-            _check_retry_of(self, run, retry_of)
-        return Transaction(self._engine, run, self._engine._view(), retry_of=retry_of)
+            check_retry_of(retry_of, backend, run)
+        return Transaction(backend, backend.begin(run), self._engine, retry_of=retry_of)
 
     def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
         """Run one step, ``fn(txn)``, and commit it, redoing it on ``ConflictError``.
@@ -636,7 +621,7 @@ class Store:
             keep_fork_origins: never drop a checkpoint a fork started from.
             progress: ``progress(phase, done, total)``, called in this thread
                 as the work goes: ``("fold", 0|1, 1)``, ``("runs", runs done,
-                runs)``, then with ``vacuum`` ``("vacuum", 0|1, 1)``. It runs
+                runs)``, then with ``vacuum`` ``("vacuum: LMDB copy and swap", 0|1, 1)``. It runs
                 while the store holds its fold lock: keep it quick and do not
                 call the store from it; what it raises propagates.
 
@@ -659,7 +644,7 @@ class Store:
             report = store.compact(keep_last=100, vacuum=True)
             print(report.checkpoints_dropped, report.bytes_freed)
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         check_args(keep_last, older_than)
@@ -671,14 +656,15 @@ class Store:
         return self._engine.maintenance.compact(selected, keep_last, older_than, vacuum,
                                                keep_fork_origins, progress)
 
-    def copy_runs(self, dest: Any, runs: Any = None) -> Any:
+    def copy_runs(self, dest: Any, runs: Any = None, *, progress: Progress | None = None) -> Any:
         """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
 
         Either store may be local or PostgreSQL: see :func:`agentwal.transfer.copy_runs`.
+        ``progress`` is told ``("checkpoints", copied, total)`` as it goes.
         """
         from .transfer import copy_runs
 
-        return copy_runs(self, dest, runs)
+        return copy_runs(self, dest, runs, progress=progress)
 
     def runs(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""
@@ -759,7 +745,7 @@ class Store:
 
             store.restore_tree("agent", "workspace", "repo/", at=12)
         """
-        self._engine._check_open()
+        self._engine.check_open()
         return self._engine.blobrefs.restore_tree(run, key, dest, at)
 
     def open_tree_file(self, run: str, key: str, relpath: str, *,
@@ -786,7 +772,7 @@ class Store:
             with store.open_tree_file("agent", "workspace", "src/app.py", at=3) as f:
                 old = f.read().decode()
         """
-        self._engine._check_open()
+        self._engine.check_open()
         try:
             parts = split_relpath(relpath)
         except ValueError as exc:
@@ -808,7 +794,7 @@ class Store:
             for f in store.list_tree("agent", "workspace"):
                 print(f.path, f.size)
         """
-        self._engine._check_open()
+        self._engine.check_open()
         return self._engine.blobrefs.list_tree(run, key, at)
 
     def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
@@ -866,14 +852,14 @@ class Store:
         Raises:
             ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if run is not None:
             check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._engine._ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        return self._engine.ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
 
     def resolve_effect(self, effect_id: str, *, result: Any = _UNSET, not_applied: bool = False,
                        by: str | None = None) -> EffectRecord:
@@ -890,12 +876,12 @@ class Store:
             EffectNotFoundError, EffectSettledError, UnencodableValueError,
             ReadOnlyError, StoreClosedError.
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if (result is _UNSET) == (not not_applied):
             raise ValueError("give exactly one of result=... or not_applied=True")
-        return self._engine._ledger.resolve(effect_id, result=None if result is _UNSET else result,
+        return self._engine.ledger.resolve(effect_id, result=None if result is _UNSET else result,
                                     not_applied=not_applied, by=by)
 
     def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
@@ -926,7 +912,7 @@ class Store:
         req = self._standalone(run, name, fn, key=key, mode=mode, args=args, probe=probe,
                                idempotent=idempotent, retries=retries, retry_on=retry_on,
                                backoff=backoff, allow_async=False)
-        return self._engine._ledger.run(req)
+        return self._engine.ledger.run(req)
 
     async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                       key: str, mode: EffectMode | str, args: Any = None,
@@ -937,7 +923,7 @@ class Store:
                       backoff: float = 0.1) -> Any:
         """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions;
         ledger reads and writes run off the event loop, as for ``txn.aeffect``)."""
-        return await self._engine._ledger.arun(self._standalone(
+        return await self._engine.ledger.arun(self._standalone(
             run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
             retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
 
@@ -948,7 +934,7 @@ class Store:
                     allow_async: bool) -> Request:
         """The ledger request of a ``store.effect``: checked, keyed, with no position."""
         check_key(run, "run id")
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         if not isinstance(key, str):
@@ -985,10 +971,10 @@ class Store:
 
             store.retire_effect("ef-3f2a...")
         """
-        self._engine._check_open()
+        self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
-        return self._engine._ledger.retire(effect_id, by=by)
+        return self._engine.ledger.retire(effect_id, by=by)
 
     def _effects_after(self, run: str, cid: int) -> tuple[EffectRecord, ...]:
         """``run``'s ledger entries made after checkpoint ``cid`` that the world may hold."""
@@ -1016,10 +1002,11 @@ class Store:
 
         Args:
             progress: ``progress(phase, done, total)``, called in this thread
-                as the checks go: ``("snapshot", groups of databases checked,
-                10)``, ``("log", segments, segments)``, ``("blobs", bytes,
-                bytes)``. A writer holds its fold lock meanwhile: keep it quick
-                and do not call the store from it; what it raises propagates.
+                as the checks go: ``("snapshot: PART", parts checked, 10)``
+                (each part named as it begins: ``meta`` ... ``effects``),
+                ``("log", segments, segments)``, ``("blobs", bytes, bytes)``.
+                A writer holds its fold lock meanwhile: keep it quick and do
+                not call the store from it; what it raises propagates.
 
         Returns:
             A :class:`VerifyReport` (``ok``, ``problems``, ``checked``, ``notes``).
@@ -1058,7 +1045,7 @@ class Store:
                 the backup is written to the operating system's.
             progress: ``progress(phase, done, total)``, called in this thread
                 as the copy goes: ``("log", segments copied, segments)``,
-                ``("snapshot", 0|1, 1)`` (one LMDB copy), ``("blobs", files
+                ``("snapshot: LMDB copy", 0|1, 1)`` (one C call), ``("blobs", files
                 copied, None)``. Locks may be held meanwhile: keep it quick and
                 do not call the store from it; what it raises propagates (and
                 nothing is published at ``dest``).
@@ -1103,7 +1090,7 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._engine._closed else ("read-only" if self.readonly else "open")
+        state = "closed" if self._engine.closed else ("read-only" if self.readonly else "open")
         return f"<agentwal.Store {self.path!r} {state} {self.durability.value}>"
 
     # -- asyncio (agentwal/aio.py) --------------------------------------------------

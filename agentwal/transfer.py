@@ -31,7 +31,7 @@ was on; ``delete_run`` that one and copy it again.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from .backend import Change
 from .codec import is_blob_ref
 from .effects import EffectRecord
 from .errors import BackendUnsupportedError, ReadOnlyError, RunExistsError, RunNotFoundError
-from .types import Checkpoint, check_key
+from .types import Checkpoint, Progress, check_key
 
 __all__ = ["CopyReport", "copy_runs"]
 
@@ -77,8 +77,13 @@ def backend_of(store: Any) -> Any:
     return inner
 
 
-def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None) -> CopyReport:
+def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None, *,
+              progress: Progress | None = None) -> CopyReport:
     """Copy ``runs`` (default: every run) of store ``src`` into store ``dest`` (module doc).
+
+    ``progress(phase, done, total)`` is told ``("checkpoints", copied, of all
+    the runs')`` as each checkpoint is committed in ``dest`` (a run's ledger
+    entries are recorded after its checkpoints, within the same phase).
 
     Raises:
         RunNotFoundError: a run named is not in ``src``.
@@ -110,8 +115,17 @@ def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None) -> CopyRep
         _refuse_blobs(sb, run, hist)
     copied = checkpoints = 0
     renumbered: dict[str, dict[int, int]] = {}
+    tick = progress or (lambda phase, done, total: None)
+    total = sum(len(h) for h in plans.values())
+    tick("checkpoints", 0, total)
     for run in _origins_first(names, plans):
-        ids = _copy_history(sb, db, dest, run, plans[run], [e for e in entries if e.run == run])
+        base = checkpoints
+
+        def done(n: int, base: int = base) -> None:
+            tick("checkpoints", base + n, total)
+
+        ids = _copy_history(sb, db, dest, run, plans[run], [e for e in entries if e.run == run],
+                            done)
         checkpoints += len(ids)
         if any(old != new for old, new in ids.items()):
             renumbered[run] = ids
@@ -171,8 +185,12 @@ def _refuse_blobs(sb: Any, run: str, hist: list[Checkpoint]) -> None:
 
 
 def _copy_history(sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
-                  entries: list[EffectRecord]) -> dict[int, int]:
-    """Commit the run's checkpoints in ``db``; returns ``{source id: destination id}``."""
+                  entries: list[EffectRecord], done: Callable[[int], None]
+                  ) -> dict[int, int]:
+    """Commit the run's checkpoints in ``db``; returns ``{source id: destination id}``.
+
+    ``done(n)`` is called after the n-th checkpoint is committed.
+    """
     ids: dict[int, int] = {}
     keeps_time = bool(getattr(db, "commits_at_given_time", False))
     try:
@@ -191,6 +209,7 @@ def _copy_history(sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
             finally:
                 db.end(view)
             ids[c.id] = made.id
+            done(len(ids))
     finally:
         release = getattr(dest, "release", None)
         if release is not None:

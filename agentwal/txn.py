@@ -1,9 +1,10 @@
 """Transactions: a buffered, savepointed change to one run, committed atomically.
 
-Theory of operation: a :class:`Transaction` reads through a *view* (the
-memtables and an LMDB read transaction as of ``begin``; see ``store.py``)
-and buffers its writes as encoded bytes, so a bad key or an unencodable value
-fails at the call and nothing is written. It records what it read (keys and
+Theory of operation: a :class:`Transaction` reads through a *view* of its
+run (``backend.View``: the run as of ``begin``) on a ``backend.RunStore``,
+which it calls for every read, scan and the commit, and buffers its writes
+as encoded bytes, so a bad key or an unencodable value fails at the call and
+nothing is written. It records what it read (keys and
 prefixes) for optimistic validation at commit. States::
 
     active --commit()--> committed      (the store validated, logged, published)
@@ -14,6 +15,10 @@ prefixes) for optimistic validation at commit. States::
 (``blobs.py``) at the call, and buffers only its small reference; the blob
 stays *pinned* (safe from a sweep) until the transaction finishes, and for
 the life of the process when a commit fails with an unknown outcome.
+
+What else it needs of its store (effects, effect positions, blobs, the
+store's name and id) is :class:`StepHooks`: each hook is given what it
+needs as arguments, so no store reads a transaction's private fields.
 
 A finished transaction is dead: every method raises
 :class:`TransactionClosedError`. As a context manager, a clean exit commits
@@ -28,8 +33,8 @@ base checkpoint (the run's head at ``begin``), or, for a retry of a step
 whose earlier attempt recorded effects (``store.transact``,
 ``store.begin(run, retry_of=txn)``), at that first attempt's base: the
 *anchor*, shared by every attempt of the step (its *chain*), so a retry meets
-what the earlier attempts recorded. Before an effect runs, the engine checks
-that its position is still this step's to use (``EffectLog.claim`` in the local engine). A
+what the earlier attempts recorded. Before an effect runs, the store checks
+that its position is still this step's to use (``StepHooks.txn_claim``). A
 commit carries the keys of the effects the transaction recorded, and a
 commit of a transaction that recorded an effect always makes a checkpoint,
 so the next step starts from new positions.
@@ -44,7 +49,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import is_async_callable, off_loop
-from .backend import Change
+from .backend import Change, RunStore, View
 from .codec import DecodedValues, append_encoded, encode_blob_ref, encode_value
 from .effects import Deferred, EffectContext, EffectMode, args_digest, derive_key
 from .errors import (
@@ -67,7 +72,7 @@ from .types import BlobRef, Checkpoint, TreeRef, check_key, check_media_type
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["Begin", "Savepoint", "Transaction"]
+__all__ = ["Begin", "Savepoint", "StepHooks", "Transaction", "check_retry_of"]
 
 _MISSING: Any = object()
 #: What a failed commit raises when it certainly applied nothing (its blobs may be unpinned).
@@ -82,28 +87,79 @@ T = TypeVar("T")
 _DECODED = DecodedValues()
 
 
-class _Engine(Protocol):
+class StepHooks(Protocol):
+    """What a transaction needs from its store besides the ``backend.RunStore``.
+
+    ``path`` names the store in messages and ``store_id`` derives effect keys.
+    A store that cannot keep blobs raises ``BackendUnsupportedError`` from
+    ``txn_put_blob``/``txn_put_tree`` (its unpin hooks then never see a pin);
+    one that can run an effect inside its commit's database transaction also
+    has ``txn_effect_transactional(view, req)``.
+    """
+
     path: str
     store_id: Any
 
-    def _txn_read(self, txn: Transaction, key: str) -> bytes | None: ...
-    def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]: ...
-    def _txn_commit(self, txn: Transaction) -> Checkpoint | None: ...
-    def _txn_release(self, txn: Transaction) -> None: ...
-    def _txn_abandon(self, txn: Transaction) -> None: ...
-    def _txn_base(self, txn: Transaction) -> int: ...
-    def _txn_epoch(self, txn: Transaction) -> int: ...
-    def _txn_effect(self, txn: Transaction, req: Request) -> Any: ...
-    def _effect_claim(self, txn: Transaction, base: int) -> None: ...
-    def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
-                      mode: EffectMode, epoch: int) -> int | None: ...
-    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any: ...
-    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None
-                      ) -> BlobRef: ...
+    def txn_effect(self, view: View, req: Request) -> Any:
+        """Run ``req`` through the store's ledger for the step reading ``view``."""
+        ...
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
-                      rehash: bool = False, subdir: str | None = None
-                      ) -> tuple[BlobRef, list[str]]: ...
+    async def txn_aeffect(self, view: View, req: Request) -> Any:
+        """:meth:`txn_effect` for asyncio (``Ledger.arun``)."""
+        ...
+
+    def txn_claim(self, txn: Transaction, base: int, *, chain: object,
+                  inherited: bool) -> None:
+        """Claim the effect positions at ``base`` for ``txn``'s step, or raise ConflictError.
+
+        ``chain`` is shared by every attempt of one step; ``inherited`` says
+        the positions are an earlier attempt's (a retry, or an adopted one).
+        """
+        ...
+
+    def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
+                  epoch: int) -> int | None:
+        """The checkpoint of an uncommitted attempt of this step to meet, or None."""
+        ...
+
+    def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
+        """Store a blob durably and pin it; its reference."""
+        ...
+
+    def txn_put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
+                     subdir: str | None = None) -> tuple[BlobRef, list[str]]:
+        """Store a tree durably; its reference and the blob hashes it pinned."""
+        ...
+
+    def txn_unpin(self, pins: list[str]) -> None:
+        """A transaction finished (and its commit did not fail in doubt): unpin its blobs."""
+        ...
+
+    def txn_abandon_pins(self, pins: list[str]) -> None:
+        """From a finalizer: unpin later; takes no lock."""
+        ...
+
+
+def check_retry_of(prev: object, store: RunStore[Any], run: str) -> None:
+    """Refuse a ``retry_of`` that is not a finished, uncommitted attempt of ``run`` on ``store``.
+
+    Raises:
+        TypeError: ``prev`` is not a Transaction.
+        ValueError: it is of another store or run, still active, or committed.
+    """
+    if not isinstance(prev, Transaction):
+        raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
+                        f"not {type(prev).__name__}")
+    if prev._store is not store:
+        raise ValueError("retry_of is a transaction of another store")
+    if prev.run != run:
+        raise ValueError(f"retry_of is a transaction of run {prev.run!r}, not {run!r}")
+    if prev.state == "active":
+        raise ValueError("retry_of is still active: roll it back (or let its ConflictError "
+                         "end it) before retrying the step")
+    if prev.state == "committed":
+        raise ValueError("retry_of committed: its step is done, so the next step begins "
+                         "with a plain store.begin(run)")
 
 
 def _check_mode(mode: object) -> EffectMode:
@@ -138,10 +194,11 @@ class Transaction:
         print(txn.checkpoint.id)
     """
 
-    def __init__(self, engine: _Engine, run: str, view: Any, *,
+    def __init__(self, store: RunStore[Any], view: View, hooks: StepHooks, *,
                  retry_of: Transaction | None = None) -> None:
-        self._engine = engine
-        self.run = run
+        self._store = store
+        self._hooks = hooks
+        self.run = view.run
         self._view = view
         self._writes: dict[str, bytes | None] = {}
         self._reads: set[str] = set()
@@ -217,7 +274,7 @@ class Transaction:
         """
         self._check()
         try:
-            self.checkpoint = self._engine._txn_commit(self)
+            self.checkpoint = self._store.commit(self._view, self._change())
         except BaseException as exc:
             if not isinstance(exc, _NOT_APPLIED):
                 self._blobs_in_doubt = True  # the log may hold the commit: keep its blobs
@@ -243,7 +300,9 @@ class Transaction:
 
     def _finish(self, state: str) -> None:
         self._state = state
-        self._engine._txn_release(self)
+        self._store.end(self._view)
+        if self._blob_pins and not self._blobs_in_doubt:
+            self._hooks.txn_unpin(self._blob_pins)
         self._savepoints.clear()
 
     def __enter__(self) -> Transaction:
@@ -264,7 +323,9 @@ class Transaction:
         # only hand the view back, the store releases it later.
         if getattr(self, "_state", None) == "active":
             with contextlib.suppress(Exception):
-                self._engine._txn_abandon(self)
+                self._store.abandon(self._view)
+                if self._blob_pins:
+                    self._hooks.txn_abandon_pins(self._blob_pins)
 
     # -- reading -------------------------------------------------------------------
 
@@ -272,10 +333,10 @@ class Transaction:
         if key in self._writes:
             return self._writes[key]
         self._reads.add(key)
-        return self._engine._txn_read(self, key)
+        return self._store.read(self._view, key)
 
     def _decode(self, raw: bytes, key: str) -> Any:
-        return _DECODED.decode(self.run, key, raw, self._engine.path, "value of ")
+        return _DECODED.decode(self.run, key, raw, self._hooks.path, "value of ")
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of ``key`` as this transaction sees it, or ``default``.
@@ -315,12 +376,11 @@ class Transaction:
         if not isinstance(prefix, str):
             raise TypeError("prefix must be str")
         self._prefixes.add(prefix)
-        merged = self._engine._txn_items(self, prefix)
-        for key, raw in self._writes.items():
-            if key.startswith(prefix):
-                merged[key] = raw
-        present = [(key, merged[key]) for key in sorted(merged) if merged[key] is not None]
-        return ((key, self._decode(raw, key)) for key, raw in present if raw is not None)
+        stored = self._store.scan(self._view, prefix)
+        mine = {key: raw for key, raw in self._writes.items() if key.startswith(prefix)}
+        present = [(key, raw) for key in sorted(stored.keys() | mine.keys())
+                   if (raw := mine[key] if key in mine else stored[key]) is not None]
+        return ((key, self._decode(raw, key)) for key, raw in present)
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys present, in order, optionally only under ``prefix``."""
@@ -427,7 +487,7 @@ class Transaction:
         if TREE_MEDIA_TYPE in (media_type, getattr(source, "media_type", None)):
             raise ValueError(f"media_type {TREE_MEDIA_TYPE!r} is reserved for trees; store a "
                              "directory with put_tree")
-        ref = self._engine._txn_put_blob(self, source, media_type)
+        ref = self._hooks.txn_put_blob(source, media_type)
         self._blob_pins.append(ref.sha256)
         self._writes[key] = encode_blob_ref(ref)
         return ref
@@ -494,8 +554,7 @@ class Transaction:
         check_key(key)
         # The key's value now (committed, or put earlier in this transaction): files of
         # that tree need no pin (a commit that replaced it would make this one conflict).
-        ref, pins = self._engine._txn_put_tree(self, path, exclude, self._raw(key), rehash,
-                                               subdir)
+        ref, pins = self._hooks.txn_put_tree(path, exclude, self._raw(key), rehash, subdir)
         self._blob_pins.extend(pins)
         self._writes[key] = encode_blob_ref(ref)
         return TreeRef(ref.sha256, ref.size)
@@ -577,15 +636,15 @@ class Transaction:
                                        idempotent=idempotent, retries=0, retry_on=retry_on,
                                        backoff=backoff, allow_async=False, transactional=True)
             with self._recording(req):
-                return in_txn(self, req)
+                return in_txn(self._view, req)
         req = self._effect_request(name, fn, mode=mode, args=args, key=key, probe=probe,
                                    idempotent=idempotent, retries=retries, retry_on=retry_on,
                                    backoff=backoff, allow_async=False)
         with self._recording(req):
-            return self._engine._txn_effect(self, req)
+            return self._hooks.txn_effect(self._view, req)
 
     def _transactional_hook(self, mode: object, retries: int) -> Callable[..., Any]:
-        """The engine's ``_txn_effect_transactional``, or the error saying why there is none."""
+        """The store's ``txn_effect_transactional``, or the error saying why there is none."""
         self._check()
         if mode not in (EffectMode.EXACTLY_ONCE, "exactly_once"):
             raise ValueError("transactional=True is for mode='exactly_once' (the business rows "
@@ -593,8 +652,7 @@ class Transaction:
         if retries:
             raise ValueError("transactional=True takes no retries: a failed call rolls back "
                              "and records nothing, so the step itself is retried")
-        hook: Callable[..., Any] | None = getattr(self._engine, "_txn_effect_transactional",
-                                                  None)
+        hook: Callable[..., Any] | None = getattr(self._hooks, "txn_effect_transactional", None)
         if hook is None:
             raise BackendUnsupportedError(
                 "txn.effect(transactional=True)", "local",
@@ -616,10 +674,10 @@ class Transaction:
                                                retries=retries, backoff=backoff,
                                                allow_async=allow_async, where="txn")
         if self._anchor is None:
-            base, epoch = self._engine._txn_base(self), self._engine._txn_epoch(self)
+            base, epoch = self._view.base, self._view.epoch
             if key is None and self._effects_made == 0:
-                found = self._engine._effect_adopt(self, base, name, args_digest(args_raw),
-                                                   req_mode, epoch)
+                found = self._hooks.txn_adopt(self.run, base, name, args_digest(args_raw),
+                                              req_mode, epoch)
                 if found is not None:
                     base, self._adopted = found, True
             self._anchor = (base, epoch)
@@ -630,11 +688,12 @@ class Transaction:
         self._effect_names[name] = nth + 1
         keyed = key is not None
         if key is None:
-            key = derive_key(self._engine.store_id, self.run, base, name, nth, epoch=epoch)
+            key = derive_key(self._hooks.store_id, self.run, base, name, nth, epoch=epoch)
         req = Request(name, fn, req_mode, args_raw, key, self.run, base, ordinal, probe,
                       bool(idempotent), retries, tuple(retry_on), float(backoff), keyed)
         if not keyed:  # a business key is shared on purpose; a position is one step's
-            req.claim = lambda: self._engine._effect_claim(self, base)
+            req.claim = lambda: self._hooks.txn_claim(self, base, chain=self._chain,
+                                                      inherited=self._inherited)
         return req
 
     @contextlib.contextmanager
@@ -754,7 +813,7 @@ class Transaction:
                                    idempotent=idempotent, retries=retries, retry_on=retry_on,
                                    backoff=backoff, allow_async=True)
         with self._recording(req):
-            return await self._engine._txn_aeffect(self, req)
+            return await self._hooks.txn_aeffect(self._view, req)
 
     async def acommit(self) -> Checkpoint | None:
         """:meth:`commit` for asyncio code: validation, write and fsync run off the loop.

@@ -152,6 +152,14 @@ def when(ts: float) -> str:
         timespec="seconds")
 
 
+def age(seconds: float) -> str:
+    """A short human age: 42s, 3m, 2h, 5d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
 def checkpoint_row(c: Any) -> dict[str, Any]:
     """Every field of a ``Checkpoint``, the time in ISO 8601."""
     return {"id": c.id, "parent": c.parent, "lsn": c.lsn, "created": when(c.created_at),
@@ -206,13 +214,25 @@ def resolve_command(path: str, e: Any) -> str | None:
             f"# or --not-applied")
 
 
+def first_checkpoint(store: Any, run: str, head: Any = None) -> Any:
+    """The run's checkpoint 1 (a fork's carries its origin), or None if compaction dropped it.
+
+    One seek (``history(before=2)``), not the whole history; ``head`` if known.
+    """
+    head = head if head is not None else store.head(run)
+    if head is None or head.id == 1:
+        return head
+    first = store.history(run, limit=1, before=2)
+    return first[0] if first else None
+
+
 def fork_map(store: Any) -> dict[tuple[str, int], list[str]]:
     """(run, checkpoint) -> the runs forked from it, read from every run's first checkpoint."""
     forks: dict[tuple[str, int], list[str]] = {}
     for run in store.runs():
-        first = store.history(run)[-1:]
-        if first and first[0].origin:
-            origin = (first[0].origin[0], int(first[0].origin[1]))
+        first = first_checkpoint(store, run)
+        if first is not None and first.origin:
+            origin = (first.origin[0], int(first.origin[1]))
             forks.setdefault(origin, []).append(run)
     return forks
 

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
-from benchlib import bench_root, fs_type
+from benchlib import bench_root, fs_type, make_durable
 
 import agentwal
 from tests import pg
@@ -62,10 +62,8 @@ def main() -> None:
         sys.exit("no PostgreSQL server: " + "; ".join(why))
     root = ""
     try:
+        make_durable(server)
         with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                conn.execute(f"ALTER SYSTEM SET {name} = on")
-            conn.execute("SELECT pg_reload_conf()")
             version = conn.execute("SHOW server_version").fetchone()
         print(f"server: {server.how}, PostgreSQL {version[0] if version else '?'}; "
               f"cpus {os.cpu_count()}")

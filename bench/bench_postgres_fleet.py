@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+from benchlib import make_durable
 
 from agentwal import LeaseHeldError
 from agentwal.postgres import open_postgres
@@ -139,10 +140,8 @@ def main() -> None:
         sys.exit("no PostgreSQL server: " + "; ".join(why))
     scratch = tempfile.mkdtemp(prefix="agentwal-fleet-")
     try:
+        make_durable(server)
         with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                conn.execute(f"ALTER SYSTEM SET {name} = on")
-            conn.execute("SELECT pg_reload_conf()")
             conn.execute("CREATE TABLE IF NOT EXISTS pgbench_one (v double precision)")
             version = conn.execute("SHOW server_version").fetchone()
         open_postgres(server.dsn, schema=SCHEMA, worker_id="setup").close()

@@ -34,6 +34,7 @@ __all__ = [
     "build_wal_store",
     "evict_page_cache",
     "fs_type",
+    "make_durable",
     "open_and_release",
     "scratch_dir",
     "values",
@@ -203,3 +204,19 @@ def open_and_release(path: str, **kwargs: Any) -> tuple[float, dict[str, Any]]:
     finally:
         crash(store)
     return dt, rec
+
+
+def make_durable(server: Any) -> bool:
+    """Turn ``fsync``, ``synchronous_commit`` and ``full_page_writes`` on for a throwaway
+    PostgreSQL server of ``tests/pg.py`` (which starts them off, for the tests' speed), so the
+    figures are a durable server's; True if it did. A server named by ``$AGENTWAL_PG_DSN`` is
+    someone else's (the tests' own, when a test runs a script) and is left as it is."""
+    import psycopg
+
+    if not server.root:
+        return False
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        for name in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {name} = on")
+        conn.execute("SELECT pg_reload_conf()")
+    return True

@@ -22,9 +22,11 @@ first; figures are medians, ratios the median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+from benchlib import make_durable
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph_compare import measure
 from psycopg.rows import dict_row
@@ -58,31 +61,44 @@ def drop(dsn: str, schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def run_agentwal(dsn: str, args: argparse.Namespace, rnd: int) -> dict[str, Any]:
-    schema = f"lg_aw_{rnd}"
+@contextlib.contextmanager
+def agentwal_saver(dsn: str, schema: str) -> Iterator[AgentWALSaver]:
+    """AgentWALSaver over a ``durability="sync"`` store in ``schema``, dropped afterwards."""
     try:
         with agentwal.open(dsn, schema=schema, worker_id="bench", durability="sync") as store:
-            saver = AgentWALSaver(store)
-            return measure("AgentWALSaver (PostgreSQL)", saver, lambda: None, schema,
-                           args.threads, args.steps, args.message_bytes, schema_bytes(dsn))
+            yield AgentWALSaver(store)
     finally:
         drop(dsn, schema)
 
 
-def run_postgres_saver(dsn: str, args: argparse.Namespace, rnd: int) -> dict[str, Any]:
-    schema = f"lg_ps_{rnd}"
+@contextlib.contextmanager
+def postgres_saver(dsn: str, schema: str, connections: int) -> Iterator[PostgresSaver]:
+    """LangGraph's PostgresSaver on a pool of ``connections`` in ``schema``, dropped afterwards."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     kwargs = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0,
               "options": f"-c search_path={schema}"}
     try:
-        with ConnectionPool(dsn, min_size=1, max_size=args.threads, kwargs=kwargs) as pool:
+        with ConnectionPool(dsn, min_size=1, max_size=connections, kwargs=kwargs) as pool:
             saver = PostgresSaver(pool)  # type: ignore[arg-type]
             saver.setup()
-            return measure("PostgresSaver", saver, lambda: None, schema, args.threads,
-                           args.steps, args.message_bytes, schema_bytes(dsn))
+            yield saver
     finally:
         drop(dsn, schema)
+
+
+def run_agentwal(dsn: str, args: argparse.Namespace, rnd: int) -> dict[str, Any]:
+    schema = f"lg_aw_{rnd}"
+    with agentwal_saver(dsn, schema) as saver:
+        return measure("AgentWALSaver (PostgreSQL)", saver, lambda: None, schema,
+                       args.threads, args.steps, args.message_bytes, schema_bytes(dsn))
+
+
+def run_postgres_saver(dsn: str, args: argparse.Namespace, rnd: int) -> dict[str, Any]:
+    schema = f"lg_ps_{rnd}"
+    with postgres_saver(dsn, schema, args.threads) as saver:
+        return measure("PostgresSaver", saver, lambda: None, schema, args.threads,
+                       args.steps, args.message_bytes, schema_bytes(dsn))
 
 
 def main() -> None:
@@ -97,10 +113,8 @@ def main() -> None:
     if server is None:
         sys.exit("no PostgreSQL server: " + "; ".join(why))
     try:
+        make_durable(server)
         with psycopg.connect(server.dsn, autocommit=True) as conn:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                conn.execute(f"ALTER SYSTEM SET {name} = on")
-            conn.execute("SELECT pg_reload_conf()")
             version = conn.execute("SHOW server_version").fetchone()
         runs: dict[str, list[dict[str, Any]]] = {"postgres_saver": [], "agentwal": []}
         for rnd in range(args.rounds):

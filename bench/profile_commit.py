@@ -88,8 +88,9 @@ STAGES: list[tuple[int, str, list[str]]] = [
     (3, "Memtable.apply (publish)", ["agentwal.local.memtable:Memtable.apply"]),
     (
         1,
-        "_txn_release (end the read view)",
-        ["agentwal.local.engine:Engine._txn_release", "agentwal.store:Store._txn_release"],
+        "end the read view (RunStore.end)",
+        ["agentwal.local.backend:LocalBackend.end", "agentwal.local.engine:Engine._txn_release",
+         "agentwal.store:Store._txn_release"],
     ),
     (0, "Store.begin (read view + LMDB read txn)", ["agentwal.store:Store.begin"]),
     (0, "Transaction.put (check key, CBOR value)", ["agentwal.txn:Transaction.put"]),

@@ -3,16 +3,21 @@
 
 Usage::
 
-    make bench-report                          # the full run (about 10 minutes), then the page
+    make bench-report                          # the full run (about 15 minutes), then the page
     .venv/bin/python bench/report.py --quick   # tiny sizes, a few seconds: checks the code path
     .venv/bin/python bench/report.py --render-only   # page and plots again from bench/report.json
 
 Every figure on the page and in the plots comes from the measurements of one
 run, saved to ``bench/report.json`` first; nothing is typed in by hand. Each
 measurement runs agentwal and its baselines (raw fdatasync loops, SQLite,
-LMDB, LangGraph's SqliteSaver, git) in the same process, interleaved round by
-round where the load of a shared machine could move between them; a ratio is
-the median over rounds of the ratio *within* a round.
+LMDB, LangGraph's SqliteSaver and PostgresSaver, git, plain file copies,
+plain PostgreSQL inserts) in the same run, interleaved round by round where
+the load of a shared machine could move between them; a ratio is the median
+over rounds of the ratio *within* a round. Every PostgreSQL measurement uses
+one server (``--pg-dsn``'s, else a throwaway one started as the tests start
+theirs, made durable). The load average before the run (and at the start of
+each part) is recorded; above ``LOADED`` per CPU the page, every plot and
+stderr say the machine was busy.
 
 ``--quick`` shrinks every size so the whole run takes seconds; its figures
 mean nothing (``tests/test_bench_report.py`` runs it to keep this code
@@ -31,6 +36,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -54,10 +60,12 @@ from benchlib import (  # noqa: E402
     build_history_store,
     build_wal_store,
     evict_page_cache,
+    make_durable,
     open_and_release,
     scratch_dir,
     values,
 )
+from report_render import LOADED, loaded  # noqa: E402
 
 import agentwal  # noqa: E402
 
@@ -451,6 +459,7 @@ class _SaverConversation(_Conversation):
             self.path = os.path.join(d, "lg.awal")
             self.store = agentwal.open(self.path, durability="sync")
             self.saver = AgentWALSaver(self.store)
+        self.footprint: Callable[[], int] | None = None
 
     def step(self, n: int, text: str) -> None:
         self.lgc.drive(self.saver, "chat", 0, n, 1, len(text), self.state)
@@ -463,6 +472,8 @@ class _SaverConversation(_Conversation):
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def size(self) -> int:
+        if self.footprint is not None:
+            return self.footprint()
         if self.store is not None:
             return _file_bytes(os.path.join(self.path, "snapshot", "data.mdb"))
         return _file_bytes(self.path)
@@ -478,8 +489,38 @@ class _SaverConversation(_Conversation):
             self.conn.close()
 
 
+class _PgSaverConversation(_SaverConversation):
+    """A saver on the run's PostgreSQL server, in a schema of its own (dropped at close):
+    ``bench/langgraph_postgres_compare.py``'s PostgresSaver or AgentWALSaver. Its size is
+    the schema's relations (``pg_total_relation_size``, in 8 KiB pages); nothing to fold."""
+
+    def __init__(self, dsn: str, kind: str) -> None:
+        import langgraph_compare as lgc
+        import langgraph_postgres_compare as lpc
+
+        self.lgc, self.configs, self.store = lgc, {}, None
+        self.state = {"config": {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}},
+                      "messages": []}
+        schema = f"conv_{kind}_{os.getpid()}"
+        self.stack = contextlib.ExitStack()
+        if kind == "postgres":
+            self.name = "LangGraph PostgresSaver"
+            self.saver = self.stack.enter_context(lpc.postgres_saver(dsn, schema, 1))
+        else:
+            self.name = "LangGraph AgentWALSaver (PostgreSQL)"
+            self.saver = self.stack.enter_context(lpc.agentwal_saver(dsn, schema))
+        size = lpc.schema_bytes(dsn)
+        self.footprint = lambda: size(schema)
+
+    def fold(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.stack.close()
+
+
 def conversation(steps: int, every: int, ages: list[int], size: int, repeat: int,
-                 log: Log) -> dict[str, Any]:
+                 pg: PgServer, log: Log) -> dict[str, Any]:
     makers: list[Callable[[str], _Conversation]] = [_AgentwalConversation, _SqliteWholeState]
     notes = []
     try:
@@ -489,6 +530,17 @@ def conversation(steps: int, every: int, ages: list[int], size: int, repeat: int
                    lambda d: _SaverConversation(d, "agentwal")]
     except ImportError as exc:
         notes.append(f"LangGraph savers skipped: {exc}")
+    if pg.dsn is None:
+        notes += [f"the LangGraph savers on PostgreSQL: {n}" for n in pg.notes]
+    else:
+        try:
+            import langgraph_postgres_compare  # noqa: F401
+
+            dsn = pg.dsn
+            makers += [lambda d: _PgSaverConversation(dsn, "postgres"),
+                       lambda d: _PgSaverConversation(dsn, "agentwal")]
+        except ImportError as exc:
+            notes.append(f"LangGraph's PostgresSaver skipped: {exc}")
     marks = list(range(every, steps + 1, every))
     out: dict[str, Any] = {"steps": steps, "every": every, "marks": marks, "ages": ages,
                            "message_bytes": size,
@@ -674,6 +726,31 @@ def workspace_sweep(files: list[int], repeat: int, log: Log) -> dict[str, Any]:
     return out
 
 
+# -- blobs: put_blob and open_blob throughput vs artifact size ------------------------------------
+
+BLOB_OPS = ("copy + fsync", "copy + sha256 + fsync", "put_blob + commit (sync)",
+            "read + sha256 (warm)", "open_blob, verified (warm)", "read + sha256 (cold)",
+            "open_blob, verified (cold)")
+
+
+def blobs_sweep(mib: list[float], rounds: int, log: Log) -> dict[str, Any]:
+    """``bench/test_bench_blobs.py``'s rounds (put_blob beside a durable copy, open_blob beside
+    a hashing read) at each artifact size; MB/s (10^6 bytes) per round."""
+    import test_bench_blobs as tbb
+
+    out: dict[str, Any] = {"mib": mib, "rounds": rounds, "series": {op: [] for op in BLOB_OPS}}
+    for size_mib in mib:
+        size = int(size_mib * MIB)
+        with scratch_dir() as d:
+            times = tbb.run(d, size, rounds)
+        for op in BLOB_OPS:
+            out["series"][op].append(spread([size / t / 1e6 for t in times[op]]))
+        log(f"blobs: {size_mib:g} MiB: put_blob "
+            f"{out['series']['put_blob + commit (sync)'][-1]['median']:,.0f} MB/s, copy + fsync "
+            f"{out['series']['copy + fsync'][-1]['median']:,.0f} MB/s")
+    return out
+
+
 # -- PostgreSQL: steps/s vs worker processes ------------------------------------------------------
 
 PG_STEP = "agentwal step on PostgreSQL"
@@ -761,35 +838,24 @@ def _pg_settings(dsn: str, want_on: bool) -> dict[str, str]:
         time.sleep(0.2)
 
 
-def postgres_sweep(workers: list[int], seconds: float, rounds: int, dsn: str | None,
+def postgres_sweep(workers: list[int], seconds: float, rounds: int, pg: PgServer,
                    log: Log) -> dict[str, Any]:
     """Steps/s against worker processes on one PostgreSQL server, beside plain inserts."""
     import psycopg
 
-    from tests import pg
-
     out: dict[str, Any] = {"workers": workers, "seconds": seconds, "rounds": rounds,
-                           "series": {PG_STEP: [], PG_INSERT: []}, "ratios": [], "notes": []}
-    server = None
-    if dsn is None:
-        why: list[str] = []
-        server = pg.start(why)
-        if server is None:
-            out["notes"].append("no PostgreSQL server could be started: " + "; ".join(why))
-            return out
-        dsn = server.dsn
-        out["server"] = server.how
+                           "series": {PG_STEP: [], PG_INSERT: []}, "ratios": [],
+                           "notes": list(pg.notes)}
+    if pg.dsn is None:
+        return out
+    dsn = pg.dsn
+    out["server"], out["settings"] = pg.how, pg.settings
     schema = f"bench_{os.getpid()}"
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            if server is not None:  # our own throwaway server: durable, like a real one
-                for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                    conn.execute(f"ALTER SYSTEM SET {name} = on")
-                conn.execute("SELECT pg_reload_conf()")
             conn.execute(f'CREATE SCHEMA "{schema}_sql"')
             conn.execute(f'CREATE TABLE "{schema}_sql".rows (id bigserial PRIMARY KEY, '
                          "worker text, payload text)")
-        out["settings"] = _pg_settings(dsn, want_on=server is not None)
         agentwal.open(dsn, schema=schema, worker_id="setup").close()  # create the schema once
         samples: dict[str, list[float]] = {f"{k}@{w}": [] for k in (PG_STEP, PG_INSERT)
                                            for w in workers}
@@ -807,11 +873,253 @@ def postgres_sweep(workers: list[int], seconds: float, rounds: int, dsn: str | N
         out["ratios"] = [paired(samples[f"{PG_STEP}@{w}"], samples[f"{PG_INSERT}@{w}"])
                          for w in workers]
     finally:
-        with contextlib.suppress(Exception), psycopg.connect(dsn, autocommit=True) as conn:
+        _drop_schemas(dsn, schema, f"{schema}_sql")
+    return out
+
+
+def _drop_schemas(dsn: str, *schemas: str) -> None:
+    import psycopg
+
+    with contextlib.suppress(Exception), psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in schemas:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_sql" CASCADE')
-        if server is not None:
-            server.stop()
+
+
+class PgServer:
+    """The one PostgreSQL server every PostgreSQL measurement of a run uses: ``--pg-dsn``'s,
+    else a throwaway one started as the tests start theirs (``tests/pg.py``) and set durable
+    (``fsync``, ``synchronous_commit``, ``full_page_writes`` on); ``dsn`` is None (and
+    ``notes`` say why) when there is none."""
+
+    def __init__(self, dsn: str | None, enabled: bool, log: Log) -> None:
+        self.dsn, self.how, self.notes = dsn, "--pg-dsn", []
+        self.settings: dict[str, str] = {}
+        self._server: Any = None
+        if not enabled:
+            self.dsn, self.notes = None, ["skipped (--no-postgres)"]
+            return
+        if dsn is None:
+            from tests import pg
+
+            why: list[str] = []
+            self._server = pg.start(why)
+            if self._server is None:
+                self.notes = ["no PostgreSQL server could be started: " + "; ".join(why)]
+                log(self.notes[0])
+                return
+            self.dsn, self.how = self._server.dsn, self._server.how
+        assert self.dsn is not None
+        durable = self._server is not None and make_durable(self._server)
+        self.settings = _pg_settings(self.dsn, want_on=durable)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+# -- LangGraph's PostgresSaver beside AgentWALSaver on the same server ----------------------------
+
+LG_SAVERS = ("AgentWALSaver (PostgreSQL)", "PostgresSaver")
+LG_COLUMNS = ("puts_per_s", "get_tuple_p50_ms", "list_all_s", "bytes_per_checkpoint_at_end")
+
+
+def langgraph_postgres_sweep(threads: list[int], steps: int, message_bytes: int, rounds: int,
+                             pg: PgServer, log: Log) -> dict[str, Any]:
+    """``bench/langgraph_postgres_compare.py``'s measurement (both savers on one server, the
+    Pregel loop's calls for a chat graph), rounds alternating which saver goes first."""
+    out: dict[str, Any] = {"threads": threads, "steps": steps, "message_bytes": message_bytes,
+                           "rounds": rounds, "series": {}, "ratios": {},
+                           "notes": list(pg.notes)}
+    if pg.dsn is None:
+        return out
+    try:
+        import langgraph_postgres_compare as lpc
+    except ImportError as exc:
+        out["notes"].append(f"LangGraph's PostgresSaver skipped: {exc}")
+        return out
+    runs = {"AgentWALSaver (PostgreSQL)": lpc.run_agentwal, "PostgresSaver":
+            lpc.run_postgres_saver}
+    got: dict[str, list[list[dict[str, Any]]]] = {n: [[] for _ in threads] for n in runs}
+    for i, t in enumerate(threads):
+        args = argparse.Namespace(threads=t, steps=steps, message_bytes=message_bytes)
+        for r in range(rounds):
+            order = list(runs.items())
+            for name, run in order if (r + i) % 2 == 0 else order[::-1]:
+                got[name][i].append(run(pg.dsn, args, r))
+                log(f"langgraph on postgres round {r + 1}/{rounds}: {name} x{t}: "
+                    f"{got[name][i][-1]['puts_per_s']:,.0f} puts/s")
+    out["series"] = {n: {c: [spread([x[c] for x in per]) for per in got[n]] for c in LG_COLUMNS}
+                     for n in runs}
+    aw, ps = (got[n] for n in LG_SAVERS)
+    out["ratios"] = {c: [paired([x[c] for x in a], [x[c] for x in p]) if all(
+        x[c] for x in p) else None for a, p in zip(aw, ps, strict=True)] for c in LG_COLUMNS}
+    return out
+
+
+# -- failover time vs lease TTL on PostgreSQL ------------------------------------------------------
+
+
+def failover_worker(dsn: str, schema: str, name: str, ttl: float, poll: float,
+                    claims: bool) -> int:
+    """One fleet worker (``--failover-worker``): every ``poll`` seconds it commits a step on
+    each run it holds and, if ``claims``, adopts the runs whose lease expired
+    (``claim_runs``): an adopted run gets one step and is released, and the worker prints
+    ``took RUN T``, ``T`` its ``time.monotonic()`` after that step (the clock is
+    system-wide on Linux). A ``take RUN`` line on stdin makes it lease and hold ``RUN``
+    (it prints ``holding RUN``); EOF ends it."""
+    import selectors
+
+    store = agentwal.open(dsn, schema=schema, worker_id=name, lease_ttl=ttl, durability="sync")
+
+    def step(run: str) -> None:
+        with store.begin(run) as txn:
+            txn["n"] = txn.get("n", 0) + 1
+            txn["by"] = name
+
+    held: list[str] = []
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ)
+    print("ready", flush=True)
+    pending = b""
+    while True:
+        if sel.select(timeout=poll):
+            chunk = os.read(0, 4096)
+            if not chunk:
+                break
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                run = line.decode().split()[1]
+                store.lease(run)
+                step(run)
+                held.append(run)
+                print(f"holding {run}", flush=True)
+        for run in held:
+            step(run)
+        for run in store.claim_runs(10) if claims else []:
+            step(run)
+            print(f"took {run} {time.monotonic():.6f}", flush=True)
+            store.release(run)
+    store.close()
+    return 0
+
+
+class _Fleet:
+    """Processes of :func:`failover_worker`, spoken to by lines on unbuffered pipes."""
+
+    def __init__(self, dsn: str, schema: str, ttl: float, poll: float) -> None:
+        self.args = [dsn, schema, "", str(ttl), str(poll)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.buf: dict[int, bytes] = {}
+
+    def spawn(self, name: str, claims: bool) -> subprocess.Popen[bytes]:
+        args = [*self.args[:2], name, *self.args[3:], "1" if claims else "0"]
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--failover-worker",
+                              *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.procs.append(p)
+        self.buf[p.pid] = b""
+        return p
+
+    def send(self, p: subprocess.Popen[bytes], line: str) -> None:
+        assert p.stdin is not None
+        p.stdin.write(line.encode() + b"\n")
+
+    def line(self, procs: list[subprocess.Popen[bytes]],
+             timeout: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
+        """The next whole line any of ``procs`` printed, and who printed it."""
+        import selectors
+
+        deadline = time.monotonic() + timeout
+        while True:
+            for p in procs:
+                if b"\n" in self.buf[p.pid]:
+                    got, self.buf[p.pid] = self.buf[p.pid].split(b"\n", 1)
+                    return p, got.decode().strip()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"failover workers: no line within {timeout} s")
+            sel = selectors.DefaultSelector()
+            for p in procs:
+                assert p.stdout is not None
+                sel.register(p.stdout.fileno(), selectors.EVENT_READ, p)
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 4096)
+                if not chunk:
+                    raise RuntimeError(f"failover worker {key.data.pid} exited "
+                                       f"({key.data.wait()})")
+                self.buf[key.data.pid] += chunk
+            sel.close()
+
+    def close(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                if p.stdin is not None:
+                    p.stdin.close()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        self.procs = []
+
+
+FAILOVER = ("kill -9 to the next worker's commit", "lease left at the kill",
+            "expiry to the next worker's commit")
+
+
+def failover_sweep(ttls: list[float], samples: int, takers: int, poll: float, pg: PgServer,
+                   log: Log) -> dict[str, Any]:
+    """Seconds from ``kill -9`` of a run's lease holder to another worker's first commit on
+    it, per lease TTL, and how much of the lease was left at the kill (the server's view)."""
+    out: dict[str, Any] = {"ttls": ttls, "samples": samples, "takers": takers, "poll": poll,
+                           "series": {}, "notes": list(pg.notes)}
+    if pg.dsn is None:
+        return out
+    import psycopg
+
+    dsn, schema = pg.dsn, f"failover_{os.getpid()}"
+    agentwal.open(dsn, schema=schema, worker_id="setup").close()
+    rng = random.Random(11)
+    series: dict[str, list[dict[str, float]]] = {name: [] for name in FAILOVER}
+    try:
+        for ttl in ttls:
+            fleet = _Fleet(dsn, schema, ttl, poll)
+            got: dict[str, list[float]] = {name: [] for name in FAILOVER}
+            try:
+                crew = [fleet.spawn(f"taker-{ttl:g}-{k}", True) for k in range(takers)]
+                victims = [fleet.spawn(f"holder-{ttl:g}-{k}", False) for k in range(samples)]
+                for p in crew + victims:
+                    assert fleet.line([p])[1] == "ready"
+                for k, victim in enumerate(victims):
+                    run = f"run-{ttl:g}-{k}"
+                    fleet.send(victim, f"take {run}")
+                    assert fleet.line([victim])[1] == f"holding {run}"
+                    time.sleep(ttl * rng.uniform(0.5, 1.5))  # a random phase of the renewals
+                    with psycopg.connect(dsn, autocommit=True) as conn:
+                        row = conn.execute(
+                            "SELECT extract(epoch FROM lease_expires - clock_timestamp())"
+                            f' FROM "{schema}".runs WHERE run = %s', (run,)).fetchone()
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed = time.monotonic()
+                    victim.wait()
+                    said = fleet.line(crew, timeout=3 * ttl + 60)[1].split()
+                    assert said[:2] == ["took", run], said
+                    t, left = float(said[2]) - killed, float(row[0]) if row else 0.0
+                    for name, v in zip(FAILOVER, (t, left, t - left), strict=True):
+                        got[name].append(v)
+                    log(f"failover: ttl {ttl:g} s: {t:.2f} s from the kill to the next commit "
+                        f"({left:.2f} s of the lease left)")
+            finally:
+                fleet.close()
+            for name in FAILOVER:
+                series[name].append(spread(got[name]))
+    finally:
+        _drop_schemas(dsn, schema)
+    out["series"] = series
     return out
 
 
@@ -843,7 +1151,8 @@ def machine() -> dict[str, Any]:
     env.update(memory=mem, git=git, implementation=platform.python_implementation(),
                packages={d: _version(d) for d in (
                    "cbor2", "zstandard", "lmdb", "langgraph", "langgraph-checkpoint",
-                   "langgraph-checkpoint-sqlite", "matplotlib")})
+                   "langgraph-checkpoint-sqlite", "langgraph-checkpoint-postgres", "psycopg",
+                   "matplotlib")})
     return env
 
 
@@ -858,7 +1167,11 @@ FULL = {
     "get": {"keys": [100, 1_000, 10_000, 50_000], "number": 2000, "repeat": 5},
     "effects": {"sizes": [100, 300, 1_000, 2_000], "runs": 10, "repeat": 7},
     "workspace": {"files": [250, 1_000, 4_000], "repeat": 5},
+    "blobs": {"mib": [1, 16, 128], "rounds": 3},
     "postgres": {"workers": [1, 2, 4], "seconds": 3.0, "rounds": 3},
+    "langgraph_postgres": {"threads": [1, 4], "steps": 100, "message_bytes": 1024,
+                           "rounds": 3},
+    "failover": {"ttls": [0.5, 1.0, 2.0, 5.0], "samples": 5, "takers": 2, "poll": 0.05},
 }
 QUICK = {
     "compare": {"seconds": 0.05, "rounds": 1},
@@ -868,8 +1181,13 @@ QUICK = {
     "get": {"keys": [10, 100], "number": 20, "repeat": 2},
     "effects": {"sizes": [5, 10], "runs": 5, "repeat": 2},
     "workspace": {"files": [40, 80], "repeat": 1},
+    "blobs": {"mib": [0.25, 1], "rounds": 1},
     "postgres": {"workers": [1], "seconds": 0.2, "rounds": 1},
+    "langgraph_postgres": {"threads": [1], "steps": 4, "message_bytes": 256, "rounds": 1},
+    "failover": {"ttls": [0.3, 0.6], "samples": 1, "takers": 1, "poll": 0.05},
 }
+# the sweeps that need the PostgreSQL server (one for the whole run)
+PG_SWEEPS = ("conversation", "postgres", "langgraph_postgres", "failover")
 
 
 def measure(quick: bool, log: Log, pg_dsn: str | None = None,
@@ -877,6 +1195,11 @@ def measure(quick: bool, log: Log, pg_dsn: str | None = None,
     cfg = QUICK if quick else FULL
     started = datetime.now(timezone.utc)
     load = os.getloadavg()
+    busy = loaded(load, os.cpu_count())
+    if busy:
+        log(f"WARNING: load average {load[0]:.2f} on {os.cpu_count()} CPUs before the run: the "
+            "machine is busy, so the figures will be too; the page will say so. Rerun "
+            "`make bench-report` on a quiet machine before quoting them.")
     t0 = time.perf_counter()
     c = cfg["compare"]
     res: dict[str, Any] = {"quick": quick, "config": cfg, "machine": machine()}
@@ -886,23 +1209,29 @@ def measure(quick: bool, log: Log, pg_dsn: str | None = None,
     res["compare"]["commits_per_sync_8t"] = statistics.median(
         e["commits_per_sync"] for e in cmp["detail"]["extra"]["agentwal_sync_8t"])
     stages: dict[str, float] = {"compare": time.perf_counter() - t0}
+    stage_load: dict[str, float] = {"compare": load[0]}
     sweeps: dict[str, Callable[..., dict[str, Any]]] = {
         "threads": threads_sweep, "open": open_sweep, "conversation": conversation,
         "get": get_sweep, "effects": effects_sweep, "workspace": workspace_sweep,
-        "postgres": postgres_sweep}
-    for name, sweep in sweeps.items():
-        t1 = time.perf_counter()
-        if name == "postgres" and not postgres:
-            res[name] = {**cfg[name], "series": {}, "ratios": [],
-                         "notes": ["skipped (--no-postgres)"]}
-            continue
-        extra = {"dsn": pg_dsn} if name == "postgres" else {}
-        res[name] = sweep(log=log, **cfg[name], **extra)
-        stages[name] = time.perf_counter() - t1
-        log(f"{name}: {stages[name]:.1f} s")
+        "blobs": blobs_sweep, "postgres": postgres_sweep,
+        "langgraph_postgres": langgraph_postgres_sweep, "failover": failover_sweep}
+    pg = PgServer(pg_dsn, postgres, log)
+    try:
+        res["postgres_server"] = {"how": pg.how if pg.dsn else None, "settings": pg.settings,
+                                  "notes": pg.notes}
+        for name, sweep in sweeps.items():
+            t1 = time.perf_counter()
+            stage_load[name] = os.getloadavg()[0]
+            extra = {"pg": pg} if name in PG_SWEEPS else {}
+            res[name] = sweep(log=log, **cfg[name], **extra)
+            stages[name] = time.perf_counter() - t1
+            log(f"{name}: {stages[name]:.1f} s")
+    finally:
+        pg.stop()
     res["run"] = {"started": started.strftime("%Y-%m-%d %H:%M UTC"),
                   "minutes": (time.perf_counter() - t0) / 60,
-                  "load_before": load, "load_after": os.getloadavg(), "stage_seconds": stages,
+                  "load_before": load, "load_after": os.getloadavg(), "loaded": busy,
+                  "loaded_above": LOADED, "stage_seconds": stages, "stage_load": stage_load,
                   "command": "make bench-report" if not quick else
                   ".venv/bin/python bench/report.py --quick"}
     return res
@@ -925,10 +1254,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL workers")
     ap.add_argument("--pg-worker", nargs=5, metavar=("KIND", "DSN", "SCHEMA", "NAME", "SECONDS"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--failover-worker", nargs=6,
+                    metavar=("DSN", "SCHEMA", "NAME", "TTL", "POLL", "CLAIMS"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.pg_worker:
         kind, dsn, schema, name, seconds = args.pg_worker
         return pg_worker(kind, dsn, schema, name, float(seconds))
+    if args.failover_worker:
+        dsn, schema, name, ttl, poll, claims = args.failover_worker
+        return failover_worker(dsn, schema, name, float(ttl), float(poll), claims == "1")
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -73,14 +73,47 @@ def test_a_quick_report_measures_draws_and_rewrites_only_its_section(
     res = json.loads(data.read_text())
     assert res["quick"] is True
     for name in ("compare", "threads", "open", "conversation", "get", "effects", "workspace",
-                 "postgres"):
+                 "blobs", "postgres", "langgraph_postgres", "failover"):
         assert name in res, name
     if pg[0] == "--pg-dsn":
         assert all(res["postgres"]["series"].values()) and "postgres-workers.png" in section
+        # LangGraph's PostgresSaver beside AgentWALSaver on the same server and workload
+        lp = res["langgraph_postgres"]
+        assert set(lp["series"]) == {"AgentWALSaver (PostgreSQL)", "PostgresSaver"}
+        assert "langgraph-postgres.png" in section
+        assert {"LangGraph PostgresSaver", "LangGraph AgentWALSaver (PostgreSQL)"} <= set(
+            res["conversation"]["systems"])
+        # one kill -9 per TTL, each run taken over by a standby worker
+        fo = res["failover"]
+        assert [len(s) for s in fo["series"].values()] == [len(fo["ttls"])] * 3
+        assert "failover-vs-ttl.png" in section
     assert len(res["conversation"]["systems"]) >= 2  # agentwal and a whole-state baseline
     medians = _medians(res)
     assert len(medians) > 50 and all(m > 0 for m in medians)
     assert not (tmp_path / "stores").exists() or not any((tmp_path / "stores").iterdir())
+
+    # the page says when the machine was busy, and redrawing needs no new measurement
+    for busy in (False, True):
+        res["run"]["loaded"], res["run"]["load_before"][0] = busy, 9.5 if busy else 0.1
+        data.write_text(json.dumps(res))
+        again = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "report.py"), "--render-only", "--page",
+             str(page), "--images", str(images), "--json", str(data)],
+            capture_output=True, text=True, timeout=300, check=False, env=env, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-4000:]
+        warned = "Warning: a busy machine" in _section(page.read_text())
+        assert warned is busy and ("load average was 9.50" in page.read_text()) is busy
+
+
+def test_a_run_on_a_busy_machine_is_flagged() -> None:
+    saved = sys.path[:]
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import report_render as report
+    finally:
+        sys.path[:] = saved  # report.py puts bench/ and the repository first
+    assert report.loaded((1.5, 0.2, 0.1), 2) and report.loaded((0.6, 0, 0), 1)
+    assert not report.loaded((0.9, 5.0, 5.0), 2) and not report.loaded((0.0, 0, 0), None)
 
 
 def test_the_committed_page_is_a_full_run_and_shows_its_plots() -> None:

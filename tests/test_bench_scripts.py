@@ -1,8 +1,9 @@
 """Every benchmark script still runs: each on a tiny size, checking what it prints, never a
-timing (bench/report.py and bench/bench_workspace.py have tests of their own).
+timing (bench/report.py and bench/bench_workspace.py have tests of their own; the
+pytest-benchmark files are run by ``make bench``).
 
-bench/bench_postgres.py is left out: it starts a PostgreSQL server of its own (tests/pg.py)
-with fsync on, which costs more than the rest of this file; its backend has tests/postgres.
+The PostgreSQL scripts run on the tests' server (``AGENTWAL_PG=dsn``: tests/pg.py hands them
+that server instead of starting one, and ``benchlib.make_durable`` leaves its settings alone).
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ SCRIPTS = [
     ("profile_commit.py", ["--commits", "40"], "instrumented:"),
     ("langgraph_compare.py", ["--threads", "1", "--steps", "3", "--rounds", "1"],
      "agentwal / sqlite"),
+    ("bench_logmark.py", ["--rounds", "1", "--commits", "10"], "with the slot write"),
+    ("bench_footprint.py", ["--stores", "5", "--steps", "5"], "empty store:"),
+]
+# the same, on a PostgreSQL server (the schemas and table each one leaves are dropped after)
+PG_SCRIPTS = [
+    ("bench_postgres.py", ["--rounds", "1", "--seconds", "0.1"], "postgres  steps/s"),
+    ("bench_postgres_fleet.py", ["--workers", "1", "--seconds", "1", "--ttl", "0.3"],
+     "kill -9 to next commit"),
+    ("langgraph_postgres_compare.py", ["--threads", "1", "--steps", "3", "--rounds", "1"],
+     "agentwal / PostgresSaver"),
 ]
 
 
@@ -47,3 +58,30 @@ def test_the_benchmark_script_runs_on_a_tiny_size(script: str, args: list[str], 
     assert says in done.stdout, done.stdout
     stores = tmp_path / "stores"
     assert not stores.exists() or not any(stores.iterdir())  # it cleaned up after itself
+
+
+@pytest.mark.parametrize(("script", "args", "says"), PG_SCRIPTS, ids=[s[0] for s in PG_SCRIPTS])
+def test_the_postgres_benchmark_script_runs_on_a_tiny_size(
+        script: str, args: list[str], says: str, tmp_path: Path, pg_dsn: str) -> None:
+    import psycopg
+
+    if script.startswith("langgraph") and importlib.util.find_spec("langgraph") is None:
+        pytest.skip("the langgraph extra is not installed")
+    env = {**os.environ, "AGENTWAL_BENCH_DIR": str(tmp_path / "stores"),
+           "TMPDIR": str(tmp_path), "AGENTWAL_PG": "dsn", "AGENTWAL_PG_DSN": pg_dsn}
+    try:
+        done = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300,
+                              check=False)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for schema in ("bench", "fleet"):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute("DROP TABLE IF EXISTS public.pgbench_one")
+            left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lg_%'"
+                                ).fetchall()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert says in done.stdout, done.stdout
+    assert left == []  # langgraph_postgres_compare.py drops its schemas itself
+    stores = tmp_path / "stores"
+    assert not stores.exists() or not any(stores.iterdir())

@@ -200,8 +200,9 @@ def restore(path: str, run: str, key: str, dest: str, at: int | None, as_json: b
     recreated; files the tree lacks are removed, except paths its exclude
     rules match. Opens the store read-only, so it works while an agent has
     it open. Run it again to finish a restore that was interrupted. Exits 1
-    with not_a_tree, missing_key, unsafe_tree (nothing written), corruption
-    or restore (DEST cannot be written).
+    with not_a_tree, unsafe_tree (nothing written), corruption or restore
+    (DEST cannot be written); 2 with run_not_found, checkpoint_not_found or
+    missing_key (the RUN, --at or KEY given is not there).
     """
     with open_ro(path) as store:
         report = store.restore_tree(run, key, dest, at=at)

@@ -5,8 +5,10 @@ takes its options from the decorators here (so ``--json`` and the store
 argument read the same everywhere), prints through :func:`emit` (JSON with
 ``--json``, a rich table otherwise: colour only on a terminal, never with
 ``NO_COLOR``) and lets :func:`reports_errors` turn a library error into a
-:class:`Failure` (exit status 1) whose message names the command that lists
-what was not found; :func:`usage` is exit status 2. The group in
+:class:`Failure` (exit status 1), or, when it says that a name given on the
+command line is not there, a :class:`NotFound` (a usage error, exit status 2)
+whose message names the command that lists what exists; :func:`usage` is
+exit status 2 too. The group in
 :mod:`.app` prints either, as JSON too under ``--json``. Nothing here writes
 to a store.
 """
@@ -93,6 +95,24 @@ class Failure(click.ClickException):
         self.code = code
 
 
+class NotFound(click.UsageError):
+    """A run, checkpoint, effect or key named on the command line that the store lacks.
+
+    A usage error (exit 2: the command line named something that is not
+    there), printed with the command that lists what exists; under
+    ``--json`` its document keeps the library's code (``run_not_found`` ...).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, click.get_current_context(silent=True))
+        self.code = code
+
+
+#: Library error codes that mean "the name given on the command line does not exist".
+NOT_FOUND = frozenset({"run_not_found", "checkpoint_not_found", "effect_not_found",
+                       "missing_key"})
+
+
 def usage(message: str) -> click.UsageError:
     """A name on the command line that does not exist, or options that do not fit: exit 2."""
     return click.UsageError(message, click.get_current_context(silent=True))
@@ -151,6 +171,8 @@ def reports_errors(fn: F) -> F:
         except BrokenPipeError:
             raise
         except Error as exc:
+            if exc.code in NOT_FOUND:
+                raise NotFound(exc.code, cli_message(exc, kwargs)) from None
             raise Failure(exc.code, cli_message(exc, kwargs)) from None
         except OSError as exc:  # e.g. a segment removed by a writer while we read
             raise Failure("io", f"{exc.strerror or exc}: {exc.filename or ''}. Check the "
@@ -166,7 +188,7 @@ def report_failure(exc: click.ClickException, as_json: bool) -> None:
         doc = {"error": {"code": code, "message": exc.format_message(),
                          "exit_code": exc.exit_code}}
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
-    if isinstance(exc, Failure):
+    if isinstance(exc, (Failure, NotFound)):
         click.echo(f"error [{code}]: {exc.format_message()}", err=True)
     else:
         exc.show()
@@ -250,16 +272,6 @@ def clip(text: str, width: int) -> str:
     """``text`` on one line, cut to ``width`` characters with "..." when longer."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def age(seconds: float) -> str:
-    """A short human age: 42s, 3m, 2h, 5d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
 
 
 def checkpoint_table(rows: list[dict[str, Any]]) -> None:

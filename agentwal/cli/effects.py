@@ -9,10 +9,9 @@ from typing import Any
 import click
 
 from ..effects import STATUSES
-from ..views import PROBLEM_STATUSES, effect_row, from_jsonable, jsonable, when
+from ..views import PROBLEM_STATUSES, age, effect_row, from_jsonable, jsonable, when
 from .app import main
 from .common import (
-    age,
     clip,
     emit,
     examples,

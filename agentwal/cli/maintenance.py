@@ -10,9 +10,11 @@ from typing import Any
 
 import click
 
+from ..errors import DiskFullError, DurabilityError
 from ..health import size
 from .app import main
 from .common import (
+    Failure,
     emit,
     examples,
     json_option,
@@ -129,8 +131,24 @@ def backup(path: str, dest: str, as_json: bool) -> None:
     if os.path.commonpath([real_src, real_dest]) == real_src:
         raise usage(f"DEST {dest!r} is inside the store {path!r}; back up to a directory "
                     "outside it.")
+    parent = os.path.dirname(real_dest)
+    if not os.path.isdir(parent):
+        raise usage(f"DEST's parent directory {parent!r} does not exist: create it first "
+                    "(backup makes only DEST itself).")
     with open_ro(path) as store, progress_bar(f"backup to {dest}") as progress:
-        rep = store.backup(dest, progress=progress)
+        try:
+            rep = store.backup(dest, progress=progress)
+        except (DiskFullError, DurabilityError) as exc:
+            if not os.path.realpath(exc.path).startswith(real_dest):
+                raise
+            # The copy failed, not the store: the library's "reopen the store" does not apply.
+            why = (exc.reason.removeprefix("cannot write the backup: ")
+                   if isinstance(exc, DurabilityError)
+                   else "no room to write it (the disk or a quota is full)")
+            raise Failure(exc.code, f"cannot write the backup at {dest!r}: {why}. The "
+                          "store is unchanged and nothing was published at DEST; remove "
+                          f"{dest + '.tmp'!r} if it is there, then try again where the "
+                          "backup can be written.") from None
     data = dataclasses.asdict(rep)
     emit(as_json, data, lambda: click.echo(
         f"backed up {path} to {rep.path}: {rep.files} files, {size(rep.bytes)}, every commit "
@@ -163,8 +181,12 @@ def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
 
     if not is_postgres_dsn(dest) and os.path.exists(dest) and not os.path.isdir(dest):
         raise usage(f"DEST {dest!r} is a file: give a store directory or a PostgreSQL URI")
-    with open_ro(path) as src, open_store(dest) as out, progress_bar(f"copy to {dest}"):
-        rep = src.copy_runs(out, runs=list(runs) or None)
+    if dest == path or (not is_postgres_dsn(dest) and not is_postgres_dsn(path)
+                        and os.path.realpath(dest) == os.path.realpath(path)):
+        raise usage(f"DEST {dest!r} is STORE itself: copy into another store")
+    with open_ro(path) as src, open_store(dest) as out, \
+            progress_bar(f"copy to {dest}") as progress:
+        rep = src.copy_runs(out, runs=list(runs) or None, progress=progress)
     data = dataclasses.asdict(rep)
     emit(as_json, data, lambda: click.echo(
         f"copied {len(rep.runs)} run(s) ({', '.join(rep.runs) or 'none'}) to {dest}: "

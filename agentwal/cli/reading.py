@@ -15,6 +15,7 @@ from ..errors import RunNotFoundError
 from ..health import DEFAULT_WAL_MAX_BYTES, size
 from ..types import TreeRef
 from ..views import (
+    age,
     checkpoint_row,
     fork_map,
     graph_rows,
@@ -27,7 +28,7 @@ from ..views import (
 )
 from .app import main
 from .common import (
-    age,
+    NotFound,
     checkpoint_table,
     clip,
     console,
@@ -40,32 +41,33 @@ from .common import (
     reports_errors,
     store_argument,
     table,
-    usage,
 )
 
 
 @main.command(epilog=examples("agentwal inspect state.awal",
                               "agentwal inspect state.awal --json | jq .effects"))
 @store_argument
-@click.option("--wal-max-bytes", type=click.IntRange(min=1), default=DEFAULT_WAL_MAX_BYTES,
-              show_default=True, metavar="N",
-              help="The writer's wal_max_bytes: a log over twice this needs attention.")
+@click.option("--wal-max-bytes", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The writer's wal_max_bytes: a log over twice this needs attention. "
+                   "Default: what the writer recorded in the store's HEALTH file, else "
+                   f"{DEFAULT_WAL_MAX_BYTES} (agentwal.open's default).")
 @json_option
 @reports_errors
-def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
+def inspect(path: str, wal_max_bytes: int | None, as_json: bool) -> None:
     """Summarize a store: what needs attention first, then store, log, snapshot,
     history, effects and the last recovery.
 
-    Needs attention: a broken writer or a failed fold (when this process can
-    see them), effects in doubt or failed, outbox entries not yet
-    dispatched, a write-ahead log over twice --wal-max-bytes (the writer is
-    not folding), log records left unfolded by a writer that did not close,
-    torn bytes at the log's end. Labels are the field names of --json,
-    which prints every raw field (the per-process counters too: folds,
-    retries ...). Opens the store read-only, so it works while a writer has
-    it open; whether the writer's last fold failed is not on disk, so it
-    shows only through the log's growth. On PostgreSQL it shows the tables'
-    rows and sizes instead of the log and snapshot.
+    Needs attention: a broken writer, the last fold or retention pass
+    failed (with when and the error), effects in doubt or failed, outbox
+    entries not yet dispatched, a write-ahead log over twice wal_max_bytes
+    (the writer is not folding), log records left unfolded by a writer that
+    did not close, torn bytes at the log's end. Labels are the field names
+    of --json, which prints every raw field (the per-process counters too:
+    folds, retries ...). Opens the store read-only, so it works while a
+    writer has it open: the writer's failures and settings come from the
+    HEALTH file it keeps (a store no writer opened since HEALTH existed
+    has none: "none recorded"). On PostgreSQL it shows the tables' rows and
+    sizes instead of the log and snapshot.
     """
     with open_ro(path) as store:
         st = health.inspect(store, path, wal_max_bytes)
@@ -73,9 +75,9 @@ def inspect(path: str, wal_max_bytes: int, as_json: bool) -> None:
 
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
-    "store": ("path", "store_id", "writer", "durability", "last_commit_at"),
-    "log": ("visible_lsn", "applied_lsn", "unfolded_records", "wal_bytes", "wal_segments",
-            "memtable_commits", "memtable_bytes"),
+    "store": ("path", "store_id", "writer", "durability", "health_record", "last_commit_at"),
+    "log": ("visible_lsn", "applied_lsn", "unfolded_records", "wal_bytes", "wal_max_bytes",
+            "wal_segments", "memtable_commits", "memtable_bytes"),
     "snapshot": ("lmdb_bytes", "lmdb_page_size", "lmdb_last_page", "state_keys"),
     "history": ("runs", "checkpoints", "deltas", "manifests", "objects", "folded_runs"),
     "effects": ("effects", "effect_index_entries", "outbox_pending"),
@@ -83,10 +85,29 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 #: Counters of the process that has the store open (a read-only open counts its own: 0),
 #: and fields shown elsewhere: in --json only, or in their own section.
 _NOT_A_ROW = {"attention", "recovery", "readonly", "folds", "segments_removed", "map_grows",
-              "retention_passes", "retries"}
+              "retention_passes", "retries", "wal_max_bytes_from"}
 
 
-def _field(name: str, value: Any) -> str:
+def _recorded(doc: dict[str, Any] | None) -> str:
+    """The HEALTH row: what the writer recorded about its folds and retention passes."""
+    if doc is None:
+        return "none recorded (no writer has opened the store since HEALTH files existed)"
+    if "unreadable" in doc:
+        return f"unreadable: {doc['unreadable']}"
+    failed = [f"last {job} failed at {when(doc[job]['at'])}" for job in ("fold", "retention")
+              if doc.get(job)]
+    written = f"written {when(doc['written_at'])}" if doc.get("written_at") else ""
+    return "; ".join(failed or ["no failure recorded"]) + (f" ({written})" if written else "")
+
+
+def _field(name: str, value: Any, st: dict[str, Any]) -> str:
+    if name == "health_record":
+        return _recorded(value)
+    if name == "wal_max_bytes":
+        whence = {"given": "--wal-max-bytes", "recorded": "the writer's setting",
+                  "default": "the default; the writer recorded none"}.get(
+            st.get("wal_max_bytes_from", ""), "")
+        return f"{size(value)} ({whence})"
     if name == "writer":
         if value["held"]:
             return f"open for writing by process {value['pid']}"
@@ -116,11 +137,11 @@ def _inspect_human(st: dict[str, Any]) -> None:
         out.print(Text.assemble("needs attention: ", ("nothing", "green")))
     placed = set(_NOT_A_ROW)
     for section, fields in _SECTIONS.items():
-        rows = [(f, _field(f, st[f])) for f in fields if f in st]
+        rows = [(f, _field(f, st[f], st)) for f in fields if f in st]
         placed.update(fields)
         click.echo("")
         table(rows, (section, ""))
-    rest = [(k, _field(k, v)) for k, v in sorted(st.items()) if k not in placed]
+    rest = [(k, _field(k, v, st)) for k, v in sorted(st.items()) if k not in placed]
     if rest:
         click.echo("")
         table(rest, ("other", ""))
@@ -251,8 +272,9 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
     missing = [k for k in wanted if k not in state]
     if missing:
         where = f"checkpoint {at}" if at else "its latest commit"
-        raise usage(f"run {run!r} has no key {missing[0]!r} at {where}. List its keys with "
-                    f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
+        raise NotFound("missing_key", f"run {run!r} has no key {missing[0]!r} at {where}. "
+                       "List its keys with "
+                       f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
     if key is not None and not keys and key not in trees:
         value = state[key]
         emit(as_json, value, lambda: click.echo(to_json(value)))

@@ -14,7 +14,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from .app import main
 from .common import (
     console,
+    emit,
     examples,
+    json_option,
+    reports_errors,
     table,
 )
 
@@ -70,7 +73,8 @@ def _tier_runner(tier: str, directory: str, seed: str, opts: dict[str, Any],
 
 
 @main.command(epilog=examples("agentwal torture /mnt/ssd/torture --seconds 600",
-                              "agentwal torture /tmp/t --tier kill --seed 7 --seconds 30"))
+                              "agentwal torture /tmp/t --tier kill --seed 7 --seconds 30",
+                              "agentwal torture /tmp/t --seconds 60 --json | jq .failed"))
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="How long to run, shared equally between the chosen tiers.")
@@ -87,9 +91,11 @@ def _tier_runner(tier: str, directory: str, seed: str, opts: dict[str, Any],
               show_default=True, help="corrupt: which damage kinds.")
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="corrupt: run exactly this many cases (reproduces case COUNT-1).")
+@json_option
+@reports_errors
 def torture(directory: str, seconds: float, seed: str, tiers: tuple[str, ...],
             model: str | None, durability: str, case: str | None, kinds: str,
-            count: int | None) -> None:
+            count: int | None, as_json: bool) -> None:
     """Run the fault-injection harness against DIRECTORY (on the disk you want to test).
 
     \b
@@ -102,7 +108,9 @@ def torture(directory: str, seconds: float, seed: str, tiers: tuple[str, ...],
 
     Every case is seeded and judged by an oracle; a failure prints its seed and
     a command that reproduces it. Ends with a table per tier and a last line
-    "N passed, M failed"; exits 1 if any case failed.
+    "N passed, M failed"; exits 1 if any case failed. With --json the end is
+    one document: {"passed", "failed", "tiers": {tier: {"passed", "failed"}},
+    "results": [{"tier", "case", "seed", "ok", "detail", "repro"}]}.
     """
     from ..testing import proc
 
@@ -132,20 +140,28 @@ def torture(directory: str, seconds: float, seed: str, tiers: tuple[str, ...],
                 bar.update(task, completed=min(seconds, time.monotonic() - started),
                            cases=len(results))
         bar.update(task, completed=seconds)
-    _summary(results)
-    if any(not r.ok for r in results):
+    summary = _summary(results, directory)
+    emit(as_json, summary, lambda: _print_summary(summary))
+    if summary["failed"]:
         sys.exit(1)
 
 
-def _summary(results: list[Any]) -> None:
-    tiers: dict[str, list[int]] = {}
+def _summary(results: list[Any], directory: str) -> dict[str, Any]:
+    tiers: dict[str, dict[str, int]] = {}
     for r in results:
-        counts = tiers.setdefault(r.tier, [0, 0])
-        counts[0 if r.ok else 1] += 1
-    table([(t, p, f) for t, (p, f) in tiers.items()], ("tier", "passed", "failed"))
-    passed = sum(p for p, _ in tiers.values())
-    failed = sum(f for _, f in tiers.values())
-    click.echo(f"{passed} passed, {failed} failed")
+        counts = tiers.setdefault(r.tier, {"passed": 0, "failed": 0})
+        counts["passed" if r.ok else "failed"] += 1
+    return {"passed": sum(c["passed"] for c in tiers.values()),
+            "failed": sum(c["failed"] for c in tiers.values()), "tiers": tiers,
+            "results": [{"tier": r.tier, "case": r.case, "seed": r.seed, "ok": r.ok,
+                         "detail": r.detail, "repro": r.repro.replace("DIR", directory)}
+                        for r in results]}
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    table([(t, c["passed"], c["failed"]) for t, c in summary["tiers"].items()],
+          ("tier", "passed", "failed"))
+    click.echo(f"{summary['passed']} passed, {summary['failed']} failed")
 
 
 @main.command(epilog=examples("agentwal demo", "agentwal demo /tmp/demo.awal"))

@@ -59,7 +59,7 @@ class Audit:
     def verify(self, progress: Progress | None = None) -> VerifyReport:
         """Every offline check, in one consistent view (``Store.verify``)."""
         e = self._e
-        e._check_open()
+        e.check_open()
         assert e._snap is not None
         found = check_control(e._fs, e.path, e.store_id)
         snap: Snapshot | None = e._snap
@@ -159,7 +159,7 @@ class Audit:
                progress: Progress | None = None) -> BackupReport:
         """A consistent copy of the store at ``dest`` (``Store.backup``)."""
         e = self._e
-        e._check_open()
+        e.check_open()
         snap = e._snap
         assert snap is not None
         target = os.fspath(dest)

@@ -3,11 +3,13 @@
 Theory of operation: the engine (``local.engine.Engine``: views
 over the memtables and LMDB, the commit pipeline, the ledger's reads and
 writes) already does everything ``backend.Backend`` names; this adapter
-gives it those names and value objects, so the conformance suite
-(``tests/conformance/``) checks the engine against the same contracts a
-second backend must meet. A :class:`LocalView` wraps one engine view (a
-snapshot LSN, the memtable layers, an LMDB read transaction); its ``base``
-and ``epoch`` are computed once at :meth:`LocalBackend.begin`.
+gives it those names and value objects. Every ``Transaction`` of a local
+store reads and commits through it, and the conformance suite
+(``tests/conformance/``) checks it against the same contracts a second
+backend must meet. A :class:`LocalView` wraps one engine view (a snapshot
+LSN, the memtable layers, an LMDB read transaction); its ``base`` and
+``epoch`` are read at that view the first time they are asked for (only a
+step that calls an effect asks), so a plain transaction pays for neither.
 
 ``record_effect`` is the engine's compare-and-set
 (``EffectLog.write_if``): a lock striped over the keys is held from reading
@@ -21,7 +23,6 @@ Nothing here touches a file or LMDB itself; it only calls the engine.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Change
@@ -30,19 +31,36 @@ from ..types import Checkpoint
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .reads import View
 
 __all__ = ["LocalBackend", "LocalView"]
 
 
-@dataclass(eq=False, slots=True)
 class LocalView:
     """One engine view of one run (``backend.View``)."""
 
-    run: str
-    base: int
-    epoch: int
-    inner: Any  # the engine's view: snapshot LSN, layers, LMDB read
-    fence: object | None = None
+    __slots__ = ("_base", "_engine", "_epoch", "inner", "run")
+    fence: object | None = None  # the writer lock fences writers, not a token
+
+    def __init__(self, engine: Engine, run: str, inner: View) -> None:
+        self._engine = engine
+        self.run = run
+        self.inner = inner  # the engine's view: snapshot LSN, layers, LMDB read
+        self._base: int | None = None
+        self._epoch: int | None = None
+
+    @property
+    def base(self) -> int:
+        if self._base is None:
+            head = self._engine._head(self.inner, self.run)
+            self._base = head.id if head is not None else 0
+        return self._base
+
+    @property
+    def epoch(self) -> int:
+        if self._epoch is None:
+            self._epoch = self._engine._view_epoch(self.inner, self.run)
+        return self._epoch
 
 
 class LocalBackend:
@@ -63,22 +81,14 @@ class LocalBackend:
     # -- RunStore ---------------------------------------------------------------------
 
     def begin(self, run: str) -> LocalView:
-        s = self._s
-        inner = s._view()
-        try:
-            head = s._head(inner, run)
-            epoch = s._view_epoch(inner, run)
-        except BaseException:
-            s._release(inner)
-            raise
-        return LocalView(run, head.id if head is not None else 0, epoch, inner)
+        return LocalView(self._s, run, self._s._view())
 
     def read(self, view: LocalView, key: str) -> bytes | None:
-        self._s._check_open()
+        self._s.check_open()
         return self._s._read(view.inner, view.run, key)
 
     def scan(self, view: LocalView, prefix: str) -> dict[str, bytes]:
-        self._s._check_open()
+        self._s.check_open()
         return {k: v for k, v in self._s._items(view.inner, view.run, prefix).items()
                 if v is not None}
 
@@ -103,7 +113,7 @@ class LocalBackend:
     def state_at(self, run: str, checkpoint: int, *, key: str | None = None
                  ) -> dict[str, bytes]:
         s = self._s
-        s._check_open()
+        s.check_open()
 
         def read(v: Any) -> dict[str, bytes]:
             s._check_at(v, run, checkpoint)
@@ -120,11 +130,11 @@ class LocalBackend:
     # -- LedgerStore ------------------------------------------------------------------
 
     def effect(self, key: str) -> EffectRecord | None:
-        self._s._check_open()
+        self._s.check_open()
         return self._s.effectlog.get(key)
 
     def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        self._s._check_open()
+        self._s.check_open()
         return self._s.effectlog.key_at(run, checkpoint, ordinal)
 
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
@@ -132,11 +142,11 @@ class LocalBackend:
         return self._s.effectlog.write_if(entry, expect)
 
     def effects(self) -> list[EffectRecord]:
-        self._s._check_open()
+        self._s.check_open()
         return sorted(self._s.effectlog.entries(), key=lambda e: e.key)
 
     def outbox(self) -> list[EffectRecord]:
-        self._s._check_open()
+        self._s.check_open()
         return self._s.effectlog.outbox()
 
     # -- Maintenance ------------------------------------------------------------------

@@ -109,7 +109,7 @@ class Copier:
         store: the store directory.
         tmp: the temporary directory (:func:`check_destination`).
         progress: called with ``("log", segments copied, segments)``,
-            ``("snapshot", 0 then 1, 1)`` and ``("blobs", files copied, None)``.
+            ``("snapshot: LMDB copy", 0 then 1, 1)`` and ``("blobs", files copied, None)``.
     """
 
     def __init__(self, src: FileSystem, dst: FileSystem, store: str, tmp: str,
@@ -228,9 +228,11 @@ class Copier:
     def copy_snapshot(self, copy: Callable[[str], None]) -> None:
         """Copy LMDB with ``copy(directory)`` (``Snapshot.copy_to``) and fsync it."""
         out = self.mkdir(SNAPSHOT_DIR)
-        self._tick("snapshot", 0, 1)  # one LMDB copy: no steps inside it
+        # One LMDB copy (mdb_env_copy, one C call that releases the GIL): no steps inside
+        # it to count, so the phase says what runs while a bar's clock keeps going.
+        self._tick("snapshot: LMDB copy", 0, 1)
         copy(out)
-        self._tick("snapshot", 1, 1)
+        self._tick("snapshot: LMDB copy", 1, 1)
         path = os.path.join(out, "data.mdb")
         fd = self.dst.open(path, create=False)
         try:

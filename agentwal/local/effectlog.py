@@ -62,8 +62,8 @@ class EffectLog:
         self._e = engine
         self._cas = tuple(threading.Lock() for _ in range(_CAS_STRIPES))
 
-    def adopt(self, txn: Transaction, base: int, name: str, digest: str,
-                      mode: EffectMode, epoch: int) -> int | None:
+    def adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
+              epoch: int) -> int | None:
         """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
 
         A step that conflicted, or whose process died, after it called an
@@ -82,14 +82,13 @@ class EffectLog:
         from those are new positions by design) and ignores retired entries.
         """
         e = self._e
-        run = txn.run
         pipe = e._pipe
         if base == 0 or pipe is None:
             return None  # a run's first step has no earlier positions
         with e._lock:
             head = pipe.heads.get(run) or e.head_of(run)
         if head is None or head[0] != base:
-            return None  # a stale step, which _effect_claim refuses
+            return None  # a stale step, which claim refuses
 
         def find(v: View) -> int | None:
             # Checkpoint ids are consecutive (a commit's id is its parent's + 1), so the
@@ -117,7 +116,7 @@ class EffectLog:
                 return None
         return found
 
-    def claim(self, txn: Transaction, base: int) -> None:
+    def claim(self, txn: Transaction, base: int, chain: object, inherited: bool) -> None:
         """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
 
         Called by the ledger under the position's lock before an effect runs.
@@ -127,6 +126,7 @@ class EffectLog:
         (and silently reuse) another step's recorded results. Such a
         transaction gets ``ConflictError`` before anything is called or
         recorded, and its retry (``store.transact``) runs from the new head.
+        ``chain`` and ``inherited`` are the step's (``txn.StepHooks.txn_claim``).
 
         Raises:
             ConflictError: as above.
@@ -134,14 +134,14 @@ class EffectLog:
         e = self._e
         run = txn.run
         with e._lock:
-            e._pos_owners.check(txn, base)
-            if not txn._inherited and e._pos_owners.owner(run, base) is not txn:
+            e._pos_owners.check(txn, base, chain)
+            if not inherited and e._pos_owners.owner(run, base) is not txn:
                 pipe = e._pipe
                 assert pipe is not None
                 head = pipe.heads.get(run) or e.head_of(run)
                 if (head[0] if head is not None else 0) != base:
                     raise moved_on(run, base, head[0] if head is not None else "nothing")
-            e._pos_owners.take(txn, base)
+            e._pos_owners.take(txn, base, chain)
 
     def recorded(self, key: str) -> EffectRecord | None:
         """The published ledger entry for ``key`` (memtables, then LMDB); under ``_lock``."""
@@ -168,7 +168,7 @@ class EffectLog:
         """Log ``entry`` durably; returns it as recorded (decoded from its encoding,
         so it shares no object with the caller's)."""
         e = self._e
-        e._check_open()
+        e.check_open()
         if e._pipe is None:
             raise ReadOnlyError(e.path)
         raw = encode_entry(entry)

@@ -106,6 +106,7 @@ from .commit import CommitPipeline, Pending
 from .control import create_control, read_control
 from .effectlog import EffectLog
 from .fold import Folder
+from .healthfile import HealthFile
 from .maintenance import Maintenance
 from .memtable import Memtable
 from .opening import no_control, prepare
@@ -204,7 +205,8 @@ class Engine:
         self._lock = threading.Lock()
         self._fold_lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._closed = True
+        #: True before the open finished and after close (``check_open`` refuses then)
+        self.closed = True
         self._stop = False
         self._writer_lock: WriterLock | None = None
         self._snap: Snapshot | None = None
@@ -229,12 +231,13 @@ class Engine:
         self._fold_retry_at = 0.0  # after a failed fold, the next try waits until then
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._fold_mark = 0
-        self._counters = {"folds": 0, "segments_removed": 0, "map_grows": 0,
-                          "retention_passes": 0, "retries": 0}
+        #: what ``stats()`` reports of the engine's work (the facade counts ``retries``)
+        self.counters = {"folds": 0, "segments_removed": 0, "map_grows": 0,
+                         "retention_passes": 0, "retries": 0}
         self._recovery: dict[str, Any] = {}
         self.store_id: Any = None
         self.backend = LocalBackend(self)  # the seam's view of this engine
-        self._ledger = Ledger(self.backend)
+        self.ledger = Ledger(self.backend)  # the effects executor over this engine
         self._effect_retention = effect_retention  # seconds; None keeps settled entries
         self._next_expiry = 0.0
         #: ``(keep_last, older_than)`` of ``retain=``; applied by the fold thread
@@ -244,6 +247,8 @@ class Engine:
         self._retain_commits = 0  # commits since the last retention pass
         self._retain_wanted = False  # a pass is due: the fold thread runs it
         self._retain_error: BaseException | None = None
+        #: the writer's HEALTH file (``local/healthfile.py``); None when read-only
+        self.health: HealthFile | None = None
         self._swapping = False  # the LMDB file is being swapped (vacuum, reopen): views wait
         self._blobs = BlobStore(fs, path, BLOBS_DIR)
         self._trees = TreeStore(self._blobs, path, readonly=readonly)
@@ -274,9 +279,12 @@ class Engine:
         if not self.readonly:
             fs.mkdir(wal_dir)
             fs.fsync_dir(path)
+            self.health = HealthFile(path, self.store_id)
+            self.health.opened({"wal_max_bytes": self.wal_max_bytes,
+                                "durability": self.durability.value})
         self._snap = self._new_snapshot()
         self._load(wal_dir)
-        self._closed = False
+        self.closed = False
         self._finalizer = weakref.finalize(
             self, _release_handles, self._writer_lock, self._snap,
             self._pipe.writer if self._pipe is not None else None)
@@ -380,7 +388,7 @@ class Engine:
 
     def refresh(self) -> None:
         """Read-only engines: load what the writer has committed since (``Store.refresh``)."""
-        self._check_open()
+        self.check_open()
         if not self.readonly:
             return
         with self._refresh_lock:  # on failure the old view stays in place
@@ -388,18 +396,19 @@ class Engine:
 
     # -- views ----------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def check_open(self) -> None:
+        """Raise ``StoreClosedError`` if the engine is closed."""
+        if self.closed:
             raise StoreClosedError(self.path)
 
     def _writable(self) -> CommitPipeline:
-        self._check_open()
+        self.check_open()
         if self._pipe is None:
             raise ReadOnlyError(self.path)
         return self._pipe
 
     def _view(self) -> _View:
-        self._check_open()
+        self.check_open()
         assert self._snap is not None
         while self._dead:  # views of transactions the garbage collector dropped
             self._release(self._dead.popleft())
@@ -475,36 +484,14 @@ class Engine:
         finally:
             self._release(view)
 
-    # -- the transaction hooks (txn._Engine) ----------------------------------------
-
-    def _txn_read(self, txn: Transaction, key: str) -> bytes | None:
-        self._check_open()
-        return self._read(txn._view, txn.run, key)
-
-    def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]:
-        self._check_open()
-        return self._items(txn._view, txn.run, prefix)
-
-    def _txn_release(self, txn: Transaction) -> None:
-        self._release(txn._view)
-        if txn._blob_pins and not txn._blobs_in_doubt:
-            self._blobs.unpin(txn._blob_pins)
-
-    def _txn_abandon(self, txn: Transaction) -> None:
-        """A transaction was garbage-collected unfinished; takes no lock (GC runs anywhere)."""
-        self._dead.append(txn._view)
-        if txn._blob_pins:
-            self._blobs.abandon(txn._blob_pins)
-
-    def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
-        return self.commit_change(txn._view, txn._change())
+    # -- commits (LocalBackend.commit) ---------------------------------------------
 
     def commit_change(self, view: _View, change: Change) -> Checkpoint | None:
         """Commit ``change``, read at ``view``, through the pipeline (``RunStore.commit``).
 
         An empty change applies nothing and returns the run's head as the view sees it.
         """
-        self._check_open()
+        self.check_open()
         run, pipe = change.run, self._pipe
         if pipe is None:
             raise ReadOnlyError(self.path)
@@ -525,40 +512,40 @@ class Engine:
                            dict(change.meta), list(change.deferred), origin=change.origin,
                            effects=change.effects)
 
-    def _txn_base(self, txn: Transaction) -> int:
-        head = self._head(txn._view, txn.run)
-        return head.id if head is not None else 0
-
-    def _txn_epoch(self, txn: Transaction) -> int:
-        """The run id's epoch as the transaction sees it (``effects.derive_key``)."""
-        return self._view_epoch(txn._view, txn.run)
-
     def _view_epoch(self, v: _View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
         return self._reads(v).epoch(run)
 
-    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
+    # -- the transaction's hooks (txn.StepHooks; its reads and commit: LocalBackend) --
+
+    def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
         return self.blobrefs.put_blob(source, media_type)
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
-                      rehash: bool = False, subdir: str | None = None
-                      ) -> tuple[BlobRef, list[str]]:
+    def txn_put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
+                     subdir: str | None = None) -> tuple[BlobRef, list[str]]:
         return self.blobrefs.put_tree(path, exclude, base, rehash, subdir)
 
-    def _txn_effect(self, txn: Transaction, req: Request) -> Any:
-        self._check_open()
-        return self._ledger.run(req)
+    def txn_unpin(self, pins: list[str]) -> None:
+        self._blobs.unpin(pins)
 
-    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
-        self._check_open()
-        return await self._ledger.arun(req)
+    def txn_abandon_pins(self, pins: list[str]) -> None:
+        self._blobs.abandon(pins)
 
-    def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
-                      mode: EffectMode, epoch: int) -> int | None:
-        return self.effectlog.adopt(txn, base, name, digest, mode, epoch)
+    def txn_effect(self, view: Any, req: Request) -> Any:
+        self.check_open()
+        return self.ledger.run(req)
 
-    def _effect_claim(self, txn: Transaction, base: int) -> None:
-        self.effectlog.claim(txn, base)
+    async def txn_aeffect(self, view: Any, req: Request) -> Any:
+        self.check_open()
+        return await self.ledger.arun(req)
+
+    def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
+                  epoch: int) -> int | None:
+        return self.effectlog.adopt(run, base, name, digest, mode, epoch)
+
+    def txn_claim(self, txn: Transaction, base: int, *, chain: object,
+                  inherited: bool) -> None:
+        self.effectlog.claim(txn, base, chain, inherited)
 
     # -- commit.Tables: what the pipeline reaches through the engine ----------------
 
@@ -637,7 +624,7 @@ class Engine:
 
     def sync(self) -> None:
         """Make every acknowledged commit durable now (``Store.sync``)."""
-        self._check_open()
+        self.check_open()
         if self._pipe is not None:
             self._pipe.sync()
 
@@ -656,29 +643,17 @@ class Engine:
 
     def snapshot(self) -> None:
         """Fold the WAL into LMDB now (``Store.snapshot``)."""
-        self._check_open()
+        self.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)
         self.folder.fold()
         self.maintenance.retain_step(force=True)
 
-    # -- reads ----------------------------------------------------------------------
-
-    # -- writes beside transactions -------------------------------------------------
-
-    # -- compaction and vacuum ------------------------------------------------------
-
-    # -- blobs and trees ------------------------------------------------------------
-
-    # -- the ledger hooks (ledger._Engine) ------------------------------------------
-
-    # -- verify and backup ----------------------------------------------------------
-
     # -- stats and closing ----------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """Sizes, LSNs, counters and the last recovery (``Store.stats``)."""
-        self._check_open()
+        self.check_open()
         assert self._snap is not None
         with self._lock:
             out: dict[str, Any] = {
@@ -687,7 +662,7 @@ class Engine:
                 "readonly": self.readonly,
                 "visible_lsn": self._visible, "applied_lsn": self._applied,
                 "memtable_commits": len(self._active), "memtable_bytes": self._active.nbytes,
-                **self._counters, "recovery": dict(self._recovery),
+                **self.counters, "recovery": dict(self._recovery),
             }
             if self._pipe is not None:
                 w = self._pipe.writer
@@ -710,7 +685,7 @@ class Engine:
 
     def close(self) -> None:
         """Flush, fold and release everything (``Store.close``; idempotent)."""
-        if self._closed:
+        if self.closed:
             return
         try:
             if self._pipe is not None and self._pipe.writer.broken is None:
@@ -718,16 +693,16 @@ class Engine:
                 self.folder.fold()
                 self.maintenance.retain_step(force=True)
         finally:
-            self._closed = True
+            self.closed = True
             self._release_all()
 
     def _release_all(self) -> None:
         """Stop threads and close every handle without writing anything."""
         with self._lock:
             self._stop = True
-            self._closed = True
+            self.closed = True
             if self._pipe is not None:
-                self._pipe.closed = True  # a commit past _check_open() stops here
+                self._pipe.closed = True  # a commit past check_open() stops here
             self._wake.notify_all()
         for w in self._workers:
             w.join(timeout=30)

@@ -77,9 +77,20 @@ class Folder:
         return BUSY
 
     def fold(self) -> None:
-        """Fold everything published so far (a table left by a failed fold first)."""
-        while self.fold_one():
-            pass
+        """Fold everything published so far (a table left by a failed fold first).
+
+        A writer's ``HEALTH`` file records a failure and clears it at the next success.
+        """
+        e = self._e
+        try:
+            while self.fold_one():
+                pass
+        except Error as exc:
+            if e.health is not None:
+                e.health.failed("fold", exc)
+            raise
+        if e.health is not None:
+            e.health.succeeded("fold")
 
     def fold_one(self) -> bool:
         """Fold one memtable; True if it was one a failed fold had left frozen."""
@@ -136,10 +147,10 @@ class Folder:
             with e._lock:
                 e._frozen = None
                 e._applied = frozen.last_lsn
-                e._counters["folds"] += 1
+                e.counters["folds"] += 1
             with pipe.flush_lock:
                 if pipe.writer.broken is None:
-                    e._counters["segments_removed"] += pipe.writer.remove_through(
+                    e.counters["segments_removed"] += pipe.writer.remove_through(
                         frozen.last_lsn)
         return leftover
 
@@ -164,4 +175,4 @@ class Folder:
                                     f"{why}. Nothing was lost: the WAL keeps everything; "
                                     "finish those reads and the next fold grows it.") from full
             e._snap.grow()
-            e._counters["map_grows"] += 1
+            e.counters["map_grows"] += 1

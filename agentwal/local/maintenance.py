@@ -77,9 +77,10 @@ class Maintenance:
             failpoints.hit("compact_after_commit")
             e.blobrefs.sweep()  # the blob files no kept checkpoint names any more
             if vacuum:
-                tick("vacuum", 0, 1)  # one LMDB copy and a file swap: no steps inside
+                # one LMDB copy (a C call) and a file swap: no steps inside to count
+                tick("vacuum: LMDB copy and swap", 0, 1)
                 self.vacuum()
-                tick("vacuum", 1, 1)
+                tick("vacuum: LMDB copy and swap", 1, 1)
             after = self.file_bytes()
         return CompactReport(tally.dropped, tally.bytes_freed, dict(tally.runs),
                              tally.objects_freed, tally.manifests_written, tally.bytes_written,
@@ -177,7 +178,11 @@ class Maintenance:
             with e._fold_lock:
                 self.compact_locked(None, keep_last, cutoff, True)
                 e.blobrefs.sweep()
-            e._counters["retention_passes"] += 1
+            e.counters["retention_passes"] += 1
             e._retain_error = None
+            if e.health is not None:
+                e.health.succeeded("retention")
         except Error as exc:
             e._retain_error = exc
+            if e.health is not None:
+                e.health.failed("retention", exc)

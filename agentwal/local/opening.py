@@ -21,6 +21,7 @@ import os
 from ..errors import NotAStoreError, StoreNotFoundError
 from ..format import BLOBS_DIR, CACHE_DIR, CONTROL_FILE, SNAPSHOT_DIR, TMP_SUFFIX, WAL_DIR
 from ..io import FileSystem
+from .healthfile import HEALTH_FILE
 from .logmark import LOGMARK_FILE
 
 __all__ = ["prepare", "STORE_NAMES"]
@@ -28,7 +29,7 @@ __all__ = ["prepare", "STORE_NAMES"]
 #: Every name agentwal itself puts in a store directory.
 STORE_NAMES = frozenset({
     CONTROL_FILE, CONTROL_FILE + TMP_SUFFIX, LOGMARK_FILE, LOGMARK_FILE + TMP_SUFFIX, "LOCK",
-    WAL_DIR, SNAPSHOT_DIR, BLOBS_DIR, CACHE_DIR,
+    HEALTH_FILE, HEALTH_FILE + TMP_SUFFIX, WAL_DIR, SNAPSHOT_DIR, BLOBS_DIR, CACHE_DIR,
 })
 
 _READ_ONLY = "A read-only open never creates a store: check the path, or open it writable once."

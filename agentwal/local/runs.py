@@ -72,7 +72,7 @@ class Runs:
         view path.
         """
         e = self._e
-        e._check_open()
+        e.check_open()
         snap = e._snap
         assert snap is not None
         if not e.readonly:

@@ -2,14 +2,14 @@
 
 Theory of operation: the neutral layers are reused as they are. A
 transaction is ``agentwal.txn.Transaction`` (buffering, savepoints,
-read-your-writes, validation inputs), driven through the engine hooks it
-calls (``_txn_read``, ``_txn_commit``, ...), which go to the backend at the
-transaction's view. Effects run through ``agentwal.ledger.Ledger``; its
-ledger writes become the backend's compare-and-set ``record_effect``, fenced
-by the lease of the transaction that makes them, so a worker whose lease
-was taken can neither announce a call (its intent is refused and ``fn`` is
-not called) nor record an outcome. Past its local lease deadline a worker
-records no intent either.
+read-your-writes, validation inputs): it reads, scans and commits through
+the backend (a ``backend.RunStore``) at its view, and reaches this class
+for the rest (effects, position claims: ``txn.StepHooks``). Effects run
+through ``agentwal.ledger.Ledger``; its ledger writes become the backend's
+compare-and-set ``record_effect``, fenced by the lease of the transaction
+that makes them, so a worker whose lease was taken can neither announce a
+call (its intent is refused and ``fn`` is not called) nor record an outcome.
+Past its local lease deadline a worker records no intent either.
 
 Leases: ``begin`` (and ``delete_run``, ``rollback_to``, ``fork``) take the
 run's lease for this worker when it does not hold it; ``lease``, ``release``
@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from psycopg import pq as psycopg_pq
 
 from ..aio import is_async_callable, off_loop
+from ..backend import View
 from ..codec import decode_stored, loads
 from ..effects import (
     STATUSES,
@@ -66,9 +67,9 @@ from ..errors import (
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..transfer import CopyReport, copy_runs
-from ..txn import Begin, Transaction, check_effect_args
+from ..txn import Begin, Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
-from .backend import Change, EffectRace, PgView, PostgresBackend
+from .backend import Change, EffectRace, PostgresBackend
 from .leases import Lease
 from .verify import verify as verify_tables
 
@@ -76,7 +77,7 @@ __all__ = ["PostgresStore", "open_postgres"]
 
 T = TypeVar("T")
 _UNSET: Any = object()
-#: How far back ``_effect_adopt`` looks for an uncommitted attempt (as the local store).
+#: How far back ``txn_adopt`` looks for an uncommitted attempt (as the local store).
 _ADOPT_WALK = 32
 
 
@@ -230,8 +231,8 @@ class PostgresStore:
         check_key(run, "run id")
         self._writable()
         if retry_of is not None:
-            _check_retry_of(self, run, retry_of)
-        return Transaction(self, run, self._b.begin(run), retry_of=retry_of)
+            check_retry_of(retry_of, self._b, run)
+        return Transaction(self._b, self._b.begin(run), self, retry_of=retry_of)
 
     def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
         """Run ``fn(txn)`` and commit it, redoing it on ``ConflictError`` (not on a lost lease)."""
@@ -310,70 +311,55 @@ class PostgresStore:
                 raise
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    # Transaction's engine hooks (agentwal.txn._Engine).
+    # Transaction's hooks (agentwal.txn.StepHooks); its reads and commit go to self._b.
 
-    def _txn_read(self, txn: Transaction, key: str) -> bytes | None:
-        return self._b.read(txn._view, key)
-
-    def _txn_items(self, txn: Transaction, prefix: str) -> dict[str, bytes | None]:
-        return dict(self._b.scan(txn._view, prefix))
-
-    def _txn_commit(self, txn: Transaction) -> Checkpoint | None:
-        view: PgView = txn._view
-        return self._b.commit(view, txn._change())
-
-    def _txn_release(self, txn: Transaction) -> None:
-        self._b.end(txn._view)
-
-    def _txn_abandon(self, txn: Transaction) -> None:
-        self._b.abandon(txn._view)
-
-    def _txn_base(self, txn: Transaction) -> int:
-        return int(txn._view.base)
-
-    def _txn_epoch(self, txn: Transaction) -> int:
-        return int(txn._view.epoch)
-
-    def _txn_put_blob(self, txn: Transaction, source: Any, media_type: str | None) -> BlobRef:
+    def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
         raise BackendUnsupportedError(
             "txn.put_blob", "PostgreSQL", "Keep large artifacts in a local store (or in "
             "object storage, with their reference as a value) until it stores blobs; "
             "docs/postgres.md lists what it does today.")
 
-    def _txn_put_tree(self, txn: Transaction, path: Any, exclude: Any, base: bytes | None,
-                      rehash: bool = False, subdir: str | None = None
-                      ) -> tuple[BlobRef, list[str]]:
+    def txn_put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
+                     subdir: str | None = None) -> tuple[BlobRef, list[str]]:
         raise BackendUnsupportedError(
             "txn.put_tree", "PostgreSQL", "Trees are made of blobs, which it does not store "
             "yet; use a local store for workspaces (docs/postgres.md).")
 
-    def _fenced(self, txn: Transaction, req: Request) -> None:
+    def txn_unpin(self, pins: list[str]) -> None:
+        """Nothing is pinned: no blob is stored here."""
+
+    def txn_abandon_pins(self, pins: list[str]) -> None:
+        """Nothing is pinned: no blob is stored here."""
+
+    def _fenced(self, view: View, req: Request) -> Lease:
         """Fence ``req``'s ledger writes by the step's lease, and pass its epoch to ``fn``.
 
         Past the lease's local deadline (or once it is known lost) this raises
         LeaseLostError before anything reaches the server: a holder cut off
         from it learns nothing new there, and must start no call.
         """
-        lease: Lease = txn._view.fence
+        lease = view.fence
+        assert isinstance(lease, Lease)  # begin takes the lease of every writing view
         lease.check()
         self._fences[req.key] = lease
         req.fencing_token = lease.epoch
+        return lease
 
-    def _txn_effect(self, txn: Transaction, req: Request) -> Any:
-        self._fenced(txn, req)
+    def txn_effect(self, view: View, req: Request) -> Any:
+        self._fenced(view, req)
         try:
             return self._ledger.run(req)
         finally:
             self._fences.pop(req.key, None)
 
-    async def _txn_aeffect(self, txn: Transaction, req: Request) -> Any:
-        self._fenced(txn, req)
+    async def txn_aeffect(self, view: View, req: Request) -> Any:
+        self._fenced(view, req)
         try:
             return await self._ledger.arun(req)
         finally:
             self._fences.pop(req.key, None)
 
-    def _txn_effect_transactional(self, txn: Transaction, req: Request) -> Any:
+    def txn_effect_transactional(self, view: View, req: Request) -> Any:
         """``txn.effect(..., transactional=True)``: ``fn`` and its outcome in one transaction.
 
         One PostgreSQL transaction on one session: fence (the run's row ``FOR
@@ -393,8 +379,7 @@ class PostgresStore:
             UnencodableValueError: ``fn``'s result cannot be stored (rolled back).
             Whatever ``fn`` raised (rolled back, nothing recorded).
         """
-        self._fenced(txn, req)
-        lease: Lease = txn._view.fence
+        lease = self._fenced(view, req)
         if req.claim is not None:
             req.claim()
         self._ledger._check_position(req)
@@ -436,10 +421,11 @@ class PostgresStore:
             raise wrapped.exc from None
         return result
 
-    def _effect_claim(self, txn: Transaction, base: int) -> None:
+    def txn_claim(self, txn: Transaction, base: int, *, chain: object,
+                  inherited: bool) -> None:
         """Positions at ``base`` belong to one step: refuse a second live one, or a stale one.
 
-        As ``Store._effect_claim``: another live transaction of this worker
+        As ``EffectLog.claim`` locally: another live transaction of this worker
         begun from the same checkpoint (not a retry in the same chain) gets
         ``ConflictError``, and so does a transaction begun before the run
         moved on, unless it is a retry anchored there. Other workers cannot
@@ -447,19 +433,19 @@ class PostgresStore:
         """
         run = txn.run
         with self._pos_lock:
-            self._pos_owners.check(txn, base)
-            self._pos_owners.take(txn, base)
-        if txn._inherited:
+            self._pos_owners.check(txn, base, chain)
+            self._pos_owners.take(txn, base, chain)
+        if inherited:
             return
         head = self._b.begin(run, lease=False).base
         if head != base:
             raise moved_on(run, base, head)
 
-    def _effect_adopt(self, txn: Transaction, base: int, name: str, digest: str,
-                      mode: EffectMode, epoch: int) -> int | None:
+    def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
+                  epoch: int) -> int | None:
         """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
 
-        The local store's rule (``Store._effect_adopt``): a step that died or
+        The local store's rule (``EffectLog.adopt``): a step that died or
         conflicted after calling an effect leaves entries no commit marked; if
         the run moved on without effects meanwhile, its retry begins at a later
         head. Walking back from ``base`` (at most ``_ADOPT_WALK`` checkpoints,
@@ -469,9 +455,8 @@ class PostgresStore:
         the earlier attempt, whose checkpoint is returned. The walk never
         crosses a ``rollback_to`` or a fork's first checkpoint.
         """
-        run = txn.run
         if base == 0 or self._b.begin(run, lease=False).base != base:
-            return None  # a run's first step, or a stale one (which _effect_claim refuses)
+            return None  # a run's first step, or a stale one (which txn_claim refuses)
         found = None
         for e0 in self._b.position_zero(run, max(base - _ADOPT_WALK, 0), base):
             if e0.status == "retired":
@@ -591,12 +576,13 @@ class PostgresStore:
         """Run ids with at least one checkpoint, sorted."""
         return self._b.runs()
 
-    def copy_runs(self, dest: Any, runs: Any = None) -> CopyReport:
+    def copy_runs(self, dest: Any, runs: Any = None, *,
+                  progress: Progress | None = None) -> CopyReport:
         """Copy ``runs`` (default all) with their history and ledger into store ``dest``.
 
         ``dest`` is a local or PostgreSQL store: see :func:`agentwal.transfer.copy_runs`.
         """
-        return copy_runs(self, dest, runs)
+        return copy_runs(self, dest, runs, progress=progress)
 
     # -- history writes (each a fenced commit) ---------------------------------------
 
@@ -887,18 +873,3 @@ _NO_BLOBS = ("Blobs and trees are not stored on PostgreSQL yet; keep them in a l
 
 def _unsupported(what: str, hint: str) -> BackendUnsupportedError:
     return BackendUnsupportedError(what, "PostgreSQL", hint)
-
-
-def _check_retry_of(store: PostgresStore, run: str, prev: object) -> None:
-    if not isinstance(prev, Transaction):
-        raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
-                        f"not {type(prev).__name__}")
-    if prev._engine is not store:
-        raise ValueError("retry_of is a transaction of another store")
-    if prev.run != run:
-        raise ValueError(f"retry_of is a transaction of run {prev.run!r}, not {run!r}")
-    if prev.state == "active":
-        raise ValueError("retry_of is still active: roll it back first")
-    if prev.state == "committed":
-        raise ValueError("retry_of committed: its step is done")
-

@@ -32,6 +32,7 @@ from ..views import (
     checkpoint_row,
     effect_counts,
     effect_row,
+    first_checkpoint,
     fork_map,
     graph_rows,
     jsonable,
@@ -50,6 +51,8 @@ REFRESH_SECONDS = 0.25
 
 #: Checkpoints per page of a run's tree.
 PAGE = 50
+#: The runs page counts each run's checkpoints up to this many ("200+" beyond).
+COUNT_LIMIT = 200
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -96,12 +99,18 @@ class Viewer:
         for run in s.runs():
             if q and q.lower() not in run.lower():
                 continue
-            hist = s.history(run)
-            head = hist[0] if hist else None
+            # Bounded: a run's checkpoints are counted up to COUNT_LIMIT (the store has no
+            # count), so the page costs at most that many reads per run.
+            recent = s.history(run, limit=COUNT_LIMIT + 1)
+            head = recent[0] if recent else None
+            first = (recent[-1] if len(recent) <= COUNT_LIMIT
+                     else first_checkpoint(s, run, head))
             rows.append({"run": run, "head": head.id if head else None,
                          "created_at": head.created_at if head else None,
-                         "checkpoints": len(hist), "in_doubt": doubt.get(run, 0),
-                         "origin": list(hist[-1].origin) if hist and hist[-1].origin else None})
+                         "checkpoints": min(len(recent), COUNT_LIMIT),
+                         "checkpoints_more": len(recent) > COUNT_LIMIT,
+                         "in_doubt": doubt.get(run, 0),
+                         "origin": list(first.origin) if first and first.origin else None})
         rows.sort(key=lambda r: r["created_at"] or 0, reverse=True)
         return rows
 

@@ -75,7 +75,7 @@ def test_wal_dump(filled: str) -> None:
 
 def test_problems_exit_1_without_traceback(filled: str, tmp_path: Path) -> None:
     code, out = run("show", filled, "no-such-run")
-    assert code == 1 and "run_not_found" in out and "Traceback" not in out
+    assert code == 2 and "run_not_found" in out and "Traceback" not in out
     empty = tmp_path / "empty"
     empty.mkdir()
     code, out = run("inspect", str(empty))
@@ -104,6 +104,20 @@ def test_torture_runs_and_summarises(tmp_path: Path) -> None:
     assert "passed, 0 failed" in out.splitlines()[-1]
 
 
+def test_torture_json_lists_every_case_and_a_bad_directory_is_no_traceback(
+        tmp_path: Path) -> None:
+    code, out = run("torture", str(tmp_path / "t"), "--seconds", "1", "--tier", "sim",
+                    "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["failed"] == 0 and doc["passed"] == len(doc["results"]) > 0
+    assert doc["tiers"] == {"sim": {"passed": doc["passed"], "failed": 0}}
+    assert doc["results"][0]["repro"].startswith(f"agentwal torture {tmp_path / 't'} ")
+    (tmp_path / "file").write_text("")
+    res = CliRunner().invoke(main, ["torture", str(tmp_path / "file" / "t"), "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["error"]["code"] == "io"
+    assert "Traceback" not in res.output
+
+
 def test_compact(tmp_path: Path) -> None:
     path = str(tmp_path / "c.awal")
     with agentwal.open(path, durability="none") as s:
@@ -125,7 +139,7 @@ def test_compact(tmp_path: Path) -> None:
     assert run("compact", path, "--older-than", "soon")[0] == 2
     assert run("compact", path, "--keep-last", "0")[0] == 2
     code, out = run("compact", path, "--run", "nope")
-    assert code == 1 and "run_not_found" in out
+    assert code == 2 and "run_not_found" in out
     with agentwal.open(path):  # a writer holds the store
         code, out = run("compact", path, "--keep-last", "1")
     assert code == 1 and "store_locked" in out

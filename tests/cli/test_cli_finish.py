@@ -77,18 +77,21 @@ def test_show_a_missing_key_is_a_usage_error_naming_the_list_command(forked: str
     code, out, err = run("show", forked, "run-a", "nope")
     assert code == 2 and out == "" and f"agentwal show {forked} run-a" in err
     code, out, _ = run("show", forked, "run-a", "nope", "--json")
-    assert code == 2 and json.loads(out)["error"]["code"] == "usage"
+    assert code == 2 and json.loads(out)["error"]["code"] == "missing_key"
 
 
-def test_an_unknown_run_exits_1_with_the_list_command(forked: str) -> None:
+def test_an_unknown_run_is_a_usage_error_with_the_list_command(forked: str) -> None:
     for args in (["show", forked, "nope"], ["history", forked, "nope"],
                  ["diff", forked, "nope", "1", "2"]):
         code, out, err = run(*args)
         assert out == ""
-        assert code == 1 and "run_not_found" in err and f"agentwal runs {forked}" in err, args
+        assert code == 2 and "run_not_found" in err and f"agentwal runs {forked}" in err, args
         assert "store.runs()" not in err  # the library's hint is replaced by the command
+    code, out, _ = run("show", forked, "nope", "--json")
+    assert code == 2 and json.loads(out)["error"] == {
+        "code": "run_not_found", "exit_code": 2, "message": json.loads(out)["error"]["message"]}
     code, _, err = run("history", forked, "run-a", "--before", "99")
-    assert code == 1 and f"agentwal history {forked} run-a" in err
+    assert code == 2 and f"agentwal history {forked} run-a" in err
 
 
 def test_history_graph_shows_forks_rollbacks_and_head(forked: str) -> None:
@@ -157,6 +160,18 @@ def test_escaping_tracebacks_are_gone(forked: str, tmp_path: Path) -> None:
         os.path.join(forked, "inside"))
     code, _, err = run("compact", forked, "--older-than", "10000000000d")
     assert code == 2 and "--older-than" in err
+    code, _, err = run("backup", forked, str(tmp_path / "no" / "such" / "b.awal"))
+    assert code == 2 and "parent directory" in err and "create it first" in err
+    code, _, err = run("copy", forked, forked)
+    assert code == 2 and "is STORE itself" in err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_backup_that_cannot_be_written_blames_dest_not_the_store(forked: str) -> None:
+    dest = "/proc/agentwal-no-such-backup"  # its parent exists; nothing can be made in it
+    code, _, err = run("backup", forked, dest)
+    assert code == 1 and f"cannot write the backup at {dest!r}" in err
+    assert "The store is unchanged" in err and "reopen the store" not in err
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -311,7 +326,7 @@ def _stderr_on_a_terminal(args: list[str]) -> str:
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _on_a_terminal(args, env, stream="stderr"))
 
 
-def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
+def test_verify_backup_compact_copy_draw_progress_on_a_terminal_only(forked: str,
                                                                 tmp_path: Path) -> None:
     # The bar redraws ten times a second and once at the end: the last phase always shows.
     err = _stderr_on_a_terminal(["verify", forked])
@@ -321,6 +336,9 @@ def test_verify_backup_compact_draw_progress_on_a_terminal_only(forked: str,
     assert f"backup to {dest}: snapshot" in err and "100%" in err
     err = _stderr_on_a_terminal(["compact", forked, "--keep-last", "2", "--vacuum"])
     assert "compact: vacuum" in err and "100%" in err
+    other = str(tmp_path / "other.awal")
+    err = _stderr_on_a_terminal(["copy", forked, other])
+    assert f"copy to {other}: checkpoints" in err and "100%" in err
     for args in (["verify", forked], ["compact", dest, "--keep-last", "1"]):
         code, _, err = run(*args)  # not a terminal: nothing but the result
         assert code == 0 and err == "", (args, err)

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import agentwal
 from agentwal.cli import main
-from agentwal.cli.common import age as _age
 from agentwal.effects import STATUSES
+from agentwal.views import age as _age
 
 WHEN = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
 LONG_ERROR = "the card processor said no " + "because " * 20
@@ -242,7 +242,7 @@ def test_resolve_a_pending_outbox_entry(ledger: tuple[str, dict[str, str]]) -> N
 def test_resolve_problems_exit_1(ledger: tuple[str, dict[str, str]], tmp_path: Path) -> None:
     path, ids = ledger
     code, out, err = run("resolve", path, "ef-nope", "--not-applied")
-    assert code == 1 and "effect_not_found" in err and out == ""
+    assert code == 2 and "effect_not_found" in err and out == ""
     for settled in ("llm", "ship"):
         code, _, err = run("resolve", path, ids[settled], "--result", "1")
         assert code == 1 and "effect_settled" in err, settled
@@ -379,7 +379,7 @@ def test_retire_sets_an_entry_aside_and_refuses_twice(tmp_path: Path) -> None:
     assert code == 1 and json.loads(out)["error"]["code"] == "effect_not_retirable"
     assert "retired already" in err
     code, _, err = run("retire", path, "ef-nope")
-    assert code == 1 and "effect_not_found" in err
+    assert code == 2 and "effect_not_found" in err
 
 
 def test_rollback_and_fork_say_which_effects_still_stand(tmp_path: Path) -> None:

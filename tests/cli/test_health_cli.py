@@ -122,3 +122,77 @@ def test_the_writer_is_found_by_its_open_lock_file_too(tmp_path: Path,
     with agentwal.open(path):
         assert io_module.writer_holder(path) == (True, os.getpid())
     assert io_module.writer_holder(path) == (False, os.getpid())
+
+
+FOLD_FAILS = """
+import os, resource, signal, sys, time
+import agentwal
+from agentwal.testing import fold_error
+path = sys.argv[1]
+s = agentwal.open(path, segment_bytes=16 << 10, wal_max_bytes=32 << 10)
+sizes = [os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs]
+data = os.path.getsize(os.path.join(path, "snapshot", "data.mdb"))
+limit = -(-(max(max(sizes), data + (48 << 10)) + 1) // 4096) * 4096
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # LMDB cannot grow past it
+for i in range(3000):
+    try:
+        with s.begin("r") as txn:
+            txn[f"k{i}"] = os.urandom(400)
+    except agentwal.errors.Error:
+        break  # LMDB's failed write stopped the writer (DurabilityError)
+    if fold_error(s) is not None:
+        break
+for _ in range(1000):  # the fold thread records its error just after the writer stops
+    if fold_error(s) is not None:
+        break
+    time.sleep(0.01)
+print("FAILED" if fold_error(s) is not None else "NEVER", flush=True)
+sys.stdin.readline()
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+s.close()  # a stopped writer folds nothing; a new one replays the log and folds it
+s = agentwal.open(path, segment_bytes=16 << 10, wal_max_bytes=32 << 10)
+s.snapshot()
+print("FOLDED", flush=True)
+sys.stdin.readline()
+s.close()
+"""
+
+
+@linux_only
+def test_a_writers_failed_fold_shows_in_inspect_from_another_process(tmp_path: Path) -> None:
+    """A real full disk (a file-size limit on LMDB) fails a background fold in the writer;
+    a read-only ``inspect`` here says when and why, and nothing once a fold succeeds."""
+    path = str(tmp_path / "s.awal")
+    agentwal.open(path).close()  # LMDB's files exist before the limit
+    child = subprocess.Popen([sys.executable, "-c", FOLD_FAILS, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "FAILED"
+        data, human = _inspect(path)
+        fold = data["health_record"]["fold"]  # type: ignore[index]
+        # LMDB reports the refused write as EIO or as a full disk, by where it fell
+        assert fold["code"] in ("disk_full", "durability"), fold
+        assert "mdb" in fold["error"] or "no room" in fold["error"], fold
+        assert data["wal_max_bytes"] == 32 << 10 and data["wal_max_bytes_from"] == "recorded"
+        first = data["attention"][0]  # type: ignore[index]
+        assert first.startswith("the last fold failed") and "as the writer recorded it" in first
+        assert fold["error"][:40] in first
+        assert "the last fold failed" in human.splitlines()[1]
+        assert "last fold failed at" in human  # the store section's health_record row
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "FOLDED"
+        data, human = _inspect(path)
+        assert data["health_record"]["fold"] is None  # type: ignore[index]
+        assert not any("fold failed" in a for a in data["attention"])  # type: ignore[union-attr]
+        assert "no failure recorded" in human
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=120) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -73,9 +73,9 @@ def test_diff(store: str) -> None:
 
 def test_diff_problems_and_usage(store: str) -> None:
     code, _, err = run("diff", store, "r", "1", "9")
-    assert code == 1 and "checkpoint_not_found" in err
+    assert code == 2 and "checkpoint_not_found" in err
     code, _, err = run("diff", store, "nope", "1", "2")
-    assert code == 1 and "run_not_found" in err
+    assert code == 2 and "run_not_found" in err
     assert run("diff", store, "r", "0", "2")[0] == 2
     assert run("diff", store, "r", "x", "2")[0] == 2
     assert run("diff", store, "r", "1")[0] == 2
@@ -92,7 +92,7 @@ def test_history_before(store: str) -> None:
     code, out, _ = run("history", store, "r", "--before", "3")
     assert code == 0 and out.splitlines()[2].split()[0] == "2"
     code, _, err = run("history", store, "r", "--before", "99")
-    assert code == 1 and "checkpoint_not_found" in err
+    assert code == 2 and "checkpoint_not_found" in err
     assert run("history", store, "r", "--before", "0")[0] == 2
 
 
@@ -104,7 +104,7 @@ def test_show_at(store: str) -> None:
     code, out, _ = run("show", store, "r", "--json")
     assert js(out) == {"step": 6, "note": {"text": "hello", "raw": {"$bytes": "AQ=="}}}
     code, _, err = run("show", store, "r", "--at", "7")
-    assert code == 1 and "checkpoint_not_found" in err
+    assert code == 2 and "checkpoint_not_found" in err
     assert run("show", store, "r", "--at", "-1")[0] == 2
 
 
@@ -124,7 +124,7 @@ def test_rollback(store: str) -> None:
     assert code == 0 and out.splitlines()[0].split()[:2] == ["id", "parent"]
     assert out.splitlines()[2].split()[:2] == ["8", "7"]
     code, _, err = run("rollback", store, "r", "42")
-    assert code == 1 and "checkpoint_not_found" in err
+    assert code == 2 and "checkpoint_not_found" in err
 
 
 def test_fork(store: str) -> None:
@@ -138,7 +138,7 @@ def test_fork(store: str) -> None:
     code, _, err = run("fork", store, "r", "4", "r2")
     assert code == 1 and "run_exists" in err
     code, _, err = run("fork", store, "nope", "1", "r3")
-    assert code == 1 and "run_not_found" in err
+    assert code == 2 and "run_not_found" in err
 
 
 def test_writing_commands_refuse_a_locked_store_and_a_missing_one(store: str,

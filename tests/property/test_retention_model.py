@@ -52,6 +52,19 @@ def _blob(i: int) -> bytes:
 values = st.one_of(small, st.integers(0, len(BLOBS) - 1).map(_blob))
 
 
+def _pick_kept(data: st.DataObject, kept: set[int]) -> int:
+    """One of a run's kept checkpoints, drawn as an index so the strategy never depends on it.
+
+    Which checkpoints a time-based compaction keeps depends on the clock (the window
+    the module docstring describes), so ``sampled_from(sorted(kept))`` would be a
+    different strategy when Hypothesis replays a case, and it reports that as
+    ``FlakyStrategyDefinition``. A fixed integer range, reduced modulo the choices,
+    draws the same way on every replay.
+    """
+    choices = sorted(kept)
+    return choices[data.draw(st.integers(0, 255), label="kept index") % len(choices)]
+
+
 @dataclass
 class RunModel:
     """One incarnation of a run: every checkpoint's state and which ones are kept."""
@@ -136,7 +149,7 @@ class RetentionMachine(RuleBasedStateMachine):
     def rollback_to(self, data: st.DataObject) -> None:
         run = data.draw(st.sampled_from(sorted(self.runs)))
         m = self.runs[run]
-        target = data.draw(st.sampled_from(sorted(m.kept)))
+        target = _pick_kept(data, m.kept)
         ckpt = self.store.rollback_to(run, target)
         m.add(ckpt, m.states[target])
 
@@ -145,7 +158,7 @@ class RetentionMachine(RuleBasedStateMachine):
     def fork(self, data: st.DataObject) -> None:
         src = data.draw(st.sampled_from(sorted(self.runs)))
         dst = data.draw(st.sampled_from([r for r in RUNS if r not in self.runs]))
-        target = data.draw(st.sampled_from(sorted(self.runs[src].kept)))
+        target = _pick_kept(data, self.runs[src].kept)
         ckpt = self.store.fork(src, target, dst)
         m = self.runs[dst] = RunModel(origin=(src, target))
         m.add(ckpt, self.runs[src].states[target])
@@ -160,7 +173,7 @@ class RetentionMachine(RuleBasedStateMachine):
             self.delete_run(data.draw(st.sampled_from([r for r in RUNS if r != src])))
             free = [r for r in RUNS if r not in self.runs]
         dst = data.draw(st.sampled_from(free))
-        target = data.draw(st.sampled_from(sorted(self.runs[src].kept)))
+        target = _pick_kept(data, self.runs[src].kept)
         ckpt = self.store.fork(src, target, dst)
         m = self.runs[dst] = RunModel(origin=(src, target))
         m.add(ckpt, self.runs[src].states[target])
@@ -205,7 +218,7 @@ class RetentionMachine(RuleBasedStateMachine):
             older_than = dt.timedelta(days=1)
         elif age == "mid" and self.runs:
             m = self.runs[data.draw(st.sampled_from(sorted(self.runs)))]
-            pivot = m.created[data.draw(st.sampled_from(sorted(m.kept)))]
+            pivot = m.created[_pick_kept(data, m.kept)]
             older_than = dt.timedelta(seconds=max(0.0, time.time() - pivot))
         t0 = time.time()
         report = self.store.compact(keep_last=keep_last, older_than=older_than, runs=selected,

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 import agentwal
 from agentwal.cli import main
 from agentwal.cli.ui import is_loopback
-from agentwal.ui import create_app
+from agentwal.ui import create_app, server
 from agentwal.ui.encode import ITEMS, TEXT_CHARS, tree
 from tests.stores import Raw
 
@@ -53,6 +53,29 @@ def test_runs_list_and_search(client: TestClient) -> None:
     assert rows["run-a"]["head"] == 6 and rows["run-a"]["checkpoints"] == 6
     assert rows["run-b"]["origin"] == ["run-a", 3] and rows["run-b"]["in_doubt"] == 1
     assert [r["run"] for r in get(client, "/api/runs?q=B")] == ["run-b"]
+
+
+def test_the_runs_page_counts_checkpoints_up_to_a_bound(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(tmp_path / "long.awal")
+    with agentwal.open(path, durability="none") as s:
+        with s.begin("a") as txn:
+            txn["i"] = 0
+        s.fork("a", 1, "b")
+        for i in range(12):
+            with s.begin("b") as txn:
+                txn["i"] = i
+    monkeypatch.setattr(server, "COUNT_LIMIT", 5)
+    with agentwal.open(path, readonly=True) as store:
+        reads: list[int | None] = []
+        history = store.history
+        monkeypatch.setattr(store, "history", lambda run, **kw: (
+            reads.append(kw.get("limit")), history(run, **kw))[1])
+        rows = {r["run"]: r for r in get(TestClient(create_app(store, path)), "/api/runs")}
+    assert rows["b"]["checkpoints"] == 5 and rows["b"]["checkpoints_more"] is True
+    assert rows["b"]["origin"] == ["a", 1]  # its first checkpoint, found by one seek
+    assert rows["a"]["checkpoints"] == 1 and rows["a"]["checkpoints_more"] is False
+    assert reads and None not in reads and max(r for r in reads if r) <= 6  # never a whole history
 
 
 def test_checkpoint_tree_has_forks_rollbacks_head_and_pages(client: TestClient) -> None:

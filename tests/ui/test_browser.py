@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 import agentwal
+from agentwal.errors import DiskFullError
+from agentwal.local.healthfile import HealthFile
 
 from .stores import HTML, fill
 
@@ -151,11 +153,27 @@ def test_an_in_doubt_effect_first_with_its_resolve_command(page: Any, store_path
     shot(page, "5-effects")
 
 
-def test_health_first_then_verify_on_demand(page: Any) -> None:
+def test_health_first_then_verify_on_demand(page: Any, store_path: str) -> None:
+    with agentwal.open(store_path, readonly=True) as ro:
+        record = HealthFile(store_path, ro.stats()["store_id"])
+    # what a writer's failed fold leaves (tests/cli/test_health_cli.py makes a real one)
+    record.failed("fold", DiskFullError(store_path, "the LMDB map is full <b>x</b>"))
+    try:
+        page.click("#nav-health")
+        items = page.wait_for_selector("#attention-list").inner_text()
+        assert "1 effect(s) in doubt: check" in items and "outbox" in items
+        assert "the last fold failed" in items and "<b>x</b>" in items  # text, not markup
+        facts = page.inner_text("#health-facts")
+        assert "none (no process has it open for writing)" in facts
+        assert "FAILED" in facts and "the LMDB map is full" in facts
+        assert "64.0 MiB (the writer's setting)" in facts
+        assert "last retention pass\tno failure recorded" in facts
+        shot(page, "6a-health-fold-failed")
+    finally:
+        record.succeeded("fold")
+    page.goto(page.url.split("#")[0] + "#/runs")
     page.click("#nav-health")
-    items = page.wait_for_selector("#attention-list").inner_text()
-    assert "1 effect(s) in doubt: check" in items and "outbox" in items
-    assert "none (no process has it open for writing)" in page.inner_text("#health-facts")
+    assert "fold failed" not in page.wait_for_selector("#attention-list").inner_text()
     page.click("#run-verify")
     verdict = page.wait_for_selector("#verify-verdict")
     assert verdict.inner_text().startswith("OK: nothing is damaged")

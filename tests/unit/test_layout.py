@@ -25,7 +25,7 @@ RANK = {
     "types": 1, "codec": 1, "history": 1, "retention": 1, "tree": 1,
     "io": 2, "aio": 2,
     "local.control": 3, "local.wal": 3, "local.blobs": 3, "treeio": 3,
-    "local.logmark": 3, "local.opening": 3, "local.background": 3,
+    "local.logmark": 3, "local.opening": 3, "local.background": 3, "local.healthfile": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,

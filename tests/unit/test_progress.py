@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import agentwal
+from agentwal.local.verify.snapshot_checks import SNAPSHOT_PARTS
 
 
 class Recorder:
@@ -21,19 +22,20 @@ class Recorder:
 
     def __call__(self, phase: str, done: int, total: int | None) -> None:
         self.calls.append((phase, done, total))
-        if phase == self.fail_at:
+        if phase.split(":")[0] == self.fail_at:
             raise KeyboardInterrupt  # what Ctrl-C in a CLI's callback looks like
 
     def phases(self) -> list[str]:
+        """The phases in order, without the part a phase names after a colon."""
         out: list[str] = []
         for phase, _, _ in self.calls:
-            if not out or out[-1] != phase:
-                out.append(phase)
+            if not out or out[-1] != phase.split(":")[0]:
+                out.append(phase.split(":")[0])
         return out
 
     def check_each_phase_rises_to_its_total(self) -> None:
         for phase in self.phases():
-            calls = [(d, t) for p, d, t in self.calls if p == phase]
+            calls = [(d, t) for p, d, t in self.calls if p.split(":")[0] == phase]
             dones = [d for d, _ in calls]
             assert dones == sorted(dones), (phase, calls)
             total = calls[-1][1]
@@ -69,7 +71,10 @@ def test_verify_reports_snapshot_log_and_blobs(path: str, readonly: bool) -> Non
     assert rec.phases() == ["snapshot", "log", "blobs"]
     rec.check_each_phase_rises_to_its_total()
     assert rec.calls[-1] == ("blobs", report.checked["blob_bytes"], report.checked["blob_bytes"])
-    assert ("snapshot", 11, 11) in rec.calls  # one step per kind of snapshot check
+    parts = [p for p, _, _ in rec.calls if p.startswith("snapshot:")]
+    assert parts == [f"snapshot: {part}" for part in SNAPSHOT_PARTS] + ["snapshot: effects"]
+    assert rec.calls[len(parts) - 1] == ("snapshot: effects", 11, 11)
+    assert [d for p, d, _ in rec.calls[:3]] == [0, 1, 2]  # told as each part begins
 
 
 def test_backup_reports_log_snapshot_and_blobs(path: str, tmp_path: Path) -> None:
@@ -78,7 +83,8 @@ def test_backup_reports_log_snapshot_and_blobs(path: str, tmp_path: Path) -> Non
         rep = s.backup(str(tmp_path / "copy.awal"), progress=rec)
     assert rec.phases() == ["log", "snapshot", "blobs"]
     rec.check_each_phase_rises_to_its_total()
-    assert ("snapshot", 1, 1) in rec.calls and rec.calls[-1][2] is None
+    assert ("snapshot: LMDB copy", 0, 1) in rec.calls and ("snapshot: LMDB copy", 1, 1) in rec.calls
+    assert rec.calls[-1][2] is None
     with agentwal.open(rep.path, readonly=True) as copy:
         assert copy.verify().ok and copy.runs() == ["run-0", "run-1", "run-2"]
 
@@ -110,6 +116,18 @@ def test_a_raising_callback_before_the_commit_drops_nothing(path: str) -> None:
         assert {r: [c.id for c in s.history(r)] for r in s.runs()} == before
         assert s.verify().ok
         assert s.compact(keep_last=1).checkpoints_dropped > 0  # the store goes on
+
+
+def test_copy_runs_reports_checkpoints(path: str, tmp_path: Path) -> None:
+    rec = Recorder()
+    with agentwal.open(path, readonly=True) as src, \
+            agentwal.open(str(tmp_path / "dest.awal")) as dest:
+        rep = src.copy_runs(dest, runs=["run-1", "run-2"], progress=rec)
+        assert [c.id for c in dest.history("run-2")] == [c.id for c in src.history("run-2")]
+    assert rec.phases() == ["checkpoints"]
+    rec.check_each_phase_rises_to_its_total()
+    assert rec.calls[0] == ("checkpoints", 0, 12) and rec.calls[-1] == ("checkpoints", 12, 12)
+    assert rep.checkpoints == 12
 
 
 def test_progress_is_keyword_only(path: str, tmp_path: Path) -> None:

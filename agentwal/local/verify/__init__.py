@@ -85,7 +85,7 @@ def verify(src: Source | None, wal: list[WalFile], *, store_id: uuid.UUID, limit
             for the writer): damage at or before it is a problem even at the
             tail of the log; after it, a torn tail is a write in progress.
         problems: problems already found by the caller (``CONTROL``).
-        progress: called with ``("snapshot", groups checked, 10)`` and
+        progress: called with ``("snapshot: PART", parts checked, 10)`` and
             ``("log", segments checked, segments)`` as the checks go.
 
     Returns:

@@ -55,7 +55,11 @@ from ..snapshot.layout import (
 )
 from .report import Findings, Source
 
-__all__ = ["CACHE_BYTES", "SnapshotChecker"]
+__all__ = ["CACHE_BYTES", "SNAPSHOT_PARTS", "SnapshotChecker"]
+
+#: The parts of verify's ``snapshot`` phase, in order, as its progress names them.
+SNAPSHOT_PARTS = ("meta", "runs", "state", "checkpoints (hash chains)", "deltas", "manifests",
+                  "versions", "objects", "references", "object ids", "effects")
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -248,6 +252,13 @@ class SnapshotChecker(Findings):
     # -- the snapshot ---------------------------------------------------------------
 
     def check_snapshot(self, progress: Progress | None = None) -> None:
+        """Every check of LMDB, in order; ``progress`` is told each part as it begins.
+
+        The parts are named in the phase (``"snapshot: checkpoints"``, see
+        :data:`SNAPSHOT_PARTS`) so that a long part (the hash chains of the
+        checkpoints, usually) never shows as the previous one; ``done`` counts
+        the parts finished, of 11, ending with the last part at 11.
+        """
         damaged: set[int] = set()
         steps: list[Callable[[], object]] = [
             self.check_meta, self.check_runs, lambda: damaged.update(self.check_state()),
@@ -255,10 +266,13 @@ class SnapshotChecker(Findings):
             lambda: self.check_history_records("delta"),
             lambda: self.check_history_records("manifest"), self.check_versions,
             self.check_objects, self.check_refs, self.check_oids, self.check_effects]
-        for i, step in enumerate(steps):
-            step()
+        assert len(steps) == len(SNAPSHOT_PARTS)
+        for i, (step, part) in enumerate(zip(steps, SNAPSHOT_PARTS, strict=True)):
             if progress is not None:
-                progress("snapshot", i + 1, len(steps))
+                progress(f"snapshot: {part}", i, len(steps))
+            step()
+        if progress is not None:
+            progress(f"snapshot: {SNAPSHOT_PARTS[-1]}", len(steps), len(steps))
 
     def check_meta(self) -> None:
         seen: dict[bytes, bytes] = {}

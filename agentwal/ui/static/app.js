@@ -101,7 +101,7 @@ async function renderRuns(params, live) {
       el("td", {}, link(`#/run/${enc(r.run)}`, r.run), r.origin ? el("span", { class: "muted" }, ` forked from ${r.origin[0]} #${r.origin[1]}`) : null),
       el("td", {}, r.head === null ? "-" : `#${r.head}`),
       el("td", {}, age(r.created_at)),
-      el("td", { class: "num" }, r.checkpoints),
+      el("td", { class: "num", title: r.checkpoints_more ? "counted up to this many; the run's page lists them all" : null }, r.checkpoints_more ? `${r.checkpoints}+` : String(r.checkpoints)),
       el("td", { class: "num" }, r.in_doubt ? el("span", { class: "badge bad" }, r.in_doubt) : "0")))));
   const body = el("div", { id: "runs-body" }, table,
     rows.length ? null : el("p", { class: "muted" }, q ? "No run matches." : "The store has no runs yet."));
@@ -328,12 +328,26 @@ async function renderOutbox(live) {
 const HEALTH_FACTS = [
   ["writer", "writer"], ["last commit", "last_commit_at"], ["visible LSN", "visible_lsn"],
   ["folded up to LSN", "applied_lsn"], ["log records not folded", "unfolded_records"],
-  ["log size", "wal_bytes"], ["log segments", "wal_segments"], ["snapshot size", "lmdb_bytes"],
+  ["log size", "wal_bytes"], ["log limit (wal_max_bytes)", "wal_max_bytes"],
+  ["last fold", "fold"], ["last retention pass", "retention"],
+  ["log segments", "wal_segments"], ["snapshot size", "lmdb_bytes"],
   ["runs", "runs"], ["checkpoints", "checkpoints"], ["outbox pending", "outbox_pending"],
 ];
 let healthShownAt = 0;
 
-function healthFact(name, v) {
+const LIMIT_FROM = { given: "given", recorded: "the writer's setting", default: "the default: the writer recorded none" };
+
+// What the writer's HEALTH file says about one background job (fold, retention).
+function recordedJob(record, job) {
+  if (record === null || record === undefined) return "unknown (no HEALTH file: no writer has opened the store since agentwal wrote one)";
+  if (record.unreadable) return `unknown (HEALTH file unreadable: ${record.unreadable})`;
+  const failure = record[job];
+  return failure ? `FAILED ${new Date(failure.at * 1000).toISOString()} (${age(failure.at)}): ${failure.error}` : "no failure recorded";
+}
+
+function healthFact(name, v, h) {
+  if (name === "fold" || name === "retention") return "health_record" in h ? recordedJob(h.health_record, name) : "-";
+  if (name === "wal_max_bytes" && v) return `${size(v)} (${LIMIT_FROM[h.wal_max_bytes_from] || "?"})`;
   if (name === "writer") {
     if (v.held) return `open for writing by process ${v.pid}`;
     return v.held === null ? "unknown (no lock table on this system)" : "none (no process has it open for writing)";
@@ -353,7 +367,7 @@ async function renderHealth(live) {
     : el("p", { id: "attention-list", class: "ok-text" }, "Nothing needs attention.");
   const counts = Object.entries(h.effects).filter(([k, n]) => k !== "total" && n).map(([k, n]) => `${n} ${k}`).join(", ");
   const facts = el("table", { id: "health-facts", class: "facts" }, el("tbody", {},
-    HEALTH_FACTS.map(([label, name]) => el("tr", {}, el("th", {}, label), el("td", {}, healthFact(name, h[name])))),
+    HEALTH_FACTS.map(([label, name]) => el("tr", {}, el("th", {}, label), el("td", {}, healthFact(name, h[name], h)))),
     el("tr", {}, el("th", {}, "effects"), el("td", {}, `${h.effects.total} ledger entries${counts ? ` (${counts})` : ""}`))));
   if (live && document.getElementById("health-body")) {
     document.getElementById("health-body").replaceChildren(attention, facts);
