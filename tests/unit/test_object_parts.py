@@ -125,3 +125,23 @@ def test_a_missing_or_damaged_part_is_corruption_and_verify_names_it(path: str) 
     assert not report.ok
     assert any(p.db == "objects" and p.key == f"@{addr}#2" and "is missing" in p.what
                for p in report.problems), report.problems
+
+
+def test_a_damaged_large_value_read_from_the_head_is_corruption(path: str) -> None:
+    """The head's fast read of a large value (one whole leaf) checks the leaf's seal and
+    its kind; damage takes the reader's path, which reports it."""
+    value = os.urandom(1500)  # one whole leaf, not compressible
+    with agentwal.open(path, durability="none") as store:
+        with store.begin("r") as txn:
+            txn["v"] = value
+        store.snapshot()
+        assert store.get("r", "v") == value
+        snap = store._engine._snap
+        assert snap is not None
+        with snap.env.begin(write=True) as txn:
+            k, raw = next(iter(txn.cursor(db=snap._dbs.objects)))
+            raw = bytearray(raw)
+            raw[-1] ^= 0x40
+            txn.put(k, bytes(raw), db=snap._dbs.objects)
+        with pytest.raises(agentwal.CorruptionError, match="checksum"):
+            store.get("r", "v")

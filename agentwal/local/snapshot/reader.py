@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import uuid
 import zlib
@@ -36,11 +37,13 @@ from .layout import (
     EFFECTS_INDEX,
     EPOCH,
     HISTORY_INDEX,
+    OBJECT_SPLIT,
     U16,
     U64,
     Dbs,
     RunInfo,
     crc,
+    object_record,
     pos_key,
     run_index_prefix,
     status_index_prefix,
@@ -51,6 +54,7 @@ from .objects import TxnObjects
 __all__ = ["HeadLists", "RawEntries", "SnapshotReader", "read_value"]
 
 _HEAD_REF_BYTE = bytes([HEAD_REF])
+_LEAF_REF = bytes([0x82, history.VALUE])  # CBOR [1, ...]: a head ref to a large value's leaf
 _pack_u64 = U64.pack
 _unpack_crc = CRC.unpack_from
 
@@ -71,11 +75,35 @@ def read_value(directory: str, dbs: Dbs, txn: Any, run_no: int, key: str,
     if raw is None:
         return None
     data: bytes = raw[4:]
-    if (len(raw) < 4 or _unpack_crc(raw)[0] != zlib.crc32(data, zlib.crc32(k))
-            or (data and data[0] == HEAD_REF)):
-        # damage, or a list by ref
-        return SnapshotReader(directory, dbs, txn, lists).get(run_no, key)
+    if len(raw) < 4 or _unpack_crc(raw)[0] != zlib.crc32(data, zlib.crc32(k)):
+        return SnapshotReader(directory, dbs, txn, lists).get(run_no, key)  # damage
+    if data and data[0] == HEAD_REF:
+        # a large value by ref, read here when it is one whole leaf; anything else (a list,
+        # parts, damage) takes the reader's path
+        leaf = _leaf_value(dbs, txn, data) if data[1:3] == _LEAF_REF else None
+        return leaf if leaf is not None else SnapshotReader(directory, dbs, txn, lists).get(
+            run_no, key)
     return data
+
+
+def _leaf_value(dbs: Dbs, txn: Any, entry: bytes) -> bytes | None:
+    """The value a head entry ``0xff + [1, addr]`` names, if its leaf is one sound entry."""
+    try:
+        addr = loads(entry[1:])[1]
+        k = _pack_u64(addr)
+        raw = txn.get(k, db=dbs.objects)
+    except (CodecError, Error, IndexError, TypeError, OverflowError, struct.error):
+        return None
+    if raw is None or len(raw) < 5 or _unpack_crc(raw)[0] != zlib.crc32(raw[4:], zlib.crc32(k)):
+        return None
+    form = raw[4:]
+    if form[0] == OBJECT_SPLIT:
+        return None
+    try:
+        record = object_record(form)
+    except CodecError:
+        return None
+    return record[1:] if record[:1] == b"\x00" else None
 
 
 class HeadLists:
