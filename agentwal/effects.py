@@ -68,8 +68,11 @@ from typing import Any
 import cbor2
 
 from .codec import CodecError, encode_value, loads
+from .types import check_key
 
 __all__ = [
+    "check_listing",
+    "listing",
     "NOT_APPLIED",
     "STATUSES",
     "UNKNOWN",
@@ -512,3 +515,26 @@ def decode_entry(data: bytes) -> EffectRecord:
     for f in _SPARSE:
         fields[f] = obj[f]
     return EffectRecord(**fields)
+
+
+def check_listing(run: str | None, status: str | None) -> None:
+    """Refuse a bad filter of ``store.effects(run=, status=)``.
+
+    Raises:
+        ValueError: an unknown status. InvalidKeyError: a bad run id.
+    """
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
+    if run is not None:
+        check_key(run, "run id")
+
+
+def listing(found: Iterable[EffectRecord], run: str | None, status: str | None
+            ) -> list[EffectRecord]:
+    """``store.effects``'s answer from the entries ``found``: oldest first, filtered.
+
+    Oldest first is by creation time, then commit order, then key; only
+    entries of ``run`` and of ``status`` (each when given) are kept.
+    """
+    return [e for e in sorted(found, key=lambda e: (e.created_at, e.order or (0, 0), e.key))
+            if (run is None or e.run == run) and (status is None or e.status == status)]

@@ -74,9 +74,10 @@ from typing import Any, Protocol, TypeAlias
 
 import cbor2
 
-from .codec import CodecError, loads
+from .codec import CodecError, decode_stored, loads
 
 __all__ = [
+    "compare_states",
     "HEAD_REF",
     "LARGE",
     "LIST",
@@ -520,3 +521,29 @@ def check_node(objs: ObjectReader, addr: int) -> bytes:
     if hashlib.sha256(value[head[1]:]).digest() != node[2]:
         raise CodecError(f"list node @{addr} rebuilds to a body whose SHA-256 is not its own")
     return value
+
+
+def compare_states(ra: Mapping[str, bytes], rb: Mapping[str, bytes], *, where: str, run: str,
+                   a: int, b: int
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """``(added, removed, changed)`` from state ``ra`` (checkpoint ``a``) to ``rb`` (``b``).
+
+    The states are ``{key: stored bytes}``; the values come back decoded, in
+    key order. A key whose bytes differ but whose values are equal (a dict
+    encoded in another key order) is not changed. ``where`` names the store
+    in a ``CorruptionError`` of a damaged value. What ``store.diff`` reports,
+    for every backend.
+    """
+
+    def dec(raw: bytes, k: str, cid: int) -> Any:
+        return decode_stored(raw, where, f"{run!r}/{k!r} at {cid}")
+
+    added = {k: dec(rb[k], k, b) for k in sorted(rb.keys() - ra.keys())}
+    removed = {k: dec(ra[k], k, a) for k in sorted(ra.keys() - rb.keys())}
+    changed: dict[str, tuple[Any, Any]] = {}
+    for k in sorted(ra.keys() & rb.keys()):
+        if ra[k] != rb[k]:
+            old, new = dec(ra[k], k, a), dec(rb[k], k, b)
+            if old != new:  # equal values may encode differently (dict order)
+                changed[k] = (old, new)
+    return added, removed, changed

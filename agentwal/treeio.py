@@ -9,12 +9,15 @@ pins, sweeps, verification and backups.
 *Snapshot* (``txn.put_tree``): walk the directory (never following links),
 skip excluded paths and the store's own directory, and build the tree
 bottom-up. The *stat cache* (``<store>/cache/stat-<hash of the directory's
-path>``, :class:`StatCache`) keeps, per directory, a record of its last
-snapshot (or restore): a digest of its entries' signatures, its object and
-its files' entries. A directory whose entries hash to a trusted record
-(see :class:`_Snapper`) is that record's object, not looked into, when the
-record's tree is the key's current one; its files need no pin, since that
-tree keeps them referenced. In any other directory, a regular file whose
+path>.<root>``, :class:`StatCache`) keeps, per directory, a record of its
+last snapshot (or restore) of each of the last few trees it held: a digest
+of its entries' signatures, its object and its files' entries. A directory
+whose entries hash to a trusted record (see :class:`_Snapper`) is that
+record's object, not looked into, when the record's tree is the key's
+current one; its files need no pin, since that tree keeps them
+referenced. ``status`` stands on the same records, and diffs only the
+directories whose objects differ. No directory's own mtime is relied on:
+a file rewritten in place does not change it. In any other directory, a regular file whose
 ``(size, mtime, ctime, inode)`` match its cache entry is not read: its
 hash comes from the cache and its blob is pinned if it is still present.
 Every other file is read with ``fstat`` before and after (a small one into
@@ -135,11 +138,13 @@ _DEFER_BYTES = 32 << 20
 #: Decoded directory objects a store keeps in memory (a few hundred bytes each).
 _OBJECT_CACHE = 8192
 #: A restore writes its queued files once this many directories (or files) wait.
-_QUEUED_DIRS, _QUEUED_FILES = 64, 256
+_QUEUED_DIRS, _QUEUED_FILES = 256, 1024
 #: Name prefix of restore's temp files (removed by the next restore).
 TMP_PREFIX = ".awtmp-"
 _CACHE_MAGIC = "awstat"
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
+#: Record sets (trees) a stat cache file keeps, newest first.
+_CACHE_SETS = 4
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
     os, "O_NOCTTY", 0)
@@ -184,53 +189,110 @@ def _digest(sigs: list[bytes]) -> bytes:
 
 
 class StatCache:
-    """What one directory tree looked like when it was last snapshotted (or restored).
+    """What one directory tree looked like when it was last snapshotted (or restored),
+    for each of the last :data:`_CACHE_SETS` trees it held.
 
-    Per directory (``dirs[relpath bytes]``, ``b""`` for the top) a record
+    A *record set* belongs to one tree (its root object's hash, ``root``): per
+    directory (``dirs[relpath bytes]``, ``b""`` for the top) a record
     ``[digest, recorded, newest, sha256, size, files, bytes, entries]``:
     the digest of the signatures of its entries as stored (see
     :func:`_digest`), when the walk that made it began, the newest mtime
     among its files, its directory object's hash and size, the files and
     bytes below it, and its files' entries, CBOR
     ``{name: [size, mtime, ctime, inode, sha256, recorded]}``, decoded only
-    for a directory that changed. ``root`` is the tree (its root object's
-    hash) every record's object belongs to, or None.
+    for a directory that changed. The set loaded is the one of tree
+    ``prefer`` if there is one (the key's current tree: its records may
+    then stand for directories), else the newest; a file lookup that
+    misses in it tries the sets newer than it (a file entry names a
+    content hash whatever tree it came from). So two keys (or a restore of
+    another checkpoint) alternating on one directory each find their own
+    set, and the files the other one read or wrote.
 
-    A hint, never state: a missing, torn or stale file is an empty cache.
-    The file is ``sha256(body)[:16] + body`` (CBOR), replaced by rename.
+    Each set is a file of its own, ``<path>.<root hash>``: ``sha256(body)[:16] +
+    body`` (CBOR), written by rename; a snapshot reads one and writes one (none
+    if nothing in it changed), and the oldest beyond :data:`_CACHE_SETS` are
+    removed. A hint, never state: a missing, torn or stale file is an empty set.
     """
 
-    def __init__(self, path: str | None, top: str, *, load: bool = True) -> None:
+    def __init__(self, path: str | None, top: str, *, load: bool = True,
+                 prefer: str | None = None) -> None:
         self.path = path
         self.top = top
         self.root: str | None = None
-        self.dirs: dict[bytes, list[Any]] = {}
+        self.dirs: dict[bytes, list[Any]] = {}  # the loaded set (read records with get)
+        self._valid: set[bytes] = set()  # directories whose record get checked
         self._files: dict[bytes, dict[bytes, list[Any]]] = {}
         self.seen: dict[bytes, dict[bytes, list[Any]]] = {}  # file entries to save, by dir
         self.out: dict[bytes, list[Any]] = {}  # directory records to save
+        # the other record sets, newest first: (root bytes or None, body) as read, and
+        # their decoded directory records (once a lookup needs them)
+        self._loaded: dict[bytes, list[Any]] = {}  # the loaded set, as read
+        self._sets: list[str] = []  # the files of the sets newer than the loaded one
+        self._others: list[dict[bytes, list[Any]]] | None = None
+        self._other_files: dict[bytes, list[dict[bytes, list[Any]]]] = {}
+        self._keep = _CACHE_SETS - 1 if load else 0  # other sets kept by save (rehash: none)
         if path is not None and load:
-            self._load()
+            self._load(prefer)
 
-    def _load(self) -> None:
+    def _set_files(self) -> list[str]:
+        """This directory's record-set files, newest first."""
         assert self.path is not None
+        folder, base = os.path.split(self.path)
         try:
-            with open(self.path, "rb") as f:
+            names = [n for n in os.listdir(folder) if n.startswith(base + ".")
+                     and len(n) == len(base) + 65 and not n.endswith(".tmp")]
+        except OSError:
+            return []
+        dated = []
+        for n in names:
+            with contextlib.suppress(OSError):
+                dated.append((os.stat(os.path.join(folder, n)).st_mtime_ns, n))
+        return [os.path.join(folder, n) for _t, n in sorted(dated, reverse=True)]
+
+    def _load(self, prefer: str | None) -> None:
+        assert self.path is not None
+        files = self._set_files()
+        want = None if prefer is None else f"{self.path}.{prefer}"
+        pick = want if want in files else (files[0] if files else None)
+        if pick is None:
+            return
+        self._sets = files[:files.index(pick)]  # the newer sets: where a lookup may go on
+        got = self._read_set(pick)
+        if got is not None:
+            self.root, self.dirs = got
+            self._loaded = self.dirs
+
+    def _read_set(self, path: str) -> tuple[str, dict[bytes, list[Any]]] | None:
+        """``(root, records)`` of one record-set file, or None if it is missing or damaged."""
+        try:
+            with open(path, "rb") as f:
                 data = f.read()
         except OSError:
-            return
+            return None
         body = data[16:]
         if hashlib.sha256(body).digest()[:16] != data[:16]:
-            return
+            return None
         try:
             obj = loads(body)
         except CodecError:
-            return
-        if (isinstance(obj, list) and len(obj) == 5 and obj[0] == _CACHE_MAGIC
+            return None
+        if not (isinstance(obj, list) and len(obj) == 5 and obj[0] == _CACHE_MAGIC
                 and obj[1] == _CACHE_VERSION and obj[2] == self.top
-                and isinstance(obj[4], dict)):
-            root = obj[3]
-            self.root = root.hex() if isinstance(root, bytes) and len(root) == 32 else None
-            self.dirs = {k: v for k, v in obj[4].items() if _valid_record(k, v)}
+                and isinstance(obj[3], bytes) and len(obj[3]) == 32
+                and isinstance(obj[4], dict) and path.endswith(obj[3].hex())):
+            return None
+        return obj[3].hex(), obj[4]  # each record is checked when first used (get)
+
+    def get(self, rel: bytes) -> list[Any] | None:
+        """The directory's record in the loaded set, if it has a well-formed one."""
+        rec = self.dirs.get(rel)
+        if rec is None or rel in self._valid:
+            return rec
+        if not _valid_record(rel, rec):
+            del self.dirs[rel]
+            return None
+        self._valid.add(rel)
+        return rec
 
     def reusable(self, rel: bytes, digest: bytes) -> list[Any] | None:
         """The directory's record if its entries are exactly as recorded (same digest)
@@ -243,7 +305,7 @@ class StatCache:
 
     def matches(self, rel: bytes, digest: bytes) -> list[Any] | None:
         """As :meth:`reusable`, without carrying the record over."""
-        rec = self.dirs.get(rel)
+        rec = self.get(rel)
         if rec is None or rec[0] != digest or rec[1] - rec[2] < RACY_NS:
             return None
         return rec
@@ -262,24 +324,30 @@ class StatCache:
         """The directory's recorded file entries (decoded once)."""
         got = self._files.get(rel)
         if got is None:
-            got = {}
-            rec = self.dirs.get(rel)
-            if rec is not None:
-                with contextlib.suppress(CodecError):
-                    obj = loads(rec[7])
-                    if isinstance(obj, dict):
-                        got = obj
-            self._files[rel] = got
+            got = self._files[rel] = _decode_files(self.get(rel))
+        return got
+
+    def _others_of(self, rel: bytes) -> list[dict[bytes, list[Any]]]:
+        """The directory's file entries in the other record sets (decoded once)."""
+        got = self._other_files.get(rel)
+        if got is None:
+            if self._others is None:
+                self._others = [read[1] for read in map(self._read_set, self._sets)
+                                if read is not None]
+            got = self._other_files[rel] = [f for f in (
+                _decode_files(d[rel]) for d in self._others
+                if _valid_record(rel, d.get(rel))) if f]
         return got
 
     def lookup(self, rel: bytes, name: bytes, st: os.stat_result) -> tuple[str, bool] | None:
         """``(sha256, trusted)`` if file ``name`` of directory ``rel`` matches ``st``
-        (trusted: not racy). A trusted entry is carried over to the next save as it is."""
-        e = self.files_of(rel).get(name)
-        if (not isinstance(e, list) or len(e) != 6 or e[0] != st.st_size
-                or e[1] != st.st_mtime_ns or e[2] != st.st_ctime_ns or e[3] != st.st_ino
-                or not isinstance(e[4], bytes) or len(e[4]) != 32
-                or not isinstance(e[5], int)):
+        (trusted: not racy), in the loaded record set or else in another. A trusted
+        entry is carried over to the next save as it is."""
+        e: list[Any] | None = self.files_of(rel).get(name)
+        if not _entry_matches(e, st):
+            e = next((o[name] for o in self._others_of(rel)
+                      if _entry_matches(o.get(name), st)), None) if self._sets else None
+        if e is None:
             return None
         trusted = e[5] - st.st_mtime_ns >= RACY_NS
         if trusted:
@@ -302,21 +370,53 @@ class StatCache:
                          blob]
 
     def save(self, root: str | None) -> None:
-        """Write the records closed or carried, as those of tree ``root``; errors are ignored."""
-        if self.path is None:
+        """Write the records closed or carried as the set of tree ``root`` (nothing if
+        that set is the one loaded, unchanged), and remove the oldest sets beyond
+        :data:`_CACHE_SETS` (a cache made with ``load=False``, a rehash's: every other
+        set, since any set's file entries may be looked up); errors are ignored."""
+        if self.path is None or root is None:
             return
-        out = self.out
-        body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
-                                  None if root is None else bytes.fromhex(root), out]))
-        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        path = f"{self.path}.{root}"
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(hashlib.sha256(body).digest()[:16] + body)
-            os.replace(tmp, self.path)
+            if (root == self.root and len(self.out) == len(self._loaded)
+                    and all(self._loaded.get(k) is v for k, v in self.out.items())):
+                os.utime(path)  # the same records: only marked as the newest
+            else:
+                body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
+                                          bytes.fromhex(root), self.out]))
+                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(tmp, "wb") as f:
+                        f.write(hashlib.sha256(body).digest()[:16] + body)
+                    os.replace(tmp, path)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            for old in [f for f in self._set_files() if f != path][self._keep:]:
+                os.unlink(old)
+            if os.path.exists(self.path):
+                os.unlink(self.path)  # a version-2 file (one set, no suffix)
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            pass
+
+
+def _entry_matches(e: object, st: os.stat_result) -> bool:
+    """Whether a file's cache entry has its stat signature (and is well formed)."""
+    return (isinstance(e, list) and len(e) == 6 and e[0] == st.st_size
+            and e[1] == st.st_mtime_ns and e[2] == st.st_ctime_ns and e[3] == st.st_ino
+            and isinstance(e[4], bytes) and len(e[4]) == 32 and isinstance(e[5], int))
+
+
+def _decode_files(rec: list[Any] | None) -> dict[bytes, list[Any]]:
+    """A directory record's file entries ({} for none, or a damaged one)."""
+    if rec is not None:
+        with contextlib.suppress(CodecError):
+            obj = loads(rec[7])
+            if isinstance(obj, dict):
+                return obj
+    return {}
 
 
 def _valid_record(rel: object, rec: object) -> bool:
@@ -386,12 +486,17 @@ class TreeStore:
         self._objects: dict[str, list[Entry]] = {}
         self._objects_lock = threading.Lock()
 
-    def _cache(self, top: str, *, rehash: bool = False) -> StatCache:
-        """The stat cache of directory ``top`` (``rehash``: empty, replacing the file)."""
+    def _cache(self, top: str, prefer: BlobRef | None, *, rehash: bool = False
+               ) -> StatCache:
+        """The stat cache of directory ``top``, with the record set of tree ``prefer``
+        loaded if it has one (``rehash``: empty, replacing the file)."""
+        want = prefer.sha256 if prefer is not None and prefer.media_type == TREE_MEDIA_TYPE \
+            else None
         if self.readonly:
             return StatCache(None, top)
         name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
-        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash)
+        return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash,
+                         prefer=want)
 
     # -- snapshot --------------------------------------------------------------------
 
@@ -411,7 +516,7 @@ class TreeStore:
             DiskFullError, DurabilityError: from the blob store.
         """
         top = _top(path, self.store_dir)
-        cache = self._cache(top, rehash=rehash)
+        cache = self._cache(top, base, rehash=rehash)
         # The cache's directory records may stand for directories only if the tree
         # they belong to is the key's current one (it keeps their objects and files
         # referenced): then nothing below an unchanged directory needs a pin.
@@ -571,8 +676,42 @@ class TreeStore:
 
     def diff(self, old: BlobRef | None, new: BlobRef | None) -> TreeDiff:
         """File-level changes from tree ``old`` (None: empty) to tree ``new``."""
-        return diff_listings({} if old is None else self.listing(old),
-                             {} if new is None else self.listing(new))
+        a, b = (None if ref is None else self._root(ref) for ref in (old, new))
+        return self._diff_dirs(None if a is None else (a.sha256, a.size),
+                               None if b is None else (b.sha256, b.size))
+
+    def _diff_dirs(self, old: tuple[str, int] | None, new: tuple[str, int] | None,
+                   extra: dict[str, list[Entry]] | None = None) -> TreeDiff:
+        """File-level changes from directory object ``old`` to ``new`` (None: empty),
+        looking only into the directories whose objects differ; ``extra`` holds
+        objects not stored (a status's)."""
+        extra = extra or {}
+
+        def entries(sha: str, size: int, where: str) -> list[Entry]:
+            got = extra.get(sha)
+            return self._dir(sha, size, where) if got is None else got
+
+        sides: tuple[dict[str, Leaf], dict[str, Leaf]] = ({}, {})
+        todo: list[tuple[str, tuple[str, int] | None, tuple[str, int] | None]] = [
+            ("", old, new)]
+        while todo:
+            where, a, b = todo.pop()
+            if a is not None and b is not None and a[0] == b[0]:
+                continue  # the same object: the same files below it
+            names: list[dict[bytes, Entry]] = [
+                {} if d is None else {e.name: e for e in entries(d[0], d[1], where)}
+                for d in (a, b)]
+            for name in names[0].keys() | names[1].keys():
+                pair = [side.get(name) for side in names]
+                path = join(where, name)
+                sub = [(e.sha256, e.size) if e is not None and e.kind == TREE_DIR else None
+                       for e in pair]
+                if sub[0] is not None or sub[1] is not None:
+                    todo.append((path, sub[0], sub[1]))
+                for side, e, s in zip(sides, pair, sub, strict=True):
+                    if e is not None and s is None:
+                        side[path] = leaf(e)
+        return diff_listings(*sides)
 
     def reachable(self, ref: BlobRef | None) -> frozenset[str]:
         """The hashes a tree reference reaches (its objects and files); empty for
@@ -659,7 +798,9 @@ class TreeStore:
         counts = _Counts()
         root, dirs = self.load(ref)
         top = _make_dest(dest, self.store_dir)
-        cache = self._cache(top)
+        # the newest record set: what the last snapshot or restore left in dest (the
+        # target tree's own set may be much older)
+        cache = self._cache(top, None)
         restorer = _Restorer(self, top, cache, dirs, root, counts)
         try:
             fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
@@ -707,13 +848,17 @@ class TreeStore:
                patterns: tuple[str, ...], gitignore: bool) -> TreeDiff:
         """What differs on disk at ``path`` from tree ``ref``, storing nothing."""
         top = _top(path, self.store_dir)
+        old = None
         if ref is not None:
             root = self._root(ref)
-            patterns, gitignore = root.exclude, root.gitignore
-        snap = _Snapper(self, top, self._cache(top), IgnoreRules.of(patterns), gitignore,
-                        store=False)
-        snap.directory(top, "", snap.rules)
-        return diff_listings({} if ref is None else self.listing(ref), snap.listing)
+            patterns, gitignore, old = root.exclude, root.gitignore, (root.sha256, root.size)
+        cache = self._cache(top, ref)
+        # As in a snapshot, a directory whose entries are as the head tree's record set
+        # says is that tree's object: the diff then skips it.
+        snap = _Snapper(self, top, cache, IgnoreRules.of(patterns), gitignore, store=False,
+                        reuse=ref is not None and cache.root == ref.sha256)
+        new = snap.directory(top, "", snap.rules)
+        return self._diff_dirs(old, new, snap.objects)
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -773,9 +918,9 @@ class _Node:
     depth: int
     entries: list[Entry] = field(default_factory=list)
     subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
-    pending: list[tuple[bytes, bytes, str]] = field(default_factory=list)  # name, path, rel
-    cached: list[tuple[bytes, bytes, str, os.stat_result, str, bool]] = field(
-        default_factory=list)  # name, path, rel, stat, sha256, trusted
+    pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # name, path
+    cached: list[tuple[bytes, bytes, os.stat_result, str, bool]] = field(
+        default_factory=list)  # name, path, stat, sha256, trusted
     sigs: list[bytes] = field(default_factory=list)  # of the entries as stored
     newest: int = 0  # the newest mtime among its files as stored
     blob: bytes | None = None  # its files' cache entries, if all are as recorded
@@ -805,15 +950,15 @@ class _Snapper:
                  reuse: bool = False) -> None:
         self.trees = trees
         self.known = set() if known is None else known  # reached by the key's tree: no pin
-        self.reuse = reuse and store
+        self.reuse = reuse
         self.blobs = trees.blobs
         self.top = top
         self.cache = cache
         self.rules = rules
         self.gitignore = gitignore
-        self.store = store  # False: only hash (status), keep a listing
+        self.store = store  # False: only hash (status), keep the objects in memory
         self.pins: list[str] = []
-        self.listing: dict[str, Leaf] = {}
+        self.objects: dict[str, list[Entry]] = {}  # (not storing) the changed directories'
         self.files_read = self.bytes_read = 0
         self.root: Root | None = None
         self.began = time.time_ns()  # before any stat: the directory records' "recorded"
@@ -835,12 +980,12 @@ class _Snapper:
         nodes: list[_Node] = []
         top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
         changed = [n for n in nodes if not n.reused]
-        if self.reuse:
+        if self.reuse and self.store:
             self._old_known(changed)
         self._pin_cached(changed)
         jobs = [(node, item) for node in changed for item in node.pending]
         with ThreadPoolExecutor(THREADS) as pool:
-            for (node, (name, _p, _r)), got in zip(
+            for (node, (name, _p)), got in zip(
                     jobs, pool.map(lambda j: self._file(j[0], *j[1]), jobs), strict=True):
                 if got is not None:
                     node.entries.append(got[0])
@@ -873,29 +1018,30 @@ class _Snapper:
         links: list[tuple[str, Entry]] = []
         is_dir_, is_reg, gitignore, store_dir = stat.S_ISDIR, stat.S_ISREG, self.gitignore, \
             self.trees.store_dir_b
+        ruled, add = bool(rules), files.append  # (the loop runs once per file of the tree)
         for d in items:
             try:
-                st = d.stat(follow_symlinks=False)
+                st = d.stat(follow_symlinks=False)  # the one syscall per entry (fstatat)
             except FileNotFoundError:
                 continue  # removed meanwhile: not in this snapshot
             except OSError as exc:
                 raise TreeSourceError(os.fsdecode(d.path), f"cannot stat it: "
                                       f"{exc.strerror or exc}") from None
-            name, mode = d.name, st.st_mode
-            if is_reg(mode):
+            name = d.name
+            if is_reg(st.st_mode):
                 if not ((gitignore and name == b".git")
-                        or (rules and rules.ignored(join(rel, name), False))):
-                    files.append((name, d, st))
+                        or (ruled and rules.ignored(join(rel, name), False))):
+                    add((name, d, st))
                 continue
-            is_dir = is_dir_(mode)
-            if ((gitignore and name == b".git") or (rules and rules.ignored(join(rel, name),
+            is_dir = is_dir_(st.st_mode)
+            if ((gitignore and name == b".git") or (ruled and rules.ignored(join(rel, name),
                                                                              is_dir))
                     or (is_dir and d.path == store_dir)):
                 continue
             if is_dir:
                 sub = self._walk(d.path, join(rel, name), rules, depth + 1, nodes)
                 node.subdirs.append((name, sub))
-            elif stat.S_ISLNK(mode):
+            elif stat.S_ISLNK(st.st_mode):
                 try:
                     target = os.readlink(d.path)
                 except FileNotFoundError:
@@ -911,17 +1057,14 @@ class _Snapper:
         if self.reuse and self._as_recorded(node, files, other):
             return node
         node.sigs = other
-        for crel, e in links:
-            node.entries.append(e)
-            if not self.store:
-                self.listing[crel] = leaf(e)
+        node.entries.extend(e for _crel, e in links)
+        lookup, key = self.cache.lookup, node.key
         for name, d, st in files:
-            hit = self.cache.lookup(node.key, name, st)
-            fpath, crel = d.path, join(rel, name)
-            if hit is not None and (hit[1] or _hashes_to(fpath, hit[0])):
-                node.cached.append((name, fpath, crel, st, hit[0], hit[1]))
+            hit = lookup(key, name, st)
+            if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
+                node.cached.append((name, d.path, st, hit[0], hit[1]))
             else:
-                node.pending.append((name, fpath, crel))
+                node.pending.append((name, d.path))
         return node
 
     def _as_recorded(self, node: _Node,
@@ -971,7 +1114,7 @@ class _Snapper:
         """Add what the key's tree held in each changed directory (its old object, as the
         cache records it, is in that tree) to ``known``: those need no pin."""
         for node in changed:
-            rec = self.cache.dirs.get(node.key)
+            rec = self.cache.get(node.key)
             if rec is None:
                 continue
             try:
@@ -988,16 +1131,15 @@ class _Snapper:
         present = [True] * len(cached)
         if self.store:  # pin what the key's current tree does not already hold
             known = self.known
-            ask = [i for i, (_n, item) in enumerate(cached) if item[4] not in known]
-            got = self.blobs.pin_present([(cached[i][1][4], cached[i][1][3].st_size)
+            ask = [i for i, (_n, item) in enumerate(cached) if item[3] not in known]
+            got = self.blobs.pin_present([(cached[i][1][3], cached[i][1][2].st_size)
                                           for i in ask])
             for i, ok in zip(ask, got, strict=True):
                 present[i] = ok
         now = time.time_ns()
-        for (node, (name, path, rel, st, sha, trusted)), ok in zip(cached, present,
-                                                                  strict=True):
+        for (node, (name, path, st, sha, trusted)), ok in zip(cached, present, strict=True):
             if not ok:
-                node.pending.append((name, path, rel))
+                node.pending.append((name, path))
                 self.cache.forget(node.key, name)
                 continue
             if self.store and sha not in self.known:
@@ -1005,8 +1147,6 @@ class _Snapper:
             e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
             if not trusted:  # a racy entry, hashed again just now
                 self.cache.record(node.key, name, st, sha, now)
-            if not self.store:
-                self.listing[rel] = leaf(e)
             node.entries.append(e)
             node.sigs.append(_file_sig(name, st))
             node.newest = max(node.newest, st.st_mtime_ns)
@@ -1022,7 +1162,9 @@ class _Snapper:
             self.pins.extend(refs[i][0] for i in ask if present[i])
         missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
                    if not ok}
-        for ref in pool.map(self.blobs.put_bytes, missing.values()):
+        # (put, not put_bytes: their absence was just seen; a blob named meanwhile by
+        # another writer is still stored once, by put's own check)
+        for ref in pool.map(lambda data: self.blobs.put(io.BytesIO(data)), missing.values()):
             with self._lock:
                 self.pins.append(ref.sha256)
 
@@ -1040,9 +1182,11 @@ class _Snapper:
             self.trees.remember(node.sha, entries)  # what a restore or a listing reads next
             self.cache.close_dir(node.key, _digest(node.sigs), self.began, node.newest, node.sha,
                                  node.size, node.files, node.nbytes, node.blob)
+        else:
+            self.objects[node.sha] = entries
         return data
 
-    def _file(self, node: _Node, name: bytes, bpath: bytes, rel: str
+    def _file(self, node: _Node, name: bytes, bpath: bytes
               ) -> tuple[Entry, os.stat_result] | None:
         """Read one file into the blob store (or only hash it), consistently; None if gone."""
         path = os.fsdecode(bpath)
@@ -1067,8 +1211,6 @@ class _Snapper:
             with self._lock:
                 self.files_read += 1
                 self.bytes_read += st.st_size
-                if not self.store:
-                    self.listing[rel] = leaf(e)
             failpoints.hit("tree_after_file")
             return e, st
         raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
@@ -1198,6 +1340,10 @@ class _Restorer:
         # directories with files still to write: (their own fd, rel, [(name, rel, entry)],
         # their record)
         self._queue: list[tuple[int, str, list[tuple[str, str, Entry]], _Closing]] = []
+        self._queued = 0  # files in the queue
+        inside = os.path.relpath(trees.store_dir, top)  # the store's path in dest, if inside
+        self._store_rel = None if inside == os.pardir or inside.startswith(
+            os.pardir + os.sep) else inside.replace(os.sep, "/")
         self._counted: dict[str, tuple[int, int]] = {}
         self._sizes = {root.sha256: root.size}
         for entries in dirs.values():
@@ -1205,7 +1351,7 @@ class _Restorer:
 
     def flush(self) -> None:
         """Write the queued files (in a thread pool), then fsync their directories."""
-        queue, self._queue = self._queue, []
+        queue, self._queue, self._queued = self._queue, [], 0
         try:
             jobs = [(dfd, closing, name, crel, e) for dfd, _rel, writes, closing in queue
                     for name, crel, e in writes]
@@ -1224,7 +1370,7 @@ class _Restorer:
 
     def close(self) -> None:
         """Close what a failed restore left queued (nothing is written)."""
-        queue, self._queue = self._queue, []
+        queue, self._queue, self._queued = self._queue, [], 0
         for dfd, *_rest in queue:
             os.close(dfd)
 
@@ -1280,12 +1426,11 @@ class _Restorer:
             # Exactly the directory the cache recorded, and already the tree's: only
             # the subdirectories are left to look at.
             self.cache.carry(key)
-            for e in entries:
-                if e.kind == TREE_DIR:
-                    self._dir(fd, os.fsdecode(e.name), join(rel, e.name), e,
-                              stats.get(os.fsdecode(e.name)), rules)
-                else:
-                    self.counts.unchanged += 1
+            subdirs = [e for e in entries if e.kind == TREE_DIR]
+            self.counts.unchanged += len(entries) - len(subdirs)
+            for e in subdirs:
+                name = os.fsdecode(e.name)
+                self._dir(fd, name, join(rel, name), e, stats.get(name), rules)
             return
         known = {} if old is None else old[1]
         closing = _Closing(key, sha)
@@ -1307,7 +1452,7 @@ class _Restorer:
         for e in entries:
             name = os.fsdecode(e.name)
             crel = join(rel, name)
-            if os.path.join(self.top, crel) == self.trees.store_dir:
+            if crel == self._store_rel:
                 raise RestoreError(self._abs(crel), "the tree has an entry where the store "
                                    "itself lives; restore it somewhere else")
             st = stats[name] if name in stats else self._lstat(fd, name, crel, present)
@@ -1332,8 +1477,8 @@ class _Restorer:
                     closing.add(e.name, final)
         if writes:  # written later, many at once; the directory is fsynced after them
             self._queue.append((os.dup(fd), rel, writes, closing))
-            if len(self._queue) >= _QUEUED_DIRS or sum(len(q[2]) for q in self._queue) \
-                    >= _QUEUED_FILES:
+            self._queued += len(writes)
+            if len(self._queue) >= _QUEUED_DIRS or self._queued >= _QUEUED_FILES:
                 self.flush()
         elif changed:
             self._fsync_dir(fd, rel)
@@ -1356,22 +1501,27 @@ class _Restorer:
         """``(object hash, {name: entry})`` of the directory object the cache says the
         directory holds now (its entries' signatures hash to a trusted record's
         digest), or None. Fills ``stats`` with the entries' lstat results."""
-        rec = self.cache.dirs.get(key)
+        rec = self.cache.get(key)
         if rec is None or rec[1] - rec[2] < RACY_NS:
             return None
         sigs: list[bytes] = []
-        for name, d in present.items():
+        ruled, pack = bool(rules) or self.gitignore, _FILE_SIG.pack
+        for name, d in present.items():  # (once per entry of the tree: kept lean)
             is_dir = d.is_dir(follow_symlinks=False)
-            if self._kept(join(rel, name), name, is_dir, rules):
+            if (ruled or is_dir) and self._kept(join(rel, name), name, is_dir, rules):
                 continue
-            st = stats[name] = self._lstat(fd, name, join(rel, name), present)
-            if st is None:
+            try:
+                st = stats[name] = d.stat(follow_symlinks=False)
+            except FileNotFoundError:
                 return None  # removed meanwhile
-            bname = _key(name)
-            if stat.S_ISDIR(st.st_mode):
+            except OSError as exc:
+                raise _restore_error(exc, self._abs(join(rel, name))) from None
+            bname = name.encode("utf-8", "surrogateescape")
+            if stat.S_ISREG(st.st_mode):  # _file_sig, inline
+                sigs.append(bname + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                   st.st_ino, st.st_mode))
+            elif stat.S_ISDIR(st.st_mode):
                 sigs.append(_dir_sig(bname))
-            elif stat.S_ISREG(st.st_mode):
-                sigs.append(_file_sig(bname, st))
             elif stat.S_ISLNK(st.st_mode):
                 try:
                     sigs.append(_link_sig(bname, os.readlink(bname, dir_fd=fd)))
@@ -1390,9 +1540,9 @@ class _Restorer:
 
     def _kept(self, rel: str, name: str, is_dir: bool, rules: IgnoreRules) -> bool:
         """An entry the tree lacks that the restore leaves alone (excluded, or the store)."""
-        if (self.gitignore and name == ".git") or rules.ignored(rel, is_dir):
+        if (self.gitignore and name == ".git") or (rules and rules.ignored(rel, is_dir)):
             return True
-        return is_dir and os.path.join(self.top, rel) == self.trees.store_dir
+        return is_dir and rel == self._store_rel
 
     def _dir(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None,
              rules: IgnoreRules) -> bool:

@@ -868,8 +868,12 @@ def check_effect_args(name: str, fn: object, *, mode: object, args: Any, key: st
     """Check what an effect call was given; its mode and encoded args, or a clear error.
 
     Shared by ``txn.effect``/``txn.aeffect`` and ``store.effect``/``store.aeffect``
-    (``where`` says which, for the messages). Nothing is recorded before it passes.
+    (``where`` says which, for the messages; ``store.effect`` needs a business
+    ``key``). Nothing is recorded before it passes.
     """
+    if where == "store" and not isinstance(key, str):
+        raise TypeError("store.effect needs key=, a business key (str): with no "
+                        "transaction there is no position to derive one from")
     req_mode = _check_mode(mode)
     check_key(name, "effect name")
     if not callable(fn):

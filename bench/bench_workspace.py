@@ -10,15 +10,20 @@ at its next fsync for the pages the other left dirty:
 
 1. first snapshot (one run): ``put_tree`` + commit  vs  ``git add -A && git
    commit``;
-2. then ``--rounds`` rounds (5 by default; the median of each is printed)
-   of: a snapshot after one file changed (the same two); a snapshot after
-   100 more files changed; a restore of the round's first checkpoint, 101
-   files differ, from the same clean state for both: ``git checkout -q
+2. then ``--rounds`` rounds (5 by default) of: ``ws.status()`` after one
+   file changed vs ``git status --porcelain``; a snapshot of that change (the
+   same two as in 1); a snapshot after 100 more files changed; a restore of
+   the round's first checkpoint, 101 files differ: ``git checkout -q
    <commit>`` (then back to the branch, untimed), then
-   ``store.restore_tree(at=...)``; untimed, both go back to the head
-   (``ws.restore()``), wait 2.1 s (the files the restores wrote leave the
-   racy window) and refresh their caches (``ws.checkpoint()``, which commits
-   nothing for an unchanged tree, and ``git update-index --refresh``);
+   ``store.restore_tree(at=...)``. The two tools take turns going first
+   (agentwal in even rounds), except in the restore. Each restore starts at
+   the head with its tool's cache fresh: after git's checkout and back, and
+   after agentwal's restore and ``ws.restore()`` back, both wait 2.1 s (the
+   files just written leave the racy window) and refresh their caches
+   (``ws.checkpoint()``, which commits nothing for an unchanged tree, and
+   ``git update-index --refresh``), untimed. Printed: the medians, the ratio
+   of the medians, and the median of the rounds' own ratios ("paired": the
+   two tools of one round ran seconds apart, under the same load);
 3. bytes the first one-file snapshot added: agentwal's new blob files (the
    file, the tree objects on its path, the root object) plus its WAL
    record, vs the growth of ``.git/objects``.
@@ -41,6 +46,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -92,11 +98,25 @@ def change(root: str, paths: list[str], n: int, tag: int) -> list[str]:
     return picked
 
 
+#: CPU seconds (user + system, this process's threads and its finished children) of
+#: every timed call, in order: a figure the other processes of a loaded machine
+#: disturb far less than wall time.
+CPU: list[float] = []
+
+
+def _cpu() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     os.sync()  # untimed: no tool pays for the other's unwritten pages at its next fsync
-    t = time.perf_counter()
+    c, t = _cpu(), time.perf_counter()
     out = fn()
-    return time.perf_counter() - t, out
+    wall = time.perf_counter() - t
+    CPU.append(_cpu() - c)
+    return wall, out
 
 
 def git(root: str, *args: str) -> str:
@@ -172,12 +192,36 @@ def run(root: str, store_path: str, files: int, rounds: int) -> int:
         store.close()
 
 
+def paired(r: int, fa: Callable[[], Any], fg: Callable[[], Any]) -> tuple[float, float, Any]:
+    """Time ``fa`` (agentwal) and ``fg`` (git), agentwal first in even rounds, git first
+    in odd ones; returns both times and agentwal's result."""
+    if r % 2:
+        tg, _ = timed(fg)
+        ta, out = timed(fa)
+        CPU[-2:] = CPU[-1:-3:-1]  # (kept in agentwal, git order)
+    else:
+        ta, out = timed(fa)
+        tg, _ = timed(fg)
+    return ta, tg, out
+
+
+def settle(root: str, ws: agentwal.Workspace) -> None:
+    """Untimed: both tools refresh their stat cache / index for the files on disk, once
+    those are older than the racy window (``ws.checkpoint()`` commits nothing for an
+    unchanged tree)."""
+    time.sleep(2.1)
+    ws.checkpoint()
+    git(root, "update-index", "-q", "--refresh")
+
+
 def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size: int,
             rounds: int) -> int:
     ws = agentwal.Workspace(store, "agent", root, exclude=agentwal.GITIGNORE)
-    labels = ["snapshot, 1 file changed", "snapshot, 100 files changed",
+    labels = ["status, 1 file changed (git status)", "snapshot, 1 file changed",
+              "snapshot, 100 files changed",
               "restore the round's first checkpoint ({} differ)"]
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
+    cpu: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
     ta, first = timed(lambda: ws.checkpoint(step=0))
     tg, g_first = timed(lambda: git_commit(root, "first"))
     first_row = ("first snapshot", ta, tg)
@@ -186,10 +230,15 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
     start, g_start = first.id, g_first
     for r in range(rounds):
         one = change(root, paths, 1, tag=3 * r + 1)
+        ta, tg, st = paired(r, ws.status, lambda: git(root, "status", "--porcelain"))
+        assert list(st.modified) == [one[0].replace(os.sep, "/")], st
+        times[labels[0]].append((ta, tg))
+        cpu[labels[0]].append((CPU[-2], CPU[-1]))
         before_blobs, before_wal = blob_bytes(store), store.stats()["wal_bytes_since_fold"]
         before_git = du(os.path.join(root, ".git", "objects"))
-        times[labels[0]].append((timed(lambda: ws.checkpoint(step=1))[0],
-                                 timed(lambda: git_commit(root, "one"))[0]))
+        ta, tg, _ = paired(r, lambda: ws.checkpoint(step=1), lambda: git_commit(root, "one"))
+        times[labels[1]].append((ta, tg))
+        cpu[labels[1]].append((CPU[-2], CPU[-1]))
         if r == 0:
             added = (blob_bytes(store) - before_blobs + store.stats()["wal_bytes_since_fold"]
                      - before_wal)
@@ -197,33 +246,46 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
             changed_size = os.path.getsize(os.path.join(root, one[0]))
         hundred = change(root, paths, 100, tag=3 * r + 2)
         differ = len(set(hundred) | set(one))
-        ta, head = timed(lambda: ws.checkpoint(step=2))
-        tg, g_head = timed(lambda: git_commit(root, "hundred"))
-        times[labels[1]].append((ta, tg))
+        ta, tg, head = paired(r, lambda: ws.checkpoint(step=2),
+                              lambda: git_commit(root, "hundred"))
+        g_head = git(root, "rev-parse", "HEAD")
+        times[labels[2]].append((ta, tg))
+        cpu[labels[2]].append((CPU[-2], CPU[-1]))
+        # Each restore starts at the head with its tool's cache fresh: git goes to the old
+        # commit (timed) and back, then agentwal (whose records the files git rewrote no
+        # longer match) refreshes them, untimed, before its own restore.
         tg, _ = timed(lambda c=g_start: git(root, "checkout", "-q", c))
         git(root, "checkout", "-q", branch)
+        settle(root, ws)
         ta, report = timed(lambda at=start: store.restore_tree("agent", "workspace", root,
                                                                 at=at))
-        times[labels[2]].append((ta, tg))
+        times[labels[3]].append((ta, tg))
+        cpu[labels[3]].append((CPU[-1], CPU[-2]))  # git's checkout ran first
         assert report.written == differ, (report, differ)
-        # untimed: both tools back at the head; once the files the restores wrote are
-        # older than the racy window, both refresh their stat cache / index
-        ws.restore()
-        time.sleep(2.1)
-        ws.checkpoint()
-        git(root, "update-index", "-q", "--refresh")
+        ws.restore()  # untimed: both back at the head, caches refreshed
+        settle(root, ws)
         start, g_start = head.id, g_head
 
     print(f"tree: {files:,} files, {size / 2**20:.1f} MiB, {files // 20} directories; "
           f"git {git(root, '--version').split()[-1]}, Python {sys.version.split()[0]}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'operation':52} {'agentwal':>10} {'git':>10} {'ratio':>7}")
-    rows = [first_row] + [(label.format(differ), statistics.median(a for a, _g in pairs),
-                           statistics.median(g for _a, g in pairs))
-                          for label, pairs in times.items()]
-    for label, a, g in rows:
-        print(f"{label:52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms {a / g:7.2f}")
-    print(f"(first snapshot: one run; the others: the median of {rounds} rounds)")
+    print(f"{'operation':52} {'agentwal':>10} {'git':>10} {'ratio':>7} {'paired':>7}")
+    print(f"{first_row[0]:52} {first_row[1] * 1000:8.0f}ms {first_row[2] * 1000:8.0f}ms "
+          f"{first_row[1] / first_row[2]:7.2f} {'':>7}")
+    for label, pairs in times.items():
+        a = statistics.median(a for a, _g in pairs)
+        g = statistics.median(g for _a, g in pairs)
+        ratio = statistics.median(a / g for a, g in pairs)
+        print(f"{label.format(differ):52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms {a / g:7.2f} "
+              f"{ratio:7.2f}")
+    print(f"{'CPU time (user + system, medians)':52} {'agentwal':>10} {'git':>10} {'ratio':>7}")
+    for label, pairs in cpu.items():
+        a = statistics.median(a for a, _g in pairs)
+        g = statistics.median(g for _a, g in pairs)
+        print(f"{label.format(differ):52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms "
+              f"{a / g if g else float('inf'):7.2f}")
+    print(f"(first snapshot: one run; the others: medians of {rounds} rounds, the two tools "
+          "in turn first; ratio: of the medians; paired: the median of the rounds' ratios)")
     print(f"bytes added by the one-file snapshot: agentwal {added:,} "
           f"(file {changed_size:,} + {added - changed_size:,}), git {git_added:,}")
     return 0

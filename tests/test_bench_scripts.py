@@ -1,6 +1,6 @@
 """Every benchmark script still runs: each on a tiny size, checking what it prints, never a
-timing (bench/report.py and bench/bench_workspace.py have tests of their own; the
-pytest-benchmark files are run by ``make bench``).
+timing (bench/report.py and bench/bench_workspace.py have tests of their own), and the
+pytest-benchmark files run once each with ``--benchmark-disable``, their largest sizes left out.
 
 The PostgreSQL scripts run on the tests' server (``AGENTWAL_PG=dsn``: tests/pg.py hands them
 that server instead of starting one, and ``benchlib.make_durable`` leaves its settings alone).
@@ -84,5 +84,19 @@ def test_the_postgres_benchmark_script_runs_on_a_tiny_size(
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert says in done.stdout, done.stdout
     assert left == []  # langgraph_postgres_compare.py drops its schemas itself
+    stores = tmp_path / "stores"
+    assert not stores.exists() or not any(stores.iterdir())
+
+
+def test_the_pytest_benchmark_files_run_once_each(tmp_path: Path) -> None:
+    # the 64 MiB log and the 100,000-checkpoint store take longer to build than the rest
+    env = {**os.environ, "AGENTWAL_BENCH_DIR": str(tmp_path / "stores"),
+           "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(BENCH), "-p", "no:cacheprovider",
+         "--benchmark-disable", "-k", "not 64 and not 100000"], cwd=BENCH.parent,
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout, done.stdout[-2000:]
     stores = tmp_path / "stores"
     assert not stores.exists() or not any(stores.iterdir())

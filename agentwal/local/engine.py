@@ -5,7 +5,10 @@ work on it; ``agentwal.store.Store`` is the facade in front of it (argument
 checks, docstrings, delegation) and reaches it only through the methods
 below. The engine owns the memtables, the LMDB snapshot and the open views;
 the commit pipeline (``local/commit.py``: validation, group commit, failure
-rollback) hands it durable batches through :meth:`Engine.publish`.
+rollback) hands it durable batches through :meth:`Engine.publish`. Its
+parts, one concern each, hold the engine and work on its state under its
+locks: ``startup`` (opening and recovery: ``local/startup.py``), ``folder``,
+``maintenance``, ``blobrefs``, ``effectlog``, ``audit`` and ``runs``.
 
 *Visibility after durability*: a commit becomes readable only after it is as
 durable as the mode promises, so nobody acts on state a crash can take back.
@@ -61,12 +64,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import gc
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import failpoints
@@ -76,15 +78,12 @@ from ..effects import (
     EffectRecord,
 )
 from ..errors import (
-    CorruptionError,
-    DurabilityError,
     Error,
     ReadOnlyError,
     StoreClosedError,
 )
 from ..format import (
     BLOBS_DIR,
-    SNAPSHOT_DIR,
     WAL_DIR,
 )
 from ..io import FileSystem, WriterLock, io_error
@@ -96,25 +95,23 @@ from ..types import (
     Checkpoint,
     Durability,
 )
-from .apply import apply_record, from_pending, replay
+from .apply import apply_record, from_pending
 from .audit import Audit
 from .backend import LocalBackend
 from .background import BUSY, IDLE, STOP, Worker
 from .blobrefs import BlobRefs
 from .blobs import BlobStore
 from .commit import CommitPipeline, Pending
-from .control import create_control, read_control
 from .effectlog import EffectLog
 from .fold import Folder
 from .healthfile import HealthFile
 from .maintenance import Maintenance
 from .memtable import Memtable
-from .opening import no_control, prepare
 from .reads import LayeredReader, Pin, View, epoch_at, in_txn
-from .recovery import Lost, Plan, recover
+from .recovery import Lost
 from .runs import Runs
 from .snapshot import RunInfo, Snapshot, SnapshotReader
-from .wal import Writer
+from .startup import Startup
 
 __all__ = ["Engine", "open_engine"]
 
@@ -124,34 +121,6 @@ _RETAIN_EVERY = 60.0
 #: ``retain=`` also runs after this many commits since its last pass.
 _RETAIN_COMMITS = 1000
 T = TypeVar("T")
-
-
-_Pin = Pin  # the old names, used throughout the engine's body below
-_View = View
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector (restoring its previous state after)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
-                     writer: Writer | None) -> None:
-    """Finalizer of a store dropped without close(): like a crash, nothing is written."""
-    if writer is not None:
-        writer.close()
-    if snap is not None:
-        snap.close()
-    if lock is not None:
-        lock.release()
-
 
 
 def open_engine(path: str, durability: Durability, *, readonly: bool, wal_max_bytes: int,
@@ -170,7 +139,7 @@ def open_engine(path: str, durability: Durability, *, readonly: bool, wal_max_by
     engine._first_segment_bytes = first_segment_bytes
     engine._recover_prefix = recover_prefix
     try:
-        engine._open()
+        engine.startup.open()
     except OSError as exc:
         engine._release_all()
         raise io_error(exc, engine.path, "cannot open the store") from None
@@ -219,10 +188,10 @@ class Engine:
         self._visible = 0
         self._applied = 0
         self._snaps: dict[int, int] = {}
-        self._ro_pin: _Pin | None = None
+        self._ro_pin: Pin | None = None
         self._ro_lock = threading.Lock()  # reads through a shared LMDB txn, one at a time
         self._refresh_lock = threading.Lock()
-        self._dead: collections.deque[_View] = collections.deque()  # from Transaction.__del__
+        self._dead: collections.deque[View] = collections.deque()  # from Transaction.__del__
         #: (run, checkpoint) -> the live transaction whose step uses the effect
         #: positions there (``EffectLog.claim``); under ``_lock``
         self._pos_owners = PositionOwners()
@@ -258,133 +227,7 @@ class Engine:
         self.effectlog = EffectLog(self)
         self.audit = Audit(self)
         self.runs = Runs(self)
-
-    def _open(self) -> None:
-        fs, path = self._fs, self.path
-        wal_dir = os.path.join(path, WAL_DIR)
-        prepare(fs, path, readonly=self.readonly)
-        if not self.readonly:
-            self._writer_lock = WriterLock(path)
-            self._writer_lock.acquire()
-        ctl = read_control(fs, path)
-        if ctl is None:
-            if self.readonly:
-                missing = no_control(path, fs.listdir(wal_dir) if fs.exists(wal_dir) else [])
-                if missing is not None:
-                    raise missing
-            if fs.exists(wal_dir) and fs.listdir(wal_dir):
-                raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
-            ctl = create_control(fs, path)
-        self.store_id = ctl.store_id
-        if not self.readonly:
-            fs.mkdir(wal_dir)
-            fs.fsync_dir(path)
-            self.health = HealthFile(path, self.store_id)
-            self.health.opened({"wal_max_bytes": self.wal_max_bytes,
-                                "durability": self.durability.value})
-        self._snap = self._new_snapshot()
-        self._load(wal_dir)
-        self.closed = False
-        self._finalizer = weakref.finalize(
-            self, _release_handles, self._writer_lock, self._snap,
-            self._pipe.writer if self._pipe is not None else None)
-        if not self.readonly:
-            self._start_threads()
-
-    def _load(self, wal_dir: str) -> None:
-        """Pin the LMDB base, replay the WAL after it, and set up the writer."""
-        assert self._snap is not None
-        started = time.perf_counter()
-        with _gc_paused():  # replay makes many objects that all live on: skip the scans
-            ltxn, applied, plan = self._read_base(wal_dir)
-            snap = self._snap
-            mem, heads = replay(plan, self.store_id, lambda run: snap.reader(ltxn).epoch(run),
-                                 lambda key: snap.reader(ltxn).effect(key))
-        ended = None
-        with self._lock:
-            if self.readonly:
-                old, self._ro_pin = self._ro_pin, _Pin(ltxn)
-                if old is not None:
-                    old.retired = True
-                    ended = old.txn if old.users == 0 else None
-            self._active = mem
-            self._applied = applied
-            self.lost = plan.lost
-            self._visible = plan.next_lsn - 1
-            self._recovery.update(applied_lsn=applied, replayed=len(plan.records),
-                                  torn_bytes=plan.torn_bytes, actions=plan.notes,
-                                  seconds=round(time.perf_counter() - started, 6))
-        if ended is not None:
-            self._snap.end_read(ended)
-        if self.readonly:
-            return
-        self._snap.end_read(ltxn)
-        w = Writer(self._fs, wal_dir, self.store_id, self._segment_bytes,
-                   self._first_segment_bytes)
-        if plan.resume is not None:
-            seg, header, end = plan.resume
-            w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
-        else:
-            w.start(plan.next_lsn, plan.next_number, plan.earlier)
-        self._pipe = CommitPipeline(self.path, w, self.durability, self._lock, plan.next_lsn,
-                                    heads, self)
-        # The replayed log counts toward the next fold, so a process that keeps
-        # crashing early still folds and open time stays bounded.
-        self._fold_mark = w.bytes_written - plan.replayed_bytes
-        self._fold_wanted = plan.replayed_bytes >= self.wal_max_bytes
-
-    def _read_base(self, wal_dir: str) -> tuple[Any, int, Plan]:
-        """An LMDB read transaction, its applied LSN, and the recovery plan after it.
-
-        A read-only store races the writer's folds (a segment it needs may be
-        removed between reading LMDB and reading the log), so it retries with
-        a fresh LMDB view a few times before believing the damage.
-        """
-        assert self._snap is not None
-        attempts = 20 if self.readonly else 1
-        for attempt in range(attempts):
-            ltxn = self._snap.begin_read()
-            try:
-                applied, sid = self._snap.reader(ltxn).meta()
-                if sid is not None and sid != self.store_id:
-                    raise CorruptionError(self._snap.directory, None,
-                                          f"snapshot belongs to store {sid}, not {self.store_id}")
-                try:
-                    plan = recover(self._fs, wal_dir, applied, self.store_id,
-                                   readonly=self.readonly, start=self._snap.reader(ltxn).log_pos(),
-                                   prefix=self._recover_prefix)
-                except OSError as exc:
-                    raise io_error(exc, wal_dir, "I/O error while recovering the WAL") from None
-                return ltxn, applied, plan
-            except (CorruptionError, DurabilityError):
-                self._snap.end_read(ltxn)
-                if attempt + 1 >= attempts:
-                    raise
-                time.sleep(0.01 * (attempt + 1))
-            except BaseException:
-                self._snap.end_read(ltxn)
-                raise
-        raise AssertionError("unreachable")
-
-    def _new_snapshot(self) -> Snapshot:
-        snap_dir = os.path.join(self.path, SNAPSHOT_DIR)
-        return (Snapshot(snap_dir, readonly=self.readonly) if self._map_size is None else
-                Snapshot(snap_dir, readonly=self.readonly, map_size=self._map_size))
-
-    def _start_threads(self) -> None:
-        # Started only when there is work (local/background.py): an idle store has none.
-        # The threads hold the engine weakly, so a store dropped without close() is
-        # still collected, and its finalizer releases the writer lock.
-        self._stop = False
-        self._folder = Worker(self, self._wake, lambda e: e.folder.step(), 1.0, "agentwal-fold")
-        self._workers = [self._folder]
-        if self.durability is Durability.ASYNC:
-            self._flusher = Worker(self, self._wake, lambda e: e._flush_step(),
-                                   self._sync_interval, "agentwal-flush")
-            self._workers.append(self._flusher)
-        with self._lock:
-            if self._fold_wanted:
-                self._folder.kick()
+        self.startup = Startup(self)
 
     def refresh(self) -> None:
         """Read-only engines: load what the writer has committed since (``Store.refresh``)."""
@@ -392,7 +235,7 @@ class Engine:
         if not self.readonly:
             return
         with self._refresh_lock:  # on failure the old view stays in place
-            self._load(os.path.join(self.path, WAL_DIR))
+            self.startup.load(os.path.join(self.path, WAL_DIR))
 
     # -- views ----------------------------------------------------------------------
 
@@ -407,7 +250,7 @@ class Engine:
             raise ReadOnlyError(self.path)
         return self._pipe
 
-    def _view(self) -> _View:
+    def _view(self) -> View:
         self.check_open()
         assert self._snap is not None
         while self._dead:  # views of transactions the garbage collector dropped
@@ -421,13 +264,13 @@ class Engine:
                 pin = self._ro_pin
                 assert pin is not None
                 pin.users += 1
-                view = _View(snap, layers, pin.txn, self._ro_lock, pin)
+                view = View(snap, layers, pin.txn, self._ro_lock, pin)
             else:
-                view = _View(snap, layers, self._snap.begin_read(), None)
+                view = View(snap, layers, self._snap.begin_read(), None)
             self._snaps[snap] = self._snaps.get(snap, 0) + 1
         return view
 
-    def _release(self, view: _View) -> None:
+    def _release(self, view: View) -> None:
         if not view.live:
             return
         view.live = False
@@ -448,36 +291,36 @@ class Engine:
         if ended is not None and self._snap is not None:
             self._snap.end_read(ended)
 
-    def _lmdb(self, view: _View, fn: Callable[[Any], T]) -> T:
+    def _lmdb(self, view: View, fn: Callable[[Any], T]) -> T:
         return in_txn(view, fn)
 
-    def _reads(self, view: _View) -> LayeredReader:
+    def _reads(self, view: View) -> LayeredReader:
         assert self._snap is not None
         return LayeredReader(self._snap, view)
 
-    def _info(self, view: _View, run: str) -> RunInfo | None:
+    def _info(self, view: View, run: str) -> RunInfo | None:
         return self._reads(view).info(run)
 
-    def _layers(self, view: _View, run: str) -> tuple[Memtable, ...]:
+    def _layers(self, view: View, run: str) -> tuple[Memtable, ...]:
         return self._reads(view).layers(run)
 
-    def _read(self, view: _View, run: str, key: str) -> bytes | None:
+    def _read(self, view: View, run: str, key: str) -> bytes | None:
         return self._reads(view).value(run, key)
 
-    def _items(self, view: _View, run: str, prefix: str) -> dict[str, bytes | None]:
+    def _items(self, view: View, run: str, prefix: str) -> dict[str, bytes | None]:
         return self._reads(view).items(run, prefix)
 
-    def _head(self, view: _View, run: str) -> Checkpoint | None:
+    def _head(self, view: View, run: str) -> Checkpoint | None:
         return self._reads(view).head(run)
 
-    def _check_at(self, view: _View, run: str, cid: int) -> Checkpoint:
+    def _check_at(self, view: View, run: str, cid: int) -> Checkpoint:
         return self._reads(view).check_at(run, cid)
 
-    def _raw_at(self, view: _View, run: str, cid: int,
+    def _raw_at(self, view: View, run: str, cid: int,
                 key: str | None = None) -> dict[str, bytes]:
         return self._reads(view).state_at(run, cid, key)
 
-    def _with_view(self, fn: Callable[[_View], T]) -> T:
+    def _with_view(self, fn: Callable[[View], T]) -> T:
         view = self._view()
         try:
             return fn(view)
@@ -486,7 +329,7 @@ class Engine:
 
     # -- commits (LocalBackend.commit) ---------------------------------------------
 
-    def commit_change(self, view: _View, change: Change) -> Checkpoint | None:
+    def commit_change(self, view: View, change: Change) -> Checkpoint | None:
         """Commit ``change``, read at ``view``, through the pipeline (``RunStore.commit``).
 
         An empty change applies nothing and returns the run's head as the view sees it.
@@ -512,7 +355,7 @@ class Engine:
                            dict(change.meta), list(change.deferred), origin=change.origin,
                            effects=change.effects)
 
-    def _view_epoch(self, v: _View, run: str) -> int:
+    def _view_epoch(self, v: View, run: str) -> int:
         """The run id's epoch (LSN of its last deletion; 0: none) as ``v`` sees it."""
         return self._reads(v).epoch(run)
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import failpoints
-from ..codec import decode_stored
 from ..errors import CheckpointNotFoundError, RunExistsError, RunNotFoundError
 from ..format import TREE_MEDIA_TYPE
+from ..history import compare_states
 from ..types import BlobRef, Checkpoint, Diff, TreeDiff, TreeRef
 
 if TYPE_CHECKING:
@@ -166,19 +166,8 @@ class Runs:
 
     def _diff(self, run: str, ca: int, cb: int, ra: dict[str, bytes], rb: dict[str, bytes]
               ) -> Diff:
-        e = self._e
-
-        def dec(raw: bytes, k: str, cid: int) -> Any:
-            return decode_stored(raw, e.path, f"{run!r}/{k!r} at {cid}")
-
-        added = {k: dec(rb[k], k, cb) for k in sorted(rb.keys() - ra.keys())}
-        removed = {k: dec(ra[k], k, ca) for k in sorted(ra.keys() - rb.keys())}
-        changed: dict[str, tuple[Any, Any]] = {}
-        for k in sorted(ra.keys() & rb.keys()):
-            if ra[k] != rb[k]:
-                old, new = dec(ra[k], k, ca), dec(rb[k], k, cb)
-                if old != new:  # equal values may encode differently (dict order)
-                    changed[k] = (old, new)
+        added, removed, changed = compare_states(ra, rb, where=self._e.path, run=run, a=ca,
+                                                 b=cb)
         return Diff(added, removed, changed, self._tree_diffs(added, removed, changed))
 
     def _tree_diffs(self, added: dict[str, Any], removed: dict[str, Any],

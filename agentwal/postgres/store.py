@@ -15,59 +15,60 @@ Leases: ``begin`` (and ``delete_run``, ``rollback_to``, ``fork``) take the
 run's lease for this worker when it does not hold it; ``lease``, ``release``
 and ``claim_runs`` are the explicit forms (``leases.py``).
 
-When the backend seam's facade lands on main, this class is meant to shrink
-to what is PostgreSQL-specific (the lease calls); until then it implements
-the part of ``agentwal.Store``'s API this backend supports (docs/postgres.md
-lists what is not there yet).
+It shares with ``agentwal.Store`` what is the same for every backend:
+``transact``/``atransact``/``abegin`` (``store_steps.StepsAPI``, a base
+class), ``retry_of``'s checks (``txn.check_retry_of``), ``diff``'s decoding
+(``history.compare_states``) and the effects listing (``effects.listing``).
+The rest (reads, the history writes, the effects API under leases) is its
+own, over the backend: the part of ``agentwal.Store``'s API this backend
+supports (docs/postgres.md lists what is not there yet).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import inspect
 import os
-import random
 import socket
 import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from psycopg import pq as psycopg_pq
 
-from ..aio import is_async_callable, off_loop
+from ..aio import off_loop
 from ..backend import View
 from ..codec import decode_stored, loads
 from ..effects import (
-    STATUSES,
     EffectContext,
     EffectMode,
     EffectRecord,
+    check_listing,
     decode_entry,
     derive_key,
     effect_id_for,
     effects_after,
     encode_entry,
+    listing,
 )
 from ..errors import (
     BackendUnsupportedError,
     CheckpointNotFoundError,
-    ConflictError,
     EffectDivergenceError,
     EffectNotAppliedError,
     LeaseHeldError,
-    LeaseLostError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
 )
+from ..history import compare_states
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
+from ..store_steps import StepsAPI
 from ..transfer import CopyReport, copy_runs
-from ..txn import Begin, Transaction, check_effect_args, check_retry_of
+from ..txn import Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
 from .backend import Change, EffectRace, PostgresBackend
 from .leases import Lease
@@ -157,7 +158,7 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
     return (base + "?" + "&".join(kept) if kept else base), schema
 
 
-class PostgresStore:
+class PostgresStore(StepsAPI):
     """An open store on PostgreSQL; get one from ``agentwal.open("postgresql://...")``.
 
     Shared by the threads of one process; every process (every worker) opens
@@ -234,82 +235,8 @@ class PostgresStore:
             check_retry_of(retry_of, self._b, run)
         return Transaction(self._b, self._b.begin(run), self, retry_of=retry_of)
 
-    def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
-        """Run ``fn(txn)`` and commit it, redoing it on ``ConflictError`` (not on a lost lease)."""
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError("store.transact runs a synchronous step; for an async step use "
-                            "`await store.atransact(run, step)`")
-        if not callable(fn):
-            raise TypeError("fn must be callable as fn(txn)")
-        prev: Transaction | None = None
-        for attempt in range(retries + 1):
-            txn = self.begin(run, retry_of=prev)
-            try:
-                result = fn(txn)
-                if txn.state == "active":
-                    txn.commit()
-                return result
-            except LeaseLostError:
-                if txn.state == "active":
-                    txn.rollback()
-                raise  # another worker owns the run now: redoing the step here is wrong
-            except ConflictError:
-                if txn.state == "active":
-                    txn.rollback()
-                if txn.state == "committed" or attempt == retries:
-                    raise
-                self._retries += 1
-                prev = txn
-                time.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
-            except BaseException:
-                if txn.state == "active":
-                    txn.rollback()
-                raise
-        raise AssertionError("unreachable")  # the loop returns or raises
-
-    def abegin(self, run: str, *, retry_of: Transaction | None = None) -> Begin:
-        """:meth:`begin` for asyncio (``async with store.abegin(run) as txn:``).
-
-        The lease and the head are fetched at the call (two short round
-        trips); a clean exit commits with ``await txn.acommit()``, off the loop.
-        """
-        return Begin(self.begin(run, retry_of=retry_of))
-
-    async def atransact(self, run: str, fn: Callable[[Transaction], Awaitable[T]], *,
-                        retries: int = 10) -> T:
-        """:meth:`transact` for asyncio: ``await fn(txn)``, then ``await txn.acommit()``."""
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ValueError("retries must be an int >= 0")
-        if not inspect.iscoroutinefunction(fn) and not is_async_callable(fn):
-            raise TypeError("store.atransact awaits an async step (async def step(txn)); "
-                            "for a synchronous one use store.transact(run, step)")
-        prev: Transaction | None = None
-        for attempt in range(retries + 1):
-            txn = self.begin(run, retry_of=prev)
-            try:
-                result = await fn(txn)
-                if txn.state == "active":
-                    await txn.acommit()
-                return result
-            except LeaseLostError:
-                if txn.state == "active":
-                    txn.rollback()
-                raise
-            except ConflictError:
-                if txn.state == "active":
-                    txn.rollback()
-                if txn.state == "committed" or attempt == retries:
-                    raise
-                self._retries += 1
-                prev = txn
-                await asyncio.sleep(random.random() * min(0.001 * 2 ** attempt, 0.05))
-            except BaseException:
-                if txn.state == "active":
-                    txn.rollback()
-                raise
-        raise AssertionError("unreachable")  # the loop returns or raises
+    def _count_retry(self) -> None:
+        self._retries += 1
 
     # Transaction's hooks (agentwal.txn.StepHooks); its reads and commit go to self._b.
 
@@ -558,19 +485,7 @@ class PostgresStore:
         check_key(run, "run id")
         ra = self._b.state_at(run, check_checkpoint_id(a))
         rb = self._b.state_at(run, check_checkpoint_id(b))
-
-        def dec(raw: bytes, k: str, cid: int) -> Any:
-            return self._decode(raw, f"{run!r}/{k!r} at {cid}")
-
-        added = {k: dec(rb[k], k, b) for k in sorted(rb.keys() - ra.keys())}
-        removed = {k: dec(ra[k], k, a) for k in sorted(ra.keys() - rb.keys())}
-        changed: dict[str, tuple[Any, Any]] = {}
-        for k in sorted(ra.keys() & rb.keys()):
-            if ra[k] != rb[k]:
-                old, new = dec(ra[k], k, a), dec(rb[k], k, b)
-                if old != new:
-                    changed[k] = (old, new)
-        return Diff(added, removed, changed)
+        return Diff(*compare_states(ra, rb, where=self.path, run=run, a=a, b=b))
 
     def runs(self) -> list[str]:
         """Run ids with at least one checkpoint, sorted."""
@@ -627,13 +542,8 @@ class PostgresStore:
 
     def effects(self, run: str | None = None, status: str | None = None) -> list[EffectRecord]:
         """Entries of the effects ledger, oldest first, optionally of one run or status."""
-        if status is not None and status not in STATUSES:
-            raise ValueError(f"status must be one of {list(STATUSES)}, not {status!r}")
-        if run is not None:
-            check_key(run, "run id")
-        return [e for e in sorted(self._b.effects(),
-                                  key=lambda e: (e.created_at, e.order or (0, 0), e.key))
-                if (run is None or e.run == run) and (status is None or e.status == status)]
+        check_listing(run, status)
+        return listing(self._b.effects(), run, status)
 
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
                  probes: dict[str, Callable[[EffectContext], Any]] | None = None,
@@ -730,9 +640,6 @@ class PostgresStore:
         """The checked, keyed ledger request of a ``store.effect``, and the lease fencing it."""
         check_key(run, "run id")
         self._writable()
-        if not isinstance(key, str):
-            raise TypeError("store.effect needs key=, a business key (str): with no "
-                            "transaction there is no position to derive one from")
         req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
                                                probe=probe, idempotent=idempotent,
                                                retries=retries, backoff=backoff,

@@ -24,16 +24,18 @@ RANK = {
     "errors": 0, "format": 0, "failpoints": 0,
     "types": 1, "codec": 1, "history": 1, "retention": 1, "tree": 1,
     "io": 2, "aio": 2,
-    "local.control": 3, "local.wal": 3, "local.blobs": 3, "treeio": 3,
+    "local.control": 3, "local.wal": 3, "local.blobs": 3, "local.blobread": 3,
+    "local.blobgate": 3, "treeio": 3,
     "local.logmark": 3, "local.opening": 3, "local.background": 3, "local.healthfile": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
     "txn": 5, "ledger": 5, "local.commit": 5,
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
-    "store": 7, "postgres": 7, "transfer": 7,
+    "store": 7, "store_steps": 7, "store_history": 7, "store_blobs": 7, "store_effects": 7,
+    "postgres": 7, "transfer": 7,
     # the engine and its parts (each references Engine, for typing only)
     "local.engine": 7, "local.fold": 7, "local.maintenance": 7, "local.blobrefs": 7,
-    "local.effectlog": 7, "local.audit": 7, "local.runs": 7,
+    "local.effectlog": 7, "local.audit": 7, "local.runs": 7, "local.startup": 7,
     "local.backend": 7,
     "__init__": 8, "__main__": 8, "views": 8, "ui": 8, "demo": 8, "testing": 8, "cli": 8,
     "workspace": 8, "snapshot": 8, "health": 8, "local.salvage": 8,
@@ -42,7 +44,8 @@ RANK = {
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).
 SHIMS = {"snapshot"}
 #: The neutral layers: they reach the engine only through agentwal.backend.
-NEUTRAL = ("txn", "ledger", "store")
+NEUTRAL = ("txn", "ledger", "store", "store_steps", "store_history", "store_blobs",
+           "store_effects")
 
 
 def _dotted(path: Path) -> str:

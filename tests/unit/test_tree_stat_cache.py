@@ -203,3 +203,127 @@ def test_a_damaged_cache_file_costs_reads_only(store: agentwal.Store, src: str,
     put(store, src)
     assert files_read() == n + 5  # every file read again, the tree the same
     assert restored(store, tmp_path, "out") == read(src)
+
+
+# -- status, and record sets of several trees ------------------------------------------
+
+
+def _leaves(spec: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in spec.items() if v != ("d",)}
+
+
+@pytest.mark.parametrize("mutate", [_rewrite_same_size_and_mtime, _chmod, _rename,
+                                    _file_to_link, _retarget_link, _new_empty_dir,
+                                    _remove_empty_dir, _swap_file_for_dir, _add_deep_file])
+def test_status_stands_on_the_records_and_sees_every_change(
+        store: agentwal.Store, src: str, lookups: list[tuple[bytes, bytes]],
+        mutate: Callable[[str], None]) -> None:
+    ws = agentwal.Workspace(store, "r", src, key="ws")
+    ws.checkpoint()
+    ws.checkpoint()  # the directory records now stand for the directories
+    lookups.clear()
+    assert not ws.status()
+    assert lookups == []  # nothing looked up: every directory is the head's object
+    old = _leaves(read(src))
+    mutate(src)
+    new = _leaves(read(src))
+    got = ws.status()
+    assert set(got.added) == new.keys() - old.keys()
+    assert set(got.removed) == old.keys() - new.keys()
+    assert set(got.modified) == {k for k in old.keys() & new.keys() if old[k] != new[k]}
+    assert all(d in (b"", b"src", b"src/pkg", b"empty", b"empty/inner")
+               for d, _name in lookups)  # at most the changed directory's files
+
+
+def test_status_looks_only_into_the_changed_directory(store: agentwal.Store, src: str,
+                                                      lookups: list[tuple[bytes, bytes]],
+                                                      counting: None) -> None:
+    ws = agentwal.Workspace(store, "r", src, key="ws")
+    ws.checkpoint()
+    ws.checkpoint()
+    Path(src, "src/pkg/mod.py").write_bytes(b"x = 2\n" * 100)
+    lookups.clear()
+    first = files_read()
+    got = ws.status()
+    assert list(got.modified) == ["src/pkg/mod.py"] and not got.added and not got.removed
+    assert sorted(lookups) == [(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")]
+    assert files_read() == first + 1  # the changed file is hashed, nothing else is read
+
+
+def test_two_keys_alternating_on_one_directory_each_find_their_records(
+        store: agentwal.Store, src: str, lookups: list[tuple[bytes, bytes]],
+        counting: None) -> None:
+    put(store, src, key="a")
+    put(store, src, key="b")
+    lookups.clear()
+    put(store, src, key="a")
+    put(store, src, key="b")
+    assert lookups == []  # each key's tree has its own record set
+    Path(src, "src/pkg/mod.py").write_bytes(b"x = 3\n" * 100)
+    first = files_read()
+    put(store, src, key="a")
+    put(store, src, key="b")
+    assert sorted(lookups) == sorted([(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")] * 2)
+    assert files_read() == first + 1  # b found the file a read in a's record set
+    assert store.get("r", "a") == store.get("r", "b")
+    with store.begin("r") as txn:  # key a goes; b's tree keeps every file
+        txn.delete("a")
+    store.compact(keep_last=1)
+    store._engine.blobrefs.sweep()
+    assert store.verify().ok
+
+
+def test_a_snapshot_after_restoring_another_checkpoint_looks_only_where_it_wrote(
+        store: agentwal.Store, src: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        lookups: list[tuple[bytes, bytes]], counting: None) -> None:
+    monkeypatch.setattr(treeio, "RACY_NS", 0)  # what the restore writes is trusted at once
+    ws = agentwal.Workspace(store, "r", src, key="ws")
+    before = ws.checkpoint()
+    Path(src, "src/app.py").write_bytes(b"print('changed')\n")
+    ws.checkpoint()
+    store.restore_tree("r", "ws", src, at=before.id)  # the files only, no rollback
+    lookups.clear()
+    first = files_read()
+    ws.checkpoint()  # the head's record set, except where the restore wrote
+    assert lookups == [(b"src", b"app.py")]
+    assert files_read() == first  # its entry is in the restore's record set
+    assert store.get("r", "ws") == store.state("r", at=before.id)["ws"]
+
+
+def test_the_cache_keeps_the_newest_record_sets_only(
+        store: agentwal.Store, src: str, monkeypatch: pytest.MonkeyPatch,
+        lookups: list[tuple[bytes, bytes]]) -> None:
+    monkeypatch.setattr(treeio, "RACY_NS", 0)  # records trusted at once
+    keys = [f"k{i}" for i in range(treeio._CACHE_SETS + 1)]
+    for key in keys:
+        Path(src, "README.md").write_bytes(key.encode())  # a tree of its own for each
+        put(store, src, key=key)
+    lookups.clear()
+    put(store, src, key=keys[1])  # README.md differs from k1's: its directory is looked up
+    assert len(lookups) == 1
+    lookups.clear()
+    put(store, src, key=keys[0])  # evicted: no record stands for any directory
+    assert len(lookups) == 5
+
+
+def _set_files(store: agentwal.Store) -> list[Path]:
+    return sorted(Path(store.path, "cache").iterdir())
+
+
+def test_an_unchanged_snapshot_writes_no_record_set(store: agentwal.Store, src: str) -> None:
+    put(store, src)
+    put(store, src)
+    [before] = _set_files(store)
+    ino = before.stat().st_ino
+    put(store, src)  # every record carried as read: the file is not rewritten
+    [after] = _set_files(store)
+    assert after == before and after.stat().st_ino == ino
+
+
+def test_a_rehash_drops_every_other_record_set(store: agentwal.Store, src: str) -> None:
+    put(store, src, key="a")
+    Path(src, "README.md").write_bytes(b"b's\n")
+    put(store, src, key="b")
+    assert len(_set_files(store)) == 2
+    put(store, src, key="a", rehash=True)  # no entry of any set survives a rehash
+    assert len(_set_files(store)) == 1

@@ -99,10 +99,10 @@ from ...format import FLAG_ZSTD
 from ...types import Checkpoint
 
 __all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH",
-           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LOCK", "OPTIONAL_DBS", "VACUUM", "Dbs",
-           "FoldRun", "OBJECT_PART", "OBJECT_WHOLE", "RunInfo", "crc", "index_keys",
-           "object_entries", "object_form", "object_record", "object_split", "pos_key",
-           "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal",
+           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LOCK", "OPTIONAL_DBS", "VACUUM",
+           "CheckpointRecord", "Dbs", "FoldRun", "OBJECT_PART", "OBJECT_WHOLE", "RunInfo", "crc",
+           "index_keys", "object_entries", "object_form", "object_record", "object_split",
+           "pos_key", "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal",
            "version_key", "version_parts"]
 
 U64 = struct.Struct(">Q")
@@ -155,6 +155,64 @@ class RunInfo:
     digest: int = 0  # XOR of those entries' CRCs: a missing or stale entry changes it
     #: a fork's origin, kept here once compaction dropped its first checkpoint
     origin: tuple[str, int] | None = None
+
+    @classmethod
+    def decode(cls, obj: Any) -> RunInfo | None:
+        """The run record ``obj`` (decoded CBOR of a ``runs`` value), or None if malformed.
+
+        ``[number, head, head_hash, count, keys, digest]``, with a seventh
+        item ``[origin run, origin checkpoint]`` once compaction dropped a
+        fork's first checkpoint. The one decoder of it: the reader raises
+        ``CorruptionError`` on None, verify reports it.
+        """
+        if not (isinstance(obj, list) and len(obj) in (6, 7)
+                and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
+                and isinstance(obj[2], bytes)
+                and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
+                                       and isinstance(obj[6][0], str)
+                                       and isinstance(obj[6][1], int)))):
+            return None
+        origin = (obj[6][0], obj[6][1]) if len(obj) == 7 else None
+        return cls(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5], origin)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A ``ckpt`` value, decoded: the fields the schema above lists, in their order."""
+
+    id: int
+    parent: int | None
+    lsn: int
+    created_at: float
+    meta: bytes  # the encoded metadata (``codec.decode_meta``)
+    hash: bytes
+    origin: tuple[str, int] | None
+    outbox: bytes | None  # the digest of the commit's outbox entries, if it had any
+    #: the dropped parent's hash (compaction): the chain goes on from it
+    parent_hash: bytes | None = None
+
+    @classmethod
+    def decode(cls, obj: Any) -> CheckpointRecord | None:
+        """The record ``obj`` (decoded CBOR of a ``ckpt`` value), or None if malformed.
+
+        The one decoder of it: the reader raises ``CorruptionError`` on None,
+        verify reports it (after checks of its own: no bool for an int, a
+        whole SHA-256, the origin's types).
+        """
+        if not (isinstance(obj, list) and len(obj) in (7, 8, 9)):
+            return None
+        cid, parent, lsn, created, meta_raw, hsh, origin = obj[:7]
+        if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
+                and isinstance(lsn, int) and isinstance(created, (int, float))
+                and isinstance(meta_raw, bytes) and isinstance(hsh, bytes)
+                and (origin is None or (isinstance(origin, list) and len(origin) == 2))
+                and (len(obj) == 7 or obj[7] is None
+                     or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
+                and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32))):
+            return None
+        return cls(cid, parent, lsn, float(created), meta_raw, hsh,
+                   (origin[0], origin[1]) if origin is not None else None,
+                   obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) == 9 else None)
 
 
 def crc(key: bytes, data: bytes) -> int:

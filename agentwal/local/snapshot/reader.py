@@ -40,6 +40,7 @@ from .layout import (
     OBJECT_SPLIT,
     U16,
     U64,
+    CheckpointRecord,
     Dbs,
     RunInfo,
     crc,
@@ -228,15 +229,10 @@ class SnapshotReader:
             obj = self._load(rk, self._txn.get(rk, db=self._runs), f"run {run!r}")
         if obj is None:
             return None
-        if not (isinstance(obj, list) and len(obj) in (6, 7)
-                and all(isinstance(obj[i], int) for i in (0, 1, 3, 4, 5))
-                and isinstance(obj[2], bytes)
-                and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                       and isinstance(obj[6][0], str)
-                                       and isinstance(obj[6][1], int)))):
+        info = RunInfo.decode(obj)
+        if info is None:
             raise self._corrupt(f"run record of {run!r} is malformed")
-        origin = (obj[6][0], obj[6][1]) if len(obj) == 7 else None
-        return RunInfo(obj[0], obj[1], obj[2], obj[3], obj[4], obj[5], origin)
+        return info
 
     def runs(self) -> list[str]:
         """Every folded run id (each record's checksum verified)."""
@@ -345,21 +341,15 @@ class SnapshotReader:
     def _ckpt_from(self, run: str, obj: Any) -> Checkpoint:
         if not (isinstance(obj, list) and len(obj) in (7, 8, 9)):
             raise self._corrupt(f"checkpoint record of {run!r} is malformed")
-        cid, parent, lsn, created, meta_raw, hsh, origin = obj[:7]
-        if not (isinstance(cid, int) and (parent is None or isinstance(parent, int))
-                and isinstance(lsn, int) and isinstance(created, (int, float))
-                and isinstance(meta_raw, bytes) and isinstance(hsh, bytes)
-                and (origin is None or (isinstance(origin, list) and len(origin) == 2))
-                and (len(obj) == 7 or obj[7] is None
-                     or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
-                and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32))):
+        rec = CheckpointRecord.decode(obj)
+        if rec is None:
             raise self._corrupt(f"checkpoint record of {run!r} has a field of the wrong type")
         try:
-            meta = decode_meta(meta_raw)
+            meta = decode_meta(rec.meta)
         except CodecError as exc:
-            raise self._corrupt(f"checkpoint {run!r}/{cid} metadata: {exc}") from None
-        org = (origin[0], origin[1]) if origin else None
-        return Checkpoint(run, cid, parent, lsn, float(created), meta, hsh.hex(), org)
+            raise self._corrupt(f"checkpoint {run!r}/{rec.id} metadata: {exc}") from None
+        return Checkpoint(run, rec.id, rec.parent, rec.lsn, rec.created_at, meta, rec.hash.hex(),
+                          rec.origin)
 
     # -- the effects ledger -----------------------------------------------------------
 

@@ -43,7 +43,11 @@ before it is.
 
 The parts: ``report.py`` (what a report holds, the shared plumbing, the
 reads of ``CONTROL`` and the WAL through the I/O seam), ``snapshot_checks.py``
-(LMDB), ``wal_checks.py`` (the log). Nothing here touches a file but
+(LMDB: meta, runs, state, the ledger, and the order of the passes), with
+``snapshot_base.py`` (the checker's shared state and sealed reads),
+``chain_checks.py`` (each run's checkpoints: hash chains, manifests, head
+state) and ``object_checks.py`` (deltas, manifests, objects, reference
+counts, object ids), and ``wal_checks.py`` (the log). Nothing here touches a file but
 :func:`read_wal` and :func:`check_control`; the store hands over an LMDB
 read transaction.
 """

@@ -28,32 +28,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import struct
 import uuid
-from collections.abc import Callable, Iterator
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from typing import Any
-
-import cbor2
+from collections.abc import Callable
 
 from ... import history
-from ...codec import CodecError, chain_hash, decode_meta, decode_value, loads
+from ...codec import CodecError, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
-from ...errors import CorruptionError
 from ...types import Progress
-from ..snapshot.layout import (
-    EFFECTS_INDEX,
-    HISTORY_INDEX,
-    index_keys,
-    object_record,
-    object_split,
-    unseal,
-    version_key,
-    version_parts,
-)
-from .report import Findings, Source
+from ..snapshot.layout import EFFECTS_INDEX, HISTORY_INDEX, RunInfo, index_keys
+from .chain_checks import ChainChecks
+from .object_checks import ObjectChecks
+from .snapshot_base import _U32, _U64, _Damaged, _int, _Run
 
 __all__ = ["CACHE_BYTES", "SNAPSHOT_PARTS", "SnapshotChecker"]
 
@@ -61,48 +47,11 @@ __all__ = ["CACHE_BYTES", "SNAPSHOT_PARTS", "SnapshotChecker"]
 SNAPSHOT_PARTS = ("meta", "runs", "state", "checkpoints (hash chains)", "deltas", "manifests",
                   "versions", "objects", "references", "object ids", "effects")
 
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-_U16 = struct.Struct(">H")
-_ZERO_HASH = bytes(32)
+
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
                EFFECTS_INDEX: 8, HISTORY_INDEX: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
-
-
-@dataclass
-class _Run:
-    """A run record as found in ``runs``."""
-
-    name: str
-    head: int
-    head_hash: bytes
-    count: int
-    keys: int
-    digest: int
-    origin: tuple[str, int] | None = None  # kept once compaction dropped checkpoint 1
-
-
-@dataclass(frozen=True)
-class _Ckpt:
-    """A decoded checkpoint record."""
-
-    id: int
-    parent: int | None
-    lsn: int
-    created_at: float
-    meta: bytes
-    hash: bytes
-    origin: tuple[str, int] | None
-    outbox: bytes | None
-    #: the dropped parent's hash (compaction): the chain goes on from it
-    parent_hash: bytes | None = None
-
-
-class _Damaged(CodecError):
-    """An object needed is damaged: reported once, at the object, not at each user."""
-
 
 class _Objects:
     """``history.Objects`` (reads only) over the verifier's sealed reads.
@@ -133,121 +82,16 @@ class _Objects:
         return data
 
 
+class SnapshotChecker(ChainChecks, ObjectChecks):
+    """Checks one snapshot (``src`` None: no snapshot to read; only the log is checked).
 
-def _int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    The passes are split by concern: the checkpoint chains in
+    ``chain_checks.py``, history storage in ``object_checks.py``, the
+    shared reads in ``snapshot_base.py``; meta, runs, state and the ledger here.
+    """
 
-
-class SnapshotChecker(Findings):
-    """Checks one snapshot (``src`` None: no snapshot to read; only the log is checked)."""
-
-    def __init__(self, src: Source | None, store_id: uuid.UUID) -> None:
-        super().__init__(store_id)
-        self.src = src
-        self.applied = 0
-        self.next_run: int | None = None
-        self.runs: dict[int, _Run] = {}
-        self.run_nos: dict[str, int] = {}
-        self.damaged_runs: set[int] = set()  # run numbers of damaged run records
-        self.objs = _Objects(self)
-        self.found_refs: collections.Counter[int] = collections.Counter()
-        self.addrs: set[int] = set()
-        self.nodes_ok: set[int] = set()  # list nodes already rebuilt and checked
-        self.kept: dict[int, set[int]] = {}  # run number -> checkpoint ids stored
-        #: run number -> ids that follow checkpoints compaction dropped (they have manifests)
-        self.block_starts: dict[int, set[int]] = {}
-        #: the store has the versions index (format 3): its marker is in meta
-        self.indexed = False
-        #: the ``versions`` keys the deltas and block starts call for (format 3)
-        self.want_versions: set[bytes] = set()
-        #: (run number, id) of deltas that could not be read: their versions are not judged
-        self.unread_deltas: set[tuple[int, int]] = set()
-
-    # -- reading ------------------------------------------------------------------
-
-    def scan(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        """Entries of ``db``; a database LMDB cannot walk is one problem, then the scan ends."""
-        assert self.src is not None
-        try:
-            for k, raw in self.src.entries(db, prefix):
-                if not prefix:
-                    self.checked["lmdb_entries"] += 1
-                yield k, raw
-        except CorruptionError as exc:
-            self.db_problem(db, f"LMDB cannot read this database any further: {exc.reason}")
-
-    def unseal(self, db: str, key: bytes, raw: bytes) -> bytes | None:
-        """The value of a sealed entry, or None (reported) if its CRC does not match."""
-        data = unseal(key, raw)
-        if data is None:
-            self.entry_problem(db, key, "checksum mismatch: the CRC-32 stored with the entry "
-                               "does not cover its key and value")
-        return data
-
-    def fetch(self, db: str, key: bytes) -> tuple[bool, bytes | None]:
-        """``(present, value)``; value None when absent or damaged (damage is reported)."""
-        assert self.src is not None
-        try:
-            raw = self.src.get(db, key)
-        except CorruptionError as exc:
-            self.entry_problem(db, key, f"LMDB cannot read it: {exc.reason}")
-            return True, None
-        if raw is None:
-            return False, None
-        return True, self.unseal(db, key, raw)
-
-    def fetch_object(self, addr: int) -> tuple[bool, bytes | None]:
-        """``(present, record)`` of an object, joined from its parts if it has them (format 3);
-        record None when absent or damaged (damage, a part included, is reported)."""
-        k = _U64.pack(addr)
-        present, head = self.fetch("objects", k)
-        split = None if head is None else object_split(head)
-        if split is None:
-            return present, None if head is None else self.object_record(k, head)
-        size, count = split
-        if size < 0:
-            self.entry_problem("objects", k, "the head of an object in parts is malformed")
-            return True, None
-        parts = []
-        for i in range(1, count + 1):
-            pk = k + _U16.pack(i)
-            there, part = self.fetch("objects", pk)
-            if not there:
-                self.entry_problem("objects", pk, f"is missing: object @{addr} has {count} "
-                                   "parts")
-            if part is None:
-                return True, None
-            parts.append(part)
-        record = b"".join(parts)
-        if len(record) != size:
-            self.entry_problem("objects", k, f"its parts join to {len(record)} bytes, its head "
-                               f"says {size}")
-            return True, None
-        return True, self.object_record(k, record)
-
-    def object_record(self, k: bytes, form: bytes) -> bytes | None:
-        """An object's record from its stored form (None, reported, if it does not inflate)."""
-        try:
-            return object_record(form)
-        except CodecError as exc:
-            self.entry_problem("objects", k, f"the compressed record does not inflate: {exc}")
-            return None
-
-    def decode(self, db: str, key: bytes, data: bytes) -> Any:
-        """Decode CBOR from an entry; None (reported) if it does not decode."""
-        try:
-            return loads(data)
-        except CodecError as exc:
-            self.entry_problem(db, key, str(exc))
-            return None
-
-    def refs_of(self, db: str, key: bytes, data: bytes,
-                manifest: bool) -> dict[str, history.Ref | None] | None:
-        try:
-            return history.decode_refs(data, manifest=manifest)
-        except CodecError as exc:
-            self.entry_problem(db, key, str(exc))
-            return None
+    def objects(self) -> history.ObjectReader:
+        return _Objects(self)
 
     # -- the snapshot ---------------------------------------------------------------
 
@@ -312,12 +156,12 @@ class SnapshotChecker(Findings):
             obj = self.decode("runs", k, data)
             if obj is None:
                 continue
-            if not (isinstance(obj, list) and len(obj) in (6, 7)
-                    and all(_int(obj[i]) for i in (0, 1, 3, 4, 5))
-                    and isinstance(obj[2], bytes) and len(obj[2]) == 32
-                    and (len(obj) == 6 or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                           and isinstance(obj[6][0], str)
-                                           and _int(obj[6][1])))):
+            info = RunInfo.decode(obj)
+            # Stricter than a read: no bool for an int, and a whole SHA-256.
+            if (info is None or len(info.head_hash) != 32
+                    or not all(_int(x) for x in (info.number, info.head, info.count, info.keys,
+                                                 info.digest))
+                    or (info.origin is not None and not _int(info.origin[1]))):
                 self.entry_problem("runs", k, "run record is malformed")
                 continue
             try:
@@ -325,7 +169,7 @@ class SnapshotChecker(Findings):
             except UnicodeDecodeError:
                 self.entry_problem("runs", k, "run id is not UTF-8")
                 continue
-            n = obj[0]
+            n = info.number
             if n in self.runs:
                 self.entry_problem("runs", k, f"run number #{n} is also that of run "
                                    f"{self.runs[n].name!r}")
@@ -333,10 +177,10 @@ class SnapshotChecker(Findings):
             if self.next_run is not None and n >= self.next_run:
                 self.entry_problem("runs", k, f"run number #{n} is not below next_run "
                                    f"{self.next_run}")
-            if obj[1] < 1:
-                self.entry_problem("runs", k, f"head checkpoint {obj[1]} is not an id")
-            self.runs[n] = _Run(name, obj[1], obj[2], obj[3], obj[4], obj[5],
-                                (obj[6][0], obj[6][1]) if len(obj) == 7 else None)
+            if info.head < 1:
+                self.entry_problem("runs", k, f"head checkpoint {info.head} is not an id")
+            self.runs[n] = _Run(name, info.head, info.head_hash, info.count, info.keys,
+                                info.digest, info.origin)
             self.run_nos[name] = n
             self.run_names[n] = name
         if self.runs and self.applied == 0:
@@ -385,413 +229,6 @@ class SnapshotChecker(Findings):
                                    f"{digests[n]:08x}); the run record says {run.keys} "
                                    f"({run.digest:08x})")
         return damaged
-
-    def checkpoint(self, k: bytes, raw: bytes) -> _Ckpt | None:
-        """Decode and check one ``ckpt`` entry (None, reported, if it is bad)."""
-        data = self.unseal("ckpt", k, raw)
-        obj = None if data is None else self.decode("ckpt", k, data)
-        if obj is None:
-            return None
-        ok = (isinstance(obj, list) and len(obj) in (7, 8, 9) and _int(obj[0])
-              and (obj[1] is None or _int(obj[1])) and _int(obj[2])
-              and isinstance(obj[3], (int, float)) and isinstance(obj[4], bytes)
-              and isinstance(obj[5], bytes) and len(obj[5]) == 32
-              and (obj[6] is None or (isinstance(obj[6], list) and len(obj[6]) == 2
-                                      and isinstance(obj[6][0], str) and _int(obj[6][1])))
-              and (len(obj) == 7 or obj[7] is None
-                   or (isinstance(obj[7], bytes) and len(obj[7]) == 32))
-              and (len(obj) < 9 or (isinstance(obj[8], bytes) and len(obj[8]) == 32)))
-        if not ok:
-            self.entry_problem("ckpt", k, "checkpoint record is malformed")
-            return None
-        c = _Ckpt(obj[0], obj[1], obj[2], float(obj[3]), obj[4], obj[5],
-                  (obj[6][0], obj[6][1]) if obj[6] is not None else None,
-                  obj[7] if len(obj) >= 8 else None, obj[8] if len(obj) == 9 else None)
-        try:
-            decode_meta(c.meta)
-        except CodecError as exc:
-            self.entry_problem("ckpt", k, f"metadata: {exc}")
-            return None
-        want = _U64.unpack_from(k, 8)[0]
-        if c.id != want:
-            self.entry_problem("ckpt", k, f"record says checkpoint {c.id}")
-            return None
-        if c.parent != (c.id - 1 if c.id > 1 else None):
-            self.entry_problem("ckpt", k, f"parent is {c.parent}, not {c.id - 1 or None}")
-        if c.lsn > self.applied:
-            self.entry_problem("ckpt", k, f"LSN {c.lsn} is after the snapshot's applied LSN "
-                               f"{self.applied}")
-        return c
-
-    def check_checkpoints(self, damaged_state: set[int]) -> None:
-        group: list[tuple[bytes, bytes]] = []
-        current: int | None = None
-        seen: set[int] = set()
-        for k, raw in self.scan("ckpt"):
-            self.checked["checkpoints"] += 1
-            if len(k) != 16:
-                self.entry_problem("ckpt", k, "key is not a run number and a checkpoint id")
-                continue
-            n = _U64.unpack_from(k)[0]
-            if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.unseal("ckpt", k, raw)
-                    self.entry_problem("ckpt", k, f"belongs to no run (run number #{n})")
-                continue
-            if n != current:
-                if current is not None:
-                    self.check_run(current, group, current not in damaged_state)
-                current, group = n, []
-                seen.add(n)
-            group.append((k, raw))
-        if current is not None:
-            self.check_run(current, group, current not in damaged_state)
-        for n, run in self.runs.items():
-            if n not in seen:
-                self.entry_problem("runs", run.name.encode(),
-                                   f"the run has no checkpoint records (head {run.head})")
-
-    def check_run(self, n: int, group: list[tuple[bytes, bytes]], compare_state: bool) -> None:
-        """The chain, the manifests and the head state of one run."""
-        run = self.runs[n]
-        base = _U64.pack(n)
-        ckpts: dict[int, _Ckpt | None] = {}
-        for k, raw in group:
-            ckpts[_U64.unpack_from(k, 8)[0]] = self.checkpoint(k, raw)
-        if len(group) != run.count:
-            self.entry_problem("runs", run.name.encode(), f"the run record counts {run.count} "
-                               f"checkpoints, {len(group)} are stored")
-        for cid in sorted(c for c in ckpts if c > run.head):
-            self.entry_problem("ckpt", base + _U64.pack(cid),
-                               f"is after the run's head checkpoint {run.head}")
-        top = max((c for c in ckpts if c <= run.head), default=0)
-        if top < run.head:
-            self.entry_problem("runs", run.name.encode(), f"head checkpoint {run.head} is "
-                               f"missing; the last one stored is {top}")
-        refs: dict[str, history.Ref] = {}
-        replayed = top == run.head  # refs hold the state at the checkpoint reached
-        prev_hash: bytes | None = _ZERO_HASH
-        last_lsn = 0
-        # Compaction leaves gaps: the first checkpoint after one carries its dropped
-        # parent's hash and has a manifest; the ids in a gap have no records at all.
-        self.kept[n] = set(ckpts)
-        dropped = self.dropped_ids(ckpts, top, self.block_marked(n, ckpts))
-        for cid in range(1, top + 1):
-            key = base + _U64.pack(cid)
-            c = ckpts.get(cid)
-            if cid in dropped:
-                self.checked["checkpoints_dropped"] += 1
-                continue
-            block_start = cid - 1 in dropped
-            if block_start:  # the state restarts from its manifest
-                prev_hash, replayed = (c.parent_hash if c is not None else None), False
-                self.block_starts.setdefault(n, set()).add(cid)
-                if self.indexed:
-                    self.want_versions.add(version_key(n, b"", cid))
-            if cid not in ckpts:
-                self.entry_problem("ckpt", key, "is missing: the run's checkpoints are 1.."
-                                   f"{run.head}")
-            if c is not None:
-                if c.lsn <= last_lsn:
-                    self.entry_problem("ckpt", key, f"LSN {c.lsn} is not after the previous "
-                                       f"checkpoint's ({last_lsn})")
-                last_lsn = c.lsn
-            present, data = self.fetch("delta", key)
-            delta = None if data is None else self.refs_of("delta", key, data, False)
-            if not present:
-                self.entry_problem("delta", key, "is missing: every checkpoint has a delta")
-            if delta is None:
-                replayed = False
-                self.unread_deltas.add((n, cid))
-            else:
-                history.apply_delta(refs, delta)
-                if self.indexed:
-                    self.want_versions.update(version_key(n, k.encode(), cid) for k in delta)
-            if c is not None and delta is not None and prev_hash is not None:
-                self.check_hash(run, key, c, delta, prev_hash)
-            prev_hash = c.hash if c is not None else None
-            if history.is_manifest(cid) or block_start:
-                # a regular manifest (every MANIFEST_EVERY ids) is required only without
-                # the versions index; a store indexed since keeps those it had
-                refs, replayed = self.check_manifest(key, cid, refs, replayed,
-                                                     block_start or not self.indexed)
-        head = ckpts.get(run.head)
-        if head is not None and head.hash != run.head_hash:
-            self.entry_problem("runs", run.name.encode(), f"head hash differs from that of "
-                               f"checkpoint {run.head}")
-        if replayed and compare_state:
-            self.compare_state(n, run, refs)
-
-    def block_marked(self, n: int, ckpts: dict[int, _Ckpt | None]) -> set[int]:
-        """Ids whose record is unreadable but whose block start marker (format 3) says
-        compaction dropped their parent: the gap below them is not missing records."""
-        if not self.indexed:
-            return set()
-        return {cid for cid, c in ckpts.items()
-                if c is None and self.fetch("versions", version_key(n, b"", cid))[0]}
-
-    @staticmethod
-    def dropped_ids(ckpts: dict[int, _Ckpt | None], top: int,
-                    marked: AbstractSet[int] = frozenset()) -> set[int]:
-        """Ids compaction dropped: every gap below a record that carries its parent's hash
-        (or, if that record is unreadable, below a block start marker)."""
-        out: set[int] = set()
-        prev = 0
-        for cid in sorted(c for c in ckpts if c <= top):
-            c = ckpts[cid]
-            if cid > prev + 1 and (cid in marked
-                                   or (c is not None and c.parent_hash is not None)):
-                out.update(range(prev + 1, cid))
-            prev = cid
-        return out
-
-    def check_hash(self, run: _Run, key: bytes, c: _Ckpt,
-                   delta: dict[str, history.Ref | None], prev_hash: bytes) -> None:
-        """Recompute checkpoint ``c``'s hash from its parent's, its fields and its delta."""
-        try:
-            raw = cbor2.dumps({k: None if r is None else self.value(r)
-                               for k, r in delta.items()})
-        except _Damaged:
-            self.checked["hashes_unchecked"] += 1
-            return
-        except CodecError as exc:
-            self.entry_problem("delta", key, f"cannot rebuild the committed delta: {exc}")
-            return
-        want = chain_hash(prev_hash, run.name, c.id, c.parent, c.created_at, c.meta, c.origin,
-                          hashlib.sha256(raw).digest(), c.outbox)
-        self.checked["hashes"] += 1
-        if want != c.hash:
-            self.entry_problem("ckpt", key, "hash chain broken: the stored hash is not the "
-                               "SHA-256 of the parent's hash, this checkpoint's fields and "
-                               "its delta")
-
-    def value(self, ref: history.Ref) -> bytes:
-        """The value bytes of a ref; a list node is checked on the way (once)."""
-        if isinstance(ref, tuple) and ref[0] == history.LIST and ref[1] not in self.nodes_ok:
-            try:
-                value = history.check_node(self.objs, ref[1])
-            except _Damaged:
-                raise
-            except CodecError:  # the objects pass reports the node; the chain goes on
-                return history.resolve(self.objs, ref)
-            self.nodes_ok.add(ref[1])
-            return value
-        return history.resolve(self.objs, ref)
-
-    def check_manifest(self, key: bytes, cid: int, refs: dict[str, history.Ref],
-                       replayed: bool, required: bool) -> tuple[dict[str, history.Ref], bool]:
-        """Compare the manifest at ``cid`` with the replay; returns the state to go on from."""
-        present, data = self.fetch("manifest", key)
-        if not present and not required:
-            return refs, replayed
-        if not present:
-            why = (f"a multiple of {history.MANIFEST_EVERY}" if history.is_manifest(cid) else
-                   "the first kept after checkpoints compaction dropped")
-            self.entry_problem("manifest", key, f"is missing: checkpoint {cid} is {why}")
-            return refs, replayed
-        found = None if data is None else self.refs_of("manifest", key, data, True)
-        if found is None:
-            return refs, replayed
-        manifest = {k: r for k, r in found.items() if r is not None}
-        if not replayed:
-            return manifest, True
-        if manifest != refs:
-            diff = sorted(set(manifest.items()) ^ set(refs.items()), key=repr)
-            self.entry_problem("manifest", key, f"differs from the deltas replayed up to it "
-                               f"(keys {sorted({k for k, _ in diff})[:5]})")
-        return refs, replayed
-
-    def compare_state(self, n: int, run: _Run, refs: dict[str, history.Ref]) -> None:
-        """The ``state`` fast path against the history replay of the head checkpoint."""
-        seen: set[str] = set()
-        for k, raw in self.scan("state", _U64.pack(n)):
-            data = self.unseal("state", k, raw)
-            key = k[8:].decode("utf-8", "replace")
-            seen.add(key)
-            if data is None:
-                continue
-            ref = refs.get(key)
-            if ref is None:
-                self.entry_problem("state", k, f"is not in the run's history at its head "
-                                   f"checkpoint {run.head}")
-                continue
-            try:
-                same = history.head_value(self.objs, data) == history.resolve(self.objs, ref)
-            except _Damaged:
-                continue
-            except CodecError as exc:
-                self.entry_problem("state", k, f"cannot compare with history: {exc}")
-                continue
-            if not same:
-                self.entry_problem("state", k, f"differs from the value the history gives at "
-                                   f"the head checkpoint {run.head}")
-        for key in sorted(refs.keys() - seen):
-            self.entry_problem("state", _U64.pack(n) + key.encode(),
-                               f"is missing: the history at head checkpoint {run.head} has it")
-
-    def check_history_records(self, db: str) -> None:
-        """Every delta or manifest: seal, shape, owner; count the references it holds."""
-        manifest = db == "manifest"
-        for k, raw in self.scan(db):
-            self.checked[db + "s"] += 1
-            data = self.unseal(db, k, raw)
-            refs = None if data is None else self.refs_of(db, k, data, manifest)
-            if len(k) != 16:
-                self.entry_problem(db, k, "key is not a run number and a checkpoint id")
-                continue
-            n, cid = _U64.unpack_from(k)[0], _U64.unpack_from(k, 8)[0]
-            run = self.runs.get(n)
-            if run is None:
-                if n not in self.damaged_runs:
-                    self.entry_problem(db, k, f"belongs to no run (run number #{n})")
-            elif (not 1 <= cid <= run.head or cid not in self.kept.get(n, (cid,))
-                  or (manifest and not history.is_manifest(cid)
-                      and cid not in self.block_starts.get(n, ()))):
-                self.entry_problem(db, k, f"belongs to no checkpoint of {run.name!r} (head "
-                                   f"{run.head})")
-            for ref in (refs or {}).values():
-                if isinstance(ref, tuple):
-                    self.found_refs[ref[1]] += 1
-
-    def check_versions(self) -> None:
-        """Every ``versions`` entry names a key of its checkpoint's delta (or a block start),
-        and every delta key and block start has its entry (format 3)."""
-        extra = 0
-        for k, raw in self.scan("versions"):
-            self.checked["versions"] += 1
-            data = self.unseal("versions", k, raw)
-            parts = version_parts(k)
-            if parts is None:
-                self.entry_problem("versions", k, "key is not a run number, a key and an id")
-                continue
-            n, key, cid = parts
-            if not self.indexed:
-                extra += 1
-                continue
-            if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.entry_problem("versions", k, f"belongs to no run (run number #{n})")
-                continue
-            if data is not None and data:
-                self.entry_problem("versions", k, f"holds {len(data)} bytes, not none")
-            if k in self.want_versions:
-                self.want_versions.discard(k)
-            elif (n, cid) not in self.unread_deltas:
-                what = (f"checkpoint {cid} does not start a kept block" if not key else
-                        f"checkpoint {cid} of {self.runs[n].name!r} did not change this key")
-                self.entry_problem("versions", k, f"names no change: {what}")
-        if extra:
-            self.db_problem("versions", f"holds {extra} entries, yet meta has no history "
-                            "index marker")
-        for k in sorted(self.want_versions):
-            parts = version_parts(k)
-            assert parts is not None
-            what = "the block start" if not parts[1] else "the delta's key"
-            self.entry_problem("versions", k, f"is missing: {what} has no version entry")
-
-    def check_objects(self) -> None:
-        nodes = []
-        parts: set[bytes] = set()  # keys of the parts the heads read so far name
-        for k, raw in self.scan("objects"):
-            self.checked["objects"] += 1
-            if len(k) == 10:  # a part of a record stored in parts (read with its head)
-                if k not in parts:
-                    self.unseal("objects", k, raw)
-                    self.entry_problem("objects", k, "a part of no object")
-                continue
-            if len(k) != 8:
-                self.entry_problem("objects", k, "key is not an address")
-                continue
-            addr = _U64.unpack(k)[0]
-            self.addrs.add(addr)
-            head = self.unseal("objects", k, raw)
-            if head is None:
-                continue
-            split = object_split(head)
-            if split is not None:
-                parts.update(k + _U16.pack(i) for i in range(1, max(split[1], 0) + 1))
-                found_record = self.fetch_object(addr)[1]
-            else:
-                found_record = self.object_record(k, head)
-            if found_record is None:
-                continue
-            data = found_record
-            try:
-                kids = history.children(data)
-            except CodecError as exc:
-                self.entry_problem("objects", k, str(exc))
-                continue
-            for child in kids:
-                self.found_refs[child] += 1
-            oid = hashlib.sha256(data).digest()
-            present, found = self.fetch("oids", oid)
-            if not present:
-                self.entry_problem("objects", k, "its SHA-256 has no entry in oids (the record "
-                                   "changed, or its id was lost)")
-            elif found is not None and found != k:
-                self.entry_problem("objects", k, f"oids maps its SHA-256 to "
-                                   f"{self.key_text('objects', found)}")
-            if history.is_node(data):
-                nodes.append((k, addr, kids))
-        for k, addr, kids in nodes:
-            missing = [c for c in kids if c not in self.addrs]
-            if missing:
-                self.entry_problem("objects", k, f"names missing objects {missing[:5]}")
-                continue
-            if addr in self.nodes_ok:  # rebuilt and checked with a delta that names it
-                continue
-            try:
-                history.check_node(self.objs, addr)
-            except _Damaged:
-                continue
-            except CodecError as exc:
-                self.entry_problem("objects", k, str(exc))
-        for addr in sorted(set(self.found_refs) - self.addrs):
-            self.db_problem("objects", f"object @{addr} is referenced "
-                            f"{self.found_refs[addr]} times but missing")
-
-    def check_refs(self) -> None:
-        counted: set[int] = set()
-        for k, raw in self.scan("refs"):
-            data = self.unseal("refs", k, raw)
-            if len(k) != 8:
-                self.entry_problem("refs", k, "key is not an address")
-                continue
-            addr = _U64.unpack(k)[0]
-            counted.add(addr)
-            if addr not in self.addrs:
-                self.entry_problem("refs", k, "counts references to an object that does "
-                                   "not exist")
-                continue
-            if data is None:
-                continue
-            if len(data) != 8:
-                self.entry_problem("refs", k, f"is {len(data)} bytes, not 8")
-                continue
-            n, found = _U64.unpack(data)[0], self.found_refs[addr]
-            if n != found:
-                self.entry_problem("refs", k, f"counts {n} references; {found} were found "
-                                   "(delta and manifest entries, list nodes)")
-            elif n == 0:
-                self.entry_problem("refs", k, "nothing references the object (it should "
-                                   "have been freed)")
-        for addr in sorted(self.addrs - counted):
-            self.entry_problem("objects", _U64.pack(addr), "has no reference count in refs")
-
-    def check_oids(self) -> None:
-        for k, raw in self.scan("oids"):
-            data = self.unseal("oids", k, raw)
-            if data is None:
-                continue
-            if len(k) != 32 or len(data) != 8:
-                self.entry_problem("oids", k, "is not a 32-byte id naming an 8-byte address")
-                continue
-            addr = _U64.unpack(data)[0]
-            present, record = self.fetch_object(addr)
-            if not present:
-                self.entry_problem("oids", k, f"names object @{addr}, which does not exist")
-            elif record is not None and hashlib.sha256(record).digest() != k:
-                self.entry_problem("oids", k, f"names object @{addr}, whose SHA-256 differs")
 
     def check_effects(self) -> None:
         # With the index marker, every entry has its run and status rows (format 2).
