@@ -36,15 +36,23 @@ reach :data:`SEGMENT_LEAF`). Rebuilding any list therefore reads at most
 :data:`MAX_CHAIN` nodes plus its leaves.
 
 *Head entries.* The snapshot's ``state`` database (the head's fast path)
-stores a list node's ref instead of the list (:func:`head_entry`), so a fold
-does not copy a growing list whole; reading it rebuilds the list
-(:func:`head_value`).
+stores the ref of a value held as an object (a list node, a large leaf)
+instead of the value (:func:`head_entry`), so a fold does not copy a
+growing list whole and a large value is stored once; reading it rebuilds
+the value (:func:`head_value`).
 
 *Deltas and manifests.* Checkpoint ``c`` of a run has a delta ``{key: ref |
-None}`` (None: deleted). Every checkpoint whose id is a multiple of
-:data:`MANIFEST_EVERY` also has a manifest: the full ``{key: ref}`` map. The
-state at ``c`` is the manifest at ``c - c % MANIFEST_EVERY`` (or the empty
-state) plus at most ``MANIFEST_EVERY - 1`` deltas (:func:`manifest_base`).
+None}`` (None: deleted). A manifest is the full ``{key: ref}`` map at one
+checkpoint: compaction writes one where a kept block starts after dropped
+checkpoints. The snapshot indexes every delta entry by (key, checkpoint)
+(its ``versions`` database), so the state at ``c`` is the nearest
+manifest at or before ``c`` (or the empty state) plus, for each key changed
+after it, the ref from the delta of its latest change at or before ``c``:
+a checkpoint costs the keys it changed, never the whole state. Stores
+written before that index (format 2) have a manifest at every id that is a
+multiple of :data:`MANIFEST_EVERY` and are read as the manifest at
+``c - c % MANIFEST_EVERY`` plus at most ``MANIFEST_EVERY - 1`` deltas
+(:func:`manifest_base`) until their first fold builds the index.
 
 *Reference counts.* Each object's count is the number of delta entries,
 manifest entries and nodes naming it (head entries hold none: the delta
@@ -96,7 +104,8 @@ __all__ = [
     "is_node",
 ]
 
-#: A full manifest is stored at every checkpoint id that is a multiple of this.
+#: Stores of format 2 (before the versions index) hold a full manifest at every
+#: checkpoint id that is a multiple of this; newer folds write none.
 MANIFEST_EVERY = 32
 #: Values (and list tails) at least this long are stored as shared objects.
 LARGE = 1024
@@ -391,12 +400,14 @@ def resolve(objs: ObjectReader, ref: Ref) -> bytes:
 
 
 def head_entry(value: bytes, ref: Ref | None) -> bytes:
-    """What the ``state`` database stores for a head value: the value, or a list's ref.
+    """What the ``state`` database stores for a head value: the value, or an object's ref.
 
-    A list node is rebuilt on read instead of rewritten whole by every fold
-    (it would otherwise be copied into LMDB each time it grows).
+    A value stored as an object (a large value's leaf, a list node) is named
+    by its ref instead of copied: a list node is rebuilt on read instead of
+    rewritten whole by every fold, and a large value is kept once, in
+    ``objects``, not a second time in ``state``.
     """
-    if isinstance(ref, tuple) and ref[0] == LIST:
+    if isinstance(ref, tuple):
         return bytes([HEAD_REF]) + cbor2.dumps(list(ref))
     return value
 

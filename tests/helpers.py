@@ -70,7 +70,7 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
                     if isinstance(ref, tuple):
                         want[ref[1]] += 1
             sizes[name] = n
-        objects = {u64.unpack(bytes(k))[0]: bytes(v)[4:] for k, v in raw.entries("objects")}
+        objects = _object_records(raw)
         for rec in objects.values():
             want.update(history._children(rec))
         counts = {u64.unpack(bytes(k))[0]: u64.unpack(bytes(v)[4:])[0]
@@ -84,6 +84,35 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
         return sizes
     finally:
         snap.end_read(txn)
+
+
+def _object_records(raw: Any) -> dict[int, bytes]:
+    """``{address: record}`` of every object, records stored in parts joined (format 3)."""
+    from agentwal.local.snapshot.layout import object_record, object_split
+
+    u64 = struct.Struct(">Q")
+    heads: dict[int, bytes] = {}
+    parts: dict[int, list[bytes]] = {}
+    for k, v in raw.entries("objects"):
+        addr = u64.unpack_from(bytes(k))[0]
+        if len(k) == 8:
+            heads[addr] = bytes(v)[4:]
+        else:
+            assert len(k) == 10 and int.from_bytes(k[8:], "big") == len(parts.get(addr, [])) + 1
+            parts.setdefault(addr, []).append(bytes(v)[4:])
+    out = {}
+    for addr, head in heads.items():
+        split = object_split(head)
+        if split is None:
+            assert addr not in parts
+            out[addr] = object_record(head)
+        else:
+            pieces = parts.pop(addr, [])
+            record = b"".join(pieces)
+            assert split == (len(record), len(pieces)), (addr, split)
+            out[addr] = object_record(record)
+    assert not parts, f"parts of no object: {sorted(parts)}"
+    return out
 
 
 def lmdb_values(store: agentwal.Store) -> dict[tuple[str, bytes], int]:

@@ -2,11 +2,11 @@
 
 ``build`` makes a store whose snapshot holds every database's kinds of
 entries: several runs, a fork and a rollback, inline values, large values
-(leaf objects), a growing list (list nodes), deletions, a manifest (40+
-checkpoints), outboxes and effects-ledger entries, and optionally a WAL tail
-that no fold has covered. ``Raw`` edits the LMDB file of a *closed* store
-directly (with valid seals, like a careful forger), for tests that need
-damage the CRC cannot see.
+(leaf objects), a growing list (list nodes), deletions, a compacted run (a
+manifest, and a block start in the versions index), outboxes and
+effects-ledger entries, and optionally a WAL tail that no fold has covered.
+``Raw`` edits the LMDB file of a *closed* store directly (with valid seals,
+like a careful forger), for tests that need damage the CRC cannot see.
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ def build(path: str, *, tail: int = 0, steps: int = 45) -> Built:
     with s.begin("chat-b") as txn:
         txn["step"] = -1
     s.rollback_to("chat", 30)
+    for i in range(1, 13):  # a compacted run: its kept block starts with a manifest
+        with s.begin("pruned") as txn:
+            txn["n"] = i
+            txn["note"] = f"note {i} " * (1 + i % 3)
+    s.compact(runs=["pruned"], keep_last=4)
     head = steps + 1
     s.close()
     if tail:
@@ -81,7 +86,7 @@ def build(path: str, *, tail: int = 0, steps: int = 45) -> Built:
                 txn["step"] = 1000 + j
         head += tail
         crash_store(s)  # like a crash: the tail stays in the WAL
-    return Built(path, ["chat", "chat-b"], outbox, head, tail)
+    return Built(path, ["chat", "chat-b", "pruned"], outbox, head, tail)
 
 
 def seal(key: bytes, data: bytes) -> bytes:

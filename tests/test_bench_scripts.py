@@ -35,6 +35,7 @@ SCRIPTS = [
      "agentwal / sqlite"),
     ("bench_logmark.py", ["--rounds", "1", "--commits", "10"], "with the slot write"),
     ("bench_footprint.py", ["--stores", "5", "--steps", "5"], "empty store:"),
+    ("value_pages.py", ["--count", "3"], "disk / value"),
 ]
 # the same, on a PostgreSQL server (the schemas and table each one leaves are dropped after)
 PG_SCRIPTS = [

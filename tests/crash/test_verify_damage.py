@@ -1,7 +1,7 @@
 """verify() reports a single flipped byte anywhere in the stored state and history.
 
 A seeded sweep: copies of a closed store (every database holding entries:
-state, checkpoints, deltas, a manifest, large values, list nodes, reference
+state, checkpoints, deltas, versions, a manifest, large values, list nodes, reference
 counts, object ids, the effects ledger) each get one byte flipped (XOR with a
 random non-zero mask) at a random place, and a child interpreter opens the
 copy read-only and verifies it (LMDB damage can kill a process; value bytes
@@ -99,6 +99,10 @@ def key_text(db: str, key: bytes, runs: dict[int, str]) -> str:
         return f"{runs[U64.unpack_from(key)[0]]!r}/{U64.unpack_from(key, 8)[0]}"
     if db == "state":
         return f"{runs[U64.unpack_from(key)[0]]!r}/{key[8:].decode()!r}"
+    if db == "versions":  # run number, key length (u16), key, id
+        name = key[10:-8].decode()
+        return (f"{runs[U64.unpack_from(key)[0]]!r}/{repr(name) if name else 'block start'}"
+                f"@{U64.unpack_from(key, len(key) - 8)[0]}")
     if db in ("objects", "refs"):
         return f"@{U64.unpack(key)[0]}"
     if db == "oids":
@@ -160,8 +164,8 @@ def test_a_flipped_value_byte_in_any_database_is_reported_at_its_entry(
     by_db: dict[str, list[tuple[str, bytes, int, int]]] = {}
     for e in found:
         by_db.setdefault(e[0], []).append(e)
-    assert set(by_db) >= {"meta", "runs", "state", "ckpt", "delta", "manifest", "objects",
-                          "refs", "oids", "effects"}, sorted(by_db)
+    assert set(by_db) >= {"meta", "runs", "state", "ckpt", "delta", "manifest", "versions",
+                          "objects", "refs", "oids", "effects"}, sorted(by_db)
     for _db, items in sorted(by_db.items()):
         for db_, key, offset, length in rng.sample(items, min(PER_DB, len(items))):
             at = offset + rng.randrange(length)  # the CRC's 4 bytes included

@@ -73,7 +73,7 @@ def test_verify_reports_snapshot_log_and_blobs(path: str, readonly: bool) -> Non
     assert rec.calls[-1] == ("blobs", report.checked["blob_bytes"], report.checked["blob_bytes"])
     parts = [p for p, _, _ in rec.calls if p.startswith("snapshot:")]
     assert parts == [f"snapshot: {part}" for part in SNAPSHOT_PARTS] + ["snapshot: effects"]
-    assert rec.calls[len(parts) - 1] == ("snapshot: effects", 10, 10)
+    assert rec.calls[len(parts) - 1] == ("snapshot: effects", 11, 11)
     assert [d for p, d, _ in rec.calls[:3]] == [0, 1, 2]  # told as each part begins
 
 

@@ -62,12 +62,12 @@ def test_the_fold_removes_the_run_and_frees_what_only_it_used(path: str) -> None
         counts = check_history_counts(store)
         _fill(store, "r", 70, big=BIG, own="z" * 5000)
         store.snapshot()
-        assert store.stats()["manifests"] == baseline["manifests"] + 2
+        assert store.stats()["versions"] > baseline["versions"] + 70
         store.delete_run("r")
         store.snapshot()
         after = store.stats()
         for key in ("folded_runs", "state_keys", "checkpoints", "deltas", "manifests",
-                    "objects"):
+                    "versions", "objects"):
             assert after[key] == baseline[key], key
         assert check_history_counts(store) == counts
         assert store.state("keep") == {"step": 3, "big": BIG,

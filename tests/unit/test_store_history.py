@@ -65,7 +65,10 @@ def test_state_at_every_checkpoint_of_a_500_commit_run(path: str) -> None:
             for key in ("messages", "step", "scratch", "blob"):
                 assert store.get("r", key, "absent", at=i) == want[i].get(key, "absent")
         assert store.state("r") == want[500]
-        assert store.stats()["manifests"] == 500 // history.MANIFEST_EVERY
+        stats = store.stats()
+        # no regular manifests (format 3): a version per key each checkpoint changed
+        assert stats["manifests"] == 0
+        assert stats["versions"] == _delta_entries(store)
 
 
 def test_a_list_stored_by_ref_reads_back_at_the_head(path: str) -> None:
@@ -360,7 +363,19 @@ def test_damaged_history_is_corruption(path: str) -> None:
     env.close()
     with agentwal.open(path) as s:
         with pytest.raises(errors.CorruptionError, match="checksum"):
-            s.state("r", at=3)
+            s.state("r", at=2)  # at 3 every key has a newer version
         with pytest.raises(errors.CorruptionError, match="missing"):
             s.state("r", at=1)
         assert s.state("r", at=4)["i"] == 4  # the head's fast path is intact
+
+
+def _delta_entries(store: agentwal.Store) -> int:
+    """Entries of every folded delta (each has its ``versions`` entry)."""
+    snap = store._engine._snap
+    assert snap is not None
+    txn = snap.begin_read()
+    try:
+        return sum(len(history.decode_refs(v[4:], manifest=False))
+                   for _k, v in snap.raw(txn).entries("delta"))
+    finally:
+        snap.end_read(txn)

@@ -77,9 +77,10 @@ def test_a_clean_store_verifies_ok(base: Built) -> None:
     report = verify(base.path)
     assert report.ok and report.problems == [], report.problems
     c = report.checked
-    assert c["runs"] == 2 and c["checkpoints"] == base.head + 2
+    assert c["runs"] == 3 and c["checkpoints"] == base.head + 2 + 4
     assert c["hashes"] == c["checkpoints"] and c["deltas"] == c["checkpoints"]
-    assert c["manifests"] >= 1 and c["objects"] > 10 and c["effect_entries"] >= 2
+    assert c["manifests"] == 1 and c["versions"] > c["deltas"]
+    assert c["objects"] > 10 and c["effect_entries"] >= 2
     assert c["lmdb_entries"] > c["checkpoints"] * 2 and c["wal_segments"] >= 1
 
 
@@ -259,19 +260,42 @@ def test_a_state_entry_the_run_record_does_not_count(base: Built, tmp_path: Path
 
 def test_a_changed_manifest_is_found(base: Built, tmp_path: Path) -> None:
     def edit(raw: Raw) -> None:
+        # a regular manifest (format 2 wrote one every 32 ids; format 3 keeps those it
+        # has) must agree with the deltas
         k = raw.key("chat", 32)
-        m = raw.load("manifest", k)
-        m["step"] = cbor2.dumps(-32)
+        m = {key: raw.load("delta", raw.key("chat", 1))[key] for key in ("step",)}
         raw.dump("manifest", k, m)
 
     found(damaged(base, tmp_path, edit), "manifest", "'chat'/32", "differs from the deltas")
 
 
-@pytest.mark.parametrize("db,cid", [("delta", 3), ("manifest", 32), ("ckpt", 8)])
-def test_a_missing_history_record_is_found(base: Built, tmp_path: Path, db: str,
+@pytest.mark.parametrize("db,run,cid", [("delta", "chat", 3), ("manifest", "pruned", 9),
+                                        ("ckpt", "chat", 8)])
+def test_a_missing_history_record_is_found(base: Built, tmp_path: Path, db: str, run: str,
                                            cid: int) -> None:
-    report = damaged(base, tmp_path, lambda raw: raw.delete(db, raw.key("chat", cid)))
-    found(report, db, f"'chat'/{cid}", "is missing")
+    report = damaged(base, tmp_path, lambda raw: raw.delete(db, raw.key(run, cid)))
+    found(report, db, f"'{run}'/{cid}", "is missing")
+
+
+def _version(raw: Raw, run: str, key: str, cid: int) -> bytes:
+    k = key.encode()
+    return U64.pack(raw.run_no(run)) + len(k).to_bytes(2, "big") + k + U64.pack(cid)
+
+
+def test_a_missing_or_stray_version_entry_is_found(base: Built, tmp_path: Path) -> None:
+    def edit(raw: Raw) -> None:
+        raw.delete("versions", _version(raw, "chat", "step", 5))  # delta 5 changed it
+        raw.delete("versions", _version(raw, "pruned", "", 9))  # the block start
+        raw.put("versions", _version(raw, "chat", "never", 6), b"")
+        raw.put("versions", _version(raw, "pruned", "", 10), b"")
+        raw.put("versions", _version(raw, "chat", "step", 7), b"x")
+
+    report = damaged(base, tmp_path, edit)
+    found(report, "versions", "'chat'/'step'@5", "is missing")
+    found(report, "versions", "'pruned'/block start@9", "is missing")
+    found(report, "versions", "'chat'/'never'@6", "did not change this key")
+    found(report, "versions", "'pruned'/block start@10", "does not start a kept block")
+    found(report, "versions", "'chat'/'step'@7", "not none")
 
 
 def test_records_that_belong_to_nothing(base: Built, tmp_path: Path) -> None:

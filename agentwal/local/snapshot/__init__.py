@@ -347,11 +347,12 @@ class Snapshot:
         try:
             info = self.env.info()
             st = self.env.stat()
-            counts = {name: txn.stat(db)["entries"]
+            counts = {name: txn.stat(db)["entries"] if db is not None else 0
                       for name, db in (("folded_runs", dbs.runs), ("state_keys", dbs.state),
                                        ("checkpoints", dbs.ckpt), ("deltas", dbs.delta),
                                        ("manifests", dbs.manifest),
-                                       ("objects", dbs.objects),
+                                       ("versions", dbs.versions),
+                                       ("objects", dbs.refs),  # one per object
                                        ("effect_index_entries", dbs.effects))}
         except env.Error as exc:
             raise env.translate(exc, self.directory, "cannot read stats", reading=True) from None

@@ -6,8 +6,8 @@ module carries the plan out inside the caller's write transaction: new
 manifests first (they retain what the drops release), then the parent hash
 on each kept checkpoint whose parent goes (the chain stays checkable, and a
 gap in the ids is told apart from damage), then each dropped checkpoint's
-record, delta and manifest, releasing their references (an object left
-with none is deleted). A fork's origin is kept in the run record once its
+record, delta (with its ``versions`` entries) and manifest, releasing their
+references (an object left with none is deleted). A fork's origin is kept in the run record once its
 first checkpoint goes. A crash before the commit leaves LMDB as it was.
 """
 
@@ -20,7 +20,7 @@ import cbor2
 from ... import failpoints, history, retention
 from ...codec import CodecError
 from ...types import Progress
-from .layout import U64, RunInfo, seal
+from .layout import U64, RunInfo, seal, version_key
 from .objects import CountingObjects
 from .writer import FoldWriter
 
@@ -35,6 +35,8 @@ class Compactor(FoldWriter):
                 progress: Progress | None = None) -> retention.Tally:
         """Drop what the retention rules allow from ``runs`` (None: every folded run)."""
         tally = retention.Tally()
+        if not self.history_indexed():
+            self._index_history()
         protected: dict[str, set[int]] = {}
         pairs = set(origins or ())  # kept whatever keep_origins says
         if keep_origins:
@@ -99,6 +101,7 @@ class Compactor(FoldWriter):
                 tally.manifests_written += 1
                 tally.bytes_written += len(sealed)
             for c in plan.orphans:  # [..., origin, outbox digest, parent hash, appends]
+                self._put_versions(info.number, c, [""])  # a block starts here
                 k = prefix + U64.pack(c)
                 outbox = recs[c][7] if len(recs[c]) > 7 else None
                 sealed = seal(k, cbor2.dumps([*recs[c][:7], outbox, recs[c - 1][5],
@@ -107,12 +110,16 @@ class Compactor(FoldWriter):
                 tally.bytes_written += len(sealed)
             for c in plan.drop:
                 k = prefix + U64.pack(c)
-                for db, manifest in ((self._delta, False), (self._manifest, True)):
-                    raw = self._txn.get(k, db=db)
-                    if raw is not None:
-                        self._drop_history(objs, db, run, info.number, c, manifest)
-                        tally.bytes_freed += len(raw)
-                        self._txn.delete(k, db=db)
+                raw = self._txn.get(k, db=self._delta)
+                if raw is not None:
+                    tally.bytes_freed += len(raw)
+                    self._drop_delta(objs, run, info.number, c)  # and its versions
+                self._txn.delete(version_key(info.number, b"", c), db=self._versions)
+                raw = self._txn.get(k, db=self._manifest)
+                if raw is not None:
+                    self._drop_history(objs, self._manifest, run, info.number, c, True)
+                    tally.bytes_freed += len(raw)
+                    self._txn.delete(k, db=self._manifest)
                 raw = self._txn.get(k, db=self._ckpt)
                 tally.bytes_freed += len(raw)
                 self._txn.delete(k, db=self._ckpt)

@@ -49,7 +49,7 @@ from ...errors import (
     TooManyReadersError,
 )
 from ...io import DISK_FULL_ERRNOS, OsFileSystem
-from .layout import DATA, DB_KEYS, LOCK, Dbs
+from .layout import DATA, DB_KEYS, LOCK, OPTIONAL_DBS, Dbs
 from .lmdbfile import check_lmdb_file
 
 __all__ = ["Error", "MapFull", "MapFullError", "MapResizedError", "Shared", "acquire", "closed",
@@ -156,7 +156,7 @@ def _open_env(directory: str, readonly: bool, map_size: int) -> tuple[Any, Dbs]:
             env.reader_check()
         # Handles opened in their own (committed) transaction stay valid.
         try:
-            dbs = Dbs(*(env.open_db(name, create=not readonly) for name in DB_KEYS))
+            dbs = Dbs(*(_open_db(env, name, readonly, writable) for name in DB_KEYS))
         except lmdb.NotFoundError:  # read-only, and a database is missing
             raise CorruptionError(
                 os.path.join(directory, DATA), None,
@@ -165,6 +165,8 @@ def _open_env(directory: str, readonly: bool, map_size: int) -> tuple[Any, Dbs]:
                 "Open the store once for writing (not read-only) to add it.") from None
         with env.begin() as txn:
             for name, db in zip(DB_KEYS, dbs, strict=True):
+                if db is None:
+                    continue
                 flags = db.flags(txn)
                 if any(flags.values()):  # created plain: a set flag is a damaged record
                     raise CorruptionError(os.path.join(directory, DATA), None,
@@ -178,6 +180,20 @@ def _open_env(directory: str, readonly: bool, map_size: int) -> tuple[Any, Dbs]:
         OsFileSystem().fsync_dir(directory)
         OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(directory)))
     return env, dbs
+
+
+def _open_db(env: Any, name: bytes, readonly: bool, writable: bool) -> Any:
+    """A named database's handle, created if missing (not by a read-only open, except an
+    optional one when the file is writable: a writer of this process may share the handle).
+
+    None for an optional database that a read-only open of a read-only file does not find
+    (a store of an older format: it is read without it)."""
+    try:
+        return env.open_db(name, create=not readonly or (writable and name in OPTIONAL_DBS))
+    except lmdb.NotFoundError:
+        if name in OPTIONAL_DBS:
+            return None
+        raise
 
 
 def release(entry: Shared) -> None:

@@ -16,8 +16,10 @@ Databases (keys are bytes; integers big-endian so they sort):
   is the number of checkpoints LMDB holds (less than ``head_id`` once
   compaction dropped some)
 - ``state``: run_no (u64) + key (UTF-8) -> CRC + value CBOR, or 0xff + CBOR
-  ref of a list node (``history.head_entry``: a growing list is not copied
-  whole by every fold)
+  ref of a list node or (format 3) of a large value's leaf
+  (``history.head_entry``: a growing list is not copied whole by every
+  fold, and a large value is stored once, in ``objects``; an entry a
+  format-2 fold wrote may still hold a large value inline, read alike)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin, outbox_digest]``
   (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
@@ -45,16 +47,40 @@ Databases (keys are bytes; integers big-endian so they sort):
 - ``delta``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref | null}``, the
   checkpoint's change (``history.py`` defines refs)
 - ``manifest``: run_no (u64) + id (u64) -> CRC + CBOR ``{key: ref}``, the full
-  state at every id that is a multiple of ``history.MANIFEST_EVERY``, and at
-  the first checkpoint kept after ones compaction dropped
+  state at the first checkpoint kept after ones compaction dropped (a store
+  written before the version index, format 2, also has one at every id that
+  is a multiple of ``history.MANIFEST_EVERY``; each is a full state, so it
+  stays valid)
+- ``versions`` (format 3, :data:`HISTORY_INDEX`): run_no (u64) + key length
+  (u16) + key (UTF-8) + id (u64) -> CRC + nothing, one entry per key a
+  checkpoint's delta holds: the key's versions in id order, so the state at
+  a checkpoint is, per key, the latest version at or before it, its ref read
+  from that checkpoint's delta (or from the nearest manifest at or before
+  it, when that is newer). A checkpoint costs the keys it changed, never
+  the whole state. ``meta`` ``history_index`` -> CRC + u64 (the version, 1)
+  says it is complete; a store written before has none, is read through
+  its regular manifests, and gets it at its first fold or compaction. The
+  empty key's entries (length 0, so they sort first) mark the checkpoints
+  that start a kept block after ones compaction dropped: each has a
+  manifest, and a read at or after it must start from that manifest or a
+  later one (a missing manifest is damage, never a silently older state)
 - ``objects``: address (u64) -> CRC + object record (kind byte + body):
   large values, list segments and list nodes, each stored once; addresses
-  are allocated in increasing order, so new objects are appended
+  are allocated in increasing order, so new objects are appended. A record
+  longer than :data:`OBJECT_WHOLE` (format 3) is stored in parts, so it
+  does not take a whole LMDB overflow page for a few bytes over one: the
+  address's entry is ``0xfe`` + u32 record length + u16 part count, and
+  address + u16 part number (1, 2 ...) -> CRC + the part's bytes (whole
+  pages' worth as one overflow entry, the rest in parts of at most
+  :data:`OBJECT_PART` bytes, which LMDB packs into shared leaf pages). A
+  record of :data:`OBJECT_COMPRESS` bytes or more is stored zstd-compressed
+  (``0xfd`` + the frame) when that saves a 16th; its id and its address's
+  meaning stay those of the record itself
 - ``refs``: address (u64) -> CRC + u64 reference count
 - ``oids``: object id (SHA-256 of the record) -> CRC + u64 address: finds
   an object by content, so identical content is stored once
 
-The ``state`` database is the fast path for each run's folded head; the
+The ``state`` database is the fast path for each run's folded head.
 
 Every stored value carries a CRC-32 of its key and bytes (LMDB has no
 checksums of its own), checked on each read, so a flipped byte in a key or a
@@ -71,15 +97,21 @@ from typing import Any, NamedTuple
 
 import cbor2
 
+from ...codec import pack_payload, unpack_payload
+from ...format import FLAG_ZSTD
 from ...types import Checkpoint
 
-__all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH", "LOCK",
-           "VACUUM", "CheckpointRecord", "Dbs", "FoldRun", "RunInfo", "appends_field", "crc",
-           "index_keys", "pos_key", "run_index_prefix", "run_part", "seal",
-           "status_index_prefix", "unseal"]
+__all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH",
+           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LOCK", "OPTIONAL_DBS", "VACUUM",
+           "CheckpointRecord", "Dbs", "FoldRun", "OBJECT_PART", "OBJECT_WHOLE", "RunInfo",
+           "appends_field", "crc", "index_keys", "object_entries", "object_form",
+           "object_record", "object_split",
+           "pos_key", "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal",
+           "version_key", "version_parts"]
 
 U64 = struct.Struct(">Q")
 U32 = struct.Struct(">I")
+U16 = struct.Struct(">H")
 CRC = struct.Struct("<I")
 #: The LMDB data file under ``<store>/snapshot``.
 DATA = "data.mdb"
@@ -91,7 +123,10 @@ VACUUM = "data.mdb.vacuum"
 
 #: The named databases, in the order :class:`Dbs` holds them (new ones go last).
 DB_KEYS = (b"meta", b"runs", b"state", b"ckpt", b"effects", b"delta", b"manifest", b"objects",
-           b"refs", b"oids")
+           b"refs", b"oids", b"versions")
+#: Databases a store of an older format may lack: a read-only open of one has no handle
+#: (None) and reads without them; the first writer creates them.
+OPTIONAL_DBS = frozenset({b"versions"})
 #: The named databases, by the names ``verify`` reports.
 DB_NAMES = tuple(n.decode() for n in DB_KEYS)
 
@@ -109,6 +144,7 @@ class Dbs(NamedTuple):
     objects: Any
     refs: Any
     oids: Any
+    versions: Any  # None: a read-only open of a store written before it existed
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +275,91 @@ def index_keys(run: str, status_no: int, key: str) -> tuple[bytes, bytes]:
     """The ``b"r"`` and ``b"s"`` index rows of the ledger entry ``key``."""
     tail = run_part(run) + hashlib.sha256(key.encode()).digest()[:16]
     return b"r" + tail, b"s" + bytes([status_no]) + tail
+
+
+#: ``meta`` key whose presence says the ``versions`` database indexes every delta entry
+#: (format 3); its value is the index version. Without it history is read through the
+#: regular manifests of format 2.
+HISTORY_INDEX = b"history_index"
+HISTORY_INDEX_VERSION = 1
+
+
+def version_key(run_no: int, key: bytes, cid: int) -> bytes:
+    """The ``versions`` entry of ``key`` (UTF-8) changed at checkpoint ``cid`` of run ``run_no``.
+
+    The length before the key keeps each key's entries together and in id
+    order (no key's entries sort among another's).
+    """
+    return U64.pack(run_no) + U16.pack(len(key)) + key + U64.pack(cid)
+
+
+def version_parts(k: bytes) -> tuple[int, bytes, int] | None:
+    """``(run number, key, id)`` of a ``versions`` entry's key, or None if malformed."""
+    if len(k) < 18:
+        return None
+    n = U16.unpack_from(k, 8)[0]
+    if len(k) != 18 + n:
+        return None
+    return U64.unpack_from(k)[0], k[10:10 + n], U64.unpack_from(k, 10 + n)[0]
+
+
+#: Object records up to this long are one ``objects`` entry (LMDB keeps such a
+#: value on a shared leaf page; a longer one would take its own overflow pages).
+OBJECT_WHOLE = 1900
+#: The most bytes of a record one small part holds.
+OBJECT_PART = 500
+#: First byte of an ``objects`` entry that heads a record stored in parts (records
+#: start with their kind, 0 or 1).
+OBJECT_SPLIT = 0xFE
+#: First byte of a record's stored form when it is zstd-compressed (then the frame).
+OBJECT_ZSTD = 0xFD
+#: Records at least this long are compressed when zstd saves a 16th or more.
+OBJECT_COMPRESS = 512
+_PAGE = 4096  # LMDB's usual page; an overflow entry of n pages holds n * 4096 - 16 bytes
+_PAGE_HEADER = 16
+
+
+def object_form(record: bytes) -> bytes:
+    """What the ``objects`` entries hold for ``record``: itself, or ``0xfd`` + a zstd frame."""
+    packed, flags = pack_payload(record, "an object", threshold=OBJECT_COMPRESS)
+    return bytes([OBJECT_ZSTD]) + packed if flags else record
+
+
+def object_record(form: bytes) -> bytes:
+    """Undo :func:`object_form`; :class:`CodecError` for a bad frame."""
+    if form[:1] == bytes([OBJECT_ZSTD]):
+        return unpack_payload(form[1:], FLAG_ZSTD)
+    return form
+
+
+def object_entries(addr: int, record: bytes) -> list[tuple[bytes, bytes]]:
+    """The ``objects`` entries (key, unsealed bytes) that store ``record`` (its
+    :func:`object_form`) at ``addr``."""
+    record = object_form(record)
+    k = U64.pack(addr)
+    if len(record) <= OBJECT_WHOLE:
+        return [(k, record)]
+    parts: list[bytes] = []
+    at = 0
+    pages = (len(record) + _PAGE_HEADER + CRC.size) // _PAGE
+    if pages:  # whole overflow pages, filled exactly (the CRC's 4 bytes included)
+        at = pages * _PAGE - _PAGE_HEADER - CRC.size
+        parts.append(record[:at])
+    rest = len(record) - at
+    if rest:  # the rest in parts of equal size, at most OBJECT_PART bytes each
+        size = -(-rest // -(-rest // OBJECT_PART))
+        parts.extend(record[i:i + size] for i in range(at, len(record), size))
+    head = bytes([OBJECT_SPLIT]) + U32.pack(len(record)) + U16.pack(len(parts))
+    return [(k, head)] + [(k + U16.pack(i), p) for i, p in enumerate(parts, 1)]
+
+
+def object_split(head: bytes) -> tuple[int, int] | None:
+    """``(record length, part count)`` if an ``objects`` entry heads a record in parts."""
+    if head[:1] != bytes([OBJECT_SPLIT]):
+        return None
+    if len(head) != 7:
+        return (-1, -1)  # malformed: the caller reports it
+    return U32.unpack_from(head, 1)[0], U16.unpack_from(head, 5)[0]
 
 
 def pos_key(run: str, checkpoint: int, ordinal: int) -> bytes:

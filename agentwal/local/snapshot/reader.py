@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import uuid
 import zlib
@@ -35,20 +36,26 @@ from .layout import (
     DB_NAMES,
     EFFECTS_INDEX,
     EPOCH,
+    HISTORY_INDEX,
+    OBJECT_SPLIT,
+    U16,
     U64,
     CheckpointRecord,
     Dbs,
     RunInfo,
     crc,
+    object_record,
     pos_key,
     run_index_prefix,
     status_index_prefix,
+    version_key,
 )
 from .objects import TxnObjects
 
 __all__ = ["HeadLists", "RawEntries", "SnapshotReader", "read_value"]
 
 _HEAD_REF_BYTE = bytes([HEAD_REF])
+_LEAF_REF = bytes([0x82, history.VALUE])  # CBOR [1, ...]: a head ref to a large value's leaf
 _pack_u64 = U64.pack
 _unpack_crc = CRC.unpack_from
 
@@ -69,11 +76,35 @@ def read_value(directory: str, dbs: Dbs, txn: Any, run_no: int, key: str,
     if raw is None:
         return None
     data: bytes = raw[4:]
-    if (len(raw) < 4 or _unpack_crc(raw)[0] != zlib.crc32(data, zlib.crc32(k))
-            or (data and data[0] == HEAD_REF)):
-        # damage, or a list by ref
-        return SnapshotReader(directory, dbs, txn, lists).get(run_no, key)
+    if len(raw) < 4 or _unpack_crc(raw)[0] != zlib.crc32(data, zlib.crc32(k)):
+        return SnapshotReader(directory, dbs, txn, lists).get(run_no, key)  # damage
+    if data and data[0] == HEAD_REF:
+        # a large value by ref, read here when it is one whole leaf; anything else (a list,
+        # parts, damage) takes the reader's path
+        leaf = _leaf_value(dbs, txn, data) if data[1:3] == _LEAF_REF else None
+        return leaf if leaf is not None else SnapshotReader(directory, dbs, txn, lists).get(
+            run_no, key)
     return data
+
+
+def _leaf_value(dbs: Dbs, txn: Any, entry: bytes) -> bytes | None:
+    """The value a head entry ``0xff + [1, addr]`` names, if its leaf is one sound entry."""
+    try:
+        addr = loads(entry[1:])[1]
+        k = _pack_u64(addr)
+        raw = txn.get(k, db=dbs.objects)
+    except (CodecError, Error, IndexError, TypeError, OverflowError, struct.error):
+        return None
+    if raw is None or len(raw) < 5 or _unpack_crc(raw)[0] != zlib.crc32(raw[4:], zlib.crc32(k)):
+        return None
+    form = raw[4:]
+    if form[0] == OBJECT_SPLIT:
+        return None
+    try:
+        record = object_record(form)
+    except CodecError:
+        return None
+    return record[1:] if record[:1] == b"\x00" else None
 
 
 class HeadLists:
@@ -123,7 +154,8 @@ class SnapshotReader:
         self._txn = txn
         self._dbs = dbs
         (self._meta, self._runs, self._state, self._ckpt, self._effects, self._delta,
-         self._manifest, self._objects, self._refs, self._oids) = dbs
+         self._manifest, self._objects, self._refs, self._oids, self._versions) = dbs
+        self._indexed: bool | None = None  # the history index marker, once read
 
     # -- sealed values ----------------------------------------------------------------
 
@@ -444,32 +476,140 @@ class SnapshotReader:
             return 0
         return int(U64.unpack_from(k, 8)[0])
 
+    def history_indexed(self) -> bool:
+        """True if the ``versions`` index covers every delta (format 3)."""
+        if self._indexed is None:
+            k = HISTORY_INDEX
+            with self._reading("the history index marker"):
+                data = self._open(k, self._txn.get(k, db=self._meta), "the history index marker")
+            self._indexed = data is not None and self._versions is not None
+        return self._indexed
+
+    def _manifest_refs(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
+        found = self._history_record(self._manifest, run, number, cid, True)
+        if found is None:
+            raise self._corrupt(f"manifest of checkpoint {run!r}/{cid} is missing")
+        return {k: v for k, v in found.items() if v is not None}
+
+    def _delta_refs(self, run: str, number: int, cid: int) -> dict[str, history.Ref | None]:
+        delta = self._history_record(self._delta, run, number, cid, False)
+        if delta is None:
+            raise self._corrupt(f"delta of checkpoint {run!r}/{cid} is missing")
+        return delta
+
     def _refs_at(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
-        """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty)."""
+        """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty).
+
+        The nearest manifest at or before ``cid``, then, for each key whose
+        latest version at or before ``cid`` is newer than it, that version's
+        ref from its delta. A store without the index (format 2) is read
+        through its regular manifests instead.
+        """
+        if not self.history_indexed():
+            return self._refs_at_manifests(run, number, cid)
+        if not cid:
+            return {}
+        base = self._base_of(run, number, cid)
+        refs = self._manifest_refs(run, number, base) if base else {}
+        deltas: dict[int, dict[str, history.Ref | None]] = {}
+        for key, vid in self._latest_versions(number, cid, base):
+            delta = deltas.get(vid)
+            if delta is None:
+                delta = deltas[vid] = self._delta_refs(run, number, vid)
+            if key not in delta:
+                raise self._corrupt(f"the versions of {run!r} name key {key!r} at checkpoint "
+                                    f"{vid}, whose delta does not hold it")
+            ref = delta[key]
+            if ref is None:
+                refs.pop(key, None)
+            else:
+                refs[key] = ref
+        return refs
+
+    def _base_of(self, run: str, number: int, cid: int) -> int:
+        """The manifest a read at ``cid`` starts from (0: none): the nearest at or before it,
+        which may not be older than the start of ``cid``'s kept block."""
+        base = self._manifest_before(number, cid)
+        start = self._version_of(number, b"", cid)  # the block start marker at or before cid
+        if start is not None and start > base:
+            raise self._corrupt(f"manifest of checkpoint {run!r}/{start} is missing")
+        return base
+
+    def _latest_versions(self, number: int, cid: int, after: int) -> Iterator[tuple[str, int]]:
+        """``(key, id)`` of each key of run ``number`` whose latest version at or before
+        ``cid`` is after ``after`` (a seek per key, so a key's older versions cost nothing)."""
+        prefix = U64.pack(number)
+        upper = U64.pack(cid + 1)
+        with self._txn.cursor(db=self._versions) as cur:
+            found = cur.set_range(prefix)
+            while found:
+                k = bytes(cur.key())
+                if not k.startswith(prefix) or len(k) < 18:
+                    if k.startswith(prefix):
+                        raise self._corrupt(f"a versions entry of run #{number} is malformed")
+                    return
+                group = k[:10 + U16.unpack_from(k, 8)[0]]
+                if len(group) == 10:  # the block start markers: not a key
+                    found = cur.set_range(group + b"\xff" * 8)
+                    continue
+                # the key's first version after cid (or the next key's), then the one before
+                at = cur.prev() if cur.set_range(group + upper) else cur.last()
+                if at:
+                    k = bytes(cur.key())
+                    self._open(k, cur.value(), "a versions entry")
+                    if len(k) == len(group) + 8 and k.startswith(group):
+                        vid = int(U64.unpack_from(k, len(group))[0])
+                        if after < vid <= cid:
+                            yield group[10:].decode("utf-8", "replace"), vid
+                found = cur.set_range(group + b"\xff" * 8)
+
+    def _version_of(self, number: int, key: bytes, cid: int) -> int | None:
+        """Id of the latest version of ``key`` at or before ``cid`` (None: none)."""
+        group = version_key(number, key, 0)[:-8]
+        with self._txn.cursor(db=self._versions) as cur:
+            at = cur.prev() if cur.set_range(group + U64.pack(cid + 1)) else cur.last()
+            if not at:
+                return None
+            k = bytes(cur.key())
+            if len(k) != len(group) + 8 or not k.startswith(group):
+                return None
+            self._open(k, cur.value(), "a versions entry")
+            return int(U64.unpack_from(k, len(group))[0])
+
+    def _ref_of(self, run: str, number: int, cid: int, key: str) -> history.Ref | None:
+        """The ref of ``key`` in a run's state at folded checkpoint ``cid`` (None: absent)."""
+        if not self.history_indexed():
+            return self._refs_at_manifests(run, number, cid).get(key)
+        base = self._base_of(run, number, cid)
+        vid = self._version_of(number, key.encode(), cid)
+        if vid is not None and vid > base:
+            delta = self._delta_refs(run, number, vid)
+            if key not in delta:
+                raise self._corrupt(f"the versions of {run!r} name key {key!r} at checkpoint "
+                                    f"{vid}, whose delta does not hold it")
+            return delta[key]
+        return self._manifest_refs(run, number, base).get(key) if base else None
+
+    def _refs_at_manifests(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
+        """:meth:`_refs_at` of a store without the versions index (format 2): the regular
+        manifest at or before ``cid`` plus at most ``MANIFEST_EVERY - 1`` deltas."""
         base = self._manifest_before(number, cid) if cid else 0
         # The regular manifest is kept with its checkpoint, so a nearer one than
         # it can only be a compaction's; a farther one means it is missing.
         if history.manifest_base(cid) > base:
             base = history.manifest_base(cid)
-        refs: dict[str, history.Ref] = {}
-        if base:
-            found = self._history_record(self._manifest, run, number, base, True)
-            if found is None:
-                raise self._corrupt(f"manifest of checkpoint {run!r}/{base} is missing")
-            refs = {k: v for k, v in found.items() if v is not None}
+        refs = self._manifest_refs(run, number, base) if base else {}
         for i in range(base + 1, cid + 1):
-            delta = self._history_record(self._delta, run, number, i, False)
-            if delta is None:
-                raise self._corrupt(f"delta of checkpoint {run!r}/{i} is missing")
-            history.apply_delta(refs, delta)
+            history.apply_delta(refs, self._delta_refs(run, number, i))
         return refs
 
     def state_at(self, run: str, info: RunInfo, cid: int, key: str | None = None,
                  damaged: dict[str, str] | None = None) -> dict[str, bytes]:
         """``{key: value bytes}`` of a run at folded checkpoint ``cid`` (only ``key`` if given).
 
-        Rebuilt from the manifest at or before ``cid`` and the deltas after
-        it (at most ``history.MANIFEST_EVERY - 1``). With ``damaged`` (salvage),
+        Rebuilt from the nearest manifest at or before ``cid`` and the latest
+        version of each key changed after it (:meth:`_refs_at`); one key costs
+        one seek and its delta. With ``damaged`` (salvage),
         a value whose objects are missing or damaged is left out and named
         there with the reason, instead of failing the whole state.
 
@@ -478,9 +618,11 @@ class SnapshotReader:
                 ``damaged``: the manifest or a delta, so no key is known).
         """
         with self._reading(f"the state of {run!r} at {cid}"):
-            refs = self._refs_at(run, info.number, cid)
             if key is not None:
-                refs = {key: refs[key]} if key in refs else {}
+                ref = self._ref_of(run, info.number, cid, key)
+                refs = {} if ref is None else {key: ref}
+            else:
+                refs = self._refs_at(run, info.number, cid)
             objs = TxnObjects(self)
             if damaged is not None:
                 out = {}
@@ -583,6 +725,8 @@ class RawEntries:
 
     def entries(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """``(key, sealed value)`` of database ``db`` in key order (only keys under ``prefix``)."""
+        if self._dbs[db] is None:  # an optional database a read-only old store lacks
+            return
         with self._reader._reading(f"database {db}"), self._txn.cursor(db=self._dbs[db]) as cur:
             found = cur.set_range(prefix) if prefix else cur.first()
             while found:
@@ -594,6 +738,8 @@ class RawEntries:
 
     def get(self, db: str, key: bytes) -> bytes | None:
         """The sealed value of ``key`` in database ``db``, or None."""
+        if self._dbs[db] is None:
+            return None
         with self._reader._reading(f"database {db}"):
             raw = self._txn.get(key, db=self._dbs[db])
         return None if raw is None else bytes(raw)

@@ -5,14 +5,15 @@ Theory of operation: the fold is the only writer of the snapshot's state.
 snapshot commits with ``sync=True``, together with ``applied_lsn``, so
 after any crash LMDB sits exactly at a fold boundary and the WAL supplies
 every record after it. For each run it writes each new checkpoint's delta
-(and its manifest when one is due) with the objects they need, then the
+with the objects it needs and one ``versions`` entry per key, then the
 ``state`` entries, the checkpoint records and the run record (count and
 CRC digest of the state kept in step). *Run deletion* (``FoldRun.reset``)
-removes the run's state, checkpoints, deltas and manifests, releasing
+removes the run's state, checkpoints, deltas, versions and manifests, releasing
 their references, before anything committed after the deletion is written
 under a new run number. Ledger entries are stored latest per key, each with
 a row in the run index and one in the status index (built for every entry
-at the first fold of a store that has none); settled ones past their
+at the first fold of a store that has none, as the versions index of a
+store's history is); settled ones past their
 retention are dropped with their rows. It never folds over damage: an
 entry it replaces is unsealed first.
 """
@@ -20,6 +21,7 @@ entry it replaces is unsealed first.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import cbor2
@@ -32,6 +34,8 @@ from .layout import (
     EFFECTS_INDEX,
     EFFECTS_INDEX_VERSION,
     EPOCH,
+    HISTORY_INDEX,
+    HISTORY_INDEX_VERSION,
     U32,
     U64,
     FoldRun,
@@ -39,6 +43,7 @@ from .layout import (
     index_keys,
     pos_key,
     seal,
+    version_key,
 )
 from .objects import TxnObjects, maybe_list
 from .reader import SnapshotReader
@@ -54,6 +59,8 @@ class FoldWriter(SnapshotReader):
              effects: list[tuple[EffectRecord, bytes]] | None,
              expire_before: float | None) -> None:
         """Write the runs, then the ledger entries, then expire settled entries."""
+        if not self.history_indexed():
+            self._index_history()
         self._fold_into(applied_lsn, store_id, runs, log_pos)
         if not self.effects_indexed():
             self._index_effects()
@@ -127,7 +134,7 @@ class FoldWriter(SnapshotReader):
 
     def _fold_history(self, number: int, fr: FoldRun,
                       head: int) -> dict[str, history.Ref | None]:
-        """Write each new checkpoint's delta (and manifest when due) with its objects.
+        """Write each new checkpoint's delta, with its objects and a version per key.
 
         Returns each written key's ref at the last checkpoint (for ``state``).
         """
@@ -136,33 +143,51 @@ class FoldWriter(SnapshotReader):
         if deltas is None:
             deltas = [{} for _ in fr.checkpoints[:-1]] + [fr.writes]
         base = U64.pack(number)
-        # The ref map at the previous checkpoint: needed to chain list values
-        # and to write manifests; rebuilt (bounded) only when either happens.
-        need = any(history.is_manifest(c.id) for c, _h, _m in fr.checkpoints) or any(
-            maybe_list(v) for d in deltas for v in d.values())
-        refs = self._refs_at(fr.run, number, head) if need else None
+        # A list value extends the key's previous ref: from this fold if it wrote
+        # the key already, else the folded head's (one seek in the versions).
         last: dict[str, history.Ref | None] = {}
         try:
             for (c, _h, _m), delta in zip(fr.checkpoints, deltas, strict=True):
                 dref: dict[str, history.Ref | None] = {}
                 for key, value in delta.items():
-                    prev = refs.get(key) if refs is not None and value is not None else None
-                    dref[key] = None if value is None else history.store_value(objs, value, prev)
+                    if value is None:
+                        dref[key] = None
+                        continue
+                    prev = None
+                    if maybe_list(value):
+                        if key in last:
+                            prev = last[key]
+                        elif head:
+                            prev = self._ref_of(fr.run, number, head, key)
+                    dref[key] = history.store_value(objs, value, prev)
                 dk = base + U64.pack(c.id)
-                self._drop_history(objs, self._delta, fr.run, number, c.id, False)
-                self._txn.put(dk, seal(dk, history.encode_refs(dref)), db=self._delta)
-                last.update(dref)
-                if refs is not None:
-                    history.apply_delta(refs, dref)
-                if history.is_manifest(c.id):
-                    assert refs is not None
+                self._drop_delta(objs, fr.run, number, c.id)  # never there, but never stale
+                if self._txn.get(dk, db=self._manifest) is not None:
                     self._drop_history(objs, self._manifest, fr.run, number, c.id, True)
-                    for ref in refs.values():
-                        history.retain(objs, ref)
-                    self._txn.put(dk, seal(dk, history.encode_refs(refs)), db=self._manifest)
+                    self._txn.delete(dk, db=self._manifest)
+                self._txn.put(dk, seal(dk, history.encode_refs(dref)), db=self._delta)
+                self._put_versions(number, c.id, dref)
+                last.update(dref)
         except CodecError as exc:
             raise self._corrupt(f"history of {fr.run!r}: {exc}") from None
         return last
+
+    def _put_versions(self, number: int, cid: int, keys: Iterable[str]) -> None:
+        """One ``versions`` entry per key of checkpoint ``cid``'s delta."""
+        for key in keys:
+            vk = version_key(number, key.encode(), cid)
+            self._txn.put(vk, seal(vk, b""), db=self._versions)
+
+    def _drop_delta(self, objs: TxnObjects, run: str, number: int, cid: int) -> bool:
+        """Release a delta's refs and remove it with its versions; False if there is none."""
+        old = self._history_record(self._delta, run, number, cid, False)
+        if old is None:
+            return False
+        for key, ref in old.items():
+            history.release(objs, ref)
+            self._txn.delete(version_key(number, key.encode(), cid), db=self._versions)
+        self._txn.delete(U64.pack(number) + U64.pack(cid), db=self._delta)
+        return True
 
     def _drop_history(self, objs: TxnObjects, db: Any, run: str, number: int,
                       cid: int, manifest: bool) -> None:
@@ -171,6 +196,37 @@ class FoldWriter(SnapshotReader):
         if old is not None:
             for ref in old.values():
                 history.release(objs, ref)
+
+    def _index_history(self) -> None:
+        """Write the ``versions`` of every folded delta, then the marker (format 3).
+
+        A store from before the index (format 2, read through its regular
+        manifests) gets it at its first fold or compaction, in that
+        transaction; its manifests stay (each is a full state, still valid).
+        """
+        with self._txn.cursor(db=self._delta) as cur:
+            for k, raw in cur.iternext():
+                k = bytes(k)
+                if len(k) != 16:
+                    raise self._corrupt(f"delta key {k.hex()} is not a run number and an id")
+                number, cid = U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0]
+                data = self._open(k, raw, f"delta of checkpoint #{number}/{cid}")
+                assert data is not None
+                try:
+                    refs = history.decode_refs(data, manifest=False)
+                except CodecError as exc:
+                    raise self._corrupt(f"delta of checkpoint #{number}/{cid}: {exc}") from None
+                self._put_versions(number, cid, refs)
+        # the block start markers: checkpoints whose parent compaction dropped
+        with self._txn.cursor(db=self._ckpt) as cur:
+            for k, raw in cur.iternext():
+                k = bytes(k)
+                rec = self._load(k, raw, "a checkpoint record")
+                if isinstance(rec, list) and len(rec) == 9 and len(k) == 16:
+                    self._put_versions(U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0], [""])
+        mk = HISTORY_INDEX
+        self._txn.put(mk, seal(mk, U64.pack(HISTORY_INDEX_VERSION)), db=self._meta)
+        self._indexed = True
 
     def _drop_run(self, run: str, info: RunInfo) -> None:
         """Remove a run from LMDB: state, checkpoints, deltas, manifests (releasing refs),
@@ -185,7 +241,7 @@ class FoldWriter(SnapshotReader):
                     self._txn.delete(k, db=db)
         except CodecError as exc:
             raise self._corrupt(f"history of {run!r}: {exc}") from None
-        for db in (self._state, self._ckpt):
+        for db in (self._state, self._ckpt, self._versions):
             for k, _raw in self._prefixed(db, prefix):
                 self._txn.delete(k, db=db)
         # Ledger entries stay; their positions in the deleted history go

@@ -12,13 +12,14 @@ reported once, at itself; what needs it is skipped.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import cbor2
 
 from ... import history
 from ...codec import CodecError, append_tail, chain_hash, decode_meta
-from ..snapshot.layout import CheckpointRecord
+from ..snapshot.layout import CheckpointRecord, version_key
 from .snapshot_base import _U64, _ZERO_HASH, CheckerBase, _Ckpt, _Damaged, _int, _Run
 
 __all__ = ["ChainChecks"]
@@ -109,7 +110,7 @@ class ChainChecks(CheckerBase):
         # Compaction leaves gaps: the first checkpoint after one carries its dropped
         # parent's hash and has a manifest; the ids in a gap have no records at all.
         self.kept[n] = set(ckpts)
-        dropped = self.dropped_ids(ckpts, top)
+        dropped = self.dropped_ids(ckpts, top, self.block_marked(n, ckpts))
         for cid in range(1, top + 1):
             key = base + _U64.pack(cid)
             c = ckpts.get(cid)
@@ -117,9 +118,11 @@ class ChainChecks(CheckerBase):
                 self.checked["checkpoints_dropped"] += 1
                 continue
             block_start = cid - 1 in dropped
-            if block_start and c is not None:
-                prev_hash, replayed = c.parent_hash, False
+            if block_start:  # the state restarts from its manifest
+                prev_hash, replayed = (c.parent_hash if c is not None else None), False
                 self.block_starts.setdefault(n, set()).add(cid)
+                if self.indexed:
+                    self.want_versions.add(version_key(n, b"", cid))
             if cid not in ckpts:
                 self.entry_problem("ckpt", key, "is missing: the run's checkpoints are 1.."
                                    f"{run.head}")
@@ -134,13 +137,19 @@ class ChainChecks(CheckerBase):
                 self.entry_problem("delta", key, "is missing: every checkpoint has a delta")
             if delta is None:
                 replayed = False
+                self.unread_deltas.add((n, cid))
             else:
                 history.apply_delta(refs, delta)
+                if self.indexed:
+                    self.want_versions.update(version_key(n, k.encode(), cid) for k in delta)
             if c is not None and delta is not None and prev_hash is not None:
                 self.check_hash(run, key, c, delta, prev_hash)
             prev_hash = c.hash if c is not None else None
             if history.is_manifest(cid) or block_start:
-                refs, replayed = self.check_manifest(key, cid, refs, replayed)
+                # a regular manifest (every MANIFEST_EVERY ids) is required only without
+                # the versions index; a store indexed since keeps those it had
+                refs, replayed = self.check_manifest(key, cid, refs, replayed,
+                                                     block_start or not self.indexed)
         head = ckpts.get(run.head)
         if head is not None and head.hash != run.head_hash:
             self.entry_problem("runs", run.name.encode(), f"head hash differs from that of "
@@ -148,14 +157,25 @@ class ChainChecks(CheckerBase):
         if replayed and compare_state:
             self.compare_state(n, run, refs)
 
+    def block_marked(self, n: int, ckpts: dict[int, _Ckpt | None]) -> set[int]:
+        """Ids whose record is unreadable but whose block start marker (layout 3) says
+        compaction dropped their parent: the gap below them is not missing records."""
+        if not self.indexed:
+            return set()
+        return {cid for cid, c in ckpts.items()
+                if c is None and self.fetch("versions", version_key(n, b"", cid))[0]}
+
     @staticmethod
-    def dropped_ids(ckpts: dict[int, _Ckpt | None], top: int) -> set[int]:
-        """Ids compaction dropped: every gap below a record that carries its parent's hash."""
+    def dropped_ids(ckpts: dict[int, _Ckpt | None], top: int,
+                    marked: AbstractSet[int] = frozenset()) -> set[int]:
+        """Ids compaction dropped: every gap below a record that carries its parent's hash
+        (or, if that record is unreadable, below a block start marker)."""
         out: set[int] = set()
         prev = 0
         for cid in sorted(c for c in ckpts if c <= top):
             c = ckpts[cid]
-            if cid > prev + 1 and c is not None and c.parent_hash is not None:
+            if cid > prev + 1 and (cid in marked
+                                   or (c is not None and c.parent_hash is not None)):
                 out.update(range(prev + 1, cid))
             prev = cid
         return out
@@ -218,9 +238,11 @@ class ChainChecks(CheckerBase):
         return history.resolve(self.objs, ref)
 
     def check_manifest(self, key: bytes, cid: int, refs: dict[str, history.Ref],
-                       replayed: bool) -> tuple[dict[str, history.Ref], bool]:
+                       replayed: bool, required: bool) -> tuple[dict[str, history.Ref], bool]:
         """Compare the manifest at ``cid`` with the replay; returns the state to go on from."""
         present, data = self.fetch("manifest", key)
+        if not present and not required:
+            return refs, replayed
         if not present:
             why = (f"a multiple of {history.MANIFEST_EVERY}" if history.is_manifest(cid) else
                    "the first kept after checkpoints compaction dropped")

@@ -14,7 +14,8 @@ import hashlib
 
 from ... import history
 from ...codec import CodecError
-from .snapshot_base import _U64, CheckerBase, _Damaged
+from ..snapshot.layout import object_split, version_parts
+from .snapshot_base import _U16, _U64, CheckerBase, _Damaged
 
 __all__ = ["ObjectChecks"]
 
@@ -45,18 +46,69 @@ class ObjectChecks(CheckerBase):
                 if isinstance(ref, tuple):
                     self.found_refs[ref[1]] += 1
 
+    def check_versions(self) -> None:
+        """Every ``versions`` entry names a key of its checkpoint's delta (or a block start),
+        and every delta key and block start has its entry (layout 3)."""
+        extra = 0
+        for k, raw in self.scan("versions"):
+            self.checked["versions"] += 1
+            data = self.unseal("versions", k, raw)
+            parts = version_parts(k)
+            if parts is None:
+                self.entry_problem("versions", k, "key is not a run number, a key and an id")
+                continue
+            n, key, cid = parts
+            if not self.indexed:
+                extra += 1
+                continue
+            if n not in self.runs:
+                if n not in self.damaged_runs:
+                    self.entry_problem("versions", k, f"belongs to no run (run number #{n})")
+                continue
+            if data is not None and data:
+                self.entry_problem("versions", k, f"holds {len(data)} bytes, not none")
+            if k in self.want_versions:
+                self.want_versions.discard(k)
+            elif (n, cid) not in self.unread_deltas:
+                what = (f"checkpoint {cid} does not start a kept block" if not key else
+                        f"checkpoint {cid} of {self.runs[n].name!r} did not change this key")
+                self.entry_problem("versions", k, f"names no change: {what}")
+        if extra:
+            self.db_problem("versions", f"holds {extra} entries, yet meta has no history "
+                            "index marker")
+        for k in sorted(self.want_versions):
+            found = version_parts(k)
+            assert found is not None
+            what = "the block start" if not found[1] else "the delta's key"
+            self.entry_problem("versions", k, f"is missing: {what} has no version entry")
+
     def check_objects(self) -> None:
         nodes = []
+        parts: set[bytes] = set()  # keys of the parts the heads read so far name
         for k, raw in self.scan("objects"):
             self.checked["objects"] += 1
+            if len(k) == 10:  # a part of a record stored in parts (read with its head)
+                if k not in parts:
+                    self.unseal("objects", k, raw)
+                    self.entry_problem("objects", k, "a part of no object")
+                continue
             if len(k) != 8:
                 self.entry_problem("objects", k, "key is not an address")
                 continue
             addr = _U64.unpack(k)[0]
             self.addrs.add(addr)
-            data = self.unseal("objects", k, raw)
-            if data is None:
+            head = self.unseal("objects", k, raw)
+            if head is None:
                 continue
+            split = object_split(head)
+            if split is not None:
+                parts.update(k + _U16.pack(i) for i in range(1, max(split[1], 0) + 1))
+                found_record = self.fetch_object(addr)[1]
+            else:
+                found_record = self.object_record(k, head)
+            if found_record is None:
+                continue
+            data = found_record
             try:
                 kids = history.children(data)
             except CodecError as exc:
@@ -128,7 +180,7 @@ class ObjectChecks(CheckerBase):
                 self.entry_problem("oids", k, "is not a 32-byte id naming an 8-byte address")
                 continue
             addr = _U64.unpack(data)[0]
-            present, record = self.fetch("objects", data)
+            present, record = self.fetch_object(addr)
             if not present:
                 self.entry_problem("oids", k, f"names object @{addr}, which does not exist")
             elif record is not None and hashlib.sha256(record).digest() != k:

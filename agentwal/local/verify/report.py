@@ -23,6 +23,7 @@ from ...format import CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR, parse_segment_name
 from ...io import FileSystem, read_all
 from ..control import read_control
 from ..logmark import LOGMARK_FILE, LogMark, mark_problems, read_mark
+from ..snapshot.layout import version_parts
 from ..wal.frame import parse_header
 from ..wal.reader import scan_segment
 
@@ -199,6 +200,16 @@ class Findings:
             run = self.run_names.get(n)
             k = key[8:].decode("utf-8", "replace")
             return f"{run!r}/{k!r}" if run is not None else f"run #{n}/{k!r}"
+        if db == "versions":
+            parts = version_parts(key)
+            if parts is not None:
+                n, name, cid = parts
+                run = self.run_names.get(n)
+                who = repr(run) if run is not None else f"run #{n}"
+                what = repr(name.decode("utf-8", "replace")) if name else "block start"
+                return f"{who}/{what}@{cid}"
+        if db == "objects" and len(key) == 10:  # a part of a record stored in parts
+            return f"@{_U64.unpack_from(key)[0]}#{int.from_bytes(key[8:], 'big')}"
         if db in ("objects", "refs") and len(key) == 8:
             return f"@{_U64.unpack(key)[0]}"
         if db == "oids":

@@ -20,7 +20,7 @@ from typing import Any
 from ... import history
 from ...codec import CodecError, loads
 from ...errors import CorruptionError
-from ..snapshot.layout import CheckpointRecord, unseal
+from ..snapshot.layout import CheckpointRecord, object_record, object_split, unseal
 from .report import Findings, Source
 
 __all__ = ["CheckerBase"]
@@ -28,6 +28,7 @@ __all__ = ["CheckerBase"]
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
 _ZERO_HASH = bytes(32)
 
 
@@ -76,6 +77,12 @@ class CheckerBase(Findings):
         self.kept: dict[int, set[int]] = {}  # run number -> checkpoint ids stored
         #: run number -> ids that follow checkpoints compaction dropped (they have manifests)
         self.block_starts: dict[int, set[int]] = {}
+        #: the store has the versions index (layout 3): its marker is in meta
+        self.indexed = False
+        #: the ``versions`` keys the deltas and block starts call for (layout 3)
+        self.want_versions: set[bytes] = set()
+        #: (run number, id) of deltas that could not be read: their versions are not judged
+        self.unread_deltas: set[tuple[int, int]] = set()
 
     def orphan(self, db: str, k: bytes, n: int) -> None:
         """Report an entry of run number ``n``, which no readable run record has.
@@ -134,6 +141,43 @@ class CheckerBase(Findings):
         if raw is None:
             return False, None
         return True, self.unseal(db, key, raw)
+
+    def fetch_object(self, addr: int) -> tuple[bool, bytes | None]:
+        """``(present, record)`` of an object, joined from its parts if it has them (layout 3);
+        record None when absent or damaged (damage, a part included, is reported)."""
+        k = _U64.pack(addr)
+        present, head = self.fetch("objects", k)
+        split = None if head is None else object_split(head)
+        if split is None:
+            return present, None if head is None else self.object_record(k, head)
+        size, count = split
+        if size < 0:
+            self.entry_problem("objects", k, "the head of an object in parts is malformed")
+            return True, None
+        parts = []
+        for i in range(1, count + 1):
+            pk = k + _U16.pack(i)
+            there, part = self.fetch("objects", pk)
+            if not there:
+                self.entry_problem("objects", pk, f"is missing: object @{addr} has {count} "
+                                   "parts")
+            if part is None:
+                return True, None
+            parts.append(part)
+        record = b"".join(parts)
+        if len(record) != size:
+            self.entry_problem("objects", k, f"its parts join to {len(record)} bytes, its head "
+                               f"says {size}")
+            return True, None
+        return True, self.object_record(k, record)
+
+    def object_record(self, k: bytes, form: bytes) -> bytes | None:
+        """An object's record from its stored form (None, reported, if it does not inflate)."""
+        try:
+            return object_record(form)
+        except CodecError as exc:
+            self.entry_problem("objects", k, f"the compressed record does not inflate: {exc}")
+            return None
 
     def decode(self, db: str, key: bytes, data: bytes) -> Any:
         """Decode CBOR from an entry; None (reported) if it does not decode."""

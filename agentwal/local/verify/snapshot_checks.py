@@ -36,7 +36,7 @@ from ... import history
 from ...codec import CodecError, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, RunInfo, index_keys
+from ..snapshot.layout import EFFECTS_INDEX, HISTORY_INDEX, RunInfo, index_keys
 from .chain_checks import ChainChecks
 from .object_checks import ObjectChecks
 from .snapshot_base import _U32, _U64, _Damaged, _int, _Run
@@ -45,11 +45,11 @@ __all__ = ["CACHE_BYTES", "SNAPSHOT_PARTS", "SnapshotChecker"]
 
 #: The parts of verify's ``snapshot`` phase, in order, as its progress names them.
 SNAPSHOT_PARTS = ("meta", "runs", "state", "checkpoints (hash chains)", "deltas", "manifests",
-                  "objects", "references", "object ids", "effects")
+                  "versions", "objects", "references", "object ids", "effects")
 
 
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
-               EFFECTS_INDEX: 8}
+               EFFECTS_INDEX: 8, HISTORY_INDEX: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
 
@@ -71,7 +71,7 @@ class _Objects:
         if found is not None:
             self._cache.move_to_end(addr)
             return found
-        present, data = self._v.fetch("objects", _U64.pack(addr))
+        present, data = self._v.fetch_object(addr)
         if present and data is None:
             raise _Damaged(f"object @{addr} is damaged")
         if data is not None:
@@ -101,14 +101,14 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
         The parts are named in the phase (``"snapshot: checkpoints"``, see
         :data:`SNAPSHOT_PARTS`) so that a long part (the hash chains of the
         checkpoints, usually) never shows as the previous one; ``done`` counts
-        the parts finished, of 10, ending with the last part at 10.
+        the parts finished, of 11, ending with the last part at 11.
         """
         damaged: set[int] = set()
         steps: list[Callable[[], object]] = [
             self.check_meta, self.check_runs, lambda: damaged.update(self.check_state()),
             lambda: self.check_checkpoints(damaged),
             lambda: self.check_history_records("delta"),
-            lambda: self.check_history_records("manifest"),
+            lambda: self.check_history_records("manifest"), self.check_versions,
             self.check_objects, self.check_refs, self.check_oids, self.check_effects]
         assert len(steps) == len(SNAPSHOT_PARTS)
         for i, (step, part) in enumerate(zip(steps, SNAPSHOT_PARTS, strict=True)):
@@ -131,6 +131,7 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
                 self.entry_problem("meta", k, f"is {len(data)} bytes, not {want}")
             else:
                 seen[k] = data
+        self.indexed = HISTORY_INDEX in seen
         if b"applied_lsn" in seen:
             self.applied = _U64.unpack(seen[b"applied_lsn"])[0]
         if b"next_run" in seen:

@@ -1,0 +1,119 @@
+"""A store written with the format-2 history layout (regular manifests, no versions index).
+
+``tests/data/history-v2.tar.gz`` was written by the code before the versions
+index (``tests/data/make_history_v2.py`` says how), with the SHA-256 of every
+state it read. This version reads it as it is (also read-only), upgrades it
+in place at its first fold, and reads the same states afterwards; verify
+finds nothing wrong before or after, and the upgraded store goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import agentwal
+from agentwal.local.snapshot.layout import HISTORY_INDEX
+from tests.data.make_history_v2 import digest
+from tests.helpers import check_history_counts
+
+FIXTURE = Path(__file__).parent.parent / "data" / "history-v2.tar.gz"
+
+
+@pytest.fixture
+def old(tmp_path: Path) -> tuple[str, dict[str, dict[str, str]]]:
+    with tarfile.open(FIXTURE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    want = json.loads((tmp_path / "expected.json").read_text())
+    return str(tmp_path / "store.awal"), want
+
+
+def _verify(path: str) -> agentwal.VerifyReport:
+    with agentwal.open(path, readonly=True) as s:
+        return s.verify()
+
+
+def _states(store: agentwal.Store) -> dict[str, dict[str, str]]:
+    return {run: {str(c.id): digest(store.state(run, at=c.id)) for c in store.history(run)}
+            for run in store.runs()}
+
+
+def _indexed(store: agentwal.Store) -> bool:
+    snap = store._engine._snap
+    assert snap is not None
+    txn = snap.begin_read()
+    try:
+        return snap.raw(txn).get("meta", HISTORY_INDEX) is not None
+    finally:
+        snap.end_read(txn)
+
+
+def test_the_old_layout_reads_as_written_read_only_and_verifies(
+        old: tuple[str, dict[str, dict[str, str]]], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    path, want = old
+    assert _verify(path).ok
+    with agentwal.open(path, readonly=True) as store:
+        assert not _indexed(store)
+        assert _states(store) == want
+        assert store.get("chat", "big", at=45) == "40:" + "b" * 1100
+    # a copy no open has touched (the opens above added an empty versions database)
+    with tarfile.open(FIXTURE) as tar:
+        tar.extractall(tmp_path / "fresh", filter="data")
+    fresh = str(tmp_path / "fresh" / "store.awal")
+    # a snapshot directory this process may not write (a read-only mount, another user's
+    # files): the environment is opened read-only and the versions database stays absent
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode == os.W_OK
+                        and p.endswith("snapshot") else real(p, mode, **kw))
+    with agentwal.open(fresh, readonly=True) as store:
+        snap = store._engine._snap
+        assert snap is not None and snap._dbs.versions is None
+        assert _states(store) == want
+        assert store.verify().ok
+
+
+def test_the_first_fold_upgrades_in_place_and_history_reads_the_same(
+        old: tuple[str, dict[str, dict[str, str]]], tmp_path: Path) -> None:
+    path, want = old
+    with agentwal.open(path, durability="none") as store:
+        assert _states(store) == want  # a writer reads the old layout before any fold
+        for i in range(71, 101):  # past 96: a multiple of 32, which gets no manifest now
+            with store.begin("chat") as txn:
+                txn["step"] = i
+        store.snapshot()
+        assert _indexed(store)
+        now = _states(store)
+        assert {r: {c: d for c, d in s.items() if r != "chat" or int(c) <= 70}
+                for r, s in now.items()} == want
+        assert store.state("chat", at=100)["step"] == 100
+        assert store.state("chat", at=96)["messages"] == store.state("chat", at=70)["messages"]
+        check_history_counts(store)
+    report = _verify(path)
+    assert report.ok, report.problems
+    assert report.checked["versions"] > 0
+    copy = str(tmp_path / "copy.awal")
+    shutil.copytree(path, copy)
+    with agentwal.open(copy, durability="none") as store:  # compaction after the upgrade
+        store.compact(keep_last=10, runs=["chat"], vacuum=True)
+        for c in store.history("chat"):
+            assert digest(store.state("chat", at=c.id)) == now["chat"][str(c.id)]
+        check_history_counts(store)
+    assert _verify(copy).ok
+
+
+def test_a_compaction_upgrades_too(old: tuple[str, dict[str, dict[str, str]]]) -> None:
+    path, want = old
+    with agentwal.open(path, durability="none") as store:
+        store.compact(keep_last=30, runs=["pruned"])
+        assert _indexed(store)
+        assert _states(store) == {r: {c: d for c, d in s.items()
+                                      if r != "pruned" or int(c) > 50}
+                                  for r, s in want.items()}
+        check_history_counts(store)
+    assert _verify(path).ok
