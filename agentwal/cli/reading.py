@@ -79,7 +79,8 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "log": ("visible_lsn", "applied_lsn", "unfolded_records", "wal_bytes", "wal_max_bytes",
             "wal_segments", "memtable_commits", "memtable_bytes"),
     "snapshot": ("lmdb_bytes", "lmdb_page_size", "lmdb_last_page", "state_keys"),
-    "history": ("runs", "checkpoints", "deltas", "manifests", "objects", "folded_runs"),
+    "history": ("runs", "checkpoints", "deltas", "manifests", "versions", "objects",
+                "folded_runs"),
     "effects": ("effects", "effect_index_entries", "outbox_pending"),
 }
 #: Counters of the process that has the store open (a read-only open counts its own: 0),

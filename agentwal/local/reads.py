@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..codec import CodecError
 from ..errors import CheckpointNotFoundError, CorruptionError, RunNotFoundError
 from ..types import Checkpoint
 from .memtable import Memtable
@@ -182,7 +183,10 @@ class LayeredReader:
             for k in list(damaged):  # the head table holds the folded head's values too
 
                 def head_value(r: SnapshotReader, k: str = k) -> bytes | None:
-                    return r.get(number, k)
+                    try:
+                        return r.get(number, k)
+                    except (CodecError, CorruptionError):
+                        return None  # a head ref to the same damaged object: still lost
 
                 one = self.lmdb(head_value)
                 if one is not None:
