@@ -190,12 +190,25 @@ def evict_page_cache(path: str) -> None:
                 os.close(fd)
 
 
+def _wal_bytes(path: str) -> int:
+    """Bytes of the log segments of the store at ``path`` (0 when there are none)."""
+    wal = os.path.join(path, "wal")
+    if not os.path.isdir(wal):
+        return 0
+    return sum(e.stat().st_size for e in os.scandir(wal) if e.is_file())
+
+
 def open_and_release(path: str, **kwargs: Any) -> tuple[float, dict[str, Any]]:
     """Time ``agentwal.open(path)``; release the store without writing anything.
 
     Returns ``(seconds, recovery stats)``. The store is left exactly as it
-    was (no fold, no close), so the same open can be timed again.
+    was (no fold, no close), so the same open can be timed again. Unless the
+    caller says otherwise, it opens with a ``wal_max_bytes`` four times the
+    log on disk: a log at or over the limit starts a fold as soon as the
+    store is open, and the next open would then time an empty log.
     """
+    if "wal_max_bytes" not in kwargs:
+        kwargs["wal_max_bytes"] = max(4 * _wal_bytes(path), 256 * MIB)
     t0 = time.perf_counter()
     store = agentwal.open(path, **kwargs)
     dt = time.perf_counter() - t0

@@ -277,6 +277,19 @@ def lmdb_open(d: str, records: int, repeat: int) -> list[float]:
     return out
 
 
+def replay_open(path: str, commits: int) -> float:
+    """Seconds of one open of a crashed store that replays all ``commits`` of its log.
+
+    Raises RuntimeError when the open replayed fewer: the figure would time an
+    open of a folded store, not the replay the sweep is about.
+    """
+    dt, rec = open_and_release(path)
+    if rec.get("replayed") != commits:
+        raise RuntimeError(f"open of {path} replayed {rec.get('replayed')} of {commits} "
+                           "records: the log was folded between opens")
+    return dt
+
+
 def open_sweep(wal_mib: list[float], history: list[int], repeat: int, log: Log) -> dict[str, Any]:
     wal: dict[str, Any] = {"mib": wal_mib, "commits": [], "agentwal": [], "agentwal_cold": [],
                            "SQLite WAL": [], "LMDB": []}
@@ -285,11 +298,11 @@ def open_sweep(wal_mib: list[float], history: list[int], repeat: int, log: Log) 
             path = os.path.join(d, "s.awal")
             built = build_wal_store(path, int(mib * MIB))
             open_and_release(path)  # every timed open follows another one (warm)
-            warm = [open_and_release(path)[0] for _ in range(repeat)]
+            warm = [replay_open(path, built["commits"]) for _ in range(repeat)]
             cold = []
             for _ in range(max(1, repeat // 2)):
                 evict_page_cache(path)
-                cold.append(open_and_release(path)[0])
+                cold.append(replay_open(path, built["commits"]))
             shutil.rmtree(path)
             wal["commits"].append(built["commits"])
             wal["agentwal"].append(spread(warm))
