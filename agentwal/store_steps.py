@@ -16,6 +16,7 @@ a store, so it imports nothing of a backend.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import inspect
 import random
@@ -68,16 +69,16 @@ class _StepAttempts:
             txn.rollback()
 
 
-class StepsAPI:
+class StepsAPI(abc.ABC):
     """``transact``/``atransact``/``abegin`` over a store's ``begin``."""
 
+    @abc.abstractmethod
     def begin(self, run: str, *, retry_of: Transaction | None = None) -> Transaction:
         """Each store's own (``Store.begin``, ``PostgresStore.begin``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _count_retry(self) -> None:
         """Count one retried attempt (``stats()["retries"]``)."""
-        raise NotImplementedError
 
     def transact(self, run: str, fn: Callable[[Transaction], T], *, retries: int = 10) -> T:
         """Run one step, ``fn(txn)``, and commit it, redoing it on ``ConflictError``.

@@ -10,6 +10,7 @@ references, addresses and list nodes seen, and the reads of one
 
 from __future__ import annotations
 
+import abc
 import collections
 import struct
 import uuid
@@ -57,7 +58,7 @@ def _int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class CheckerBase(Findings):
+class CheckerBase(Findings, abc.ABC):
     """The state every pass shares, and its reads (``src`` None: there is no snapshot)."""
 
     def __init__(self, src: Source | None, store_id: uuid.UUID) -> None:
@@ -105,9 +106,9 @@ class CheckerBase(Findings):
             return
         self.entry_problem(db, k, f"belongs to no run (run number #{n})")
 
+    @abc.abstractmethod
     def objects(self) -> history.ObjectReader:
         """The objects' reader the passes use (``SnapshotChecker``'s keeps a cache)."""
-        raise NotImplementedError
 
     # -- reading ------------------------------------------------------------------
 
