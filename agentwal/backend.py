@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .codec import Value
 from .effects import Deferred, EffectRecord
 from .errors import (
     ConflictError,
@@ -75,11 +76,13 @@ class Change:
         appends: keys of ``writes`` whose value is an append to the list the
             step read there (``codec.Append``: base count, base length, tail);
             a backend may log the entry instead of the whole value, or ignore it
-            (``writes`` always holds the whole value).
+            (``writes`` always holds the whole value: for these keys a
+            ``codec.Joined``, whose ``whole()`` is the bytes; every other value
+            is bytes).
     """
 
     run: str
-    writes: Mapping[str, bytes | None]
+    writes: Mapping[str, Value | None]
     reads: frozenset[str] = frozenset()
     prefixes: frozenset[str] = frozenset()
     meta: Mapping[str, Any] = field(default_factory=dict)
@@ -153,6 +156,11 @@ class RunStore(Protocol[V]):
 
     def read(self, view: V, key: str) -> bytes | None:
         """The stored bytes of ``key`` in the view (None: absent). Never blocks on writers."""
+        ...
+
+    def read_value(self, view: V, key: str) -> Value | None:
+        """:meth:`read`, where the value an append made may be a ``codec.Joined`` (its
+        ``whole()`` is the bytes): what ``txn.append`` extends without joining it."""
         ...
 
     def scan(self, view: V, prefix: str) -> dict[str, bytes]:

@@ -36,6 +36,7 @@ import enum
 import hashlib
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -56,6 +57,8 @@ from .types import BlobRef, TreeRef
 
 __all__ = [
     "Append",
+    "Joined",
+    "Value",
     "append_base",
     "append_encoded",
     "append_tail",
@@ -80,6 +83,7 @@ __all__ = [
     "encode_value",
     "pack_payload",
     "unpack_payload",
+    "whole",
     "decode_blob_ref",
     "encode_blob_ref",
     "is_blob_ref",
@@ -270,6 +274,83 @@ def append_encoded(stored: bytes, tail: bytes) -> bytes | None:
                      memoryview(tail)[more[1]:]))
 
 
+class Joined:
+    """A list value an append made: ``base``'s items, then ``tail``'s, joined when first read.
+
+    Holding a grown list this way costs what was appended, not the list: a
+    commit of an append (``txn.append``, a re-put that only grew) and the
+    memtable keep ``Joined`` values, and only a reader that needs the bytes
+    (``whole``) joins them, once (the result is kept; the parts are let go).
+    ``whole()`` is byte for byte :func:`append_encoded` of the base's bytes
+    and the tail. ``count`` and ``len()`` (items, encoded bytes) are known
+    without joining. Immutable as a value: concurrent readers may join it
+    twice, never see another value.
+    """
+
+    __slots__ = ("_base", "_tail", "_whole", "count", "length")
+
+    def __init__(self, base: bytes | Joined, tail: memoryview, count: int, length: int) -> None:
+        self._base: bytes | Joined | None = base
+        self._tail: memoryview | None = tail  # the tail's items (its array header skipped)
+        self._whole: bytes | None = None
+        self.count = count
+        self.length = length
+
+    @classmethod
+    def of(cls, stored: bytes | Joined, tail: bytes) -> Joined | None:
+        """``stored`` (an encoded list, or a Joined) with the items of ``tail`` appended;
+        None if ``stored`` is not a definite-length array."""
+        if type(stored) is Joined:
+            head: tuple[int, int] | None = (stored.count, array_header_size(stored.count))
+        else:
+            head = _array_head(stored)  # type: ignore[arg-type]
+        more = _array_head(tail)
+        if head is None or more is None:
+            return None
+        count = head[0] + more[0]
+        length = (len(_array_header(count)) + len(stored) - head[1] + len(tail) - more[1])
+        return cls(stored, memoryview(tail)[more[1]:], count, length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def whole(self) -> bytes:
+        """The encoded list (joined on the first call, then kept)."""
+        done = self._whole
+        if done is not None:
+            return done
+        tails: list[memoryview] = []
+        node: bytes | Joined = self
+        while type(node) is Joined:
+            # Parts first, then _whole: another thread's whole() sets _whole before it
+            # lets the parts go, so a missing _whole here means the parts were there.
+            tail, below, joined = node._tail, node._base, node._whole
+            if joined is not None:
+                node = joined
+                break
+            assert tail is not None and below is not None
+            tails.append(tail)
+            node = below
+        base: bytes = node  # type: ignore[assignment]
+        head = _array_head(base)
+        assert head is not None
+        tails.append(memoryview(base)[head[1]:])
+        tails.append(memoryview(_array_header(self.count)))
+        tails.reverse()
+        done = self._whole = b"".join(tails)
+        self._base = self._tail = None
+        return done
+
+
+#: A stored value as the memtable and a transaction's writes hold it.
+Value = bytes | Joined
+
+
+def whole(value: Value | None) -> bytes | None:
+    """The bytes of ``value`` (a :class:`Joined` joined), None as is."""
+    return value.whole() if type(value) is Joined else value  # type: ignore[return-value]
+
+
 def array_head(data: bytes) -> tuple[int, int] | None:
     """``(item count, header length)`` of a definite-length CBOR array, else None."""
     return _array_head(data)
@@ -286,16 +367,22 @@ def append_base(stored: bytes) -> tuple[int, int] | None:
     return None if head is None else (head[0], len(stored))
 
 
-def join_append(base: bytes, entry: Append) -> bytes | None:
-    """The value an append entry makes of ``base``; None if ``base`` is not its base.
+def join_append(base: Value, entry: Append) -> Joined | None:
+    """The value an append entry makes of ``base`` (a :class:`Joined`, joined when read);
+    None if ``base`` is not its base.
 
     ``base`` must be an array of exactly the entry's count and length (so a log
     replayed over another value than the one the commit extended is refused).
     """
     count, length, tail = entry
-    if len(base) != length or append_base(base) != (count, length):
+    if len(base) != length:
         return None
-    return append_encoded(base, tail)
+    if type(base) is Joined:
+        if base.count != count:
+            return None
+    elif append_base(base) != (count, length):  # type: ignore[arg-type]
+        return None
+    return Joined.of(base, tail)
 
 
 def append_tail(value: bytes, count: int, length: int) -> bytes | None:
@@ -428,15 +515,16 @@ def decode_value(data: bytes) -> Any:
     return loads(data)
 
 
-def logged_delta(delta: Delta, appends: dict[str, Append] | None) -> dict[str, Any]:
+def logged_delta(delta: Mapping[str, Value | None],
+                 appends: dict[str, Append] | None) -> Mapping[str, Any]:
     """The map a commit logs and hashes: ``delta`` with each appended key's whole value
     replaced, in place, by its append entry ``[count, length, tail]``."""
     if not appends:
         return delta
-    return {k: list(appends[k]) if k in appends else v for k, v in delta.items()}
+    return {k: list(appends[k]) if k in appends else whole(v) for k, v in delta.items()}
 
 
-def encode_delta(delta: Delta, *, compress: bool = True,
+def encode_delta(delta: Mapping[str, Value | None], *, compress: bool = True,
                  threshold: int = COMPRESS_THRESHOLD,
                  appends: dict[str, Append] | None = None) -> tuple[bytes, int, bytes]:
     """Encode a delta; returns ``(bytes, flags, sha256 of the uncompressed bytes)``.
@@ -667,9 +755,12 @@ def encode_blob_ref(ref: BlobRef) -> bytes:
     return BLOB_REF_PREFIX + bytes(cbor2.dumps(fields))
 
 
-def is_blob_ref(data: bytes | None) -> TypeGuard[bytes]:
-    """True if stored value bytes are a blob reference (they start with its tag)."""
-    return data is not None and data[:5] == BLOB_REF_PREFIX
+def is_blob_ref(data: object) -> TypeGuard[bytes]:
+    """True if stored value bytes are a blob reference (they start with its tag).
+
+    A ``Joined`` (a list an append made) never is one.
+    """
+    return type(data) is bytes and data[:5] == BLOB_REF_PREFIX
 
 
 def decode_blob_ref(data: bytes) -> BlobRef:

@@ -54,10 +54,13 @@ from .backend import Change, RunStore, View
 from .codec import (
     Append,
     DecodedValues,
+    Joined,
+    Value,
     append_base,
     append_encoded,
     encode_blob_ref,
     encode_value,
+    whole,
 )
 from .effects import Deferred, EffectMode
 from .errors import (
@@ -177,8 +180,8 @@ class Savepoint:
 
     __slots__ = ("_appends", "_deferred", "_depth", "_meta", "_writes")
 
-    def __init__(self, depth: int, writes: dict[str, bytes | None], meta: dict[str, Any],
-                 deferred: int = 0, appends: dict[str, tuple[Append, bytes]] | None = None):
+    def __init__(self, depth: int, writes: dict[str, Value | None], meta: dict[str, Any],
+                 deferred: int = 0, appends: dict[str, tuple[Append, Joined]] | None = None):
         self._depth = depth
         self._writes = writes
         self._meta = meta
@@ -203,10 +206,12 @@ class Transaction(EffectSteps):
         self._hooks = hooks
         self.run = view.run
         self._view = view
-        self._writes: dict[str, bytes | None] = {}
+        #: key -> encoded value (None: deleted); an append's value is a ``Joined``
+        #: (the stored list and the new items, joined only if something reads it)
+        self._writes: dict[str, Value | None] = {}
         #: key -> (append entry, the value it made): a write that is an append to the
-        #: stored list, logged as the entry while ``_writes`` still holds that value
-        self._appends: dict[str, tuple[Append, bytes]] = {}
+        #: stored list, logged as the entry while ``_writes`` holds that value
+        self._appends: dict[str, tuple[Append, Joined]] = {}
         #: stored lists ``get`` handed out, to log a re-put that only appended as an append
         self._handouts: dict[str, Handout] = {}
         self._reads: set[str] = set()
@@ -304,10 +309,13 @@ class Transaction(EffectSteps):
 
     def _change(self) -> Change:
         """What committing now applies, as the backend seam's value object (copies)."""
-        writes = self._writes
+        writes = dict(self._writes)
         appends = {k: entry for k, (entry, made) in self._appends.items()
                    if writes.get(k) is made}
-        return Change(run=self.run, writes=dict(writes), reads=frozenset(self._reads),
+        for k, v in writes.items():
+            if type(v) is Joined and k not in appends:  # not logged as an entry: whole
+                writes[k] = v.whole()
+        return Change(run=self.run, writes=writes, reads=frozenset(self._reads),
                       prefixes=frozenset(self._prefixes), meta=dict(self._meta),
                       deferred=tuple(self._deferred), effects=tuple(self._effect_keys),
                       origin=self._origin, appends=appends)
@@ -345,7 +353,8 @@ class Transaction(EffectSteps):
 
     def _raw(self, key: str) -> bytes | None:
         if key in self._writes:
-            return self._writes[key]
+            mine = self._writes[key]
+            return mine.whole() if type(mine) is Joined else mine  # type: ignore[return-value]
         self._reads.add(key)
         return self._store.read(self._view, key)
 
@@ -400,7 +409,7 @@ class Transaction(EffectSteps):
             raise TypeError("prefix must be str")
         self._prefixes.add(prefix)
         stored = self._store.scan(self._view, prefix)
-        mine = {key: raw for key, raw in self._writes.items() if key.startswith(prefix)}
+        mine = {key: whole(raw) for key, raw in self._writes.items() if key.startswith(prefix)}
         present = [(key, raw) for key in sorted(stored.keys() | mine.keys())
                    if (raw := mine[key] if key in mine else stored[key]) is not None]
         return ((key, self._decode(raw, key)) for key, raw in present)
@@ -424,7 +433,7 @@ class Transaction(EffectSteps):
         if handout is not None and handout.grown_from(value):
             # The first items are the stored ones, untouched: only the rest is new.
             tail = encode_value(key, value[handout.count:])
-            joined = append_encoded(handout.stored, tail)
+            joined = Joined.of(handout.stored, tail)
             if joined is not None:
                 self._appends[key] = ((handout.count, len(handout.stored), tail), joined)
                 self._writes[key] = joined
@@ -455,22 +464,30 @@ class Transaction(EffectSteps):
         self._check()
         check_key(key)
         tail = encode_value(key, list(items))
-        stored = self._raw(key)
+        # The stored list (or an earlier append of this transaction) is extended as
+        # it is: an append's value stays a Joined, never joined here.
+        if key in self._writes:
+            stored = self._writes[key]
+        else:
+            self._reads.add(key)
+            stored = self._store.read_value(self._view, key)
         if stored is None:
             self._writes[key] = tail
             return
-        joined = append_encoded(stored, tail)
+        joined = Joined.of(stored, tail)
         if joined is None:
-            raise NotAListError(self.run, key, type(self._decode(stored, key)).__name__)
-        self._note_append(key, stored, tail, joined)
-        self._writes[key] = joined
+            raise NotAListError(self.run, key,
+                                type(self._decode(whole(stored) or b"", key)).__name__)
+        noted = self._note_append(key, stored, tail, joined)
+        self._writes[key] = joined if noted else joined.whole()
 
-    def _note_append(self, key: str, stored: bytes, tail: bytes, joined: bytes) -> None:
+    def _note_append(self, key: str, stored: Value, tail: bytes, joined: Joined) -> bool:
         """Note that ``joined`` (``stored`` + ``tail``'s items) is an append, to log as one.
 
         An append to what the view holds is an entry over that value; one to
         an earlier append of this transaction extends that entry's tail; one
-        to a value this transaction put is a whole value.
+        to a value this transaction put is a whole value. Returns whether it
+        is logged as an entry (else the caller stores ``joined`` joined).
         """
         before = self._appends.get(key)
         if before is not None and self._writes.get(key) is before[1]:
@@ -478,12 +495,16 @@ class Transaction(EffectSteps):
             more = append_encoded(first, tail)
             if more is not None:
                 self._appends[key] = ((count, length, more), joined)
-            return
+                return True
+            return False
         if key in self._writes:
-            return
-        base = append_base(stored)
+            return False
+        base = ((stored.count, len(stored)) if type(stored) is Joined
+                else append_base(stored))  # type: ignore[arg-type]
         if base is not None:
             self._appends[key] = ((base[0], base[1], tail), joined)
+            return True
+        return False
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if it is absent)."""

@@ -24,11 +24,11 @@ the store's ``_lock`` live; replay runs before anything else can read).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from ..codec import CodecError, append_base, join_append
+from ..codec import CodecError, Value, append_base, join_append, whole
 from ..effects import (
     Deferred,
     EffectRecord,
@@ -56,7 +56,7 @@ class Commit:
     ckpt: Checkpoint
     hash: bytes
     meta_raw: bytes  # the metadata exactly as encoded and hashed
-    delta: dict[str, bytes | None]
+    delta: Mapping[str, Value | None]  # an appended key's value is a codec.Joined
     outbox_digest: bytes | None = None  # SHA-256 of the commit's outbox field
     deferred: list[Deferred] | None = None
     effect_keys: tuple[str, ...] = ()
@@ -64,12 +64,14 @@ class Commit:
     appends: dict[str, tuple[int, int]] | None = None
 
     @classmethod
-    def replayed(cls, r: Replayed, base: Callable[[str, str], bytes | None]) -> Commit:
+    def replayed(cls, r: Replayed, base: Callable[[str, str], Value | None]) -> Commit:
         """The commit a log record holds; ``base(run, key)`` is a key's value before it.
 
         A form-2 record's append entries are joined to the value the key has
         before the record (the memtable replayed so far, else LMDB): the
-        commit applies whole values, as it did live.
+        commit applies whole values, as it did live (a ``codec.Joined`` that
+        keeps the base and the tail, so replaying a list grown by N appends
+        costs what was appended, not N joins of the list).
 
         Raises:
             CodecError: an append entry's base is missing or is not the list
@@ -79,7 +81,7 @@ class Commit:
         ckpt = Checkpoint(rec.run, rec.id, rec.parent, r.lsn, rec.created_at, r.meta,
                           rec.hash.hex(), rec.origin)
         digest = None if rec.deferred is None else hashlib.sha256(rec.deferred).digest()
-        delta: dict[str, bytes | None] = {}
+        delta: dict[str, Value | None] = {}
         appends: dict[str, tuple[int, int]] = {}
         for key, v in r.delta.items():
             if not isinstance(v, tuple):
@@ -88,8 +90,9 @@ class Commit:
             stored = base(rec.run, key)
             joined = None if stored is None else join_append(stored, v)
             if joined is None:
+                shape = None if stored is None else append_base(whole(stored) or b"")
                 found = ("no value" if stored is None else
-                         f"{len(stored)} bytes ({append_base(stored) or 'not a list'})")
+                         f"{len(stored)} bytes ({shape or 'not a list'})")
                 raise CodecError(f"commit {rec.run!r}/{rec.id} appends to key {key!r}, whose "
                                  f"base of {v[0]} items ({v[1]} bytes) is missing: the key "
                                  f"holds {found}")
@@ -152,13 +155,15 @@ def apply_record(mem: Memtable, rec: Applied, *, store_id: Any, oldest: int,
 def replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambda _r: 0,
            folded_effect: Callable[[str], EffectRecord | None] = lambda _k: None,
            folded_value: Callable[[str, str], bytes | None] = lambda _r, _k: None,
-           path: str = "") -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
+           path: str = "", prefix: bool = False) -> tuple[Memtable, dict[str, tuple[int, bytes]]]:
     """A memtable holding the replayed records, and each replayed run's head.
 
     ``folded_epoch(run)``, ``folded_effect(key)`` and ``folded_value(run,
     key)`` are what LMDB holds: the run id's epoch, the ledger entry of a key,
     a key's value bytes (the base of an append entry not replayed here);
-    ``path`` is the store's, for errors.
+    ``path`` is the store's, for errors. With ``prefix`` (a ``recover="prefix"``
+    open) a record that cannot be applied ends the replay there instead:
+    ``plan`` is cut before it (``Plan.cut``: ``plan.lost`` says what follows).
 
     Raises:
         CorruptionError: a form-2 record appends to a base that is not there.
@@ -166,8 +171,8 @@ def replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambd
     mem = Memtable()
     heads: dict[str, tuple[int, bytes]] = {}
 
-    def base(run: str, key: str) -> bytes | None:
-        found, value = mem.lookup(run, key, 1 << 62)
+    def base(run: str, key: str) -> Value | None:
+        found, value = mem.lookup_value(run, key, 1 << 62)
         return value if found else folded_value(run, key)
 
     def lookup(key: str) -> EffectRecord | None:
@@ -177,10 +182,13 @@ def replay(plan: Plan, store_id: Any, folded_epoch: Callable[[str], int] = lambd
     def epoch(run: str, lsn: int) -> int:
         return epoch_at((mem,), run, lsn, folded_epoch)
 
-    for r in plan.records:
+    for i, r in enumerate(plan.records):
         try:
             rec: Applied = Commit.replayed(r, base) if isinstance(r, Replayed) else r
         except CodecError as exc:
+            if prefix:
+                plan.cut(i, path, f"record LSN {r.lsn}: {exc}")
+                break
             raise CorruptionError(path, None, f"record LSN {r.lsn}: {exc}") from None
         # No reader is open during replay: versions older than the record can go.
         apply_record(mem, rec, store_id=store_id, oldest=r.lsn, lookup=lookup, epoch=epoch)

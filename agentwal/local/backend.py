@@ -26,6 +26,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Change
+from ..codec import Value
 from ..effects import EffectRecord
 from ..types import Checkpoint
 
@@ -86,6 +87,10 @@ class LocalBackend:
     def read(self, view: LocalView, key: str) -> bytes | None:
         self._s.check_open()
         return self._s._read(view.inner, view.run, key)
+
+    def read_value(self, view: LocalView, key: str) -> Value | None:
+        self._s.check_open()
+        return self._s._stored(view.inner, view.run, key)
 
     def scan(self, view: LocalView, prefix: str) -> dict[str, bytes]:
         self._s.check_open()

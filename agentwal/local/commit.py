@@ -54,6 +54,7 @@ from typing import Any, Protocol
 from .. import failpoints
 from ..codec import (
     Append,
+    Value,
     checkpoint_hash,
     encode_commit_fields,
     encode_delta,
@@ -101,7 +102,7 @@ class Pending:
     ckpt: Checkpoint | None  # None for an effect entry
     hsh: bytes
     meta_raw: bytes
-    delta: dict[str, bytes | None]
+    delta: Mapping[str, Value | None]
     record: PendingRecord
     prev_head: Any
     prev_writes: dict[str, Any]
@@ -177,7 +178,7 @@ class CommitPipeline:
     # -- committing -----------------------------------------------------------------
 
     def commit(self, run: str, snap: int, reads: AbstractSet[str], prefixes: AbstractSet[str],
-               delta: dict[str, bytes | None], meta: dict[str, Any],
+               delta: Mapping[str, Value | None], meta: dict[str, Any],
                deferred: list[Deferred] | None = None, *,
                origin: tuple[str, int] | None = None,
                effects: tuple[str, ...] = (),

@@ -73,6 +73,7 @@ from typing import Any, TypeVar
 
 from .. import failpoints
 from ..backend import Change
+from ..codec import Value
 from ..effects import (
     EffectMode,
     EffectRecord,
@@ -306,6 +307,9 @@ class Engine:
 
     def _read(self, view: View, run: str, key: str) -> bytes | None:
         return self._reads(view).value(run, key)
+
+    def _stored(self, view: View, run: str, key: str) -> Value | None:
+        return self._reads(view).stored(run, key)
 
     def _items(self, view: View, run: str, prefix: str) -> dict[str, bytes | None]:
         return self._reads(view).items(run, prefix)

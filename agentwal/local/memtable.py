@@ -10,7 +10,10 @@ pruned as new ones arrive. Each checkpoint's own delta is kept too, unpruned
 answer "what is the value now", the deltas "what was the state at
 checkpoint *c*" for checkpoints not yet folded, and the fold writes them as
 history. They share the value bytes with the chains, so they cost a dict
-per commit, and they go when the table is folded.
+per commit, and they go when the table is folded. A value an append made is
+a ``codec.Joined`` (the previous value and the new items): reads get it
+joined (:meth:`Memtable.lookup`, :meth:`visible`, :meth:`fold_runs`), once,
+so a list grown by appends costs each commit what it appended.
 
 A fold freezes the active memtable (no more writes to it) and starts a new
 one; transactions that began before keep their reference to the frozen one
@@ -36,14 +39,16 @@ position ``(run, checkpoint, ordinal)`` to its key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..codec import Value, whole
 from ..effects import EffectRecord
 from ..types import Checkpoint
 
 __all__ = ["Memtable", "RunMem"]
 
-Version = tuple[int, "bytes | None"]
+Version = tuple[int, "Value | None"]
 #: A checkpoint with its hash and its metadata exactly as encoded and hashed.
 Entry = tuple[Checkpoint, bytes, bytes]
 FoldItem = tuple[dict[str, "bytes | None"], list[Entry]]
@@ -57,8 +62,9 @@ class RunMem:
 
     versions: dict[str, list[Version]] = field(default_factory=dict)
     checkpoints: list[Entry] = field(default_factory=list)
-    #: the change each checkpoint made, parallel to ``checkpoints``
-    deltas: list[dict[str, bytes | None]] = field(default_factory=list)
+    #: the change each checkpoint made, parallel to ``checkpoints`` (read them
+    #: through :meth:`delta`: an appended key's value is a ``codec.Joined``)
+    deltas: list[Mapping[str, Value | None]] = field(default_factory=list)
     #: checkpoint id -> SHA-256 of its outbox field, for checkpoints that have one
     outboxes: dict[int, bytes] = field(default_factory=dict)
     #: checkpoint id -> the keys its record logged as appends: key -> (base count,
@@ -67,6 +73,10 @@ class RunMem:
     appends: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)
     #: LSNs of the run's delete records applied to this table, ascending
     deleted: list[int] = field(default_factory=list)
+
+    def delta(self, i: int) -> dict[str, bytes | None]:
+        """Checkpoint ``i``'s delta (``i``: its place in ``checkpoints``), values joined."""
+        return {k: whole(v) for k, v in self.deltas[i].items()}
 
     def floor(self, snap: int) -> int:
         """LSN of the newest deletion visible at ``snap`` (0: none): older entries are dead."""
@@ -146,7 +156,7 @@ class Memtable:
         self.last_lsn = lsn
 
     def apply(self, lsn: int, ckpt: Checkpoint, hsh: bytes, meta_raw: bytes,
-              delta: dict[str, bytes | None], oldest_snap: int,
+              delta: Mapping[str, Value | None], oldest_snap: int,
               outbox_digest: bytes | None = None,
               appends: dict[str, tuple[int, int]] | None = None) -> None:
         """Make one commit visible; prune versions older than ``oldest_snap`` can see.
@@ -184,6 +194,11 @@ class Memtable:
         Under a deletion visible at ``snap`` every key is decided here: a
         version from before it reads as deleted, and so does a missing key.
         """
+        found, value = self.lookup_value(run, key, snap)
+        return found, whole(value)
+
+    def lookup_value(self, run: str, key: str, snap: int) -> tuple[bool, Value | None]:
+        """:meth:`lookup`, with an append's value left a ``codec.Joined`` (replay extends it)."""
         rm = self.runs.get(run)
         if rm is None:
             return False, None
@@ -210,7 +225,7 @@ class Memtable:
             for lsn, value in reversed(chain):
                 if lsn <= snap:
                     if lsn > floor:
-                        out[key] = value
+                        out[key] = whole(value)
                     break
         return out
 
@@ -224,11 +239,12 @@ class Memtable:
         out: list[FoldRunItem] = []
         for run, rm in self.runs.items():
             floor = rm.deleted[-1] if rm.deleted else 0
-            writes = {k: chain[-1][1] for k, chain in rm.versions.items()
-                      if chain[-1][0] > floor}
             keep = [i for i, (c, _h, _m) in enumerate(rm.checkpoints) if c.lsn > floor]
-            out.append((run, floor, writes, [rm.checkpoints[i] for i in keep],
-                        [rm.deltas[i] for i in keep], rm.outboxes))
+            deltas = [rm.delta(i) for i in keep]  # oldest first: each join extends the last
+            writes = {k: whole(chain[-1][1]) for k, chain in rm.versions.items()
+                      if chain[-1][0] > floor}
+            out.append((run, floor, writes, [rm.checkpoints[i] for i in keep], deltas,
+                        rm.outboxes))
         return out
 
     def appends_of(self, run: str) -> dict[int, dict[str, tuple[int, int]]]:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..codec import CodecError
+from ..codec import CodecError, Value, whole
 from ..errors import CheckpointNotFoundError, CorruptionError, RunNotFoundError
 from ..types import Checkpoint
 from .memtable import Memtable
@@ -103,8 +103,12 @@ class LayeredReader:
 
     def value(self, run: str, key: str) -> bytes | None:
         """The stored bytes of ``key`` in ``run`` (None: absent or deleted)."""
+        return whole(self.stored(run, key))
+
+    def stored(self, run: str, key: str) -> Value | None:
+        """:meth:`value`, with an append's value left a ``codec.Joined`` (joined when read)."""
         for layer in self.view.layers:
-            found, value = layer.lookup(run, key, self.view.snap)
+            found, value = layer.lookup_value(run, key, self.view.snap)
             if found:
                 return value
         info = self.info(run)
@@ -218,7 +222,7 @@ class LayeredReader:
                     if value is None:
                         out.pop(k, None)
                     else:
-                        out[k] = value
+                        out[k] = whole(value)  # type: ignore[assignment]
         return out
 
     def epoch(self, run: str) -> int:

@@ -107,6 +107,31 @@ class Plan:
     lost: Lost | None = None  # ``prefix`` plans only: where the readable prefix ends
     appends: bool = False  # a record to replay is a form-2 commit (``FLAG_APPENDS``)
 
+    def cut(self, i: int, where: str, reason: str) -> None:
+        """End a ``prefix`` plan before ``records[i]``, which replay cannot apply.
+
+        ``lost`` then starts at that record and covers what was lost after
+        it already (a later damage the plan had stopped at).
+        """
+        rest = self.records[i:]
+        del self.records[i:]
+        lost = Lost(rest[0].lsn, None, where, reason)
+        for r in rest:
+            lost.last_lsn = max(lost.last_lsn or 0, r.lsn)
+            if isinstance(r, Replayed):
+                lost.checkpoints.setdefault(r.record.run, []).append(r.record.id)
+            elif isinstance(r, ReplayedEffect):
+                lost.effects += 1
+        if self.lost is not None:
+            if self.lost.last_lsn is not None:
+                lost.last_lsn = max(lost.last_lsn or 0, self.lost.last_lsn)
+            for run, ids in self.lost.checkpoints.items():
+                lost.checkpoints.setdefault(run, []).extend(ids)
+            lost.effects += self.lost.effects
+        self.lost = lost
+        self.next_lsn = rest[0].lsn
+        self.resume, self.zero, self.remove = None, None, []
+
 
 def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
             payload: bytes) -> Record:

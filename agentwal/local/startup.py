@@ -129,7 +129,7 @@ class Startup:
             mem, heads = replay(plan, e.store_id, lambda run: snap.reader(ltxn).epoch(run),
                                  lambda key: snap.reader(ltxn).effect(key),
                                  lambda run, key: _folded_value(snap.reader(ltxn), run, key),
-                                 path=e.path)
+                                 path=e.path, prefix=e._recover_prefix)
         ended = None
         with e._lock:
             if e.readonly:

@@ -61,7 +61,14 @@ import psycopg
 
 from .. import failpoints
 from ..backend import Change, EffectRace
-from ..codec import checkpoint_hash, decode_blob_ref, decode_meta, encode_meta, is_blob_ref
+from ..codec import (
+    checkpoint_hash,
+    decode_blob_ref,
+    decode_meta,
+    encode_meta,
+    is_blob_ref,
+    whole,
+)
 from ..effects import (
     Deferred,
     EffectRecord,
@@ -208,6 +215,10 @@ class PostgresBackend:
         base, epoch = (int(row[0]), int(row[1])) if row is not None else (0, 0)
         return PgView(run, base, epoch, fence)
 
+    def read_value(self, view: PgView, key: str) -> bytes | None:
+        """:meth:`read`: this backend stores whole values (never a ``codec.Joined``)."""
+        return self.read(view, key)
+
     def read(self, view: PgView, key: str) -> bytes | None:
         """The stored bytes of ``key`` at the view (None: absent)."""
         if view.base == 0:
@@ -304,7 +315,7 @@ class PostgresBackend:
             raise ReadOnlyError(self.name)  # a read view cannot commit
         if lease.lost is not None:
             raise LeaseLostError(view.run, lease.epoch, lease.lost)
-        delta = {k: change.writes[k] for k in sorted(change.writes)}
+        delta = {k: whole(change.writes[k]) for k in sorted(change.writes)}  # whole values
         digest = hashlib.sha256(cbor2.dumps(delta)).digest()
         meta_raw = encode_meta(dict(change.meta))
         deferred = list(change.deferred)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import agentwal
+from agentwal.codec import whole
 from agentwal.local.memtable import Memtable
 from agentwal.local.reads import epoch_at
 
@@ -16,9 +17,11 @@ def dump(mem: Memtable) -> dict[str, Any]:
     (none during replay), so only each key's newest version is compared.
     """
     return {
-        "runs": {run: {"checkpoints": rm.checkpoints, "deltas": rm.deltas,
+        "runs": {run: {"checkpoints": rm.checkpoints,
+                       "deltas": [rm.delta(i) for i in range(len(rm.deltas))],
                        "outboxes": rm.outboxes, "deleted": rm.deleted,
-                       "newest": {k: chain[-1] for k, chain in rm.versions.items()}}
+                       "newest": {k: (chain[-1][0], whole(chain[-1][1]))
+                                  for k, chain in rm.versions.items()}}
                  for run, rm in mem.runs.items()},
         "effects": dict(mem.effects),
         "positions": dict(mem.effect_pos),
@@ -50,6 +53,8 @@ def test_replaying_the_log_rebuilds_exactly_the_live_memtable(path: str) -> None
             with store.begin("a") as txn:  # the id again: a new epoch for its outbox keys
                 txn["n"] = "again"
                 txn.defer("mail", mode="at_least_once", args="again")
+            with store.begin("b") as txn:  # a form-2 record: replay joins it as live did
+                txn.append("list", 50)
             with store.begin("b") as txn:
                 del txn["list"]
             live = dump(store._engine._active)

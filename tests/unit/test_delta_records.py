@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import agentwal
 from agentwal import codec
@@ -72,6 +74,27 @@ def test_the_record_carries_the_tail_not_the_list(path: str, reput: bool) -> Non
     # from then on each record is one message and the small keys, whatever the list's length.
     assert all(r["size"] < 1500 for r in records[3:]), [r["size"] for r in records]
     assert records[-1]["keys"] == ["messages+1", "step"]
+
+
+def test_appended_values_cost_the_store_what_was_appended(path: str) -> None:
+    # The memtable keeps each appended value as the one before plus the new items
+    # (codec.Joined), joined only when read: 100 appends of ~1 KiB hold ~100 KiB,
+    # not the ~5 MB of 100 whole lists (one per checkpoint until the fold).
+    import tracemalloc
+
+    store = _open(path)
+    _grow(store, range(2), reput=False)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        _grow(store, range(2, 102), reput=False)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 1_500_000, held
+    assert store.get("chat", "messages") == [_message(i) for i in range(102)]
+    assert store.state("chat", at=50)["messages"] == [_message(i) for i in range(50)]
+    store.close()
 
 
 def _expect_whole(path: str) -> list[str]:
@@ -228,6 +251,15 @@ def test_a_record_whose_base_is_missing_is_refused_and_reported(path: str) -> No
     crash(store)
     with pytest.raises(agentwal.CorruptionError, match="base of 7 items"):
         _open(path)
+    # recover="prefix" reads up to the first record it cannot apply and says what follows.
+    with agentwal.open(path, recover="prefix") as ro:
+        assert ro.get("chat", "messages") == [_message(i) for i in range(3)]
+        assert ro.get("chat", "nothing") is None
+        assert ro.lost is not None
+        assert ro.lost.first_lsn == 4 and ro.lost.last_lsn == 5
+        assert ro.lost.checkpoints == {"chat": [4, 5]}
+        assert "base of 7 items" in ro.lost.reason
+        assert [c.id for c in ro.history("chat")] == [3, 2, 1]
 
 
 def test_old_form_records_still_replay(path: str) -> None:
@@ -250,10 +282,35 @@ def test_append_tail_rebuilds_what_an_entry_carried() -> None:
         tail = codec.encode_value("k", new)
         joined = codec.append_encoded(stored, tail)
         assert joined is not None
-        assert codec.join_append(stored, (len(old), len(stored), tail)) == joined
+        made = codec.join_append(stored, (len(old), len(stored), tail))
+        assert made is not None and made.whole() == joined
         assert codec.append_tail(joined, len(old), len(stored)) == tail
         assert codec.join_append(stored + b"", (len(old) + 1, len(stored), tail)) is None
         assert codec.join_append(stored, (len(old), len(stored) + 1, tail)) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 300) | st.text(max_size=3), max_size=30), min_size=1,
+                max_size=12),
+       st.lists(st.booleans(), min_size=12, max_size=12))
+def test_a_chain_of_joined_reads_as_the_lists_joined(parts: list[list[Any]],
+                                                    read: list[bool]) -> None:
+    # Appends kept as Joined over Joined, some read (joined) on the way and some
+    # not: each reads back as the joined list, byte for byte what encoding writes.
+    value: codec.Value = codec.encode_value("k", parts[0])
+    items = list(parts[0])
+    for more, now in zip(parts[1:], read, strict=False):
+        entry = (len(items), len(value), codec.encode_value("k", more))
+        made = codec.join_append(value, entry)
+        assert made is not None
+        assert codec.join_append(value, (len(items) + 1, *entry[1:])) is None
+        items += more
+        assert (made.count, len(made)) == (len(items), len(codec.encode_value("k", items)))
+        if now:
+            assert made.whole() == codec.encode_value("k", items)
+        value = made
+    assert codec.whole(value) == codec.encode_value("k", items)
+    assert codec.whole(value) is codec.whole(value)  # joined once, then kept
 
 
 def test_a_deleted_run_s_successor_appends_to_its_own_values(path: str) -> None:

@@ -141,9 +141,9 @@ def test_the_store_facade_imports_nothing_from_local() -> None:
     assert not _local_imports("store")
 
 
-def test_the_seam_imports_only_types_effects_and_errors() -> None:
+def test_the_seam_imports_only_types_codec_effects_and_errors() -> None:
     found = {_unit(t) for t, _line, _eager in _imports(PKG / "backend.py")}
-    assert found <= {"types", "effects", "errors"}, found
+    assert found <= {"types", "codec", "effects", "errors"}, found
 
 
 def test_nothing_in_the_package_imports_an_old_path() -> None:
