@@ -392,7 +392,11 @@ class Transaction(EffectSteps):
         self._check()
         if not isinstance(key, str):
             return False  # like a dict: a key that cannot exist is not in it
-        return self._raw(check_key(key)) is not None
+        check_key(key)
+        if key in self._writes:
+            return self._writes[key] is not None
+        self._reads.add(key)
+        return self._store.read_value(self._view, key) is not None  # never joins a list
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
         """``(key, value)`` pairs in key order, optionally only keys under ``prefix``.
