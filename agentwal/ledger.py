@@ -342,9 +342,15 @@ class Ledger:
     """Runs effects for one store; shared by its threads."""
 
     def __init__(self, store: LedgerStore | _Engine) -> None:
-        self._store: LedgerStore = store if isinstance(store, LedgerStore) else _Hooks(store)
+        #: the ledger storage it reads and writes (``agentwal.testing`` may wrap it)
+        self.store: LedgerStore = store if isinstance(store, LedgerStore) else _Hooks(store)
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, ...], tuple[OwnerLock, int]] = {}
+
+    def lock_count(self) -> int:
+        """How many per-key and per-position locks are held or waited on now."""
+        with self._guard:
+            return len(self._locks)
 
     def _lock(self, name: tuple[str, ...]) -> OwnerLock:
         """The lock named ``name`` (a key or a position), counted as used until ``_unlock``."""
@@ -425,16 +431,16 @@ class Ledger:
         """Under the locks: claim the position, read the key's entry, check the position."""
         if req.claim is not None:
             req.claim()
-        entry = self._store.effect(req.key)
+        entry = self.store.effect(req.key)
         if req.ordinal is not None:
             self._check_position(req)
         return entry
 
     def _check_position(self, req: Request) -> None:
         assert req.ordinal is not None
-        there = self._store.effect_at(req.run, req.checkpoint, req.ordinal)
+        there = self.store.effect_at(req.run, req.checkpoint, req.ordinal)
         if there is not None and there != req.key:
-            other = self._store.effect(there)
+            other = self.store.effect(there)
             if other is not None and other.status == "retired":
                 return  # set aside by retire_effect: the position is free
             what = (f"{other.name!r} ({other.effect_id}, args {_brief(other.args)})"
@@ -459,9 +465,9 @@ class Ledger:
         while not isinstance(op, _Done):
             try:
                 if isinstance(op, _Read):
-                    answer: Any = self._store.effect(op.key)
+                    answer: Any = self.store.effect(op.key)
                 elif isinstance(op, _Write):
-                    answer = self._store.record_effect(op.entry, expect=op.expect)
+                    answer = self.store.record_effect(op.entry, expect=op.expect)
                 elif isinstance(op, _Call):
                     answer = req.fn(op.ctx)
                 elif isinstance(op, _Probe):
@@ -483,9 +489,9 @@ class Ledger:
         while not isinstance(op, _Done):
             try:
                 if isinstance(op, _Read):
-                    answer: Any = await off_loop(self._store.effect, op.key)
+                    answer: Any = await off_loop(self.store.effect, op.key)
                 elif isinstance(op, _Write):
-                    answer = await off_loop(self._store.record_effect, op.entry,
+                    answer = await off_loop(self.store.record_effect, op.entry,
                                             expect=op.expect)
                 elif isinstance(op, (_Call, _Probe)):
                     call = req.fn if isinstance(op, _Call) else req.probe
@@ -654,7 +660,7 @@ class Ledger:
         report = DispatchReport()
         held: dict[str, str] = {}  # run -> why its later entries wait
         count = 0
-        for entry in self._store.outbox():
+        for entry in self.store.outbox():
             if run is not None and entry.run != run:
                 continue
             if limit is not None and count >= limit:
@@ -684,7 +690,7 @@ class Ledger:
                           fencing_token=tokens.get(entry.run))
             try:
                 with self._locked(("key", entry.key)):
-                    self._drive(req, self._store.effect(entry.key))
+                    self._drive(req, self.store.effect(entry.key))
                 report.done.append(eid)
             except (EffectInDoubtError, EffectNotAppliedError) as exc:
                 report.in_doubt.append((eid, str(exc)))
@@ -741,10 +747,10 @@ class Ledger:
         entry = self.find(effect_id)
         with self._locked(("key", entry.key)):
             while True:
-                stored = self._store.effect(entry.key)
+                stored = self.store.effect(entry.key)
                 new = change(stored or entry)
                 try:
-                    return self._store.record_effect(new, expect=stored)
+                    return self.store.record_effect(new, expect=stored)
                 except EffectRace:
                     continue
 
@@ -752,7 +758,7 @@ class Ledger:
         """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""
         if not isinstance(effect_id, str):
             raise TypeError("effect_id must be str")
-        for e in self._store.effects():
+        for e in self.store.effects():
             if e.effect_id == effect_id:
                 return e
         raise EffectNotFoundError(effect_id)

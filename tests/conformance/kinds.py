@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentwal
-from agentwal.local.backend import LocalBackend
-from agentwal.testing import crash
+from agentwal.testing import backend, crash
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,7 @@ class Kind:
 
 
 def _local_backend(directory: str) -> Any:
-    return LocalBackend(agentwal.open(os.path.join(directory, "store.awal"),
-                                      durability="none")._engine)
+    return backend(agentwal.open(os.path.join(directory, "store.awal"), durability="none"))
 
 
 def _postgres_backend(directory: str, *, pg_dsn: str, pg_schema: str) -> Any:
