@@ -66,12 +66,14 @@ from ..effects import (
     Deferred,
     EffectRecord,
     args_digest,
+    carry_mark,
     decode_entry,
     encode_entry,
     encode_outbox,
     mark_committed,
     outbox_entries,
     outstanding,
+    still_expected,
 )
 from ..errors import (
     BackendUnavailableError,
@@ -656,17 +658,25 @@ class PostgresBackend:
         return [decode_entry(bytes(r[0])) for r in rows]
 
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
-                      fence: Lease | None = None) -> EffectRecord:
+                      fence: object | None = None) -> EffectRecord:
         """Store ``entry`` durably if the stored one is still ``expect`` (compare-and-set).
 
-        With ``fence``, the lease is checked in the same transaction: a
-        worker whose lease was taken cannot record an intent or an outcome.
+        "Still" by ``effects.still_expected``: a ``committed_in`` mark that a
+        commit added since is no change, and the write keeps it
+        (``effects.carry_mark``), as the local engine's does. With ``fence``,
+        the lease is checked in the same transaction: a worker whose lease
+        was taken cannot record an intent or an outcome. An intent is refused
+        before the server is asked once the lease is past its local deadline
+        (``Lease.check``): a holder cut off from the server starts no call.
 
         Raises:
             EffectRace: the stored entry is not ``expect`` (nothing written).
             LeaseLostError: ``fence`` is no longer this worker's (nothing written).
         """
         self._writable()
+        assert fence is None or isinstance(fence, Lease)  # the views' fence (``begin``)
+        if fence is not None and entry.status == "in_doubt":
+            fence.check()  # an intent: past the local deadline, announce (and call) nothing
         raw = encode_entry(entry)
         with self._conn() as conn, conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
@@ -675,8 +685,11 @@ class PostgresBackend:
             row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
                                (entry.key,)).fetchone()
             found = None if row is None else decode_entry(bytes(row[0]))
-            if found != expect:
+            if not still_expected(found, expect):
                 raise EffectRace(entry.key, found)
+            kept = carry_mark(entry, found)  # a commit's mark added since stays
+            if kept is not entry:
+                raw = encode_entry(kept)
             conn.execute(
                 "INSERT INTO effects (key, run, ckpt, ordinal, entry) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (key) DO UPDATE SET entry = EXCLUDED.entry, run = EXCLUDED.run, "

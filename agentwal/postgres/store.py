@@ -75,7 +75,7 @@ from ..store_steps import StepsAPI
 from ..transfer import CopyReport, copy_runs
 from ..txn import Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
-from .backend import Change, EffectRace, PostgresBackend
+from .backend import Change, PostgresBackend
 from .blobs import PgBlobReader
 from .compact import compact as compact_runs
 from .leases import Lease
@@ -191,9 +191,9 @@ class PostgresStore(StepsAPI):
         self.path = backend.name  # what messages name (a path for the local backend)
         self.store_id = backend.store_id
         self.worker_id = backend.worker_id
-        self._ledger = Ledger(self)
-        #: effect key -> the lease of the step running it (its ledger writes are fenced by it)
-        self._fences: dict[str, Lease | None] = {}
+        #: the effects executor over the backend's compare-and-set ledger; each request
+        #: carries its step's lease as ``Request.fence``
+        self._ledger = Ledger(backend)
         self._retries = 0
         #: (run, checkpoint) -> the live transaction whose step uses the effect positions there
         self._pos_owners = PositionOwners()
@@ -292,23 +292,17 @@ class PostgresStore(StepsAPI):
         lease = view.fence
         assert isinstance(lease, Lease)  # begin takes the lease of every writing view
         lease.check()
-        self._fences[req.key] = lease
+        req.fence = lease
         req.fencing_token = lease.epoch
         return lease
 
     def txn_effect(self, view: View, req: Request) -> Any:
         self._fenced(view, req)
-        try:
-            return self._ledger.run(req)
-        finally:
-            self._fences.pop(req.key, None)
+        return self._ledger.run(req)
 
     async def txn_aeffect(self, view: View, req: Request) -> Any:
         self._fenced(view, req)
-        try:
-            return await self._ledger.arun(req)
-        finally:
-            self._fences.pop(req.key, None)
+        return await self._ledger.arun(req)
 
     def txn_effect_transactional(self, view: View, req: Request) -> Any:
         """``txn.effect(..., transactional=True)``: ``fn`` and its outcome in one transaction.
@@ -427,32 +421,6 @@ class PostgresStore(StepsAPI):
             if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
                 return None
         return found
-
-    # Ledger's engine hooks (agentwal.ledger._Engine).
-
-    def _effect_get(self, key: str) -> EffectRecord | None:
-        return self._b.effect(key)
-
-    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        return self._b.effect_at(run, checkpoint, ordinal)
-
-    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
-        """One ledger write: compare-and-set on what is stored, fenced by the step's lease."""
-        lease = self._fences.get(entry.key)
-        if lease is not None and entry.status == "in_doubt":
-            lease.check()  # an intent: past the local deadline, announce (and call) nothing
-        while True:
-            expect = self._b.effect(entry.key)
-            try:
-                return self._b.record_effect(entry, expect=expect, fence=lease)
-            except EffectRace:
-                continue  # the stored entry changed between the read and the write
-
-    def _effect_all(self) -> list[EffectRecord]:
-        return self._b.effects()
-
-    def _effect_outbox(self) -> list[EffectRecord]:
-        return self._b.outbox()
 
     # -- reading ---------------------------------------------------------------------
 
@@ -601,14 +569,12 @@ class PostgresStore(StepsAPI):
                 continue
             if fresh:
                 took.append(r)
-        self._fences.update((e.key, leases[e.run]) for e in pending)
         try:
             report = self._ledger.dispatch(
                 dict(handlers), probes=probes, run=run, limit=limit,
-                tokens={r: lease.epoch for r, lease in leases.items() if lease.lost is None})
+                tokens={r: lease.epoch for r, lease in leases.items() if lease.lost is None},
+                fences=dict(leases))
         finally:
-            for e in pending:
-                self._fences.pop(e.key, None)
             for r in took:
                 self._b.leases.release(r)
         refused = {e.effect_id: leases[e.run].lost for e in pending
@@ -636,11 +602,8 @@ class PostgresStore(StepsAPI):
         req, lease = self._standalone(run, name, fn, key=key, mode=mode, args=args,
                                       probe=probe, idempotent=idempotent, retries=retries,
                                       retry_on=retry_on, backoff=backoff, allow_async=False)
-        self._fences[req.key] = lease
-        try:
-            return self._ledger.run(req)
-        finally:
-            self._fences.pop(req.key, None)
+        req.fence = lease
+        return self._ledger.run(req)
 
     async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                       key: str, mode: EffectMode | str, args: Any = None,
@@ -653,11 +616,8 @@ class PostgresStore(StepsAPI):
         req, lease = await off_loop(lambda: self._standalone(
             run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
             retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
-        self._fences[req.key] = lease
-        try:
-            return await self._ledger.arun(req)
-        finally:
-            self._fences.pop(req.key, None)
+        req.fence = lease
+        return await self._ledger.arun(req)
 
     def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                     key: str, mode: EffectMode | str, args: Any,
