@@ -39,7 +39,6 @@ from typing import Any, TypeVar
 
 from psycopg import pq as psycopg_pq
 
-from ..aio import off_loop
 from ..backend import View
 from ..codec import decode_blob_ref, decode_stored, is_blob_ref, loads
 from ..effects import (
@@ -71,6 +70,7 @@ from ..history import compare_states
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..retention import CompactReport, check_args, selected_runs
+from ..store_effects import StandaloneEffects
 from ..store_steps import StepsAPI
 from ..transfer import CopyReport, copy_runs
 from ..txn import Transaction, check_effect_args, check_retry_of
@@ -172,7 +172,7 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
     return (base + "?" + "&".join(kept) if kept else base), schema
 
 
-class PostgresStore(StepsAPI):
+class PostgresStore(StepsAPI, StandaloneEffects):
     """An open store on PostgreSQL; get one from ``agentwal.open("postgresql://...")``.
 
     Shared by the threads of one process; every process (every worker) opens
@@ -584,47 +584,22 @@ class PostgresStore(StepsAPI):
         report.failed[:] = [(eid, err) for eid, err in report.failed if eid not in refused]
         return report
 
-    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
-               mode: EffectMode | str, args: Any = None,
-               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
-               retries: int = 0,
-               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
-               backoff: float = 0.1) -> Any:
-        """An effect that belongs to no transaction, identified by its business ``key``.
+    #: the request of a ``store.effect`` takes the run's lease (a server round trip)
+    _standalone_does_io = True
 
-        ``agentwal.Store.effect``'s contract, under this worker's lease on
-        ``run`` (taken if it does not hold it): its intent and outcome are
-        fenced by the lease like a step's, and ``ctx.fencing_token`` is its epoch.
-
-        Raises:
-            What ``txn.effect`` raises; LeaseHeldError, ReadOnlyError, StoreClosedError.
-        """
-        req, lease = self._standalone(run, name, fn, key=key, mode=mode, args=args,
-                                      probe=probe, idempotent=idempotent, retries=retries,
-                                      retry_on=retry_on, backoff=backoff, allow_async=False)
-        req.fence = lease
-        return self._ledger.run(req)
-
-    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
-                      key: str, mode: EffectMode | str, args: Any = None,
-                      probe: Callable[[EffectContext], Any] | None = None,
-                      idempotent: bool = False, retries: int = 0,
-                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
-                                                                   TimeoutError),
-                      backoff: float = 0.1) -> Any:
-        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions)."""
-        req, lease = await off_loop(lambda: self._standalone(
-            run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
-            retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
-        req.fence = lease
-        return await self._ledger.arun(req)
+    def _effect_ledger(self) -> Ledger:
+        return self._ledger
 
     def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                     key: str, mode: EffectMode | str, args: Any,
                     probe: Callable[[EffectContext], Any] | None, idempotent: bool,
                     retries: int, retry_on: tuple[type[BaseException], ...], backoff: float,
-                    allow_async: bool) -> tuple[Request, Lease]:
-        """The checked, keyed ledger request of a ``store.effect``, and the lease fencing it."""
+                    allow_async: bool) -> Request:
+        """The checked, keyed ledger request of a ``store.effect``, fenced by the run's lease.
+
+        Takes this worker's lease on ``run`` if it does not hold it
+        (``LeaseHeldError`` if another worker does).
+        """
         check_key(run, "run id")
         self._writable()
         req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
@@ -633,10 +608,9 @@ class PostgresStore(StepsAPI):
                                                allow_async=allow_async, where="store")
         lease = self._b.leases.ensure(run)
         view = self._b.begin(run, lease=False)
-        req = Request(name, fn, req_mode, args_raw, key, run, view.base, None, probe,
-                      bool(idempotent), retries, tuple(retry_on), float(backoff), True,
-                      fencing_token=lease.epoch)
-        return req, lease
+        return Request(name, fn, req_mode, args_raw, key, run, view.base, None, probe,
+                       bool(idempotent), retries, tuple(retry_on), float(backoff), True,
+                       fencing_token=lease.epoch, fence=lease)
 
     def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
         """Set a recorded effect aside and free its position (as ``Store.retire_effect``).
