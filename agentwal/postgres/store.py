@@ -66,7 +66,7 @@ from ..errors import (
     RunNotFoundError,
 )
 from ..format import TREE_MEDIA_TYPE
-from ..history import compare_states
+from ..history import compare_states, rollback_delta
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..retention import CompactReport, check_args, selected_runs
@@ -500,10 +500,7 @@ class PostgresStore(StepsAPI, StandaloneEffects):
         self._writable()
         view = self._b.begin(run)
         target = self._b.state_at(run, cid)
-        current = self._b.scan(view, "")
-        delta: dict[str, bytes | None] = {k: v for k, v in target.items()
-                                          if current.get(k) != v}
-        delta.update((k, None) for k in current.keys() - target.keys())
+        delta = rollback_delta(self._b.scan(view, ""), target)
         ckpt = self._b.commit(view, Change(run=run, writes=delta, prefixes=frozenset({""}),
                                            meta={"rollback_to": cid}))
         assert ckpt is not None
