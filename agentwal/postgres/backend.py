@@ -338,6 +338,8 @@ class PostgresBackend:
                     raise ConflictError(run, deleted=True)
                 if change.origin is not None and head > 0:
                     raise RunExistsError(run)
+                if change.origin is not None:
+                    self._hold_origin(conn, *change.origin)
                 if head != view.base:
                     self._validate(conn, run, view.base, change)
                 deferred = self._dedup_outbox(conn, deferred)
@@ -383,6 +385,23 @@ class PostgresBackend:
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+
+    def _hold_origin(self, conn: psycopg.Connection[Any], run: str, cid: int) -> None:
+        """In a fork's commit: keep a compaction of the origin run out, and check the origin.
+
+        The origin run's row ``FOR SHARE`` waits for a compaction in progress
+        (it holds the row ``FOR UPDATE``), and one that starts later waits for
+        this commit and then sees the fork's origin, which it keeps. A fork
+        whose origin a compaction dropped after the fork read its state
+        commits nothing.
+
+        Raises:
+            CheckpointNotFoundError: the origin checkpoint is gone (nothing applied).
+        """
+        conn.execute("SELECT 1 FROM runs WHERE run = %s FOR SHARE", (run,))
+        if conn.execute("SELECT 1 FROM checkpoints WHERE run = %s AND id = %s AND NOT dropped",
+                        (run, cid)).fetchone() is None:
+            raise CheckpointNotFoundError(run, cid)
 
     def _dedup_outbox(self, conn: psycopg.Connection[Any],
                       deferred: list[Deferred]) -> list[Deferred]:
