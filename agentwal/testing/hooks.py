@@ -12,7 +12,8 @@ other test files off ``store._engine``).
 
 Hooks that only make sense for the embedded engine (blobs, LMDB, the
 fold) raise ``BackendUnsupportedError`` on another store, except
-:func:`fold_lock`, which is a no-op where nothing folds. The effect hooks
+:func:`fold_lock`, which is a no-op where nothing folds; :func:`crash`
+works on both (a PostgreSQL worker dies without releasing its leases). The effect hooks
 (:func:`intercept_effect_writes`, :func:`effect_locks`) work on any store:
 they sit on the seam between the effects executor and its
 ``backend.LedgerStore``.
@@ -54,12 +55,16 @@ def _engine(store: Any, hook: str) -> Engine:
     return engine  # type: ignore[no-any-return]
 
 
-def crash(store: Store) -> None:
-    """Drop ``store`` as a crash would: nothing is flushed, folded or written.
+def crash(store: Any) -> None:
+    """Drop ``store`` as a crash would: nothing is flushed, folded, written or released.
 
-    What was written to the OS but not synced stays in its files (a process
-    crash, not a power cut: use :class:`~agentwal.testing.SimulatedDisk` for
-    that). The store is closed afterwards; open the path again to recover.
+    A local store: what was written to the OS but not synced stays in its
+    files (a process crash, not a power cut: use
+    :class:`~agentwal.testing.SimulatedDisk` for that); open the path again
+    to recover. A PostgreSQL store: the lease heartbeat stops and the
+    sessions close without releasing a lease, as when a worker's process
+    dies (its runs stay leased until the leases expire). The store is closed
+    afterwards.
 
     Example::
 
@@ -68,6 +73,12 @@ def crash(store: Store) -> None:
         crash(store)
         store = agentwal.open(path)  # recovers from the WAL
     """
+    if getattr(store, "_engine", None) is None and hasattr(store, "_b"):
+        backend = store._b  # PostgresStore's PostgresBackend
+        backend.leases.close()
+        backend.db.close()
+        backend.closed = True
+        return
     _engine(store, "crash")._release_all()
 
 

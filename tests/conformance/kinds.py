@@ -50,6 +50,6 @@ def _postgres_backend(directory: str, *, pg_dsn: str, pg_schema: str) -> Any:
 KINDS: dict[str, Kind] = {
     "local": Kind("local", agentwal.open, _local_backend, crash),
     # the facade's state machines run on PostgreSQL in tests/postgres/test_model.py
-    "postgres": Kind("postgres", agentwal.open, _postgres_backend,
+    "postgres": Kind("postgres", agentwal.open, _postgres_backend, crash,
                      fixtures=("pg_dsn", "pg_schema")),
 }

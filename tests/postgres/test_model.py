@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from agentwal.postgres import PostgresStore, open_postgres
+from agentwal.testing import crash as crash_store
 from tests.property import test_store_model as model
 
 _server: dict[str, str] = {}
@@ -58,10 +59,7 @@ class _OnPostgres:
 
     def _crash_or_close(self, crash: bool) -> None:
         if crash:  # the process died: nothing released, sessions just gone
-            b = self.store._b
-            b.leases.close()
-            b.db.close()
-            b.closed = True
+            crash_store(self.store)
             self.counts["crashes"] += 1
         else:
             self.store.close()
