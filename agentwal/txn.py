@@ -128,8 +128,11 @@ class StepHooks(Protocol):
         ...
 
     def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-                  epoch: int) -> int | None:
-        """The checkpoint of an uncommitted attempt of this step to meet, or None."""
+                  epoch: int, key: str | None = None) -> int | None:
+        """The checkpoint of an uncommitted attempt of this step to meet, or None.
+
+        ``key`` is the business key of the step's first effect (None: positional).
+        """
         ...
 
     def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
@@ -737,9 +740,9 @@ class Transaction:
                                                allow_async=allow_async, where="txn")
         if self._anchor is None:
             base, epoch = self._view.base, self._view.epoch
-            if key is None and self._effects_made == 0:
+            if self._effects_made == 0:
                 found = self._hooks.txn_adopt(self.run, base, name, args_digest(args_raw),
-                                              req_mode, epoch)
+                                              req_mode, epoch, key)
                 if found is not None:
                     base, self._adopted = found, True
             self._anchor = (base, epoch)

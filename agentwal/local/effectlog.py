@@ -25,7 +25,14 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..backend import EffectRace
-from ..effects import EffectMode, EffectRecord, decode_entry, derive_key, encode_entry, outstanding
+from ..effects import (
+    EffectMode,
+    EffectRecord,
+    decode_entry,
+    encode_entry,
+    outstanding,
+    same_first_effect,
+)
 from ..errors import ReadOnlyError
 from ..ledger import moved_on
 
@@ -63,20 +70,21 @@ class EffectLog:
         self._cas = tuple(threading.Lock() for _ in range(_CAS_STRIPES))
 
     def adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-              epoch: int) -> int | None:
+              epoch: int, key: str | None = None) -> int | None:
         """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
 
         A step that conflicted, or whose process died, after it called an
         effect leaves entries that no commit marked; if the run moved on
         meanwhile (other transactions committed without effects: a message
         arriving through a web handler), a plain retry begins from a later
-        head and would derive new keys. So before the first positional effect
+        head and would derive new keys. So before the first effect
         of a step, walk back from its base checkpoint through the run's
         checkpoints (at most ``_ADOPT_WALK``): the first checkpoint whose
         position 0 holds an entry decides. A committed entry there means the
         positions since were used and the step is new (None). An uncommitted
         one is the same step's earlier attempt if it asked for the same effect
-        (name, args, mode) first: its checkpoint is returned, and the
+        (name, args, mode, and the same business ``key`` if the step's first
+        effect has one) first: its checkpoint is returned, and the
         transaction's effects are positioned there. The walk never crosses a
         ``rollback_to`` checkpoint or a fork's first checkpoint (steps re-run
         from those are new positions by design) and ignores retired entries.
@@ -100,9 +108,8 @@ class EffectLog:
                     continue
                 if cid == base or e0.committed_in is not None:
                     return None  # this step's own positions, or a step that committed
-                same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                        and not e0.keyed
-                        and e0.key == derive_key(e.store_id, run, cid, name, 0, epoch=epoch))
+                same = same_first_effect(e0, e.store_id, run, cid, name, digest, mode, key,
+                                         epoch)
                 return cid if same else None
             return None
 

@@ -448,6 +448,31 @@ def test_a_plain_re_begin_after_a_conflict_meets_the_uncommitted_attempts_effect
     assert e.committed_in == 2 and not e.uncommitted
 
 
+def test_a_plain_re_begin_meets_the_uncommitted_attempt_whose_first_effect_has_a_business_key(
+        store: agentwal.Store, shop: Shop) -> None:
+    # The step books under its order's key, then notifies (positional, at most once).
+    interfere = [True]
+
+    def step(txn: agentwal.Transaction) -> None:
+        txn.get("inbox")
+        txn.effect("book", shop.call, mode="at_most_once", key="order-7/book")
+        txn.effect("notify", shop.call, mode="at_most_once", args={"to": "ada"})
+        if interfere:
+            interfere.pop()
+            with store.begin("r") as web:
+                web["inbox"] = ["hello"]
+
+    while True:
+        try:
+            with store.begin("r") as txn:
+                step(txn)
+            break
+        except ConflictError:
+            continue
+    assert shop.calls() == 2 and shop.applications() == 2  # book once, notify once
+    assert [e.committed_in for e in store.effects()] == [2, 2]
+
+
 def test_a_new_step_with_other_args_does_not_adopt_an_uncommitted_attempt(
         store: agentwal.Store, shop: Shop) -> None:
     with store.begin("r") as txn:
