@@ -743,6 +743,11 @@ class Ledger:
             while True:
                 stored = self._store.effect(entry.key)
                 new = change(stored or entry)
+                if new.ordinal is not None and self._store.effect_at(
+                        new.run, new.checkpoint, new.ordinal) != new.key:
+                    # Its run was deleted (delete_run freed the position, and a run made
+                    # again under the id may use it): written back without a position.
+                    new = new.replace(ordinal=None)
                 try:
                     return self._store.record_effect(new, expect=stored)
                 except EffectRace:

@@ -295,6 +295,56 @@ def test_concurrent_steps_through_transact_each_charge_once(
     assert charges(shop) == Counter({str({"order": i}): 1 for i in range(6)})
 
 
+# -- 3b. the run deleted while a step runs, or after it left an entry ------------------------
+
+def test_a_step_whose_run_was_deleted_meanwhile_is_not_redone_and_the_new_run_starts_afresh(
+        store: agentwal.Store, shop: Shop) -> None:
+    def step(txn: agentwal.Transaction) -> None:
+        txn.effect("charge", shop.call, mode="at_most_once", args={"n": 1})
+        if store.head("r") is not None:
+            store.delete_run("r")  # an operator deletes the run while the step runs
+        txn["done"] = True
+
+    with store.begin("r") as txn:
+        txn["x"] = 1
+    with pytest.raises(ConflictError) as info:
+        store.transact("r", step)  # redoing it would make a new run of the old step
+    assert info.value.deleted and "retry_of" not in str(info.value)
+    assert store.head("r") is None and shop.calls() == 1
+    with store.begin("r") as txn:
+        txn["x"] = 1
+    attempt = store.begin("r")
+    with pytest.raises(ConflictError), attempt:
+        step(attempt)
+    with pytest.raises(ValueError, match="deleted"):  # nor by hand
+        store.begin("r", retry_of=attempt)
+    for _ in range(2):  # the run made again: its steps call afresh, under new keys
+        store.transact("r", lambda t: t.effect("charge", shop.call, mode="at_most_once",
+                                               args={"n": 1}))
+    assert shop.calls() == 4 and store.head("r").id == 2  # type: ignore[union-attr]
+
+
+def test_settling_an_entry_of_a_deleted_run_leaves_its_position_free(
+        store: agentwal.Store, shop: Shop) -> None:
+    from agentwal import failpoints
+
+    with store.begin("r") as txn:
+        txn["x"] = 1
+    failpoints.arm("after_effect_call", "raise")
+    with pytest.raises(failpoints.FailpointFired), store.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_most_once")  # applied; outcome lost
+    failpoints.disarm()
+    (old,) = store.effects(status="in_doubt")
+    store.delete_run("r")
+    store.resolve_effect(old.effect_id, result="settled by hand")
+    with store.begin("r") as txn:  # the run made again, up to the same checkpoint
+        txn["x"] = 1
+    with store.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_most_once")
+    assert shop.calls() == 2
+    assert sorted(e.status for e in store.effects()) == ["done", "resolved"]
+
+
 # -- 4. rollback_to and fork: the world is not rolled back ----------------------------------
 
 def test_rollback_to_lists_the_effects_the_world_still_holds(
