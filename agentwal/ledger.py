@@ -743,8 +743,7 @@ class Ledger:
             while True:
                 stored = self._store.effect(entry.key)
                 new = change(stored or entry)
-                if new.ordinal is not None and self._store.effect_at(
-                        new.run, new.checkpoint, new.ordinal) != new.key:
+                if new.ordinal is not None and not self._holds_position(new):
                     # Its run was deleted (delete_run freed the position, and a run made
                     # again under the id may use it): written back without a position.
                     new = new.replace(ordinal=None)
@@ -752,6 +751,15 @@ class Ledger:
                     return self._store.record_effect(new, expect=stored)
                 except EffectRace:
                     continue
+
+    def _holds_position(self, entry: EffectRecord) -> bool:
+        """True if ``entry``'s position is still its own (or shared only with retired ones)."""
+        assert entry.ordinal is not None
+        there = self._store.effect_at(entry.run, entry.checkpoint, entry.ordinal)
+        if there is None or there == entry.key:
+            return there is not None
+        other = self._store.effect(there)
+        return other is not None and other.status == "retired"
 
     def find(self, effect_id: str) -> EffectRecord:
         """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""
