@@ -480,19 +480,22 @@ def test_retire_effect_refuses_outbox_entries_and_unknown_ids(store: agentwal.St
 
 # -- 7. a plain retry, and a crash, after the run moved on -----------------------------------
 
-@pytest.mark.parametrize("mode", MODES)
-def test_a_plain_re_begin_after_a_conflict_meets_the_uncommitted_attempts_effect(
-        store: agentwal.Store, shop: Shop, mode: str) -> None:
-    # The tutorial's loop: on ConflictError, begin again and redo the step.
-    kw = kw_for(mode, shop)
-    step = inbox_step(store, shop, mode, kw, [True])
+def plain_loop(store: agentwal.Store, step: Any) -> None:
+    """The tutorial's loop: on ConflictError, begin again and redo the step."""
     while True:
         try:
             with store.begin("r") as txn:
                 step(txn)
-            break
+            return
         except ConflictError:
             continue
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_plain_re_begin_after_a_conflict_meets_the_uncommitted_attempts_effect(
+        store: agentwal.Store, shop: Shop, mode: str) -> None:
+    kw = kw_for(mode, shop)
+    plain_loop(store, inbox_step(store, shop, mode, kw, [True]))
     assert shop.calls() == 1 and shop.applications() == 1
     (e,) = store.effects()
     assert e.committed_in == 2 and not e.uncommitted
@@ -512,13 +515,7 @@ def test_a_plain_re_begin_meets_the_uncommitted_attempt_whose_first_effect_has_a
             with store.begin("r") as web:
                 web["inbox"] = ["hello"]
 
-    while True:
-        try:
-            with store.begin("r") as txn:
-                step(txn)
-            break
-        except ConflictError:
-            continue
+    plain_loop(store, step)
     assert shop.calls() == 2 and shop.applications() == 2  # book once, notify once
     assert [e.committed_in for e in store.effects()] == [2, 2]
 
