@@ -87,7 +87,9 @@ class EffectLog:
         effect has one) first: its checkpoint is returned, and the
         transaction's effects are positioned there. The walk never crosses a
         ``rollback_to`` checkpoint or a fork's first checkpoint (steps re-run
-        from those are new positions by design) and ignores retired entries.
+        from those are new positions by design), nor a step whose position 0
+        is empty but which recorded later positions (:meth:`_positioned_after`),
+        and ignores retired entries.
         """
         e = self._e
         pipe = e._pipe
@@ -121,7 +123,28 @@ class EffectLog:
         for c in e.runs.history(run, base - found, None):
             if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
                 return None
+        if self._positioned_after(run, found, base):
+            return None
         return found
+
+    def _positioned_after(self, run: str, lo: int, hi: int) -> bool:
+        """True if a step from a checkpoint in ``(lo, hi]`` recorded a positional entry.
+
+        The walk reads position 0 only, and a step whose first effect met a
+        business key recorded elsewhere leaves its position 0 empty: such a
+        step, committed or not, still separates ``lo`` from ``hi``. Read only
+        once the walk has found an attempt to adopt (the retry case), as it
+        lists the run's entries.
+        """
+        between = [x for x in self.query(run, None)
+                   if x.ordinal is not None and not x.deferred and x.status != "retired"
+                   and lo < x.checkpoint <= hi]
+        if not between:
+            return False
+        # Entries of the run before a delete_run keep their ordinal but not their position.
+        return self._e._with_view(lambda v: any(
+            self.key_in(v, run, x.checkpoint, x.ordinal) == x.key for x in between
+            if x.ordinal is not None))
 
     def claim(self, txn: Transaction, base: int, chain: object, inherited: bool) -> None:
         """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.

@@ -425,6 +425,8 @@ class PostgresStore(StepsAPI):
         for c in self.history(run, limit=base - found):
             if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
                 return None
+        if self._b.positioned_after(run, found, base):
+            return None  # a step ran in between whose position 0 holds nothing (as locally)
         return found
 
     # Ledger's engine hooks (agentwal.ledger._Engine).

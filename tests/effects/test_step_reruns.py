@@ -554,6 +554,27 @@ def test_an_uncommitted_attempt_is_not_adopted_across_a_committed_effect_step_or
     assert shop.calls() == 3
 
 
+def test_a_new_step_is_not_taken_for_an_abandoned_attempt_past_an_effect_step(
+        store: agentwal.Store, shop: Shop) -> None:
+    # A committed effect step whose first effect was a business key recorded elsewhere
+    # leaves position 0 of its checkpoint empty; the walk must still stop at it.
+    with store.begin("r") as txn:
+        txn["x"] = 0
+    with store.begin("other") as txn:
+        txn.effect("profile", shop.call, mode="at_least_once", key="profile/ada")
+    with pytest.raises(ConflictError), store.begin("r") as txn:  # abandoned after this
+        txn.get("inbox")
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+        with store.begin("r") as web:
+            web["inbox"] = ["hi"]
+    with store.begin("r") as txn:  # the next step: the shared profile, then a charge
+        txn.effect("profile", shop.call, mode="at_least_once", key="profile/ada")
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
+    with store.begin("r") as txn:  # a new step that notifies: it really does
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+    assert shop.calls() == 4
+
+
 def test_a_read_only_store_sees_commit_marks_after_refresh(tmp_path: Path, shop: Shop) -> None:
     path = tmp_path / "ro"
     writer = agentwal.open(path)
