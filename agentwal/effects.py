@@ -88,6 +88,7 @@ __all__ = [
     "decode_outbox",
     "outbox_entries",
     "same_first_effect",
+    "crossable",
 ]
 
 #: Every status an entry can have.
@@ -284,6 +285,24 @@ def same_first_effect(e0: EffectRecord, store_id: Any, run: str, checkpoint: int
         return e0.keyed and e0.key == key
     return not e0.keyed and e0.key == derive_key(store_id, run, checkpoint, name, 0,
                                                  epoch=epoch)
+
+
+def crossable(history: Iterable[Any], found: int, base: int) -> bool:
+    """True if the adoption walk may go from ``base`` back to ``found`` over ``history``.
+
+    ``history`` holds the run's checkpoints from ``base`` down (newest first):
+    each of ``found + 1 .. base`` must be there (compaction may have dropped
+    one, which might have been a ``rollback_to``) and none of them a
+    ``rollback_to`` or a fork's first checkpoint (steps re-run from those are
+    new positions by design).
+    """
+    seen = set()
+    for c in history:
+        if c.id > found:
+            if "rollback_to" in c.meta or c.origin is not None:
+                return False
+            seen.add(c.id)
+    return len(seen) == base - found
 
 
 def mark_committed(entry: EffectRecord, checkpoint: int) -> EffectRecord | None:

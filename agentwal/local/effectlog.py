@@ -28,6 +28,7 @@ from ..backend import EffectRace
 from ..effects import (
     EffectMode,
     EffectRecord,
+    crossable,
     decode_entry,
     encode_entry,
     outstanding,
@@ -119,10 +120,10 @@ class EffectLog:
         if found is None:
             return None
         # The stretch walked over must not cross a rollback_to (steps re-run from one
-        # are new by design) nor, back to a run's start, a fork's first checkpoint.
-        for c in e.runs.history(run, base - found, None):
-            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
-                return None
+        # are new by design) nor, back to a run's start, a fork's first checkpoint; a
+        # checkpoint compaction dropped there might have been either.
+        if not crossable(e.runs.history(run, base - found, None), found, base):
+            return None
         if self._positioned_after(run, found, base):
             return None
         return found

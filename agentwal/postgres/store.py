@@ -47,6 +47,7 @@ from ..effects import (
     EffectMode,
     EffectRecord,
     check_listing,
+    crossable,
     decode_entry,
     effect_id_for,
     effects_after,
@@ -422,9 +423,8 @@ class PostgresStore(StepsAPI):
             break
         if found is None:
             return None
-        for c in self.history(run, limit=base - found):
-            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
-                return None
+        if not crossable(self.history(run, limit=base - found), found, base):
+            return None
         if self._b.positioned_after(run, found, base):
             return None  # a step ran in between whose position 0 holds nothing (as locally)
         return found

@@ -575,6 +575,24 @@ def test_a_new_step_is_not_taken_for_an_abandoned_attempt_past_an_effect_step(
     assert shop.calls() == 4
 
 
+def test_an_abandoned_attempt_is_not_adopted_across_a_rollback_that_compaction_dropped(
+        store: agentwal.Store, shop: Shop) -> None:
+    with store.begin("r") as txn:
+        txn["x"] = 0
+    with pytest.raises(ConflictError), store.begin("r") as txn:  # abandoned after this
+        txn.get("inbox")
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+        with store.begin("r") as web:
+            web["inbox"] = ["hi"]
+    store.rollback_to("r", 1)
+    with store.begin("r") as txn:
+        txn["y"] = 1
+    store.compact(keep_last=1)  # drops the rollback_to checkpoint, the walk's boundary
+    with store.begin("r") as txn:  # the step re-run after the rollback really runs
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+    assert shop.calls() == 2
+
+
 def test_a_read_only_store_sees_commit_marks_after_refresh(tmp_path: Path, shop: Shop) -> None:
     path = tmp_path / "ro"
     writer = agentwal.open(path)
