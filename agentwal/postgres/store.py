@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
-import socket
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -68,6 +65,7 @@ from ..errors import (
 )
 from ..format import TREE_MEDIA_TYPE
 from ..history import compare_states
+from ..leases import Lease, default_worker_id
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..retention import CompactReport, check_args, selected_runs
@@ -78,7 +76,6 @@ from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_check
 from .backend import Change, EffectRace, PostgresBackend
 from .blobs import PgBlobReader
 from .compact import compact as compact_runs
-from .leases import Lease
 from .verify import verify as verify_tables
 
 __all__ = ["PostgresStore", "open_postgres"]
@@ -87,11 +84,6 @@ T = TypeVar("T")
 _UNSET: Any = object()
 #: How far back ``txn_adopt`` looks for an uncommitted attempt (as the local store).
 _ADOPT_WALK = 32
-
-
-def default_worker_id() -> str:
-    """``host/pid/random``: unique per process, readable in ``LeaseHeldError``."""
-    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None = None,
