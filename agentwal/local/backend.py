@@ -96,6 +96,7 @@ class LocalBackend:
 
     def commit(self, view: LocalView, change: Change) -> Checkpoint | None:
         if view.fence is not None:
+            self._s.check_open()  # a closed store says so before its released leases do
             view.fence.check()  # released since the transaction began: LeaseLostError
         return self._s.commit_change(view.inner, change)
 
