@@ -32,6 +32,10 @@ Tables (version 1):
 - ``effects``: the effects ledger (``effects.encode_entry`` bytes per key).
 - ``blobs``, ``blob_chunks``, ``delta_blobs`` (version 3): blob content in
   chunks, and the checkpoints whose values reference each blob (``blobs.py``).
+- ``tree_edges`` (version 6): ``(parent, child)`` for each entry of each
+  directory tree object (a tree's root object names its top directory, a
+  directory its files and subdirectories), recorded when a tree is put
+  (``trees.py``); collection keeps a blob reachable from a referenced one.
 """
 
 from __future__ import annotations
@@ -157,8 +161,19 @@ ALTER TABLE checkpoints ADD COLUMN dropped boolean NOT NULL DEFAULT false;
 CREATE INDEX deltas_by_digest ON deltas (digest) WHERE digest IS NOT NULL;
 """
 
+# Directory trees (``trees.py``): which blobs each tree object names, so a
+# blob a committed tree reaches is never collected.
+_V6 = """
+CREATE TABLE tree_edges (
+    parent bytea NOT NULL REFERENCES blobs (sha256) ON DELETE CASCADE,
+    child  bytea NOT NULL REFERENCES blobs (sha256),
+    PRIMARY KEY (parent, child)
+);
+CREATE INDEX tree_edges_by_child ON tree_edges (child);
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

@@ -19,7 +19,10 @@ rows (a value inline, or the ``vals`` row its digest names); then check
 - every blob's chunks are numbered 0.. without a gap, add up to its size and
   hash to its SHA-256 (streamed, one chunk at a time), and every blob
   reference in a checkpoint's values is listed in ``delta_blobs`` (so the
-  blob cannot be collected under it).
+  blob cannot be collected under it);
+- every tree value's objects decode and each of their entries is an edge in
+  ``tree_edges`` (so no file of a committed tree can be collected; the
+  edge's foreign key says the file's blob is there).
 
 Nothing is repaired and nothing is written; each problem names its table and
 row. A database's own damage (a page checksum) surfaces as the server's
@@ -30,24 +33,32 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
 
 from ..codec import CodecError, checkpoint_hash, decode_blob_ref, is_blob_ref, loads
 from ..effects import decode_entry
+from ..errors import CorruptionError
+from ..format import TREE_MEDIA_TYPE
 from ..local.verify.report import Problem, VerifyReport
+from ..types import BlobRef
+
+if TYPE_CHECKING:
+    from .trees import PgTrees
 
 __all__ = ["verify"]
 
 _ZERO = bytes(32)
 
 
-def verify(backend: Any) -> VerifyReport:
-    """Check every run's chain and the rows it names (module doc)."""
+def verify(backend: Any, trees: PgTrees | None = None) -> VerifyReport:
+    """Check every run's chain and the rows it names, and (given ``trees``) the tree
+    values' objects and edges (module doc)."""
     problems: list[Problem] = []
     checked = {"runs": 0, "checkpoints": 0, "hashes": 0, "values": 0, "vals": 0,
-               "effects": 0, "blobs": 0}
+               "effects": 0, "blobs": 0, "trees": 0}
+    found: set[BlobRef] = set()
     where = backend.name
 
     def problem(table: str, key: str, what: str) -> None:
@@ -64,7 +75,9 @@ def verify(backend: Any) -> VerifyReport:
                             "ORDER BY run").fetchall()
         for run, head, head_hash in runs:
             checked["runs"] += 1
-            _check_run(conn, run, int(head), head_hash, checked, problem)
+            _check_run(conn, run, int(head), head_hash, checked, problem, found)
+        if trees is not None:
+            _check_trees(conn, trees, found, checked, problem)
         for key, raw in conn.execute("SELECT key, entry FROM effects"):
             checked["effects"] += 1
             try:
@@ -103,8 +116,26 @@ def _check_blobs(conn: Any, checked: dict[str, int], problem: Any) -> None:
                     f"{', with a gap' if gap else ''}) are not its {size} bytes of content")
 
 
+def _check_trees(conn: Any, trees: PgTrees, refs: set[BlobRef], checked: dict[str, int],
+                 problem: Any) -> None:
+    """Each tree value's objects decode, and every edge of them is in ``tree_edges`` (else
+    a collection could delete a file of a committed tree)."""
+    edges = {(bytes(p).hex(), bytes(c).hex())
+             for p, c in conn.execute("SELECT parent, child FROM tree_edges")}
+    seen: set[str] = set()
+    for ref in sorted(refs, key=lambda r: r.sha256):
+        checked["trees"] += 1
+        try:
+            for parent, child in trees.edges(ref, seen):
+                if (parent, child) not in edges:
+                    problem("tree_edges", f"{parent[:16]}->{child[:16]}", "an entry of a "
+                            "stored tree object is not recorded (a collection could delete it)")
+        except CorruptionError as exc:
+            problem("blobs", ref.sha256[:16], f"a tree object is missing or damaged: {exc}")
+
+
 def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str, int],
-               problem: Any) -> None:
+               problem: Any, trees: set[BlobRef]) -> None:
     deltas: dict[int, dict[str, bytes | None]] = {}
     listed = {(run, int(c), bytes(b).hex()) for c, b in conn.execute(
         "SELECT ckpt, sha256 FROM delta_blobs WHERE run = %s", (run,))}
@@ -139,7 +170,12 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
         if value is not None:
             checked["values"] += 1
             try:
-                decode_blob_ref(value) if is_blob_ref(value) else loads(value)
+                if is_blob_ref(value):
+                    ref = decode_blob_ref(value)
+                    if ref.media_type == TREE_MEDIA_TYPE:
+                        trees.add(ref)
+                else:
+                    loads(value)
             except CodecError as exc:
                 problem("deltas", f"{run!r}/{cid}/{key!r}", f"the value does not decode: {exc}")
         deltas.setdefault(int(cid), {})[key] = value
