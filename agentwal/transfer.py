@@ -40,7 +40,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .backend import Change
-from .codec import decode_blob_ref, is_blob_ref
+from .codec import (
+    Append,
+    append_base,
+    append_encoded,
+    append_tail,
+    decode_blob_ref,
+    is_blob_ref,
+)
 from .effects import EffectRecord
 from .errors import ReadOnlyError, RunExistsError, RunNotFoundError
 from .format import TREE_MEDIA_TYPE
@@ -169,14 +176,25 @@ def _origins_first(names: list[str], plans: dict[str, list[Checkpoint]]) -> list
 
 
 def _states(sb: Any, run: str, hist: list[Checkpoint]
-            ) -> Iterator[tuple[Checkpoint, dict[str, bytes | None]]]:
-    """Each checkpoint with what changed from the one before (None: deleted)."""
+            ) -> Iterator[tuple[Checkpoint, dict[str, bytes | None], dict[str, Append]]]:
+    """Each checkpoint with what changed from the one before (None: deleted), and which
+    of those changes append to the list the key held (so the destination stores the
+    new items only)."""
     prev: dict[str, bytes] = {}
     for c in hist:
         state = sb.state_at(run, c.id)
         delta: dict[str, bytes | None] = {k: v for k, v in state.items() if prev.get(k) != v}
+        appends: dict[str, Append] = {}
+        for k, v in delta.items():
+            old = prev.get(k)
+            if old is None or v is None:
+                continue
+            base = append_base(old)
+            tail = None if base is None else append_tail(v, *base)
+            if base is not None and tail is not None and append_encoded(old, tail) == v:
+                appends[k] = (base[0], base[1], tail)
         delta.update((k, None) for k in prev.keys() - state.keys())
-        yield c, delta
+        yield c, delta, appends
         prev = state
 
 
@@ -231,7 +249,7 @@ def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Ch
     carried: set[str] = set()
     pins: list[str] = []
     try:
-        for c, delta in _states(sb, run, hist):
+        for c, delta, appends in _states(sb, run, hist):
             _carry_blobs(src, dest, run, c.id, delta, carried, pins)
             # The keys of the entries this checkpoint committed: the destination's commit
             # marks them when they are there (they are recorded after), and they make a
@@ -239,7 +257,8 @@ def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Ch
             made_here = tuple(e.key for e in entries if c.id in (e.committed_in, (
                 e.checkpoint if e.deferred else None))) or (f"agentwal-copy:{run}:{c.id}",)
             change = Change(run=run, writes=delta, prefixes=frozenset({""}), meta=c.meta,
-                            origin=c.origin if not ids else None, effects=made_here)
+                            origin=c.origin if not ids else None, effects=made_here,
+                            appends=appends)
             view = db.begin(run)
             try:
                 made = (db.commit(view, change, created=c.created_at) if keeps_time

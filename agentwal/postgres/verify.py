@@ -20,6 +20,8 @@ rows (a value inline, or the ``vals`` row its digest names); then check
   hash to its SHA-256 (streamed, one chunk at a time), and every blob
   reference in a checkpoint's values is listed in ``delta_blobs`` (so the
   blob cannot be collected under it);
+- every append row's tail joins the list of the row it extends (that row is
+  there, and the list has the count and length the append says);
 - every tree value's objects decode and each of their entries is an edge in
   ``tree_edges`` (so no file of a committed tree can be collected; the
   edge's foreign key says the file's blob is there).
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from ..codec import CodecError, checkpoint_hash, decode_blob_ref, is_blob_ref, loads
+from ..codec import CodecError, checkpoint_hash, decode_blob_ref, is_blob_ref, join_append, loads
 from ..effects import decode_entry
 from ..errors import CorruptionError
 from ..format import TREE_MEDIA_TYPE
@@ -141,12 +143,13 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
         "SELECT ckpt, sha256 FROM delta_blobs WHERE run = %s", (run,))}
     rows = conn.execute(
         "SELECT d.ckpt, d.key, d.inline, d.digest, v.data, d.until, lead(d.ckpt) OVER "
-        "(PARTITION BY d.key ORDER BY d.ckpt) FROM deltas d "
+        "(PARTITION BY d.key ORDER BY d.ckpt), d.base, d.base_count, d.base_len FROM deltas d "
         "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %s ORDER BY d.ckpt, d.key",
         (run,))
+    whole: dict[tuple[str, int], bytes | None] = {}  # each row's value, its chain joined
     dropped = sorted(int(r[0]) for r in conn.execute(
         "SELECT id FROM checkpoints WHERE run = %s AND dropped", (run,)))
-    for cid, key, inline, digest, data, until, after in rows:
+    for cid, key, inline, digest, data, until, after, base, base_count, base_len in rows:
         # Compaction deletes the rows no kept checkpoint reads: between a row's until
         # and the next row left of its key, every checkpoint is then a dropped one.
         gap = (until is not None and after is not None and until < after
@@ -164,6 +167,16 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
                 problem("deltas", f"{run!r}/{cid}/{key!r}", "names a value missing from vals")
                 continue
             value = bytes(data)
+        if base is not None:  # an append row: the list it extends, then its tail
+            under = whole.get((key, int(base)))
+            joined = None if under is None or value is None else join_append(
+                under, (int(base_count), int(base_len), value))
+            if joined is None:
+                problem("deltas", f"{run!r}/{cid}/{key!r}", f"its append to the row of "
+                        f"checkpoint {base} is missing that row, or does not fit its list")
+                continue
+            value = joined
+        whole[(key, int(cid))] = value
         if is_blob_ref(value) and (run, int(cid), _sha_of(value)) not in listed:
             problem("deltas", f"{run!r}/{cid}/{key!r}", "its blob reference is not listed in "
                     "delta_blobs (a collection could delete the blob under it)")

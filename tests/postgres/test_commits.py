@@ -265,6 +265,8 @@ def test_a_version_3_store_gets_its_intervals_filled_in(
         conn.execute("ALTER TABLE deltas DROP COLUMN until")
         conn.execute("ALTER TABLE checkpoints DROP COLUMN dropped")
         conn.execute("DROP TABLE tree_edges")
+        conn.execute("ALTER TABLE deltas DROP COLUMN base, DROP COLUMN base_count, "
+                     "DROP COLUMN base_len, DROP COLUMN depth, DROP COLUMN vlen")
         conn.execute("UPDATE meta SET schema_version = 3")
     again = open_pg(worker_id="w2")
     assert _history_states(again, "r") == before
