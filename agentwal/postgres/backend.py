@@ -53,7 +53,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 import cbor2
@@ -143,6 +143,17 @@ class PgView:
     base: int
     epoch: int
     fence: Lease | None = None
+    #: ``{prefix: {key: stored bytes}}`` fetched by :meth:`PostgresBackend.prefetch`
+    ahead: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    #: ``{key: stored bytes or None}`` of the single keys it fetched
+    known: dict[str, bytes | None] = field(default_factory=dict)
+
+    def fetched(self, key: str) -> dict[str, bytes] | None:
+        """The prefetched keys of a prefix ``key`` is under, or None."""
+        for prefix, got in self.ahead.items():
+            if key.startswith(prefix):
+                return got
+        return None
 
 
 def _checkpoint(row: tuple[Any, ...]) -> Checkpoint:
@@ -284,10 +295,31 @@ class PostgresBackend:
         base, epoch = (int(row[0]), int(row[1])) if row is not None else (0, 0)
         return PgView(run, base, epoch, fence)
 
+    def prefetch(self, view: PgView, prefixes: tuple[str, ...], keys: tuple[str, ...] = ()
+                 ) -> None:
+        """Fetch every key under ``prefixes`` (one round trip each) and the ``keys`` (one
+        for all) at the view now, to serve the view's later reads and scans of them from
+        memory (a checkpoint's state never changes, so what was fetched stays right)."""
+        for prefix in prefixes:
+            if view.fetched(prefix) is None:
+                view.ahead[prefix] = self.scan(view, prefix)
+        wanted = sorted({k for k in keys if k not in view.known and view.fetched(k) is None})
+        if wanted and view.base:
+            try:
+                got = self._state(view.run, view.base, keys=wanted)
+            except _Dropped:
+                raise _compacted(view) from None
+            view.known.update((k, got.get(k)) for k in wanted)
+
     def read(self, view: PgView, key: str) -> bytes | None:
         """The stored bytes of ``key`` at the view (None: absent)."""
         if view.base == 0:
             return None
+        if key in view.known:
+            return view.known[key]
+        got = view.fetched(key)
+        if got is not None:
+            return got.get(key)
         with self._conn() as conn:
             row = conn.execute(
                 "SELECT c.dropped, d.inline, v.data, d.ckpt, d.base FROM checkpoints c "
@@ -309,19 +341,24 @@ class PostgresBackend:
         Raises:
             ConflictError: a compaction dropped the view's checkpoint meanwhile.
         """
+        got = view.fetched(prefix)
+        if got is not None:
+            return {k: v for k, v in got.items() if k.startswith(prefix)}
         try:
             return self._state(view.run, view.base, prefix=prefix)
         except _Dropped:
             raise _compacted(view) from None
 
     def _state(self, run: str, upto: int, *, prefix: str = "",
-               key: str | None = None) -> dict[str, bytes]:
+               key: str | None = None, keys: list[str] | None = None) -> dict[str, bytes]:
         """The values live at checkpoint ``upto`` (module doc: the intervals of delta rows)."""
         if upto == 0:
             return {}
         args: dict[str, Any] = {"run": run, "upto": upto, "key": key, "p": prefix,
-                                "hi": _successor(prefix)}
-        if key is not None:
+                                "hi": _successor(prefix), "keys": keys}
+        if keys is not None:
+            where = "d.key = ANY(%(keys)s)"
+        elif key is not None:
             where = "d.key = %(key)s"
         elif not prefix:
             where = "true"

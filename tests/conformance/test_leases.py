@@ -8,8 +8,7 @@ program written against these calls runs unchanged on either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,27 +17,6 @@ import agentwal
 from agentwal import EffectContext
 
 Opener = Callable[..., Any]
-
-
-@pytest.fixture(params=["local", "postgres"])
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """``open_store(**options)``: the test's store (the same one each call), closed after."""
-    opened: list[Any] = []
-    if request.param == "local":
-        target = str(tmp_path / "store.awal")
-        defaults: dict[str, Any] = {}
-    else:
-        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
-        target, defaults = dsn, {"schema": schema}
-
-    def make(**options: Any) -> Any:
-        store = agentwal.open(target, durability="none", **{**defaults, **options})
-        opened.append(store)
-        return store
-
-    yield make
-    for store in reversed(opened):
-        store.close()
 
 
 def test_lease_keeps_its_epoch_while_held_and_grows_after_release(open_store: Opener) -> None:
