@@ -139,11 +139,11 @@ class EffectContext:
         name: the effect's name.
         mode: its mode.
         fencing_token: the epoch of the run's lease this call is made under
-            (PostgreSQL; it grows with every change of holder), for a
+            (it grows with every change of holder, and on a local store with
+            every release and retake: ``agentwal/leases.py``), for a
             downstream that refuses a token lower than the highest it has
             seen, so a worker that lost the run cannot act through it; None
-            where runs are not leased (a local store, whose one writer
-            process holds them all) and for outbox dispatch.
+            only where a call is made under no lease.
         conn: for ``txn.effect(..., transactional=True)`` on PostgreSQL, the
             psycopg connection whose open transaction also records the
             outcome: write the business rows through it (never commit or roll

@@ -36,6 +36,7 @@ from .codec import DecodedValues
 from .errors import ReadOnlyError
 from .format import DEFAULT_SEGMENT_BYTES, FIRST_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from .io import FileSystem, OsFileSystem
+from .leases import LocalLeases, default_worker_id
 from .retention import CompactReport, Policy, check_args, policy_args, selected_runs
 from .store_blobs import BlobsAPI
 from .store_effects import EffectsAPI
@@ -71,6 +72,7 @@ def open(
     effect_retention: datetime.timedelta | None = datetime.timedelta(days=30),
     retain: Policy | tuple[Policy, ...] | None = None,
     recover: str | None = None,
+    worker_id: str | None = None,
 ) -> Store:
     """Open (or create) the store in directory ``path`` and recover it.
 
@@ -103,6 +105,9 @@ def open(
             intact record before the damage in its log, instead of raising
             ``CorruptionError``; ``store.lost`` then says what could not be
             read (None: nothing). Damage to LMDB itself still raises.
+        worker_id: this process's name as a lease holder (``store.worker_id``;
+            default ``host/pid/random``). The writer process holds every run's
+            lease (``store.lease``; docs/api.md "Leases").
 
     Returns:
         An open :class:`Store` (also a context manager).
@@ -157,14 +162,17 @@ def open(
                          else effect_retention.total_seconds(),
                          retain=None if retain is None else (keep_last, older_than),
                          first_segment_bytes=first_segment, recover_prefix=recover == "prefix")
-    return Store(engine)
+    wid = default_worker_id() if worker_id is None else check_key(worker_id, "worker id")
+    return Store(engine, wid)
 
 
 class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
     """An open agentwal store. Get one from :func:`agentwal.open`; share it between threads."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, worker_id: str | None = None) -> None:
         self._engine = engine
+        self.worker_id = default_worker_id() if worker_id is None else worker_id
+        self._leases = LocalLeases(self.worker_id)
         self.path = engine.path
         self.durability = engine.durability
         self.readonly = engine.readonly
@@ -230,10 +238,59 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
         backend = self._engine.backend
         if retry_of is not None:
             check_retry_of(retry_of, backend, run)
-        return Transaction(backend, backend.begin(run), self._engine, retry_of=retry_of)
+        view = backend.begin(run)
+        view.fence = self._leases.ensure(run)
+        return Transaction(backend, view, self._engine, retry_of=retry_of)
 
     def _count_retry(self) -> None:
         self._engine.counters["retries"] += 1
+
+    # -- leases (agentwal/leases.py: this process is the one worker) ------------------
+
+    def lease(self, run: str) -> int:
+        """Take (or keep) this worker's lease on ``run``; returns its epoch (fencing token).
+
+        The writer process holds every run of a local store, so this never
+        finds another holder. The epoch stays the same while the lease is
+        held and is larger after each ``release``; ``begin`` takes the lease
+        too, and effects get it as ``ctx.fencing_token``.
+
+        Raises:
+            InvalidKeyError, ReadOnlyError, StoreClosedError.
+        """
+        check_key(run, "run id")
+        self._engine.check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        return self._leases.ensure(run).epoch
+
+    def release(self, run: str) -> bool:
+        """Give up the lease on ``run``; True if this worker held it.
+
+        A transaction on ``run`` begun under it gets ``LeaseLostError`` at
+        its commit or next effect, and nothing of it is applied.
+        """
+        check_key(run, "run id")
+        self._engine.check_open()
+        return self._leases.release(run)
+
+    def claim_runs(self, limit: int = 10) -> list[str]:
+        """Adopt runs whose holder's lease expired: always ``[]`` on a local store.
+
+        No run of a local store is ever orphaned: the writer lock lets one
+        process write at a time and that process holds every run; the runs
+        of a writer that crashed belong to the next one to open the store.
+        Kept so a fleet worker's loop runs unchanged against a local store.
+
+        Raises:
+            ValueError: a bad ``limit``. ReadOnlyError, StoreClosedError.
+        """
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError("limit must be an int >= 0")
+        self._engine.check_open()
+        if self.readonly:
+            raise ReadOnlyError(self.path)
+        return []
 
     # -- durability and folding -----------------------------------------------------
 
@@ -477,6 +534,7 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
         transactions are dead. If the writer is broken the fold is skipped and
         the WAL keeps everything for the next open.
         """
+        self._leases.release_all("the store was closed")
         self._engine.close()
 
     def __enter__(self) -> Store:

@@ -27,6 +27,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from .leases import LocalLeases
     from .local.engine import Engine
 
 __all__ = ["EffectsAPI", "StandaloneEffects"]
@@ -116,6 +117,7 @@ class EffectsAPI(StandaloneEffects):
     """``Store``'s effects ledger: list, dispatch the outbox, resolve, retire, run."""
 
     _engine: Engine
+    _leases: LocalLeases
     path: str
     readonly: bool
 
@@ -162,6 +164,9 @@ class EffectsAPI(StandaloneEffects):
                 (required for exactly_once entries not deferred idempotent).
             run: only this run's entries. limit: at most this many entries.
 
+        ``ctx.fencing_token`` is the epoch of this worker's lease on the
+        entry's run (taken if not held, and kept).
+
         Returns:
             A :class:`DispatchReport` (``done``, ``failed``, ``in_doubt``, ``skipped``).
 
@@ -175,7 +180,9 @@ class EffectsAPI(StandaloneEffects):
             check_key(run, "run id")
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return self._engine.ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit)
+        runs = {e.run for e in self._engine.effectlog.outbox() if run is None or e.run == run}
+        return self._engine.ledger.dispatch(dict(handlers), probes=probes, run=run, limit=limit,
+                                            tokens={r: self._leases.ensure(r).epoch for r in runs})
 
     def resolve_effect(self, effect_id: str, *, result: Any = _UNSET, not_applied: bool = False,
                        by: str | None = None) -> EffectRecord:
@@ -218,8 +225,10 @@ class EffectsAPI(StandaloneEffects):
                                                retries=retries, backoff=backoff,
                                                allow_async=allow_async, where="store")
         head = self.head(run)
-        return Request(name, fn, req_mode, args_raw, key, run, head.id if head else 0, None,
-                       probe, bool(idempotent), retries, tuple(retry_on), float(backoff), True)
+        req = Request(name, fn, req_mode, args_raw, key, run, head.id if head else 0, None,
+                      probe, bool(idempotent), retries, tuple(retry_on), float(backoff), True)
+        req.fencing_token = self._leases.ensure(run).epoch
+        return req
 
     def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
         """Set a recorded effect aside, keeping it as history, and free its position.

@@ -17,16 +17,17 @@ doubt stays in doubt.
 
 What is not carried over: the commit times and hashes (each destination
 stamps its own commits; PostgreSQL keeps the source's times, since its
-commits take a given time), the LSNs (each store has its own sequence), and
-tree values (refused before anything is written: a tree's objects are the
-local engine's). A blob value's content is streamed from the source
-(``open_blob`` at its checkpoint, its SHA-256 checked as it is read) into
-the destination's blob store before the checkpoint that references it is
-committed, once per content.
+commits take a given time) and the LSNs (each store has its own sequence).
+A blob value's content is streamed from the source (``open_blob`` at its
+checkpoint, its SHA-256 checked as it is read) into the destination's blob
+store before the checkpoint that references it is committed, once per
+content; a tree value's root, directory objects and files likewise (the
+source's tree store expands it), and a PostgreSQL destination then records
+the tree's edges (``postgres/trees.py``).
 
 Everything is checked before the first write: the runs exist in the
 source, none exists in the destination, no ledger entry of theirs is
-already in the destination under another content, no value is a tree. A
+already in the destination under another content. A
 copy that fails midway leaves the runs it finished and part of the one it
 was on; ``delete_run`` that one and copy it again.
 """
@@ -36,14 +37,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backend import Change
-from .codec import decode_blob_ref, is_blob_ref
+from .codec import (
+    Append,
+    append_base,
+    append_encoded,
+    append_tail,
+    decode_blob_ref,
+    is_blob_ref,
+)
 from .effects import EffectRecord
-from .errors import BackendUnsupportedError, ReadOnlyError, RunExistsError, RunNotFoundError
+from .errors import ReadOnlyError, RunExistsError, RunNotFoundError
 from .format import TREE_MEDIA_TYPE
-from .types import Checkpoint, Progress, check_key
+from .types import BlobRef, Checkpoint, Progress, check_key
+
+if TYPE_CHECKING:
+    from .treeio import TreeStore
 
 __all__ = ["CopyReport", "copy_runs"]
 
@@ -115,8 +126,6 @@ def copy_runs(src: Any, dest: Any, runs: Iterable[str] | None = None, *,
         if found is not None and found != e:
             raise ValueError(f"the destination already holds ledger entry {e.key!r} "
                              f"(effect {e.effect_id}) with other content; nothing was copied")
-    for run, hist in plans.items():
-        _refuse_trees(sb, run, hist)
     copied = checkpoints = 0
     renumbered: dict[str, dict[int, int]] = {}
     tick = progress or (lambda phase, done, total: None)
@@ -167,53 +176,65 @@ def _origins_first(names: list[str], plans: dict[str, list[Checkpoint]]) -> list
 
 
 def _states(sb: Any, run: str, hist: list[Checkpoint]
-            ) -> Iterator[tuple[Checkpoint, dict[str, bytes | None]]]:
-    """Each checkpoint with what changed from the one before (None: deleted)."""
+            ) -> Iterator[tuple[Checkpoint, dict[str, bytes | None], dict[str, Append]]]:
+    """Each checkpoint with what changed from the one before (None: deleted), and which
+    of those changes append to the list the key held (so the destination stores the
+    new items only)."""
     prev: dict[str, bytes] = {}
     for c in hist:
         state = sb.state_at(run, c.id)
         delta: dict[str, bytes | None] = {k: v for k, v in state.items() if prev.get(k) != v}
+        appends: dict[str, Append] = {}
+        for k, v in delta.items():
+            old = prev.get(k)
+            if old is None or v is None:
+                continue
+            base = append_base(old)
+            tail = None if base is None else append_tail(v, *base)
+            if base is not None and tail is not None and append_encoded(old, tail) == v:
+                appends[k] = (base[0], base[1], tail)
         delta.update((k, None) for k in prev.keys() - state.keys())
-        yield c, delta
+        yield c, delta, appends
         prev = state
-
-
-def _is_tree(value: bytes | None) -> bool:
-    return is_blob_ref(value) and decode_blob_ref(value).media_type == TREE_MEDIA_TYPE
-
-
-def _refuse_trees(sb: Any, run: str, hist: list[Checkpoint]) -> None:
-    for c, delta in _states(sb, run, hist):
-        tree = next((k for k, v in delta.items() if _is_tree(v)), None)
-        if tree is not None:
-            raise BackendUnsupportedError(
-                "copy_runs of a tree value", "copy", f"run {run!r} holds one at key "
-                f"{tree!r} (checkpoint {c.id}); nothing was copied. Its files live in the "
-                "local store's blob directory; back that store up with store.backup instead.")
 
 
 def _carry_blobs(src: Any, dest: Any, run: str, cid: int, delta: dict[str, bytes | None],
                  carried: set[str], pins: list[str]) -> None:
-    """Stream the blobs ``delta`` references from ``src`` into ``dest`` (each content once).
+    """Stream the blobs (and trees) ``delta`` references from ``src`` into ``dest``, each
+    content once.
 
     A local destination pins what it stores until the caller unpins ``pins``
     (after the commits that reference them).
     """
-    from .store import Store
-
+    into = _trees_of(dest).blobs
     for key, value in delta.items():
         if not is_blob_ref(value):
             continue
         ref = decode_blob_ref(value)
         if ref.sha256 in carried:
             continue
+        if ref.media_type == TREE_MEDIA_TYPE:
+            trees = _trees_of(src)
+            for part in sorted(trees.expand([ref]), key=lambda r: r.sha256):
+                if part.sha256 not in carried:
+                    with trees.blobs.open(BlobRef(part.sha256, part.size)) as reader:
+                        pins.append(into.put(reader).sha256)  # its SHA-256 checked at the end
+                    carried.add(part.sha256)
+            record = getattr(_trees_of(dest), "record", None)
+            if record is not None:
+                record(ref)  # PostgreSQL: what the tree reaches, for collection
+            continue
         with src.open_blob(run, key, at=cid) as reader:  # its SHA-256 checked at the end
-            if isinstance(dest, Store):
-                dest._engine._blobs.put(reader, ref.media_type)
-                pins.append(ref.sha256)
-            else:
-                dest._b.blobs.put(reader, ref.media_type)
+            pins.append(into.put(reader, ref.media_type).sha256)
         carried.add(ref.sha256)
+
+
+def _trees_of(store: Any) -> TreeStore:
+    """The tree store of a local or PostgreSQL store (its ``blobs`` is the blob store)."""
+    from .store import Store
+
+    trees: TreeStore = store._engine._trees if isinstance(store, Store) else store._trees
+    return trees
 
 
 def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Checkpoint],
@@ -228,7 +249,7 @@ def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Ch
     carried: set[str] = set()
     pins: list[str] = []
     try:
-        for c, delta in _states(sb, run, hist):
+        for c, delta, appends in _states(sb, run, hist):
             _carry_blobs(src, dest, run, c.id, delta, carried, pins)
             # The keys of the entries this checkpoint committed: the destination's commit
             # marks them when they are there (they are recorded after), and they make a
@@ -236,7 +257,8 @@ def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Ch
             made_here = tuple(e.key for e in entries if c.id in (e.committed_in, (
                 e.checkpoint if e.deferred else None))) or (f"agentwal-copy:{run}:{c.id}",)
             change = Change(run=run, writes=delta, prefixes=frozenset({""}), meta=c.meta,
-                            origin=c.origin if not ids else None, effects=made_here)
+                            origin=c.origin if not ids else None, effects=made_here,
+                            appends=appends)
             view = db.begin(run)
             try:
                 made = (db.commit(view, change, created=c.created_at) if keeps_time
@@ -247,7 +269,7 @@ def _copy_history(src: Any, sb: Any, db: Any, dest: Any, run: str, hist: list[Ch
             done(len(ids))
     finally:
         if pins:
-            dest._engine._blobs.unpin(pins)
+            _trees_of(dest).blobs.unpin(pins)
         release = getattr(dest, "release", None)
         if release is not None:
             release(run)

@@ -86,12 +86,12 @@ import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import cbor2
 
 from . import failpoints
-from .codec import CodecError, loads
+from .codec import CodecError, decode_blob_ref, is_blob_ref, loads
 from .errors import (
     BlobSourceError,
     CorruptionError,
@@ -104,7 +104,7 @@ from .errors import (
 )
 from .format import CACHE_DIR, TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
 from .io import DISK_FULL_ERRNOS
-from .local.blobs import CHUNK, BlobMissing, BlobStore
+from .local.blobs import CHUNK, BlobMissing, BlobReader
 from .tree import (
     Entry,
     IgnoreRules,
@@ -115,14 +115,16 @@ from .tree import (
     diff_listings,
     encode_dir,
     encode_root,
+    exclude_spec,
     join,
     leaf,
+    split_relpath,
     walk_entries,
 )
-from .types import BlobRef, TreeDiff, TreeFile
+from .types import BlobRef, TreeDiff, TreeFile, TreeRef
 
 __all__ = ["READ_ATTEMPTS", "RACY_NS", "THREADS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
-           "TreeStore"]
+           "TreeBlobs", "TreeStore"]
 
 #: A file modified less than this before it was looked at may change again
 #: within the same timestamp tick (2 s covers the coarsest file systems).
@@ -468,6 +470,39 @@ class _Counts:
 # -- the engine ------------------------------------------------------------------------
 
 
+class TreeBlobs(Protocol):
+    """What a tree store needs of a blob store (``local.blobs.BlobStore``; PostgreSQL's
+    ``postgres.trees.PgTreeBlobs``): content-addressed puts, pins and verified reads."""
+
+    def put(self, source: object, media_type: str | None = None) -> BlobRef:
+        """Store a stream's content once, pinned; its reference."""
+        ...
+
+    def put_bytes(self, data: bytes) -> BlobRef:
+        """Store small ``data``, pinned; nothing is written if it is present."""
+        ...
+
+    def pin_present(self, refs: Iterable[tuple[str, int]]) -> list[bool]:
+        """Pin each ``(sha256, size)`` that is stored; which ones were."""
+        ...
+
+    def unpin(self, hashes: Iterable[str]) -> None:
+        """Drop one pin of each hash."""
+        ...
+
+    def open(self, ref: BlobRef, *, verify: bool = True) -> BlobReader:
+        """A reader of the blob, its size checked (its hash as it is read to the end)."""
+        ...
+
+    def where(self, sha: str) -> str:
+        """Where the blob ``sha`` is (a path, or a row), for messages."""
+        ...
+
+    def exists(self, sha: str) -> bool:
+        """True if the blob ``sha`` is stored."""
+        ...
+
+
 class TreeStore:
     """Trees of one store: snapshot, load, restore, expand (for sweeps and verify), diff.
 
@@ -477,7 +512,7 @@ class TreeStore:
         readonly: a read-only store writes no cache.
     """
 
-    def __init__(self, blobs: BlobStore, store_dir: str, *, readonly: bool = False) -> None:
+    def __init__(self, blobs: TreeBlobs, store_dir: str, *, readonly: bool = False) -> None:
         self.blobs = blobs
         self.store_dir = os.path.realpath(store_dir)
         self.store_dir_b = os.fsencode(self.store_dir)
@@ -537,6 +572,36 @@ class TreeStore:
         return SnapshotResult(BlobRef(ref.sha256, ref.size, TREE_MEDIA_TYPE), root, snap.pins,
                               snap.files_read, snap.bytes_read)
 
+    def put(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
+            subdir: str | None = None) -> SnapshotResult:
+        """``txn.put_tree``'s work: snapshot directory ``path``, or put a TreeRef of this
+        store (``subdir``: one of its directories as a tree of its own).
+
+        ``base`` is the key's stored bytes as the transaction sees them.
+
+        Raises:
+            TypeError: ``exclude`` with a TreeRef, or ``subdir`` with a directory.
+            TreePathError: a bad ``subdir``. And what :meth:`snapshot` and :meth:`copy` raise.
+        """
+        old = None
+        if is_blob_ref(base):
+            with contextlib.suppress(CodecError):
+                old = decode_blob_ref(base)
+        if isinstance(path, TreeRef):
+            if exclude is not None:
+                raise TypeError("exclude applies to a directory, not to a TreeRef")
+            try:
+                parts = [] if subdir is None else split_relpath(subdir)
+            except ValueError as exc:
+                raise TreePathError(str(subdir), str(exc)) from None
+            return self.copy(BlobRef(path.sha256, path.size, TREE_MEDIA_TYPE), parts,
+                             subdir or "", base=old)
+        if subdir is not None:
+            raise TypeError("subdir applies to a TreeRef source; pass the "
+                            "subdirectory's path instead")
+        patterns, gitignore = exclude_spec(exclude)
+        return self.snapshot(path, patterns, gitignore, base=old, rehash=rehash)
+
     def copy(self, ref: BlobRef, parts: list[str], subdir: str, *,
              base: BlobRef | None = None) -> SnapshotResult:
         """A tree already in this store, or its directory at ``parts`` as a tree of its
@@ -551,7 +616,7 @@ class TreeStore:
             TreePathError: ``subdir`` is not a directory of it.
             CorruptionError: an object of the tree is damaged.
         """
-        if not os.path.exists(self._path(ref.sha256)):
+        if not self.blobs.exists(ref.sha256):
             raise TreeSourceError(f"TreeRef {ref.sha256}", "this store has no tree with that "
                                   "hash (it was never stored here, or was swept)")
         root = self._root(ref)
@@ -660,7 +725,7 @@ class TreeStore:
             self._objects[sha] = entries
 
     def _path(self, sha: str) -> str:
-        return os.path.join(self.blobs.root, sha[:2], sha[2:])
+        return self.blobs.where(sha)
 
     def listing(self, ref: BlobRef) -> dict[str, Leaf]:
         """``{path: (kind, perm, sha256 or target, size)}`` of every file and link of a tree."""
@@ -679,6 +744,16 @@ class TreeStore:
         a, b = (None if ref is None else self._root(ref) for ref in (old, new))
         return self._diff_dirs(None if a is None else (a.sha256, a.size),
                                None if b is None else (b.sha256, b.size))
+
+    def key_diffs(self, added: dict[str, Any], removed: dict[str, Any],
+                  changed: dict[str, tuple[Any, Any]]) -> dict[str, TreeDiff]:
+        """The file-level diff of each key of a ``store.diff`` whose old or new value is a
+        tree (the decoded values ``history.compare_states`` gives)."""
+        pairs = {**{k: (None, v) for k, v in added.items()},
+                 **{k: (v, None) for k, v in removed.items()}, **changed}
+        return {k: self.diff(_tree_blob(old), _tree_blob(new))
+                for k, (old, new) in sorted(pairs.items())
+                if isinstance(old, TreeRef) or isinstance(new, TreeRef)}
 
     def _diff_dirs(self, old: tuple[str, int] | None, new: tuple[str, int] | None,
                    extra: dict[str, list[Entry]] | None = None) -> TreeDiff:
@@ -859,6 +934,12 @@ class TreeStore:
                         reuse=ref is not None and cache.root == ref.sha256)
         new = snap.directory(top, "", snap.rules)
         return self._diff_dirs(old, new, snap.objects)
+
+
+def _tree_blob(value: Any) -> BlobRef | None:
+    """The blob reference of a TreeRef value (None for anything else)."""
+    return BlobRef(value.sha256, value.size, TREE_MEDIA_TYPE) if isinstance(value, TreeRef) \
+        else None
 
 
 def _inside(path: str, directory: str) -> bool:

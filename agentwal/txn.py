@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .aio import off_loop
@@ -428,6 +428,27 @@ class Transaction(EffectSteps):
         present = [(key, raw) for key in sorted(stored.keys() | mine.keys())
                    if (raw := mine[key] if key in mine else stored[key]) is not None]
         return ((key, self._decode(raw, key)) for key, raw in present)
+
+    def prefetch(self, *prefixes: str, keys: Iterable[str] = ()) -> None:
+        """A hint that this transaction will read many keys under ``prefixes``, or ``keys``.
+
+        A backend with a round trip per read (PostgreSQL) fetches every key
+        under the prefixes now (one round trip per prefix) and the ``keys``
+        (one for all of them), and serves the later ``get``/``in``/``items``
+        of those keys from memory; the local engine ignores it. It reads
+        nothing by itself: only the reads that follow count for the commit rule.
+
+        Raises:
+            TransactionClosedError: the transaction is finished.
+            TypeError: a prefix or key is not a str. InvalidKeyError: a bad key.
+        """
+        self._check()
+        if not all(isinstance(p, str) for p in prefixes):
+            raise TypeError("prefixes must be str")
+        wanted = tuple(check_key(k) for k in keys if k not in self._writes)
+        fetch = getattr(self._store, "prefetch", None)
+        if fetch is not None:
+            fetch(self._view, tuple(prefixes), wanted)
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys present, in order, optionally only under ``prefix``."""

@@ -20,6 +20,11 @@ Reported: steps per second per round and the median over rounds. Then, with
 ``--blob-mib N`` (default 32), one blob of N MiB of random bytes put with
 ``txn.put_blob`` and read back with ``open_blob`` on each backend: MiB/s each
 way, and on PostgreSQL the blob tables' ``pg_total_relation_size`` against N.
+Then, with ``--list-steps N`` (default 200), a conversation of N steps on
+PostgreSQL whose ``messages`` list (one key, 300-byte messages) grows by
+``txn.append``: the bytes its delta rows and values hold (append-shared
+lists: each step's new message, plus a whole list every ``MAX_CHAIN`` steps)
+beside the sum of the whole lists (what one whole value per step stores).
 """
 
 from __future__ import annotations
@@ -69,11 +74,29 @@ def blob_rates(store: Any, mib: int) -> tuple[float, float]:
     return mib / (t1 - t0), mib / (t2 - t1)
 
 
+def list_bytes(store: Any, dsn: str, schema: str, n: int) -> tuple[int, int]:
+    """(bytes stored for a ``messages`` list grown by one message per step over ``n``
+    steps, the sum of the whole list's length over those steps)."""
+    for i in range(n):
+        with store.begin("conversation") as txn:
+            txn.append("messages", {"role": "agent", "text": f"{i} " + "m" * 280})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT sum(coalesce(octet_length(d.inline), 0)), sum(d.vlen), "
+            f"(SELECT sum(octet_length(v.data)) FROM {schema}.vals v WHERE v.digest IN "
+            f"(SELECT digest FROM {schema}.deltas WHERE run = 'conversation')) "
+            f"FROM {schema}.deltas d WHERE d.run = 'conversation' AND d.key = 'messages'"
+            ).fetchone()
+    assert row is not None
+    return int(row[0] or 0) + int(row[2] or 0), int(row[1] or 0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--blob-mib", type=int, default=32)
+    ap.add_argument("--list-steps", type=int, default=200)
     args = ap.parse_args()
     why: list[str] = []
     server = pg.start(why)
@@ -109,6 +132,11 @@ def main() -> None:
             size = int(row[0]) if row else 0
             print(f"postgres  blob tables: {size / (1 << 20):,.2f} MiB for {args.blob_mib} MiB "
                   f"of content ({size / (args.blob_mib << 20):.3f}x)")
+        if args.list_steps:
+            stored, whole = list_bytes(remote, server.dsn, "bench", args.list_steps)
+            n = args.list_steps
+            print(f"postgres  a {n}-step messages list: {stored / n:,.0f} bytes stored per step "
+                  f"(whole lists: {whole / n:,.0f} per step; {whole / max(stored, 1):,.1f}x)")
         local.close()
         remote.close()
     finally:

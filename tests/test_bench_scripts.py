@@ -39,7 +39,8 @@ SCRIPTS = [
 ]
 # the same, on a PostgreSQL server (the schemas and table each one leaves are dropped after)
 PG_SCRIPTS = [
-    ("bench_postgres.py", ["--rounds", "1", "--seconds", "0.1", "--blob-mib", "1"],
+    ("bench_postgres.py", ["--rounds", "1", "--seconds", "0.1", "--blob-mib", "1",
+                           "--list-steps", "40"],
      "postgres  blob tables:"),
     ("bench_postgres_reads.py", ["--steps", "6", "--repeat", "1"], "42 delta rows"),
     ("bench_postgres_fleet.py", ["--workers", "1", "--seconds", "1", "--ttl", "0.3"],

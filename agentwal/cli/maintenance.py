@@ -179,8 +179,7 @@ def copy(path: str, dest: str, runs: tuple[str, ...], as_json: bool) -> None:
     checkpoint and the ledger entries are the source's; DEST stamps its own
     hashes (verify passes there) and, unless it is PostgreSQL, commit times.
     A run DEST already holds exits 1 (run_exists) before anything is
-    written, as does a tree value (backend_unsupported); blobs are copied. Opens the
-    source read-only.
+    written; blobs and trees are copied. Opens the source read-only.
     """
     from .. import is_postgres_dsn
     from .. import open as open_store

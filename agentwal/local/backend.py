@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..backend import Change
 from ..codec import Value
 from ..effects import EffectRecord
+from ..leases import Lease
 from ..types import Checkpoint
 
 if TYPE_CHECKING:
@@ -40,8 +41,7 @@ __all__ = ["LocalBackend", "LocalView"]
 class LocalView:
     """One engine view of one run (``backend.View``)."""
 
-    __slots__ = ("_base", "_engine", "_epoch", "inner", "run")
-    fence: object | None = None  # the writer lock fences writers, not a token
+    __slots__ = ("_base", "_engine", "_epoch", "fence", "inner", "run")
 
     def __init__(self, engine: Engine, run: str, inner: View) -> None:
         self._engine = engine
@@ -49,6 +49,8 @@ class LocalView:
         self.inner = inner  # the engine's view: snapshot LSN, layers, LMDB read
         self._base: int | None = None
         self._epoch: int | None = None
+        #: the lease of the worker that begun a write on it (``leases.LocalLeases``), or None
+        self.fence: Lease | None = None
 
     @property
     def base(self) -> int:
@@ -98,6 +100,9 @@ class LocalBackend:
                 if v is not None}
 
     def commit(self, view: LocalView, change: Change) -> Checkpoint | None:
+        if view.fence is not None:
+            self._s.check_open()  # a closed store says so before its released leases do
+            view.fence.check()  # released since the transaction began: LeaseLostError
         return self._s.commit_change(view.inner, change)
 
     def end(self, view: LocalView) -> None:

@@ -20,7 +20,6 @@ stops the writer, as a failed WAL write does.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +34,9 @@ from ..errors import (
     TreePathError,
 )
 from ..format import BLOB_REF_PREFIX, TREE_MEDIA_TYPE
-from ..tree import exclude_spec, split_relpath
+from ..tree import exclude_spec
 from ..treeio import RestoreReport
-from ..types import BlobRef, TreeDiff, TreeFile, TreeRef, check_checkpoint_id, check_key
+from ..types import BlobRef, TreeDiff, TreeFile, check_checkpoint_id, check_key
 from .blobs import BlobMissing, BlobReader
 
 if TYPE_CHECKING:
@@ -72,26 +71,8 @@ class BlobRefs:
         pipe = e._writable()
         if pipe.writer.broken is not None:
             raise pipe.writer.stopped()
-        old = None
-        if is_blob_ref(base):
-            with contextlib.suppress(CodecError):
-                old = decode_blob_ref(base)
         try:
-            if isinstance(path, TreeRef):
-                if exclude is not None:
-                    raise TypeError("exclude applies to a directory, not to a TreeRef")
-                try:
-                    parts = [] if subdir is None else split_relpath(subdir)
-                except ValueError as exc:
-                    raise TreePathError(str(subdir), str(exc)) from None
-                got = e._trees.copy(BlobRef(path.sha256, path.size, TREE_MEDIA_TYPE),
-                                    parts, subdir or "", base=old)
-            else:
-                if subdir is not None:
-                    raise TypeError("subdir applies to a TreeRef source; pass the "
-                                    "subdirectory's path instead")
-                patterns, gitignore = exclude_spec(exclude)
-                got = e._trees.snapshot(path, patterns, gitignore, base=old, rehash=rehash)
+            got = e._trees.put(path, exclude, base, rehash, subdir)
         except DurabilityError as exc:
             pipe.writer.broken = exc
             raise

@@ -423,6 +423,14 @@ class BlobStore:
                                  "Free some space and put the blob again.")
         return DurabilityError(path, f"{what}: {exc.strerror or exc}")
 
+    def where(self, sha: str) -> str:
+        """The file of blob ``sha`` (``treeio.TreeBlobs``)."""
+        return blob_path(self.root, sha)
+
+    def exists(self, sha: str) -> bool:
+        """True if blob ``sha``'s file is present (``treeio.TreeBlobs``)."""
+        return os.path.exists(blob_path(self.root, sha))
+
     # -- pins ------------------------------------------------------------------------
 
     def _pin(self, sha: str) -> None:

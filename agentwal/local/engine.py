@@ -380,10 +380,12 @@ class Engine:
 
     def txn_effect(self, view: Any, req: Request) -> Any:
         self.check_open()
+        _fenced(view, req)
         return self.ledger.run(req)
 
     async def txn_aeffect(self, view: Any, req: Request) -> Any:
         self.check_open()
+        _fenced(view, req)
         return await self.ledger.arun(req)
 
     def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
@@ -573,3 +575,10 @@ class Engine:
         if self._writer_lock is not None:
             self._writer_lock.release()
 
+
+def _fenced(view: Any, req: Request) -> None:
+    """Refuse an effect of a step whose lease was released; else pass its epoch to ``fn``."""
+    lease = view.fence
+    if lease is not None:
+        lease.check()
+        req.fencing_token = lease.epoch

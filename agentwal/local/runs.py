@@ -26,21 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import failpoints
 from ..errors import CheckpointNotFoundError, RunExistsError, RunNotFoundError
-from ..format import TREE_MEDIA_TYPE
 from ..history import compare_states, rollback_delta
-from ..types import BlobRef, Checkpoint, Diff, TreeDiff, TreeRef
+from ..types import Checkpoint, Diff
 
 if TYPE_CHECKING:
     from .engine import Engine
     from .reads import View
 
 __all__ = ["Runs"]
-
-
-def _tree_blob(value: Any) -> BlobRef | None:
-    """The blob reference of a TreeRef value (None for anything else)."""
-    return BlobRef(value.sha256, value.size, TREE_MEDIA_TYPE) if isinstance(value, TreeRef) \
-        else None
 
 
 class Runs:
@@ -168,19 +161,7 @@ class Runs:
               ) -> Diff:
         added, removed, changed = compare_states(ra, rb, where=self._e.path, run=run, a=ca,
                                                  b=cb)
-        return Diff(added, removed, changed, self._tree_diffs(added, removed, changed))
-
-    def _tree_diffs(self, added: dict[str, Any], removed: dict[str, Any],
-                    changed: dict[str, tuple[Any, Any]]) -> dict[str, TreeDiff]:
-        """The file-level diff of each key whose old or new value is a tree."""
-        e = self._e
-        pairs = {**{k: (None, v) for k, v in added.items()},
-                 **{k: (v, None) for k, v in removed.items()}, **changed}
-        out: dict[str, TreeDiff] = {}
-        for k, (old, new) in sorted(pairs.items()):
-            if isinstance(old, TreeRef) or isinstance(new, TreeRef):
-                out[k] = e._trees.diff(_tree_blob(old), _tree_blob(new))
-        return out
+        return Diff(added, removed, changed, self._e._trees.key_diffs(added, removed, changed))
 
     def names(self) -> list[str]:
         """Every run id with at least one checkpoint, sorted."""

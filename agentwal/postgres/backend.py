@@ -53,8 +53,8 @@ import hashlib
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, overload
 
 import cbor2
 import psycopg
@@ -62,11 +62,13 @@ import psycopg
 from .. import failpoints
 from ..backend import Change, EffectRace
 from ..codec import (
+    Joined,
     checkpoint_hash,
     decode_blob_ref,
     decode_meta,
     encode_meta,
     is_blob_ref,
+    join_append,
     whole,
 )
 from ..effects import (
@@ -86,6 +88,7 @@ from ..errors import (
     BackendUnavailableError,
     CheckpointNotFoundError,
     ConflictError,
+    CorruptionError,
     EffectDivergenceError,
     LeaseLostError,
     ReadOnlyError,
@@ -93,6 +96,7 @@ from ..errors import (
     RunNotFoundError,
     StoreClosedError,
 )
+from ..history import MAX_CHAIN
 from ..types import Checkpoint
 from . import schema as schema_mod
 from .blobs import PgBlobs
@@ -143,6 +147,17 @@ class PgView:
     base: int
     epoch: int
     fence: Lease | None = None
+    #: ``{prefix: {key: stored bytes}}`` fetched by :meth:`PostgresBackend.prefetch`
+    ahead: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    #: ``{key: stored bytes or None}`` of the single keys it fetched
+    known: dict[str, bytes | None] = field(default_factory=dict)
+
+    def fetched(self, key: str) -> dict[str, bytes] | None:
+        """The prefetched keys of a prefix ``key`` is under, or None."""
+        for prefix, got in self.ahead.items():
+            if key.startswith(prefix):
+                return got
+        return None
 
 
 def _checkpoint(row: tuple[Any, ...]) -> Checkpoint:
@@ -156,6 +171,73 @@ def _value(inline: bytes | None, data: bytes | None) -> bytes | None:
     if inline is not None:
         return bytes(inline)
     return None if data is None else bytes(data)
+
+
+def _appends(change: Change, live: dict[str, tuple[int, int, int | None]]
+             ) -> dict[str, tuple[int, int, int, bytes, int]]:
+    """The commit's appends to store as append rows: ``{key: (base checkpoint, its depth,
+    base count, tail, base length)}``.
+
+    An append is stored as one when its key's live row holds exactly the
+    list it extends (that row's whole value has the append's base length;
+    the commit rule made sure no commit wrote the key since the view) and
+    the chain behind it is shorter than ``history.MAX_CHAIN``; otherwise the
+    whole value is stored, which starts a new chain.
+    """
+    out = {}
+    for key, (count, length, tail) in change.appends.items():
+        base = live.get(key)
+        if (base is not None and base[2] == length and base[1] + 1 < MAX_CHAIN
+                and change.writes.get(key) is not None):
+            out[key] = (base[0], base[1], count, tail, length)
+    return out
+
+
+def chain_values(conn: psycopg.Connection[Any], run: str, starts: list[tuple[str, int]],
+                 where: str) -> dict[str, bytes]:
+    """``{key: value}`` of the delta rows ``starts`` (``(key, checkpoint)``, at most one per
+    key) whose values are append chains: every row of each chain in one query, then
+    each list rebuilt from the whole value at its bottom, joining the tails in order.
+
+    Raises:
+        CorruptionError: a row of a chain is missing, or a tail does not fit its base.
+    """
+    rows = {(str(k), int(c)): (b, bc, bl, _value(inline, data)) for k, c, b, bc, bl, inline, data
+            in conn.execute(
+        "WITH RECURSIVE c AS ("
+        " SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest"
+        "   FROM unnest(%(keys)s::text[], %(ckpts)s::bigint[]) AS s(key, ckpt)"
+        "   JOIN deltas d ON d.run = %(run)s AND d.ckpt = s.ckpt AND d.key = s.key"
+        " UNION ALL"
+        " SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest"
+        "   FROM c JOIN deltas d ON d.run = %(run)s AND d.ckpt = c.base AND d.key = c.key)"
+        " SELECT c.key, c.ckpt, c.base, c.base_count, c.base_len, c.inline, v.data"
+        "   FROM c LEFT JOIN vals v ON v.digest = c.digest",
+        {"run": run, "keys": [k for k, _c in starts], "ckpts": [c for _k, c in starts]})}
+    out = {}
+    for key, ckpt in starts:
+        tails: list[tuple[int, int, bytes]] = []
+        at: int | None = ckpt
+        value: bytes | Joined | None = None
+        while at is not None:
+            row = rows.get((key, at))
+            if row is None or row[3] is None:
+                raise CorruptionError(where, None, f"the list of {run!r}/{key!r} at checkpoint "
+                                      f"{ckpt} misses the row of checkpoint {at} it extends")
+            if row[0] is None:
+                value = row[3]
+                break
+            tails.append((int(row[1]), int(row[2]), row[3]))
+            at = int(row[0])
+        assert value is not None
+        for entry in reversed(tails):
+            joined = join_append(value, entry)
+            if joined is None:
+                raise CorruptionError(where, None, f"an append to {run!r}/{key!r} (checkpoint "
+                                      f"{ckpt}) does not fit the list it extends")
+            value = joined
+        out[key] = value.whole() if isinstance(value, Joined) else value  # joined once, at the end
+    return out
 
 
 class PostgresBackend:
@@ -221,21 +303,44 @@ class PostgresBackend:
         """:meth:`read`: this backend stores whole values (never a ``codec.Joined``)."""
         return self.read(view, key)
 
+    def prefetch(self, view: PgView, prefixes: tuple[str, ...], keys: tuple[str, ...] = ()
+                 ) -> None:
+        """Fetch every key under ``prefixes`` (one round trip each) and the ``keys`` (one
+        for all) at the view now, to serve the view's later reads and scans of them from
+        memory (a checkpoint's state never changes, so what was fetched stays right)."""
+        for prefix in prefixes:
+            if view.fetched(prefix) is None:
+                view.ahead[prefix] = self.scan(view, prefix)
+        wanted = sorted({k for k in keys if k not in view.known and view.fetched(k) is None})
+        if wanted and view.base:
+            try:
+                got = self._state(view.run, view.base, keys=wanted)
+            except _Dropped:
+                raise _compacted(view) from None
+            view.known.update((k, got.get(k)) for k in wanted)
+
     def read(self, view: PgView, key: str) -> bytes | None:
         """The stored bytes of ``key`` at the view (None: absent)."""
         if view.base == 0:
             return None
+        if key in view.known:
+            return view.known[key]
+        got = view.fetched(key)
+        if got is not None:
+            return got.get(key)
         with self._conn() as conn:
             row = conn.execute(
-                "SELECT c.dropped, d.inline, v.data FROM checkpoints c LEFT JOIN LATERAL "
-                "(SELECT inline, digest FROM deltas WHERE run = c.run AND key = %s "
-                "AND ckpt <= c.id ORDER BY ckpt DESC LIMIT 1) d ON true "
-                "LEFT JOIN vals v ON v.digest = d.digest WHERE c.run = %s AND c.id = %s",
+                "SELECT c.dropped, d.inline, v.data, d.ckpt, d.base FROM checkpoints c "
+                "LEFT JOIN LATERAL (SELECT inline, digest, ckpt, base FROM deltas "
+                "WHERE run = c.run AND key = %s AND ckpt <= c.id ORDER BY ckpt DESC LIMIT 1) d "
+                "ON true LEFT JOIN vals v ON v.digest = d.digest WHERE c.run = %s AND c.id = %s",
                 (key, view.run, view.base)).fetchone()
-        if row is None:
-            return None  # the run was deleted since the view: its commit will say so
-        if row[0]:
-            raise _compacted(view)
+            if row is None:
+                return None  # the run was deleted since the view: its commit will say so
+            if row[0]:
+                raise _compacted(view)
+            if row[4] is not None:  # an append row: the list is rebuilt from its chain
+                return chain_values(conn, view.run, [(key, int(row[3]))], self.name)[key]
         return _value(row[1], row[2])
 
     def scan(self, view: PgView, prefix: str) -> dict[str, bytes]:
@@ -244,19 +349,24 @@ class PostgresBackend:
         Raises:
             ConflictError: a compaction dropped the view's checkpoint meanwhile.
         """
+        got = view.fetched(prefix)
+        if got is not None:
+            return {k: v for k, v in got.items() if k.startswith(prefix)}
         try:
             return self._state(view.run, view.base, prefix=prefix)
         except _Dropped:
             raise _compacted(view) from None
 
     def _state(self, run: str, upto: int, *, prefix: str = "",
-               key: str | None = None) -> dict[str, bytes]:
+               key: str | None = None, keys: list[str] | None = None) -> dict[str, bytes]:
         """The values live at checkpoint ``upto`` (module doc: the intervals of delta rows)."""
         if upto == 0:
             return {}
         args: dict[str, Any] = {"run": run, "upto": upto, "key": key, "p": prefix,
-                                "hi": _successor(prefix)}
-        if key is not None:
+                                "hi": _successor(prefix), "keys": keys}
+        if keys is not None:
+            where = "d.key = ANY(%(keys)s)"
+        elif key is not None:
             where = "d.key = %(key)s"
         elif not prefix:
             where = "true"
@@ -266,24 +376,30 @@ class PostgresBackend:
             where = "d.key >= %(p)s AND d.key < %(hi)s"
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
+                "SELECT d.key, d.inline, v.data, d.ckpt, d.base FROM deltas d LEFT JOIN vals v "
                 "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until IS NULL "
                 "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
-                "SELECT d.key, d.inline, v.data FROM deltas d LEFT JOIN vals v "
+                "SELECT d.key, d.inline, v.data, d.ckpt, d.base FROM deltas d LEFT JOIN vals v "
                 "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until > %(upto)s "
                 "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
                 # A marker row (no key) when a compaction dropped the checkpoint: its rows
                 # are gone in part, so what was read above is not its state.
-                "SELECT NULL, NULL, NULL FROM checkpoints WHERE run = %(run)s "
+                "SELECT NULL, NULL, NULL, NULL, NULL FROM checkpoints WHERE run = %(run)s "
                 "AND id = %(upto)s AND dropped ORDER BY 1", args).fetchall()
-        out: dict[str, bytes] = {}
-        for k, inline, data in rows:
-            if k is None:
-                raise _Dropped
-            value = _value(inline, data)
-            if value is not None:
-                out[k] = value
-        return out
+            out: dict[str, bytes] = {}
+            appended: list[tuple[str, int]] = []
+            for k, inline, data, ckpt, base in rows:
+                if k is None:
+                    raise _Dropped
+                if base is not None:
+                    appended.append((k, int(ckpt)))
+                    continue
+                value = _value(inline, data)
+                if value is not None:
+                    out[k] = value
+            if appended:  # lists rebuilt from their chains, in one more round trip
+                out.update(chain_values(conn, run, appended, self.name))
+        return dict(sorted(out.items())) if appended else out
 
     def end(self, view: PgView) -> None:
         """Release the view: nothing is held on the server, so nothing to do."""
@@ -341,9 +457,10 @@ class PostgresBackend:
         committing = False
         with self._conn() as conn:
             try:
-                with conn.pipeline():  # BEGIN and the row lock: one round trip
+                with conn.pipeline():  # BEGIN, the row lock (and live rows): one round trip
                     conn.execute("BEGIN")
-                    row = self._lock_fenced(conn, run, lease, seq=True)
+                    row, live = self._lock_fenced(conn, run, lease, seq=True,
+                                                  live=sorted(change.appends))
                 head, head_hash, run_epoch, seq = int(row[0]), row[1], int(row[2]), int(row[6])
                 if run_epoch != view.epoch:
                     raise ConflictError(run, deleted=True)
@@ -364,7 +481,8 @@ class PostgresBackend:
                 committing = True  # from here a lost session leaves the outcome to resolve
                 with conn.pipeline():  # the writes and COMMIT: one round trip
                     self._insert(conn, run, cid, parent, seq, created, meta_raw, hsh, digest,
-                                 outbox, change.origin, lease.epoch, token, delta)
+                                 outbox, change.origin, lease.epoch, token, delta,
+                                 _appends(change, live))
                     for entry in outbox_entries(self.store_id, run, cid, created, seq,
                                                 deferred, view.epoch):
                         conn.execute(
@@ -449,27 +567,48 @@ class PostgresBackend:
                     "was committed. Use a key that names one request.")
         return kept
 
+    @overload
     def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
-                     share: bool = False, seq: bool = False) -> tuple[Any, ...]:
+                     share: bool = False, seq: bool = False, live: None = None
+                     ) -> tuple[Any, ...]: ...
+
+    @overload
+    def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
+                     share: bool = False, seq: bool = False, live: list[str]
+                     ) -> tuple[tuple[Any, ...], dict[str, tuple[int, int, int | None]]]: ...
+
+    def _lock_fenced(self, conn: psycopg.Connection[Any], run: str, lease: Lease, *,
+                     share: bool = False, seq: bool = False, live: list[str] | None = None
+                     ) -> Any:
         """Lock ``run``'s row (``FOR UPDATE``, or ``FOR SHARE``) and check ``lease`` on it.
 
         Returns ``(head, head_hash, run_epoch, owner, epoch, live)``, and with
         ``seq`` a new commit sequence number last (taken under the row lock, so
         a run's commits get increasing numbers; an aborted commit leaves a gap).
         A steal of the lease waits for this transaction, or this one sees the
-        steal's epoch.
+        steal's epoch. With ``live`` (keys), also ``{key: (ckpt, depth, vlen)}`` of
+        those keys' live delta rows, read under the lock in the same round trip
+        (a pipeline's statements run in order): the bases of the commit's appends.
 
         Raises:
             LeaseLostError: the row shows another owner or epoch, or the lease expired.
         """
-        row = conn.execute(
+        cur = conn.execute(
             "SELECT head, head_hash, run_epoch, lease_owner, lease_epoch, "
             "lease_expires > clock_timestamp()" + (", nextval('commit_seq')" if seq else "")
             + " FROM runs WHERE run = %s " + ("FOR SHARE" if share else "FOR UPDATE"),
-            (run,)).fetchone()
+            (run,))
+        rows = None if not live else conn.execute(
+            "SELECT key, ckpt, depth, vlen FROM deltas WHERE run = %s AND until IS NULL "
+            "AND key = ANY(%s)", (run, live))
+        row = cur.fetchone()
         self._fence(row, lease)
         assert row is not None
-        return tuple(row)
+        if live is None:
+            return tuple(row)
+        found = {} if rows is None else {
+            str(k): (int(c), int(d), None if n is None else int(n)) for k, c, d, n in rows}
+        return tuple(row), found
 
     def _fence(self, row: tuple[Any, ...] | None, lease: Lease) -> None:
         """Raise LeaseLostError unless ``row`` (runs, locked) shows ``lease`` live."""
@@ -498,18 +637,26 @@ class PostgresBackend:
     def _insert(self, conn: psycopg.Connection[Any], run: str, cid: int, parent: int | None,
                 seq: int, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
                 outbox: bytes | None, origin: tuple[str, int] | None, epoch: int,
-                token: uuid.UUID, delta: dict[str, bytes | None]) -> None:
-        rows: list[tuple[str, int, str, bytes | None, bytes | None]] = []
+                token: uuid.UUID, delta: dict[str, bytes | None],
+                appends: dict[str, tuple[int, int, int, bytes, int]]) -> None:
+        """The checkpoint's rows; a key in ``appends`` (``{key: (base checkpoint, depth,
+        base count, tail, base length)}``) gets an append row holding its tail only."""
+        rows: list[tuple[Any, ...]] = []
         vals: dict[bytes, bytes] = {}
         blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256) for v in delta.values()
                         if is_blob_ref(v)})
         for key, value in delta.items():
-            if value is None or len(value) <= schema_mod.INLINE_MAX:
-                rows.append((run, cid, key, value, None))
+            app = appends.get(key)
+            stored = value if app is None else app[3]
+            row: tuple[Any, ...] = (None, None, None, 0) if app is None else (
+                app[0], app[2], app[4], app[1] + 1)
+            vlen = None if value is None else len(value)
+            if stored is None or len(stored) <= schema_mod.INLINE_MAX:
+                rows.append((run, cid, key, stored, None, *row, vlen))
             else:
-                d = hashlib.sha256(value).digest()
-                vals[d] = value
-                rows.append((run, cid, key, None, d))
+                d = hashlib.sha256(stored).digest()
+                vals[d] = stored
+                rows.append((run, cid, key, None, d, *row, vlen))
         with conn.cursor() as cur:
             if vals:  # in digest order: two commits never lock vals rows in opposite orders
                 cur.executemany("INSERT INTO vals (digest, data) VALUES (%s, %s) "
@@ -523,8 +670,9 @@ class PostgresBackend:
             if rows:  # the keys' previous rows stop being live at this checkpoint
                 cur.execute("UPDATE deltas SET until = %s WHERE run = %s AND until IS NULL "
                             "AND key = ANY(%s)", (cid, run, [r[2] for r in rows]))
-                cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest) "
-                                "VALUES (%s, %s, %s, %s, %s)", rows)
+                cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest, base, "
+                                "base_count, base_len, depth, vlen) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
             if blobs:  # the foreign key fails the commit if a blob is gone
                 cur.executemany("INSERT INTO delta_blobs (run, ckpt, sha256) "
                                 "VALUES (%s, %s, %s)", [(run, cid, b) for b in blobs])

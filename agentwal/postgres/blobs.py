@@ -151,17 +151,36 @@ class PgBlobs:
     def collect(conn: psycopg.Connection[Any], shas: Iterable[bytes]) -> int:
         """In ``conn``'s transaction: delete the blobs nothing references (module doc).
 
-        Those of ``shas`` (a deleted run's), and up to :data:`_ORPHANS` others
-        (the blobs of transactions that never committed); returns how many.
+        Those of ``shas`` (a deleted run's) and every blob their trees reach,
+        and up to :data:`_ORPHANS` others (the blobs of transactions that
+        never committed); returns how many. A blob a tree object names
+        (``tree_edges``) is never deleted while that object is stored, so a
+        stored tree always has all its objects and files: a tree is deleted
+        from the top, one level per pass (the objects' edges cascade).
         """
-        unreferenced = ("touched_at < now() - make_interval(secs => %s) AND NOT EXISTS "
-                        "(SELECT 1 FROM delta_blobs d WHERE d.sha256 = b.sha256)")
-        cur = conn.execute(f"DELETE FROM blobs b WHERE sha256 = ANY(%s) AND {unreferenced}",
-                           (sorted(set(shas)), GRACE))
-        gone = cur.rowcount
+        below = [bytes(r[0]) for r in conn.execute(
+            "WITH RECURSIVE down(s) AS (SELECT unnest(%s::bytea[]) UNION "
+            "SELECT e.child FROM tree_edges e JOIN down ON e.parent = down.s) "
+            "SELECT s FROM down", (sorted(set(shas)),))]
+        gone = 0
+        while below:
+            cur = conn.execute(f"DELETE FROM blobs b WHERE sha256 = ANY(%s) AND {_UNREFERENCED}",
+                               (below, GRACE))
+            if not cur.rowcount:
+                break
+            gone += cur.rowcount
         cur = conn.execute(f"DELETE FROM blobs WHERE id IN (SELECT id FROM blobs b WHERE "
-                           f"{unreferenced} LIMIT %s)", (GRACE, _ORPHANS))
+                           f"{_UNREFERENCED} LIMIT %s)", (GRACE, _ORPHANS))
         return gone + cur.rowcount
+
+
+# A blob ``b`` no checkpoint references, no stored tree object names, and not put or
+# pinned within the grace period.
+_UNREFERENCED = """
+b.touched_at < now() - make_interval(secs => %s)
+AND NOT EXISTS (SELECT 1 FROM delta_blobs d WHERE d.sha256 = b.sha256)
+AND NOT EXISTS (SELECT 1 FROM tree_edges e WHERE e.child = b.sha256)
+"""
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:

@@ -11,7 +11,9 @@ Its delta rows go unless a kept checkpoint still reads them: a row written at
 checkpoint ``c`` and superseded at ``until`` is live at every ``K`` with
 ``c <= K < until`` (``backend``'s intervals), so it stays if some kept ``K``
 falls there, and no manifest is needed for the kept ones to read as before.
-Then the values only those rows named go: ``vals`` rows no delta row names,
+A kept append row (an append-shared list's tail) whose base row goes is
+first stored as the whole list it makes, so its chain starts there. Then
+the values only those rows named go: ``vals`` rows no delta row names,
 and the run's ``delta_blobs`` entries whose row went, with the blobs no one
 references any more (``blobs.PgBlobs.collect``).
 
@@ -25,6 +27,7 @@ database's job (``pg_dump --schema``) or ``agentwal copy`` to another store.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import time
 from typing import Any
 
@@ -32,12 +35,14 @@ from ..codec import CodecError, decode_blob_ref, is_blob_ref
 from ..errors import RunNotFoundError
 from ..retention import CompactReport, choose
 from ..types import Progress
+from .backend import chain_values
 from .blobs import PgBlobs
+from .schema import INLINE_MAX
 
 __all__ = ["compact"]
 
 _TABLES = ("runs", "checkpoints", "deltas", "vals", "effects", "blobs", "blob_chunks",
-           "delta_blobs")
+           "delta_blobs", "tree_edges")
 
 
 def _size(conn: Any) -> int:
@@ -108,13 +113,12 @@ def _compact_run(backend: Any, run: str, keep_last: int | None, cutoff: float | 
         all_dropped = [int(r[0]) for r in conn.execute(
             "SELECT id FROM checkpoints WHERE run = %s AND dropped", (run,))]
         kept = sorted(keep)
+        rebased = _rebase_kept_appends(backend, conn, run, all_dropped, kept)
         gone = conn.execute(
-            "DELETE FROM deltas d WHERE d.run = %s AND d.ckpt = ANY(%s) AND NOT EXISTS "
-            "(SELECT 1 FROM unnest(%s::bigint[]) k WHERE k >= d.ckpt "
-            "AND (d.until IS NULL OR k < d.until)) "
+            "DELETE FROM deltas d WHERE (d.key, d.ckpt) IN (" + _DOOMED + ") AND d.run = %(run)s "
             "RETURNING d.digest, octet_length(d.key) + coalesce(octet_length(d.inline), 0)",
-            (run, all_dropped, kept)).fetchall()
-        digests = sorted({bytes(d) for d, _n in gone if d is not None})
+            {"run": run, "dropped": all_dropped, "kept": kept}).fetchall()
+        digests = sorted({bytes(d) for d, _n in gone if d is not None} | rebased)
         nbytes = sum(int(n) for _d, n in gone)
         objects = 0
         if digests:
@@ -126,6 +130,42 @@ def _compact_run(backend: Any, run: str, keep_last: int | None, cutoff: float | 
             nbytes += sum(int(r[0]) for r in freed)
         objects += _drop_blob_refs(conn, run, all_dropped)
     return len(drop), nbytes, objects
+
+
+# The delta rows of ``run`` at the dropped checkpoints ``%(dropped)s`` that no kept
+# checkpoint ``%(kept)s`` reads: the rows a compaction deletes.
+_DOOMED = """
+SELECT d.key, d.ckpt FROM deltas d WHERE d.run = %(run)s AND d.ckpt = ANY(%(dropped)s)
+   AND NOT EXISTS (SELECT 1 FROM unnest(%(kept)s::bigint[]) k WHERE k >= d.ckpt
+                   AND (d.until IS NULL OR k < d.until))
+"""
+
+
+def _rebase_kept_appends(backend: Any, conn: Any, run: str, dropped: list[int],
+                         kept: list[int]) -> set[bytes]:
+    """Store as whole values the kept append rows whose base row the compaction deletes
+    (the rest of their chain goes with it); the digests of the tails they held."""
+    args = {"run": run, "dropped": dropped, "kept": kept}
+    victims = [(str(k), int(c), d) for k, c, d in conn.execute(
+        "WITH doomed AS (" + _DOOMED + ") SELECT a.key, a.ckpt, a.digest FROM deltas a "
+        "JOIN doomed b ON b.key = a.key AND b.ckpt = a.base WHERE a.run = %(run)s "
+        "AND NOT EXISTS (SELECT 1 FROM doomed x WHERE x.key = a.key AND x.ckpt = a.ckpt)",
+        args).fetchall()]
+    tails: set[bytes] = set()
+    for key, cid, digest in victims:
+        value = chain_values(conn, run, [(key, cid)], backend.name)[key]
+        inline, vdigest = (value, None) if len(value) <= INLINE_MAX else (
+            None, hashlib.sha256(value).digest())
+        if vdigest is not None:
+            conn.execute("INSERT INTO vals (digest, data) VALUES (%s, %s) "
+                         "ON CONFLICT (digest) DO NOTHING", (vdigest, value))
+        conn.execute("UPDATE deltas SET inline = %s, digest = %s, base = NULL, "
+                     "base_count = NULL, base_len = NULL, depth = 0 "
+                     "WHERE run = %s AND key = %s AND ckpt = %s",
+                     (inline, vdigest, run, key, cid))
+        if digest is not None:
+            tails.add(bytes(digest))
+    return tails
 
 
 def _drop_blob_refs(conn: Any, run: str, dropped: list[int]) -> int:

@@ -39,12 +39,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from ..errors import LeaseHeldError, LeaseLostError, RunParkedError
+from ..errors import LeaseHeldError, RunParkedError
+from ..leases import Lease
 from .db import Db, app_name, deadline, translate
 
 __all__ = ["Lease", "Leases"]
@@ -101,28 +101,6 @@ UPDATE runs r SET lease_owner = %(me)s, lease_epoch = r.lease_epoch + 1, steals 
   FROM c WHERE r.run = c.run
 RETURNING r.run, r.lease_epoch
 """
-
-
-@dataclass(eq=False)
-class Lease:
-    """This worker's lease on one run: the fencing token and the local deadline."""
-
-    run: str
-    epoch: int
-    deadline: float  # time.monotonic() past which the holder stops acting
-    lost: str | None = None  # why the lease is gone for good (None: held)
-
-    def live(self) -> bool:
-        """True while this worker may act on the run (held and before the local deadline)."""
-        return self.lost is None and time.monotonic() < self.deadline
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLostError` unless :meth:`live`."""
-        if self.lost is not None:
-            raise LeaseLostError(self.run, self.epoch, self.lost)
-        if time.monotonic() >= self.deadline:
-            raise LeaseLostError(self.run, self.epoch,
-                                 "the lease passed its local deadline without a renewal")
 
 
 class Leases:

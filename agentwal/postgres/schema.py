@@ -28,10 +28,16 @@ Tables (version 1):
   O(delta) and equal values are shared across checkpoints, keys and runs.
   ``until`` (version 4) is the checkpoint that next wrote the row's key
   (NULL: the key's latest row), so reading a checkpoint's state scans no
-  history (``backend``).
+  history (``backend``). ``base`` (version 7) marks an append row: it holds
+  the items appended to its key's row at checkpoint ``base`` (append-shared
+  lists: a growing list costs its new items per commit).
 - ``effects``: the effects ledger (``effects.encode_entry`` bytes per key).
 - ``blobs``, ``blob_chunks``, ``delta_blobs`` (version 3): blob content in
   chunks, and the checkpoints whose values reference each blob (``blobs.py``).
+- ``tree_edges`` (version 6): ``(parent, child)`` for each entry of each
+  directory tree object (a tree's root object names its top directory, a
+  directory its files and subdirectories), recorded when a tree is put
+  (``trees.py``); collection keeps a blob reachable from a referenced one.
 """
 
 from __future__ import annotations
@@ -157,8 +163,30 @@ ALTER TABLE checkpoints ADD COLUMN dropped boolean NOT NULL DEFAULT false;
 CREATE INDEX deltas_by_digest ON deltas (digest) WHERE digest IS NOT NULL;
 """
 
+# Directory trees (``trees.py``): which blobs each tree object names, so a
+# blob a committed tree reaches is never collected.
+_V6 = """
+CREATE TABLE tree_edges (
+    parent bytea NOT NULL REFERENCES blobs (sha256) ON DELETE CASCADE,
+    child  bytea NOT NULL REFERENCES blobs (sha256),
+    PRIMARY KEY (parent, child)
+);
+CREATE INDEX tree_edges_by_child ON tree_edges (child);
+"""
+
+# Append-shared lists (``backend``): a delta row may hold only the items a
+# commit appended to the list its key's previous row holds (``base``: that
+# row's checkpoint; ``base_count``/``base_len``: that list's item count and
+# encoded length); ``depth`` counts the append rows behind it and ``vlen`` is
+# the whole value's length (NULL in older rows: their next write is whole).
+_V7 = """
+ALTER TABLE deltas ADD COLUMN base bigint, ADD COLUMN base_count bigint,
+    ADD COLUMN base_len bigint, ADD COLUMN depth integer NOT NULL DEFAULT 0,
+    ADD COLUMN vlen bigint;
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

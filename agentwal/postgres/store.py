@@ -29,11 +29,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import socket
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -62,24 +60,39 @@ from ..errors import (
     LeaseHeldError,
     MissingKeyError,
     NotABlobError,
+    NotATreeError,
     ReadOnlyError,
     RunExistsError,
     RunNotFoundError,
+    TreePathError,
 )
 from ..format import TREE_MEDIA_TYPE
 from ..history import compare_states, rollback_delta
+from ..leases import Lease, default_worker_id
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..retention import CompactReport, check_args, selected_runs
 from ..store_effects import StandaloneEffects
 from ..store_steps import StepsAPI
 from ..transfer import CopyReport, copy_runs
+from ..tree import exclude_spec, split_relpath
+from ..treeio import RestoreReport
 from ..txn import Transaction, check_effect_args, check_retry_of
-from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
+from ..types import (
+    BlobRef,
+    Checkpoint,
+    Diff,
+    Durability,
+    Progress,
+    TreeDiff,
+    TreeFile,
+    check_checkpoint_id,
+    check_key,
+)
 from .backend import Change, PostgresBackend
 from .blobs import PgBlobReader
 from .compact import compact as compact_runs
-from .leases import Lease
+from .trees import PgTrees
 from .verify import verify as verify_tables
 
 __all__ = ["PostgresStore", "open_postgres"]
@@ -88,11 +101,6 @@ T = TypeVar("T")
 _UNSET: Any = object()
 #: How far back ``txn_adopt`` looks for an uncommitted attempt (as the local store).
 _ADOPT_WALK = 32
-
-
-def default_worker_id() -> str:
-    """``host/pid/random``: unique per process, readable in ``LeaseHeldError``."""
-    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 def open_postgres(dsn: str, *, schema: str | None = None, worker_id: str | None = None,
@@ -195,6 +203,7 @@ class PostgresStore(StepsAPI, StandaloneEffects):
         #: the effects executor over the backend's compare-and-set ledger; each request
         #: carries its step's lease as ``Request.fence``
         self._ledger = Ledger(backend)
+        self._trees = PgTrees(backend.blobs)
         self._retries = 0
         #: (run, checkpoint) -> the live transaction whose step uses the effect positions there
         self._pos_owners = PositionOwners()
@@ -273,9 +282,10 @@ class PostgresStore(StepsAPI, StandaloneEffects):
 
     def txn_put_tree(self, path: Any, exclude: Any, base: bytes | None, rehash: bool = False,
                      subdir: str | None = None) -> tuple[BlobRef, list[str]]:
-        raise BackendUnsupportedError(
-            "txn.put_tree", "PostgreSQL", "It stores blobs (txn.put_blob) but no directory "
-            "trees yet; use a local store for workspaces (docs/postgres.md).")
+        self._writable()
+        got = self._trees.put(path, exclude, base, rehash, subdir)  # the local tree code
+        self._trees.record(got.ref)  # what it reaches, for collection (postgres/trees.py)
+        return got.ref, []  # touched blobs are kept a grace hour: no pins
 
     def txn_unpin(self, pins: list[str]) -> None:
         """Nothing to unpin: a blob put and not yet committed is kept by its grace hour."""
@@ -478,7 +488,8 @@ class PostgresStore(StepsAPI, StandaloneEffects):
         check_key(run, "run id")
         ra = self._b.state_at(run, check_checkpoint_id(a))
         rb = self._b.state_at(run, check_checkpoint_id(b))
-        return Diff(*compare_states(ra, rb, where=self.path, run=run, a=a, b=b))
+        added, removed, changed = compare_states(ra, rb, where=self.path, run=run, a=a, b=b)
+        return Diff(added, removed, changed, self._trees.key_diffs(added, removed, changed))
 
     def runs(self) -> list[str]:
         """Run ids with at least one checkpoint, sorted."""
@@ -678,7 +689,7 @@ class PostgresStore(StepsAPI, StandaloneEffects):
         self._b._check_open()
         if progress is not None:
             progress("tables", 0, 1)
-        report = verify_tables(self._b)
+        report = verify_tables(self._b, self._trees)
         if progress is not None:
             progress("tables", 1, 1)
         return report
@@ -700,6 +711,18 @@ class PostgresStore(StepsAPI, StandaloneEffects):
             NotABlobError (a value not put with ``put_blob``, or a tree),
             CorruptionError (the blob is missing, or of another size).
         """
+        raw = self._stored(run, key, at)
+        ref = decode_blob_ref(raw) if is_blob_ref(raw) else None
+        if ref is None or ref.media_type == TREE_MEDIA_TYPE:
+            raise NotABlobError(run, key, type(self._decode(raw, f"{run!r}/{key!r}")).__name__)
+        return self._b.blobs.open(ref, verify=verify)
+
+    def _stored(self, run: str, key: str, at: int | None) -> bytes:
+        """The stored bytes of ``key`` (latest, or at checkpoint ``at``).
+
+        Raises:
+            RunNotFoundError, CheckpointNotFoundError, MissingKeyError, InvalidKeyError.
+        """
         check_key(run, "run id")
         check_key(key)
         if at is None:
@@ -711,22 +734,54 @@ class PostgresStore(StepsAPI, StandaloneEffects):
             raw = self._b.state_at(run, check_checkpoint_id(at), key=key).get(key)
         if raw is None:
             raise MissingKeyError(run, key)
+        return raw
+
+    def _tree_ref(self, run: str, key: str, at: int | None) -> BlobRef:
+        """The tree reference ``key`` holds (latest, or at checkpoint ``at``)."""
+        raw = self._stored(run, key, at)
         ref = decode_blob_ref(raw) if is_blob_ref(raw) else None
-        if ref is None or ref.media_type == TREE_MEDIA_TYPE:
-            raise NotABlobError(run, key, type(self._decode(raw, f"{run!r}/{key!r}")).__name__)
-        return self._b.blobs.open(ref, verify=verify)
+        if ref is None or ref.media_type != TREE_MEDIA_TYPE:
+            raise NotATreeError(run, key, type(self._decode(raw, f"{run!r}/{key!r}")).__name__)
+        return ref
 
-    def list_tree(self, run: str, key: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.list_tree", _NO_TREES)
+    def restore_tree(self, run: str, key: str, dest: str | os.PathLike[str], *,
+                     at: int | None = None) -> RestoreReport:
+        """Make directory ``dest`` exactly the tree ``key`` holds (as ``Store.restore_tree``).
 
-    def restore_tree(self, run: str, key: str, dest: Any, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.restore_tree", _NO_TREES)
+        With no stat cache on PostgreSQL, the files already in ``dest`` are
+        compared by content (docs/postgres.md).
+        """
+        self._b._check_open()
+        return self._trees.restore(self._tree_ref(run, key, at), dest)
 
-    def open_tree_file(self, run: str, key: str, relpath: str, **_options: Any) -> Any:
-        """Not on PostgreSQL yet: it stores blobs, not trees (``BackendUnsupportedError``)."""
-        raise _unsupported("store.open_tree_file", _NO_TREES)
+    def open_tree_file(self, run: str, key: str, relpath: str, *,
+                       at: int | None = None) -> PgBlobReader:
+        """A read-only binary stream of one file of the tree ``key`` holds (as
+        ``Store.open_tree_file``)."""
+        self._b._check_open()
+        try:
+            parts = split_relpath(relpath)
+        except ValueError as exc:
+            raise TreePathError(str(relpath), f"is not a path inside a tree ({exc})") from None
+        got = self._trees.open_file(self._tree_ref(run, key, at), parts, relpath)
+        if isinstance(got, str):
+            raise TreePathError(relpath, got)
+        assert isinstance(got, PgBlobReader)
+        return got
+
+    def list_tree(self, run: str, key: str, *, at: int | None = None) -> list[TreeFile]:
+        """Every file and link of the tree ``key`` holds (as ``Store.list_tree``)."""
+        self._b._check_open()
+        return self._trees.files(self._tree_ref(run, key, at))
+
+    def _tree_status(self, run: str, key: str, path: str | os.PathLike[str],
+                     exclude: Any) -> TreeDiff:
+        """What differs on disk at ``path`` from the run's latest tree at ``key`` (Workspace)."""
+        try:
+            ref: BlobRef | None = self._tree_ref(run, key, None)
+        except (MissingKeyError, RunNotFoundError):
+            ref = None
+        return self._trees.status(ref, path, *exclude_spec(exclude))
 
     def sync(self) -> None:
         """Make every acknowledged commit durable now (matters with ``durability="async"``)."""
@@ -773,10 +828,6 @@ def _recorded(entry: EffectRecord, req: Request) -> Any:
             f"{entry.name!r} ({entry.effect_id}) made without transactional=True; nothing "
             "was called. Settle it (store.resolve_effect) or retire it (store.retire_effect).")
     return entry.result
-
-
-_NO_TREES = ("Directory trees are not stored on PostgreSQL yet (blobs are); keep them in a "
-             "local store (docs/postgres.md).")
 
 
 def _unsupported(what: str, hint: str) -> BackendUnsupportedError:

@@ -19,7 +19,12 @@ rows (a value inline, or the ``vals`` row its digest names); then check
 - every blob's chunks are numbered 0.. without a gap, add up to its size and
   hash to its SHA-256 (streamed, one chunk at a time), and every blob
   reference in a checkpoint's values is listed in ``delta_blobs`` (so the
-  blob cannot be collected under it).
+  blob cannot be collected under it);
+- every append row's tail joins the list of the row it extends (that row is
+  there, and the list has the count and length the append says);
+- every tree value's objects decode and each of their entries is an edge in
+  ``tree_edges`` (so no file of a committed tree can be collected; the
+  edge's foreign key says the file's blob is there).
 
 Nothing is repaired and nothing is written; each problem names its table and
 row. A database's own damage (a page checksum) surfaces as the server's
@@ -30,24 +35,32 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from ..codec import CodecError, checkpoint_hash, decode_blob_ref, is_blob_ref, loads
+from ..codec import CodecError, checkpoint_hash, decode_blob_ref, is_blob_ref, join_append, loads
 from ..effects import decode_entry
+from ..errors import CorruptionError
+from ..format import TREE_MEDIA_TYPE
 from ..local.verify.report import Problem, VerifyReport
+from ..types import BlobRef
+
+if TYPE_CHECKING:
+    from .trees import PgTrees
 
 __all__ = ["verify"]
 
 _ZERO = bytes(32)
 
 
-def verify(backend: Any) -> VerifyReport:
-    """Check every run's chain and the rows it names (module doc)."""
+def verify(backend: Any, trees: PgTrees | None = None) -> VerifyReport:
+    """Check every run's chain and the rows it names, and (given ``trees``) the tree
+    values' objects and edges (module doc)."""
     problems: list[Problem] = []
     checked = {"runs": 0, "checkpoints": 0, "hashes": 0, "values": 0, "vals": 0,
-               "effects": 0, "blobs": 0}
+               "effects": 0, "blobs": 0, "trees": 0}
+    found: set[BlobRef] = set()
     where = backend.name
 
     def problem(table: str, key: str, what: str) -> None:
@@ -64,7 +77,9 @@ def verify(backend: Any) -> VerifyReport:
                             "ORDER BY run").fetchall()
         for run, head, head_hash in runs:
             checked["runs"] += 1
-            _check_run(conn, run, int(head), head_hash, checked, problem)
+            _check_run(conn, run, int(head), head_hash, checked, problem, found)
+        if trees is not None:
+            _check_trees(conn, trees, found, checked, problem)
         for key, raw in conn.execute("SELECT key, entry FROM effects"):
             checked["effects"] += 1
             try:
@@ -103,19 +118,38 @@ def _check_blobs(conn: Any, checked: dict[str, int], problem: Any) -> None:
                     f"{', with a gap' if gap else ''}) are not its {size} bytes of content")
 
 
+def _check_trees(conn: Any, trees: PgTrees, refs: set[BlobRef], checked: dict[str, int],
+                 problem: Any) -> None:
+    """Each tree value's objects decode, and every edge of them is in ``tree_edges`` (else
+    a collection could delete a file of a committed tree)."""
+    edges = {(bytes(p).hex(), bytes(c).hex())
+             for p, c in conn.execute("SELECT parent, child FROM tree_edges")}
+    seen: set[str] = set()
+    for ref in sorted(refs, key=lambda r: r.sha256):
+        checked["trees"] += 1
+        try:
+            for parent, child in trees.edges(ref, seen):
+                if (parent, child) not in edges:
+                    problem("tree_edges", f"{parent[:16]}->{child[:16]}", "an entry of a "
+                            "stored tree object is not recorded (a collection could delete it)")
+        except CorruptionError as exc:
+            problem("blobs", ref.sha256[:16], f"a tree object is missing or damaged: {exc}")
+
+
 def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str, int],
-               problem: Any) -> None:
+               problem: Any, trees: set[BlobRef]) -> None:
     deltas: dict[int, dict[str, bytes | None]] = {}
     listed = {(run, int(c), bytes(b).hex()) for c, b in conn.execute(
         "SELECT ckpt, sha256 FROM delta_blobs WHERE run = %s", (run,))}
     rows = conn.execute(
         "SELECT d.ckpt, d.key, d.inline, d.digest, v.data, d.until, lead(d.ckpt) OVER "
-        "(PARTITION BY d.key ORDER BY d.ckpt) FROM deltas d "
+        "(PARTITION BY d.key ORDER BY d.ckpt), d.base, d.base_count, d.base_len FROM deltas d "
         "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %s ORDER BY d.ckpt, d.key",
         (run,))
+    whole: dict[tuple[str, int], bytes | None] = {}  # each row's value, its chain joined
     dropped = sorted(int(r[0]) for r in conn.execute(
         "SELECT id FROM checkpoints WHERE run = %s AND dropped", (run,)))
-    for cid, key, inline, digest, data, until, after in rows:
+    for cid, key, inline, digest, data, until, after, base, base_count, base_len in rows:
         # Compaction deletes the rows no kept checkpoint reads: between a row's until
         # and the next row left of its key, every checkpoint is then a dropped one.
         gap = (until is not None and after is not None and until < after
@@ -133,13 +167,28 @@ def _check_run(conn: Any, run: str, head: int, head_hash: Any, checked: dict[str
                 problem("deltas", f"{run!r}/{cid}/{key!r}", "names a value missing from vals")
                 continue
             value = bytes(data)
+        if base is not None:  # an append row: the list it extends, then its tail
+            under = whole.get((key, int(base)))
+            joined = None if under is None or value is None else join_append(
+                under, (int(base_count), int(base_len), value))
+            if joined is None:
+                problem("deltas", f"{run!r}/{cid}/{key!r}", f"its append to the row of "
+                        f"checkpoint {base} is missing that row, or does not fit its list")
+                continue
+            value = joined.whole()
+        whole[(key, int(cid))] = value
         if is_blob_ref(value) and (run, int(cid), _sha_of(value)) not in listed:
             problem("deltas", f"{run!r}/{cid}/{key!r}", "its blob reference is not listed in "
                     "delta_blobs (a collection could delete the blob under it)")
         if value is not None:
             checked["values"] += 1
             try:
-                decode_blob_ref(value) if is_blob_ref(value) else loads(value)
+                if is_blob_ref(value):
+                    ref = decode_blob_ref(value)
+                    if ref.media_type == TREE_MEDIA_TYPE:
+                        trees.add(ref)
+                else:
+                    loads(value)
             except CodecError as exc:
                 problem("deltas", f"{run!r}/{cid}/{key!r}", f"the value does not decode: {exc}")
         deltas.setdefault(int(cid), {})[key] = value

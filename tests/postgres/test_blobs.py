@@ -114,8 +114,6 @@ def test_bad_sources_are_refused_and_store_nothing(pgstore: PostgresStore, tmp_p
         txn.put_blob("k", BlobRef("0" * 64, 3))  # no such blob here
     with pytest.raises(TypeError):
         txn.put_blob("k", b"bytes")
-    with pytest.raises(agentwal.BackendUnsupportedError):
-        txn.put_tree("tree", tmp_path)
     txn.commit()  # still usable
     assert _sql(pg_dsn, pg_schema, "SELECT count(*) FROM blob_chunks") == [(0,)]
     assert _sql(pg_dsn, pg_schema, "SELECT count(*) FROM blobs") == [(0,)]

@@ -111,8 +111,21 @@ def test_a_run_another_worker_holds_is_refused(filled: PostgresStore, url: str) 
     assert filled.head("run-a").id == 3  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("args", [("backup", "{tmp}/copy.awal"),
-                                  ("restore", "run-a", "tree", "{tmp}/dir")])
+def test_a_tree_is_shown_and_restored_on_a_url(filled: PostgresStore, url: str,
+                                               tmp_path: Any) -> None:
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "f.txt").write_bytes(b"hi\n")
+    with filled.begin("run-t") as txn:
+        txn.put_tree("ws", tmp_path / "w")
+    filled.release("run-t")
+    code, out = run("restore", url, "run-t", "ws", str(tmp_path / "out"), "--json")
+    assert code == 0 and json.loads(out)["written"] == 1, out
+    assert (tmp_path / "out" / "f.txt").read_bytes() == b"hi\n"
+    code, out = run("show", url, "run-t", "--json")
+    assert code == 0 and "f.txt" in out, out
+
+
+@pytest.mark.parametrize("args", [("backup", "{tmp}/copy.awal")])
 def test_what_the_backend_cannot_do_is_a_typed_error(filled: PostgresStore, url: str,
                                                      args: tuple[str, ...],
                                                      tmp_path: Any) -> None:

@@ -239,19 +239,6 @@ def test_durable_modes_commit_the_same(open_pg: Callable[..., PostgresStore]) ->
     assert store.stats()["checkpoints_rows"] == 1
 
 
-def test_trees_are_refused_with_a_typed_error_and_the_txn_goes_on(
-        pgstore: PostgresStore, tmp_path: Any) -> None:
-    import agentwal
-
-    (tmp_path / "f").write_bytes(b"data")
-    with pgstore.begin("r") as txn:
-        with pytest.raises(agentwal.BackendUnsupportedError) as info:
-            txn.put_tree("ws", str(tmp_path))
-        assert info.value.code == "backend_unsupported" and "put_tree" in str(info.value)
-        txn["k"] = 1  # still usable: nothing was changed
-    assert pgstore.get("r", "k") == 1 and pgstore.get("r", "ws") is None
-
-
 def _history_states(store: PostgresStore, run: str) -> list[dict[str, Any]]:
     head = store.head(run)
     assert head is not None
@@ -277,6 +264,9 @@ def test_a_version_3_store_gets_its_intervals_filled_in(
         conn.execute("DROP INDEX deltas_live, deltas_superseded, deltas_by_digest")
         conn.execute("ALTER TABLE deltas DROP COLUMN until")
         conn.execute("ALTER TABLE checkpoints DROP COLUMN dropped")
+        conn.execute("DROP TABLE tree_edges")
+        conn.execute("ALTER TABLE deltas DROP COLUMN base, DROP COLUMN base_count, "
+                     "DROP COLUMN base_len, DROP COLUMN depth, DROP COLUMN vlen")
         conn.execute("UPDATE meta SET schema_version = 3")
     again = open_pg(worker_id="w2")
     assert _history_states(again, "r") == before

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 import agentwal
 from agentwal import (
-    BackendUnsupportedError,
     EffectRecord,
     LeaseHeldError,
     RunExistsError,
@@ -129,12 +128,6 @@ def test_refusals_write_nothing(tmp_path: Path, open_pg: Callable[..., PostgresS
             src.copy_runs(pg, runs=["run-b", "nope"])
         with pytest.raises(ValueError, match="destination is the source"):
             src.copy_runs(src)
-        (tmp_path / "dir").mkdir()
-        (tmp_path / "dir" / "f.txt").write_text("x")
-        with src.begin("run-tree") as txn:
-            txn.put_tree("files", tmp_path / "dir")
-        with pytest.raises(BackendUnsupportedError, match="tree"):
-            src.copy_runs(pg, runs=["run-b", "run-tree"])
         assert pg.runs() == ["run-a"] and pg.effects() == []
         other = open_pg(worker_id="w2")
         pg.lease("run-f")

@@ -48,7 +48,9 @@ __all__ = [
     "resolve_list",
     "value_key",
     "write_key",
+    "value_prefix",
     "write_prefix",
+    "writes_prefix",
 ]
 
 MARKER = "langgraph"
@@ -102,6 +104,15 @@ def checkpoint_key(nsid: str, checkpoint_id: str) -> str:
 
 def value_key(nsid: str, channel: str, version: object) -> str:
     return f"v/{nsid}/{_part(channel)}/{_version_part(version)}"
+
+
+def value_prefix(nsid: str | None = None) -> str:
+    return "v/" if nsid is None else f"v/{nsid}/"
+
+
+def writes_prefix(nsid: str | None = None) -> str:
+    """The pending writes of every checkpoint (of one namespace)."""
+    return "w/" if nsid is None else f"w/{nsid}/"
 
 
 def write_prefix(nsid: str, checkpoint_id: str) -> str:

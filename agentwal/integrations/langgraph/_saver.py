@@ -295,6 +295,11 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                     if (ns is None or rec["ns"] == ns) and (cid is None or rec["id"] == cid)
                     and (before_id is None or rec["id"] < before_id)]
             recs.sort(key=lambda r: r["id"], reverse=True)
+            if len(recs) > 1 and (limit is None or limit > 1):
+                # their channel values and pending writes: one round trip each on
+                # PostgreSQL, instead of one per checkpoint and channel
+                nsid = None if ns is None else L.ns_id(ns)
+                txn.prefetch(L.value_prefix(nsid), L.writes_prefix(nsid))
             for rec in recs:
                 if limit is not None and len(out) >= limit:
                     break
@@ -363,8 +368,16 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                   "run_id": md.get("run_id") if isinstance(md.get("run_id"), str) else None}
         written: dict[tuple[str, str, str], Listed] = {}
 
+        # What body reads, fetched in one round trip on PostgreSQL (txn.prefetch).
+        with self._shared.lock:
+            bases = [self._shared.lists.get(slot) for _vkey, slot, _prep in lists]
+        ahead = [L.MARKER, L.ns_key(nsid), L.head_key(nsid)]
+        ahead += [b.key for b in bases if b is not None]
+        ahead += [L.element_key(d) for _vkey, _slot, prep in lists for d in prep.fresh]
+
         def body(txn: agentwal.Transaction) -> bool:
             written.clear()
+            txn.prefetch(keys=ahead)
             if L.MARKER not in txn:
                 txn.put(L.MARKER, {"format": 1})
             if L.ns_key(nsid) not in txn:
@@ -436,8 +449,12 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             prepared.append((L.write_key(nsid, cid, task_id, widx), widx, rec, elements or []))
         self._shared.forget_values(thread, [key for key, _, _, _ in prepared])
 
+        ahead = [key for key, _widx, _rec, _elements in prepared]
+        ahead += [L.element_key(dig) for _k, _w, _r, elements in prepared for dig, _t in elements]
+
         def body(txn: agentwal.Transaction) -> bool:
             wrote = False
+            txn.prefetch(keys=ahead)
             for key, widx, rec, elements in prepared:
                 if widx >= 0 and key in txn:
                     continue
