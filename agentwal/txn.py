@@ -442,7 +442,7 @@ class Transaction:
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)
 
-    def append(self, key: str, *items: Any) -> None:
+    def append(self, key: str, *items: Any) -> int:
         """Add ``items`` at the end of the list under ``key`` (a new list if it is absent).
 
         The cheap way to grow a list (a conversation's ``messages``): the
@@ -450,6 +450,9 @@ class Transaction:
         checked and encoded, and joined to its bytes. The result reads back
         exactly as ``put(key, old + list(items))`` would. It reads the key
         (a concurrent write of it conflicts, as with ``get`` then ``put``).
+
+        Returns:
+            The list's length after the append (read from its header, not decoded).
 
         Raises:
             InvalidKeyError: bad key. UnencodableValueError: an item cannot be
@@ -466,12 +469,14 @@ class Transaction:
         stored = self._raw(key)
         if stored is None:
             self._writes[key] = tail
-            return
+            return len(items)
         joined = append_encoded(stored, tail)
-        if joined is None:
+        base = append_base(stored)
+        if joined is None or base is None:
             raise NotAListError(self.run, key, type(self._decode(stored, key)).__name__)
         self._note_append(key, stored, tail, joined)
         self._writes[key] = joined
+        return base[0] + len(items)
 
     def _note_append(self, key: str, stored: bytes, tail: bytes, joined: bytes) -> None:
         """Note that ``joined`` (``stored`` + ``tail``'s items) is an append, to log as one.

@@ -218,24 +218,33 @@ def test_any_sequence_of_list_versions_reads_back(tmp_path_factory: Any,
     store.close()
 
 
-def test_an_append_stores_the_new_message_and_a_small_record(saver: AgentWALSaver) -> None:
+def pools(store: agentwal.Store, thread: str) -> dict[str, list[Any]]:
+    return {k: v for k, v in store.state(thread).items() if k.startswith("l/")}
+
+
+def test_an_append_grows_the_pool_by_the_new_message_and_a_small_record(
+        saver: AgentWALSaver) -> None:
     chat = Chat(saver, "t")
     for i in range(40):
         chat.step(big(i), step=i)
     store = saver.store
     head = store.head("t")
     assert head is not None
-    step = store.diff("t", head.id - 2, head.id)  # the last step: put_writes, then put
-    new_keys = set(step.added) | set(step.changed)
-    assert len([k for k in new_keys if k.startswith("e/")]) == 1  # the new message, once
+    (key, pool), = pools(store, "t").items()
+    assert len(pool) == 40 and not [k for k in store.state("t") if k.startswith("e/")]
+    writes = store.diff("t", head.id - 2, head.id - 1)  # the last step: put_writes, then put
+    assert list(writes.changed) == [key]  # the task's message went into the pool
+    write = store.get("t", next(k for k in writes.added if k.startswith("w/")))
+    assert (write["t"], write["k"], write["s"]) == ("pool", key, [39, 40])
     put = store.diff("t", head.id - 1, head.id)
-    assert not [k for k in put.added if k.startswith("e/")]  # shared with the task's write
-    record = store.get("t", next(k for k in new_keys if k.startswith("v/")))
-    assert record["t"] == "list" and len(record["add"]) <= L.MAX_DEPTH
-    assert len(json.dumps(record)) < 1000  # a chain link or a digest list, no text
-    write = store.get("t", next(k for k in new_keys if k.startswith("w/")))
-    assert write["t"] == "list" and len(write["add"]) == 1
-    assert sum(1 for k in store.state("t") if k.startswith("e/")) == 40
+    assert key not in put.changed  # the checkpoint's list is the pool: nothing appended
+    record = store.get("t", next(k for k in put.added if k.startswith("v/")))
+    # the first 39 elements of the previous version, then the pool's last element
+    assert (record["k"], record["s"], record["n"]) == (key, [39, 40], 39)
+    assert record["b"] in store.state("t") and 0 < record["d"] < L.MAX_DEPTH
+    # m1 was pooled by its write, m0 when the list reached the threshold, then m2..m39
+    assert L.pool_positions(record, lambda k: store.get("t", k)) == [1, 0, *range(2, 40)]
+    assert store.get("t", L.MARKER) == {"format": L.FORMAT}
     tup = saver.get_tuple(cfg("t"))
     assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
 
@@ -334,10 +343,9 @@ def test_encrypted_serializer_stores_its_tag_and_no_plaintext(path: str) -> None
         for i in range(4):
             chat.step(AIMessage(f"secret-{i} " * 200, id=f"m{i}"))
         state = saver.store.state("t")
-        tags = {v["t"] for k, v in state.items() if k.startswith(("e/", "w/"))}
-        assert tags == {"msgpack+xor-sha256", "list"}  # written lists name their elements
-        assert all(v["t"] == "msgpack+xor-sha256" for k, v in state.items()
-                   if k.startswith("e/"))
+        assert {v["t"] for k, v in state.items() if k.startswith("w/")} == {"pool"}
+        (pool,) = pools(saver.store, "t").values()
+        assert {e["t"] for e in pool} == {"msgpack+xor-sha256"}
         assert "secret" not in repr(state)
         tup = saver.get_tuple(cfg("t"))
         assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
@@ -356,13 +364,11 @@ def test_reopen_reads_everything_and_keeps_sharing(path: str) -> None:
         assert [(t.checkpoint, t.metadata, t.pending_writes)
                 for t in saver.list(cfg("t"))] == before
         chat.saver = saver
-        chat.step(big(10), step=10)
+        chat.step(big(10), step=10)  # a cold cache learns the pool from the parent
         chat.step(big(11), step=11)
-        head = saver.store.head("t")
-        assert head is not None
-        diff = saver.store.diff("t", head.id - 2, head.id)  # the last step's two commits
-        assert [k for k in diff.added if k.startswith("e/")] == [L.element_key(
-            L.digest(saver.serde.dumps_typed(big(11))))]
+        (pool,) = pools(saver.store, "t").values()  # each message once: none stored again
+        assert sorted(saver.serde.loads_typed((e["t"], e["b"])).id for e in pool) == sorted(
+            m.id for m in chat.messages)
         assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == \
             chat.messages
 
@@ -387,7 +393,7 @@ def test_prune_keep_latest_keeps_a_whole_list_and_drops_the_rest(saver: AgentWAL
     saver.prune(["t"])
     assert len(list(saver.list(cfg("t")))) == 1
     state = saver.store.state("t")
-    assert sum(1 for k in state if k.startswith("e/")) == 31
+    assert [len(p) for p in pools(saver.store, "t").values()] == [31]
     assert saver.get_tuple(cfg("t")).pending_writes == [("task-x", "messages", [big(99)])]
     assert sum(1 for k in state if k.startswith("v/")) == 1
     assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages

@@ -20,12 +20,13 @@ from agentwal import codec
 
 def test_append_grows_a_list_and_starts_one(store: agentwal.Store) -> None:
     with store.begin("chat") as txn:
-        txn.append("messages", {"role": "user", "content": "hi"})
-        txn.append("messages")  # nothing to add: still a list
+        assert txn.append("messages", {"role": "user", "content": "hi"}) == 1
+        assert txn.append("messages") == 1  # nothing to add: still a list
         assert txn.get("messages") == [{"role": "user", "content": "hi"}]
     for step in range(60):  # long enough for history to hold it as list nodes
-        with store.begin("chat") as txn:
-            txn.append("messages", {"role": "assistant", "step": step}, step)
+        with store.begin("chat") as txn:  # the length returned is the list's after it
+            assert txn.append("messages", {"role": "assistant", "step": step}, step) == \
+                3 + 2 * step
         if step % 20 == 0:
             store.snapshot()
     expected: list[Any] = [{"role": "user", "content": "hi"}]
