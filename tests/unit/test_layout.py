@@ -29,7 +29,7 @@ RANK = {
     "local.logmark": 3, "local.opening": 3, "local.background": 3, "local.healthfile": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
-    "txn": 5, "ledger": 5, "local.commit": 5,
+    "txn": 5, "txn_effects": 5, "ledger": 5, "local.commit": 5,
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
     "store": 7, "store_steps": 7, "store_history": 7, "store_blobs": 7, "store_effects": 7,
     "postgres": 7, "transfer": 7,
@@ -44,8 +44,8 @@ RANK = {
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).
 SHIMS = {"snapshot"}
 #: The neutral layers: they reach the engine only through agentwal.backend.
-NEUTRAL = ("txn", "ledger", "store", "store_steps", "store_history", "store_blobs",
-           "store_effects")
+NEUTRAL = ("txn", "txn_effects", "ledger", "store", "store_steps", "store_history",
+           "store_blobs", "store_effects")
 
 
 def _dotted(path: Path) -> str:
