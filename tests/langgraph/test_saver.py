@@ -271,9 +271,11 @@ def test_concurrent_threads_and_parallel_task_writes(saver: AgentWALSaver) -> No
             chat = Chat(saver, f"t{n}")
             for i in range(15):
                 chat.step(big(i), step=i)
-                # parallel tasks of one super-step write to the same checkpoint at once
+                # parallel tasks of one super-step write to the same checkpoint at once (their
+                # notes race to append to one pool: conflicts and retries)
                 tasks = [threading.Thread(target=saver.put_writes, args=(
-                    chat.config, [("out", f"{n}-{i}-{k}")], f"task-{k}")) for k in range(3)]
+                    chat.config, [("out", f"{n}-{i}-{k}"), ("notes", [big(100 * k + i)])],
+                    f"task-{k}")) for k in range(3)]
                 for t in tasks:
                     t.start()
                 for t in tasks:
@@ -292,8 +294,10 @@ def test_concurrent_threads_and_parallel_task_writes(saver: AgentWALSaver) -> No
         assert tup is not None
         assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == [
             f"m{i}" for i in range(15)]
-        assert sorted(v for _, _, v in tup.pending_writes or []) == [
-            f"{n}-14-{k}" for k in range(3)]
+        writes = tup.pending_writes or []
+        assert sorted(v for _, c, v in writes if c == "out") == [f"{n}-14-{k}" for k in range(3)]
+        assert sorted(v[0].id for _, c, v in writes if c == "notes") == [
+            f"m{100 * k + 14}" for k in range(3)]
         assert len(list(saver.list(cfg(f"t{n}")))) == 15
 
 
