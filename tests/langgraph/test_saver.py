@@ -296,8 +296,8 @@ def test_concurrent_threads_and_parallel_task_writes(saver: AgentWALSaver) -> No
             f"m{i}" for i in range(15)]
         writes = tup.pending_writes or []
         assert sorted(v for _, c, v in writes if c == "out") == [f"{n}-14-{k}" for k in range(3)]
-        assert sorted(v[0].id for _, c, v in writes if c == "notes") == [
-            f"m{100 * k + 14}" for k in range(3)]
+        assert sorted(v[0].id for _, c, v in writes if c == "notes") == sorted(
+            f"m{100 * k + 14}" for k in range(3))
         assert len(list(saver.list(cfg(f"t{n}")))) == 15
 
 
