@@ -13,7 +13,7 @@ import agentwal
 from agentwal.integrations.langgraph import AgentWALSaver
 from agentwal.integrations.langgraph import _layout as L
 from tests.data.make_langgraph_v1 import message, picture
-from tests.langgraph.test_saver import Chat, cfg
+from tests.langgraph.test_saver import Chat, cfg, pools
 
 FIXTURE = Path(__file__).parent.parent / "data" / "langgraph-v1.tar.gz"
 
@@ -37,7 +37,7 @@ def test_a_layout_1_store_reads_as_written_then_grows_in_pools_and_prunes(
         for i in range(3):
             chat.step(message(500 + i), step=10 + i)
         assert store.get("chat", L.MARKER) == {"format": L.FORMAT}
-        (pool,) = [v for k, v in store.state("chat").items() if k.startswith("l/")]
+        (pool,) = pools(store, "chat").values()
         assert len(pool) == 8 + 3  # the old list once (its first pooled version), then one a step
         assert saver.get_tuple(cfg("chat")).checkpoint["channel_values"]["messages"] == \
             chat.messages

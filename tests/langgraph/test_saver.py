@@ -219,7 +219,12 @@ def test_any_sequence_of_list_versions_reads_back(tmp_path_factory: Any,
 
 
 def pools(store: agentwal.Store, thread: str) -> dict[str, list[Any]]:
-    return {k: v for k, v in store.state(thread).items() if k.startswith("l/")}
+    """A thread's pools by name, each its chunks' elements in order."""
+    out: dict[str, list[Any]] = {}
+    for key, chunk in sorted(store.state(thread).items()):
+        if key.startswith("l/"):
+            out.setdefault(L.pool_of_chunk(key), []).extend(chunk)
+    return out
 
 
 def test_an_append_grows_the_pool_by_the_new_message_and_a_small_record(
@@ -233,7 +238,7 @@ def test_an_append_grows_the_pool_by_the_new_message_and_a_small_record(
     (key, pool), = pools(store, "t").items()
     assert len(pool) == 40 and not [k for k in store.state("t") if k.startswith("e/")]
     writes = store.diff("t", head.id - 2, head.id - 1)  # the last step: put_writes, then put
-    assert list(writes.changed) == [key]  # the task's message went into the pool
+    assert list(writes.changed) == [L.chunk_key(key, 0)]  # the task's message, pooled
     write = store.get("t", next(k for k in writes.added if k.startswith("w/")))
     assert (write["t"], write["k"], write["s"]) == ("pool", key, [39, 40])
     put = store.diff("t", head.id - 1, head.id)
@@ -247,6 +252,25 @@ def test_an_append_grows_the_pool_by_the_new_message_and_a_small_record(
     assert store.get("t", L.MARKER) == {"format": L.FORMAT}
     tup = saver.get_tuple(cfg("t"))
     assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
+
+
+def test_a_pool_longer_than_a_chunk_reads_back_and_a_cold_saver_continues_it(
+        saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    configs = [chat.step(AIMessage(f"reply {i} " + "r" * 100, id=f"r{i}"), step=i)
+               for i in range(150)]
+    store = saver.store
+    chunks = sorted((k, len(v)) for k, v in store.state("t").items() if k.startswith("l/"))
+    assert [n for _, n in chunks][:2] == [L.POOL_CHUNK, L.POOL_CHUNK] and len(chunks) == 3
+    cold = AgentWALSaver(store)  # nothing cached: learns the pool from the parent's version
+    for i in (0, 63, 64, 100, 149):
+        got = cold.get_tuple(configs[i]).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in got] == [f"r{j}" for j in range(i + 1)]
+    chat.saver = cold
+    chat.step(AIMessage("one more " + "r" * 100, id="r150"))
+    (pool,) = pools(store, "t").values()
+    assert len(pool) == 151  # nothing stored twice
+    assert cold.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
 
 
 def test_a_message_replaced_in_the_middle_is_stored_and_read_back(saver: AgentWALSaver) -> None:

@@ -12,7 +12,7 @@ pytest.importorskip("langgraph.checkpoint.base", reason="needs the langgraph ext
 
 from agentwal.integrations.langgraph import AgentWALSaver
 from agentwal.postgres import PostgresStore
-from tests.langgraph.test_saver import Chat, big, cfg
+from tests.langgraph.test_saver import Chat, big, cfg, pools
 
 
 def test_pools_on_postgres_read_back_across_a_branch_a_cold_saver_and_prune(
@@ -33,7 +33,7 @@ def test_pools_on_postgres_read_back_across_a_branch_a_cold_saver_and_prune(
         assert got[branch.config["configurable"]["checkpoint_id"]] == branch.messages
         assert saver_.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == \
             chat.messages
-    (pool,) = [v for k, v in other.store.state("t").items() if k.startswith("l/")]
+    (pool,) = pools(other.store, "t").values()
     assert len(pool) == 10  # m0..m8 and the branch's m100, each once
     other.prune(["t"])
     assert [t.checkpoint["channel_values"]["messages"] for t in saver.list(cfg("t"))] == [

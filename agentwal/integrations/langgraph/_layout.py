@@ -8,7 +8,7 @@ Theory of operation: a thread is an agentwal run of the same id. Its keys::
     ck/<nsid>/<checkpoint id>      a checkpoint: its parent, the serialized checkpoint
                                    without channel values, the serialized metadata
     v/<nsid>/<channel>/<version>   one channel value at one version (written once)
-    l/<nsid>/<channel>/<token>     a pool: the elements of a list channel, append-only
+    l/<nsid>/<channel>/<token>/<c> chunk c of a pool: elements of a list channel, append-only
     w/<nsid>/<checkpoint id>/<task id>/<idx>   one pending write
     e/<digest>                     (format 1 only) one element of a list, content-addressed
 
@@ -19,23 +19,26 @@ Every serialized payload is stored as ``{"t": type tag, "b": bytes}``, the
 pair the saver's serializer produced, so encrypted and custom serializers
 round-trip; ``"view"``, when present, is a readable decoding for the CLI only.
 
-A list value (``messages`` under ``add_messages``) is stored in a *pool*: one
-key per (namespace, channel) holding a list of serialized elements that only
-ever grows, through ``txn.append`` (so the log and the folded history of a
-step hold the new elements only, and agentwal's list nodes share the rest).
-A version record names its elements as runs of pool positions:
-``{"t": "pool", "k": <pool key>, "s": [start, stop, start, stop, ...]}`` is
-the elements ``pool[start:stop]`` of each run, in order; with ``"b": <value
-key of an earlier version>, "n": keep, "d": depth`` it is the first ``keep``
-elements of that version followed by the runs, so a step's record holds only
-its own runs however many runs the list has (a pooled element the list skips,
-such as a message the task wrote before ``add_messages`` gave it an id, adds
-a run). Every ``MAX_DEPTH`` links a record lists all its runs again. A task's
-written message list goes into the pool of its channel too, so the next
-checkpoint, whose list ends with those messages, adds nothing to the pool. A
-list that is not the pool's elements in order (an edit in the middle, a
-branch from an old checkpoint) appends only what the pool lacks; a list of
-more than ``MAX_RUNS`` runs starts a new pool with the whole list.
+A list value (``messages`` under ``add_messages``) is stored in a *pool*: per
+(namespace, channel), a list of serialized elements that only ever grows,
+through ``txn.append`` (so the log and the folded history of a step hold the
+new elements only, and agentwal's list nodes share the rest). A pool is kept
+in chunks of ``POOL_CHUNK`` elements, one key each (element ``p`` is item ``p
+% POOL_CHUNK`` of chunk ``p // POOL_CHUNK``), so an append copies and a fold
+hashes one chunk, not the whole conversation. A version record names its
+elements as runs of pool positions: ``{"t": "pool", "k": <pool key>, "s":
+[start, stop, start, stop, ...]}`` is the elements ``pool[start:stop]`` of
+each run, in order; with ``"b": <value key of an earlier version>, "n": keep,
+"d": depth`` it is the first ``keep`` elements of that version followed by the
+runs, so a step's record holds only its own runs however many runs the list
+has (a pooled element the list skips, such as a message the task wrote before
+``add_messages`` gave it an id, adds a run). Every ``MAX_DEPTH`` links a
+record lists all its runs again. A task's written message list goes into the
+pool of its channel too, so the next checkpoint, whose list ends with those
+messages, adds nothing to the pool. A list that is not the pool's elements in
+order (an edit in the middle, a branch from an old checkpoint) appends only
+what the pool lacks; a list of more than ``MAX_RUNS`` runs starts a new pool
+with the whole list.
 
 Format 1 (older threads, still read) stored each element under
 ``e/<digest>`` and a version as a *chain*: ``{"t": "list", "base": <key of
@@ -64,6 +67,9 @@ __all__ = [
     "list_record",
     "ns_id",
     "ns_key",
+    "POOL_CHUNK",
+    "chunk_key",
+    "pool_of_chunk",
     "pool_key",
     "pool_positions",
     "pool_record",
@@ -82,6 +88,8 @@ MAX_DEPTH = 16
 #: Runs of pool positions a record listing a whole list may have before the list
 #: starts a new pool (each run is an element the list skips: another version of it).
 MAX_RUNS = 512
+#: Elements per chunk of a pool.
+POOL_CHUNK = 64
 _SAFE_PART_BYTES = 80
 
 
@@ -144,7 +152,16 @@ def element_key(dig: str) -> str:
 
 
 def pool_key(nsid: str, channel: str, token: str) -> str:
+    """The name of a pool (what records name); its chunks are keys below it."""
     return f"l/{nsid}/{_part(channel)}/{token}"
+
+
+def chunk_key(pool: str, chunk: int) -> str:
+    return f"{pool}/{chunk:06x}"
+
+
+def pool_of_chunk(key: str) -> str:
+    return key.rsplit("/", 1)[0]
 
 
 def pool_record(key: str, positions: Sequence[int],

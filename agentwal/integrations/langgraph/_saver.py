@@ -272,11 +272,9 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         key, need = rec["k"], max(positions, default=-1) + 1
         have = self._shared.pool_elements(txn.run, key)
         if have is None or len(have) < need:
-            stored = txn.get(key)
-            if not isinstance(stored, builtins.list) or len(stored) < need:
-                raise LookupError(f"list pool {key!r} of thread {txn.run!r} is missing "
-                                  f"or shorter than {need}")
-            have = [_typed(p) for p in stored]
+            have = self._read_pool(txn, key, have or (), need)
+            if have is None:
+                raise LookupError(f"list pool {key!r} of thread {txn.run!r} is missing")
             self._shared.remember_pool_elements(txn.run, key, have)
         return tuple(have[p] for p in positions)
 
@@ -530,22 +528,61 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         if new:
             elements = [typed_of(i) for i in new]
             mark = txn.savepoint()
-            if self._append(txn, key, elements) != before + len(new):
+            if not self._append(txn, key, before, elements):
                 txn.rollback_to(mark)
                 raise _StalePool(slot)
             grown.append(_Grown(slot, key, before, [digests[i] for i in new], elements))
         return record, positions
 
-    def _append(self, txn: agentwal.Transaction, key: str,
-                elements: builtins.list[tuple[str, bytes]]) -> int:
-        recs = [_payload(e, self.readable) for e in elements]
-        try:
-            return txn.append(key, *recs)
-        except UnencodableValueError:
-            if not any("view" in r for r in recs):
-                raise
-            return txn.append(key, *[{k: v for k, v in r.items() if k != "view"}
-                                     for r in recs])
+    def _append(self, txn: agentwal.Transaction, pool: str, before: int,
+                elements: builtins.list[tuple[str, bytes]]) -> bool:
+        """Append ``elements`` to a pool of ``before`` elements, chunk by chunk; False if
+        a chunk's stored length says the pool is not that long."""
+        at = 0
+        while at < len(elements):
+            chunk, offset = divmod(before + at, L.POOL_CHUNK)
+            part = elements[at:at + L.POOL_CHUNK - offset]
+            recs = [_payload(e, self.readable) for e in part]
+            key = L.chunk_key(pool, chunk)
+            try:
+                got = txn.append(key, *recs)
+            except UnencodableValueError:
+                if not any("view" in r for r in recs):
+                    raise
+                got = txn.append(key, *[{k: v for k, v in r.items() if k != "view"}
+                                        for r in recs])
+            if got != offset + len(part):
+                return False
+            at += len(part)
+        return True
+
+    def _read_pool(self, txn: agentwal.Transaction, pool: str, have: Sequence[tuple[str, bytes]],
+                   need: int) -> builtins.list[tuple[str, bytes]] | None:
+        """The pool's elements: ``have`` (a cached prefix) and the chunks after it; None if
+        the pool has no chunk.
+
+        Raises:
+            LookupError: a chunk is damaged, or the pool holds fewer than ``need``.
+        """
+        chunk = len(have) // L.POOL_CHUNK
+        out = list(have[:chunk * L.POOL_CHUNK])
+        while True:
+            key = L.chunk_key(pool, chunk)
+            stored = txn.get(key)
+            if stored is None:
+                if chunk == 0:
+                    return None
+                break
+            if not isinstance(stored, builtins.list) or len(stored) > L.POOL_CHUNK:
+                raise LookupError(f"list pool chunk {key!r} of thread {txn.run!r} is damaged")
+            out.extend(_typed(p) for p in stored)
+            if len(stored) < L.POOL_CHUNK:
+                break
+            chunk += 1
+        if len(out) < need:
+            raise LookupError(f"list pool {pool!r} of thread {txn.run!r} holds {len(out)} "
+                              f"elements, fewer than {need}")
+        return out
 
     def _pool_of(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
                  hint: str | None) -> Pool | None:
@@ -563,15 +600,11 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         vrec = None if version is None else txn.get(L.value_key(nsid, channel, version))
         if not isinstance(vrec, dict) or vrec.get("t") != "pool":
             return None
-        stored = txn.get(vrec["k"])
-        if not isinstance(stored, builtins.list):
-            return None
-        elements = [_typed(p) for p in stored]
-        pool = Pool(vrec["k"], [L.digest(e) for e in elements])
         positions = L.pool_positions(vrec, txn.get)
-        if positions and max(positions) >= len(pool.digests):
-            raise LookupError(f"list pool {pool.key!r} of thread {txn.run!r} is shorter "
-                              f"than its version {version!r} needs")
+        elements = self._read_pool(txn, vrec["k"], (), max(positions, default=-1) + 1)
+        if elements is None:
+            return None
+        pool = Pool(vrec["k"], [L.digest(e) for e in elements])
         learned = Listed(L.value_key(nsid, channel, version), (),
                          tuple(pool.digests[p] for p in positions), (), pool.key,
                          tuple(positions), vrec.get("d", 0))
@@ -777,7 +810,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         doomed += [k for k in txn.keys("w/") if k not in kept_keys]
         doomed += [k for k in txn.keys("v/") if k not in live_values]
         doomed += [k for k in txn.keys("e/") if k.removeprefix("e/") not in live_elements]
-        doomed += [k for k in txn.keys("l/") if k not in live_pools]
+        doomed += [k for k in txn.keys("l/") if L.pool_of_chunk(k) not in live_pools]
         for vkey, vrec in live_values.items():
             stored = txn.get(vkey) or {}
             if "base" in stored or "b" in stored:
