@@ -20,12 +20,8 @@ reads, before and after it writes more steps.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
 import sys
-import tarfile
 import tempfile
 from typing import Any
 
@@ -38,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = os.path.join(HERE, "langgraph-v1.tar.gz")
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from tests.langgraph.test_saver import Chat  # noqa: E402 - needs the repository root
+from tests.data.make_history_v2 import pack  # noqa: E402 - needs the repository root
+from tests.langgraph.test_saver import Chat  # noqa: E402
 
 
 def message(i: int) -> AIMessage:
@@ -100,14 +97,7 @@ def main() -> None:
             want = picture(saver)
             store.snapshot()
             store.compact(vacuum=True)  # a compacted file: no stale pages in the fixture
-        with tarfile.open(TARGET, "w:gz") as tar:
-            tar.add(path, arcname="store.awal",  # lock.mdb is LMDB's, made on open
-                    filter=lambda t: None if t.name.endswith("lock.mdb") else t)
-            data = json.dumps(want, sort_keys=True).encode()
-            info = tarfile.TarInfo("expected.json")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    print(TARGET, os.path.getsize(TARGET), hashlib.sha256(data).hexdigest()[:12])
+        pack(TARGET, path, want)
 
 
 if __name__ == "__main__":
