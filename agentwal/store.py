@@ -81,7 +81,9 @@ def open(
         durability: ``"sync"`` (default), ``"async"`` or ``"none"``.
         readonly: open without the writer lock; sees the committed state as of
             the open (or the last ``refresh()``); writes raise ``ReadOnlyError``.
-        wal_max_bytes: fold the log into LMDB once it holds this many bytes.
+        wal_max_bytes: fold the log into LMDB once it holds this many bytes (or
+            the unfolded commits' values four times as many: appends log only
+            their new items).
         fs: the file system for the WAL and control file (default: the OS).
         sync_interval: seconds between background syncs in ``async`` mode.
         segment_bytes: size of each preallocated WAL segment (default: the

@@ -479,7 +479,7 @@ class Transaction(EffectSteps):
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)
 
-    def append(self, key: str, *items: Any) -> None:
+    def append(self, key: str, *items: Any) -> int:
         """Add ``items`` at the end of the list under ``key`` (a new list if it is absent).
 
         The cheap way to grow a list (a conversation's ``messages``): the
@@ -487,6 +487,9 @@ class Transaction(EffectSteps):
         checked and encoded, and joined to its bytes. The result reads back
         exactly as ``put(key, old + list(items))`` would. It reads the key
         (a concurrent write of it conflicts, as with ``get`` then ``put``).
+
+        Returns:
+            The list's length after the append (read from its header, not decoded).
 
         Raises:
             InvalidKeyError: bad key. UnencodableValueError: an item cannot be
@@ -509,13 +512,14 @@ class Transaction(EffectSteps):
             stored = self._store.read_value(self._view, key)
         if stored is None:
             self._writes[key] = tail
-            return
+            return len(items)
         joined = Joined.of(stored, tail)
         if joined is None:
             raise NotAListError(self.run, key,
                                 type(self._decode(whole(stored) or b"", key)).__name__)
         noted = self._note_append(key, stored, tail, joined)
         self._writes[key] = joined if noted else joined.whole()
+        return joined.count
 
     def _note_append(self, key: str, stored: Value, tail: bytes, joined: Joined) -> bool:
         """Note that ``joined`` (``stored`` + ``tail``'s items) is an append, to log as one.

@@ -121,6 +121,10 @@ _NEWEST = 1 << 63  # a snapshot LSN past every record
 _RETAIN_EVERY = 60.0
 #: ``retain=`` also runs after this many commits since its last pass.
 _RETAIN_COMMITS = 1000
+#: A fold also starts once the active memtable holds this many times ``wal_max_bytes``:
+#: it holds whole values where the log holds only what ``txn.append`` added, so a
+#: growing list would otherwise keep every version in memory until the log fills.
+MEMTABLE_PER_LOG = 4
 T = TypeVar("T")
 
 
@@ -429,7 +433,8 @@ class Engine:
             self._visible = p.lsn
         self._active.log_pos = pos
         assert self._pipe is not None
-        if (self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes
+        if ((self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes
+                or self._active.nbytes >= MEMTABLE_PER_LOG * self.wal_max_bytes)
                 and time.monotonic() >= self._fold_retry_at):
             self._want_fold()
         if self._flusher is not None and self._pipe.writer.written_lsn > \

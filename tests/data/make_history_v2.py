@@ -73,20 +73,26 @@ def expected(store: agentwal.Store) -> dict[str, dict[str, str]]:
     return out
 
 
+def pack(target: str, path: str, want: Any) -> None:
+    """Write ``target``: the closed store at ``path`` as ``store.awal`` and ``want`` as
+    ``expected.json``."""
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(path, arcname="store.awal",  # lock.mdb is LMDB's, made on open
+                filter=lambda t: None if t.name.endswith("lock.mdb") else t)
+        data = json.dumps(want, sort_keys=True).encode()
+        info = tarfile.TarInfo("expected.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    print(target, os.path.getsize(target))
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "store.awal")
         with agentwal.open(path, durability="none") as store:
             fill(store)
             want = expected(store)
-        with tarfile.open(TARGET, "w:gz") as tar:
-            tar.add(path, arcname="store.awal",  # lock.mdb is LMDB's, made on open
-                    filter=lambda t: None if t.name.endswith("lock.mdb") else t)
-            data = json.dumps(want, sort_keys=True).encode()
-            info = tarfile.TarInfo("expected.json")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    print(TARGET, os.path.getsize(TARGET))
+        pack(TARGET, path, want)
 
 
 if __name__ == "__main__":

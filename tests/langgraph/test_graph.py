@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import random
 import time
 from typing import Annotated, Any, TypedDict
 
@@ -209,3 +210,40 @@ def test_async_graph_with_ainvoke(saver: AgentWALSaver) -> None:
 
     out = asyncio.run(main())
     assert out["approved"] == "fine" and len(out["messages"]) == 2
+
+
+def test_a_conversation_logs_the_same_bytes_at_turn_50_as_at_turn_5(path: str) -> None:
+    """Each turn of an add_messages conversation logs its new messages, not the history:
+    the messages channel grows through txn.append (a pool), whatever its length."""
+
+    class State(TypedDict):
+        messages: Annotated[list[Any], add_messages]
+
+    def text(seed: int) -> str:  # ~1 KiB that zstd cannot shrink much (as real text is not)
+        return random.Random(seed).randbytes(500).hex()
+
+    def reply(state: State) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"reply {text(-len(state['messages']))}")]}
+
+    b = StateGraph(State)
+    b.add_node("reply", reply)
+    b.add_edge(START, "reply")
+    b.add_edge("reply", END)
+    with AgentWALSaver.from_path(path, durability="none") as saver:
+        graph = b.compile(checkpointer=saver)
+        conf = {"configurable": {"thread_id": "t"}}
+        logged = []
+        for turn in range(50):
+            before = saver.store.stats()
+            graph.invoke({"messages": [HumanMessage(f"question {text(turn)}")]}, conf)
+            after = saver.store.stats()
+            assert after["folds"] == before["folds"]  # the log only grew
+            logged.append(after["wal_bytes_since_fold"] - before["wal_bytes_since_fold"])
+        assert len(graph.get_state(conf).values["messages"]) == 100
+    early, late = max(logged[2:10]), max(logged[40:])
+    # a turn logs two ~1 KiB messages (with their readable views; the question twice, as
+    # the task wrote it and with the id add_messages gave it), the input, three checkpoint
+    # records and the metadata: ~15 KiB, at every turn. Logging the whole list would add
+    # ~2.3 KiB per message so far: ~100 KiB more at turn 50 than at turn 5.
+    assert late <= early + 1024, logged
+    assert late < 24 * 1024, logged

@@ -218,26 +218,59 @@ def test_any_sequence_of_list_versions_reads_back(tmp_path_factory: Any,
     store.close()
 
 
-def test_an_append_stores_the_new_message_and_a_small_record(saver: AgentWALSaver) -> None:
+def pools(store: agentwal.Store, thread: str) -> dict[str, list[Any]]:
+    """A thread's pools by name, each its chunks' elements in order."""
+    out: dict[str, list[Any]] = {}
+    for key, chunk in sorted(store.state(thread).items()):
+        if key.startswith("l/"):
+            out.setdefault(L.pool_of_chunk(key), []).extend(chunk)
+    return out
+
+
+def test_an_append_grows_the_pool_by_the_new_message_and_a_small_record(
+        saver: AgentWALSaver) -> None:
     chat = Chat(saver, "t")
     for i in range(40):
         chat.step(big(i), step=i)
     store = saver.store
     head = store.head("t")
     assert head is not None
-    step = store.diff("t", head.id - 2, head.id)  # the last step: put_writes, then put
-    new_keys = set(step.added) | set(step.changed)
-    assert len([k for k in new_keys if k.startswith("e/")]) == 1  # the new message, once
+    (key, pool), = pools(store, "t").items()
+    assert len(pool) == 40 and not [k for k in store.state("t") if k.startswith("e/")]
+    writes = store.diff("t", head.id - 2, head.id - 1)  # the last step: put_writes, then put
+    assert list(writes.changed) == [L.chunk_key(key, 0)]  # the task's message, pooled
+    write = store.get("t", next(k for k in writes.added if k.startswith("w/")))
+    assert (write["t"], write["k"], write["s"]) == ("pool", key, [39, 40])
     put = store.diff("t", head.id - 1, head.id)
-    assert not [k for k in put.added if k.startswith("e/")]  # shared with the task's write
-    record = store.get("t", next(k for k in new_keys if k.startswith("v/")))
-    assert record["t"] == "list" and len(record["add"]) <= L.MAX_DEPTH
-    assert len(json.dumps(record)) < 1000  # a chain link or a digest list, no text
-    write = store.get("t", next(k for k in new_keys if k.startswith("w/")))
-    assert write["t"] == "list" and len(write["add"]) == 1
-    assert sum(1 for k in store.state("t") if k.startswith("e/")) == 40
+    assert key not in put.changed  # the checkpoint's list is the pool: nothing appended
+    record = store.get("t", next(k for k in put.added if k.startswith("v/")))
+    # the first 39 elements of the previous version, then the pool's last element
+    assert (record["k"], record["s"], record["n"]) == (key, [39, 40], 39)
+    assert record["b"] in store.state("t") and 0 < record["d"] < L.MAX_DEPTH
+    # m1 was pooled by its write, m0 when the list reached the threshold, then m2..m39
+    assert L.pool_positions(record, lambda k: store.get("t", k)) == [1, 0, *range(2, 40)]
+    assert store.get("t", L.MARKER) == {"format": L.FORMAT}
     tup = saver.get_tuple(cfg("t"))
     assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
+
+
+def test_a_pool_longer_than_a_chunk_reads_back_and_a_cold_saver_continues_it(
+        saver: AgentWALSaver) -> None:
+    chat = Chat(saver, "t")
+    configs = [chat.step(AIMessage(f"reply {i} " + "r" * 100, id=f"r{i}"), step=i)
+               for i in range(150)]
+    store = saver.store
+    chunks = sorted((k, len(v)) for k, v in store.state("t").items() if k.startswith("l/"))
+    assert [n for _, n in chunks][:2] == [L.POOL_CHUNK, L.POOL_CHUNK] and len(chunks) == 3
+    cold = AgentWALSaver(store)  # nothing cached: learns the pool from the parent's version
+    for i in (0, 63, 64, 100, 149):
+        got = cold.get_tuple(configs[i]).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in got] == [f"r{j}" for j in range(i + 1)]
+    chat.saver = cold
+    chat.step(AIMessage("one more " + "r" * 100, id="r150"))
+    (pool,) = pools(store, "t").values()
+    assert len(pool) == 151  # nothing stored twice
+    assert cold.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
 
 
 def test_a_message_replaced_in_the_middle_is_stored_and_read_back(saver: AgentWALSaver) -> None:
@@ -262,9 +295,11 @@ def test_concurrent_threads_and_parallel_task_writes(saver: AgentWALSaver) -> No
             chat = Chat(saver, f"t{n}")
             for i in range(15):
                 chat.step(big(i), step=i)
-                # parallel tasks of one super-step write to the same checkpoint at once
+                # parallel tasks of one super-step write to the same checkpoint at once (their
+                # notes race to append to one pool: conflicts and retries)
                 tasks = [threading.Thread(target=saver.put_writes, args=(
-                    chat.config, [("out", f"{n}-{i}-{k}")], f"task-{k}")) for k in range(3)]
+                    chat.config, [("out", f"{n}-{i}-{k}"), ("notes", [big(100 * k + i)])],
+                    f"task-{k}")) for k in range(3)]
                 for t in tasks:
                     t.start()
                 for t in tasks:
@@ -283,8 +318,10 @@ def test_concurrent_threads_and_parallel_task_writes(saver: AgentWALSaver) -> No
         assert tup is not None
         assert [m.id for m in tup.checkpoint["channel_values"]["messages"]] == [
             f"m{i}" for i in range(15)]
-        assert sorted(v for _, _, v in tup.pending_writes or []) == [
-            f"{n}-14-{k}" for k in range(3)]
+        writes = tup.pending_writes or []
+        assert sorted(v for _, c, v in writes if c == "out") == [f"{n}-14-{k}" for k in range(3)]
+        assert sorted(v[0].id for _, c, v in writes if c == "notes") == sorted(
+            f"m{100 * k + 14}" for k in range(3))
         assert len(list(saver.list(cfg(f"t{n}")))) == 15
 
 
@@ -334,10 +371,9 @@ def test_encrypted_serializer_stores_its_tag_and_no_plaintext(path: str) -> None
         for i in range(4):
             chat.step(AIMessage(f"secret-{i} " * 200, id=f"m{i}"))
         state = saver.store.state("t")
-        tags = {v["t"] for k, v in state.items() if k.startswith(("e/", "w/"))}
-        assert tags == {"msgpack+xor-sha256", "list"}  # written lists name their elements
-        assert all(v["t"] == "msgpack+xor-sha256" for k, v in state.items()
-                   if k.startswith("e/"))
+        assert {v["t"] for k, v in state.items() if k.startswith("w/")} == {"pool"}
+        (pool,) = pools(saver.store, "t").values()
+        assert {e["t"] for e in pool} == {"msgpack+xor-sha256"}
         assert "secret" not in repr(state)
         tup = saver.get_tuple(cfg("t"))
         assert tup is not None and tup.checkpoint["channel_values"]["messages"] == chat.messages
@@ -356,13 +392,11 @@ def test_reopen_reads_everything_and_keeps_sharing(path: str) -> None:
         assert [(t.checkpoint, t.metadata, t.pending_writes)
                 for t in saver.list(cfg("t"))] == before
         chat.saver = saver
-        chat.step(big(10), step=10)
+        chat.step(big(10), step=10)  # a cold cache learns the pool from the parent
         chat.step(big(11), step=11)
-        head = saver.store.head("t")
-        assert head is not None
-        diff = saver.store.diff("t", head.id - 2, head.id)  # the last step's two commits
-        assert [k for k in diff.added if k.startswith("e/")] == [L.element_key(
-            L.digest(saver.serde.dumps_typed(big(11))))]
+        (pool,) = pools(saver.store, "t").values()  # each message once: none stored again
+        assert sorted(saver.serde.loads_typed((e["t"], e["b"])).id for e in pool) == sorted(
+            m.id for m in chat.messages)
         assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == \
             chat.messages
 
@@ -387,7 +421,7 @@ def test_prune_keep_latest_keeps_a_whole_list_and_drops_the_rest(saver: AgentWAL
     saver.prune(["t"])
     assert len(list(saver.list(cfg("t")))) == 1
     state = saver.store.state("t")
-    assert sum(1 for k in state if k.startswith("e/")) == 31
+    assert [len(p) for p in pools(saver.store, "t").values()] == [31]
     assert saver.get_tuple(cfg("t")).pending_writes == [("task-x", "messages", [big(99)])]
     assert sum(1 for k in state if k.startswith("v/")) == 1
     assert saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages

@@ -8,6 +8,8 @@ reads return, folded or not, and check that bad input changes nothing.
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import pytest
@@ -20,12 +22,13 @@ from agentwal import codec
 
 def test_append_grows_a_list_and_starts_one(store: agentwal.Store) -> None:
     with store.begin("chat") as txn:
-        txn.append("messages", {"role": "user", "content": "hi"})
-        txn.append("messages")  # nothing to add: still a list
+        assert txn.append("messages", {"role": "user", "content": "hi"}) == 1
+        assert txn.append("messages") == 1  # nothing to add: still a list
         assert txn.get("messages") == [{"role": "user", "content": "hi"}]
     for step in range(60):  # long enough for history to hold it as list nodes
-        with store.begin("chat") as txn:
-            txn.append("messages", {"role": "assistant", "step": step}, step)
+        with store.begin("chat") as txn:  # the length returned is the list's after it
+            assert txn.append("messages", {"role": "assistant", "step": step}, step) == \
+                3 + 2 * step
         if step % 20 == 0:
             store.snapshot()
     expected: list[Any] = [{"role": "user", "content": "hi"}]
@@ -104,3 +107,17 @@ def test_only_definite_arrays_are_joined() -> None:
     tail = codec.encode_value("k", [1])
     for stored in (b"", codec.encode_value("k", {"a": 1}), b"\x9f\x01\xff", b"\x98"):
         assert codec.append_encoded(stored, tail) is None
+
+
+def test_a_list_grown_by_appends_is_folded_before_its_versions_fill_memory(path: str) -> None:
+    """The log holds only appended items, the memtable every version whole: a fold starts
+    once the memtable holds 4 x wal_max_bytes, long before the log reaches its limit."""
+    with agentwal.open(path, durability="none", wal_max_bytes=64 << 10) as store:
+        for _ in range(40):  # ~40 KiB of log, ~800 KiB of versions
+            with store.begin("chat") as txn:
+                txn.append("messages", os.urandom(512).hex())
+        deadline = time.monotonic() + 30
+        while store.stats()["folds"] == 0:  # the fold thread takes it
+            assert time.monotonic() < deadline, "no fold"
+            time.sleep(0.02)
+        assert len(store.get("chat", "messages")) == 40

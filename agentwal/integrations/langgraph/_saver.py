@@ -9,12 +9,21 @@ and roll it back. Commits on one thread may race (LangGraph saves a
 checkpoint in the background while tasks save their writes): a
 ``ConflictError`` re-runs the commit from a fresh snapshot.
 
+A list channel's elements live in a pool (``_layout.py``) that grows through
+``txn.append``: a step's commit logs the new messages only, whatever the
+length of the conversation, and the fold shares the rest. A task's written
+messages go into the pool as the write is saved, so the next checkpoint's
+list usually adds nothing and its record is a few runs of positions.
+
 Caches (``_cache.py``; shared by shallow copies, which LangGraph makes in
 ``with_allowlist``): the last list version written per (thread, namespace,
 channel) with its element objects, so the next put serializes only new
-elements and links to that version; serialized elements by digest; and each
-list version read, as its elements and their msgpack array. A put that finds
-its cached base gone writes a full list record instead.
+elements; each slot's pool (its key and element digests), so a put knows
+what the pool holds without reading it; the first elements of pools and
+each list version read. A cold slot (a new process) learns its pool from the
+version its checkpoint's parent holds, reading the pool once; a cached pool
+whose stored length differs (another process appended) is dropped and the
+commit re-run.
 
 The async methods run the sync ones in a worker thread (``asyncio.to_thread``):
 no disk I/O or fsync on the event loop.
@@ -25,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import os
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -48,7 +59,7 @@ import agentwal
 from agentwal.errors import ConflictError, RunNotFoundError, UnencodableValueError
 
 from . import _layout as L
-from ._cache import Listed, Prepared, Shared
+from ._cache import Listed, Pool, Prepared, Shared
 from ._view import view_of
 
 __all__ = ["AgentWALSaver"]
@@ -81,6 +92,48 @@ def _array_header(n: int) -> bytes:
 
 def _typed(rec: dict[str, Any]) -> tuple[str, bytes]:
     return rec["t"], rec["b"]
+
+
+class _StalePool(Exception):
+    """A slot's cached pool is not what the store holds: forget it and run the commit again."""
+
+    def __init__(self, slot: tuple[str, str, str]) -> None:
+        super().__init__(slot)
+        self.slot = slot
+
+
+@dataclass(frozen=True)
+class _Grown:
+    """Elements a commit appends to a pool, for the caches once it is in."""
+
+    slot: tuple[str, str, str]
+    key: str
+    before: int  # the pool's length before the append (0: a new pool)
+    digests: builtins.list[str]
+    elements: builtins.list[tuple[str, bytes]]
+
+
+def _place(pool: Pool, digests: Sequence[str], cursor: int = 0
+           ) -> tuple[builtins.list[int], builtins.list[int]]:
+    """Positions in ``pool`` (extended by the new elements) of a list with ``digests``,
+    and the indices of the elements the pool lacks, in the order they are appended;
+    ``cursor`` is where the first is looked for first (runs stay long)."""
+    held = len(pool.digests)
+    positions: builtins.list[int] = []
+    new: builtins.list[int] = []
+    added: dict[str, int] = {}
+    for i, dig in enumerate(digests):
+        if cursor < held and pool.digests[cursor] == dig:
+            at = cursor
+        else:
+            found = added.get(dig, pool.where.get(dig))
+            if found is None:
+                found = added[dig] = held + len(new)
+                new.append(i)
+            at = found
+        positions.append(at)
+        cursor = at + 1
+    return positions, new
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -167,6 +220,12 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             txn = self.store.begin(thread)
             try:
                 wanted = body(txn)
+            except _StalePool as stale:
+                txn.rollback()
+                self._shared.forget_pool(stale.slot)
+                if attempt == _COMMIT_ATTEMPTS - 1:
+                    raise RuntimeError(f"the pool of {stale.slot} kept changing") from None
+                continue
             except BaseException:
                 txn.rollback()
                 raise
@@ -206,12 +265,28 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             self._shared.remember_element(dig, hit)
         return hit
 
+    def _pool_slice(self, txn: agentwal.Transaction, rec: dict[str, Any]
+                    ) -> tuple[tuple[str, bytes], ...]:
+        """The elements a pool record names (the pool read once, then cached)."""
+        positions = L.pool_positions(rec, txn.get)
+        key, need = rec["k"], max(positions, default=-1) + 1
+        have = self._shared.pool_elements(txn.run, key)
+        if have is None or len(have) < need:
+            have = self._read_pool(txn, key, have or (), need)
+            if have is None:
+                raise LookupError(f"list pool {key!r} of thread {txn.run!r} is missing")
+            self._shared.remember_pool_elements(txn.run, key, have)
+        return tuple(have[p] for p in positions)
+
     def _value(self, txn: agentwal.Transaction, vkey: str, rec: dict[str, Any]) -> Any:
-        if rec["t"] != "list":
+        if rec["t"] not in ("list", "pool"):
             return self.serde.loads_typed(_typed(rec))
         listed = self._shared.listed(txn.run, vkey)
         if listed is None:
-            elements = tuple(self._element(txn, d) for d in L.resolve_list(rec, txn.get))
+            if rec["t"] == "pool":
+                elements = self._pool_slice(txn, rec)
+            else:  # format 1: a chain of element digests
+                elements = tuple(self._element(txn, d) for d in L.resolve_list(rec, txn.get))
             whole = None
             if all(kind == "msgpack" for kind, _ in elements):
                 # A msgpack array is its header and its items' encodings, concatenated.
@@ -367,27 +442,34 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                   "md": _payload(self.serde.dumps_typed(md), self.readable),
                   "run_id": md.get("run_id") if isinstance(md.get("run_id"), str) else None}
         written: dict[tuple[str, str, str], Listed] = {}
+        grown: builtins.list[_Grown] = []
 
-        # What body reads, fetched in one round trip on PostgreSQL (txn.prefetch).
-        with self._shared.lock:
-            bases = [self._shared.lists.get(slot) for _vkey, slot, _prep in lists]
+        # Keys body reads, fetched in one round trip on PostgreSQL (txn.prefetch).
         ahead = [L.MARKER, L.ns_key(nsid), L.head_key(nsid)]
-        ahead += [b.key for b in bases if b is not None]
-        ahead += [L.element_key(d) for _vkey, _slot, prep in lists for d in prep.fresh]
 
         def body(txn: agentwal.Transaction) -> bool:
             written.clear()
+            grown.clear()
             txn.prefetch(keys=ahead)
-            if L.MARKER not in txn:
-                txn.put(L.MARKER, {"format": 1})
+            self._mark(txn, new_thread=True)
             if L.ns_key(nsid) not in txn:
                 txn.put(L.ns_key(nsid), ns)
             for vkey, rec in plain:
                 self._put_value(txn, vkey, rec)
             for vkey, slot, prep in lists:
-                rec = self._list_record(txn, slot, prep)
+
+                def typed_of(i: int, prep: Prepared = prep) -> tuple[str, bytes]:
+                    typed = prep.fresh.get(prep.digests[i])
+                    if typed is None:  # an element reused by identity, needed again
+                        kind, data = self.serde.dumps_typed(prep.objs[i])
+                        typed = (kind, bytes(data))
+                    return typed
+
+                rec, positions = self._pooled(txn, slot, prep.digests, typed_of, parent, grown,
+                                              linked=True)
                 self._put_value(txn, vkey, rec)
-                written[slot] = Listed(vkey, prep.objs, prep.digests, prep.sizes, rec["depth"])
+                written[slot] = Listed(vkey, prep.objs, prep.digests, prep.sizes, rec["k"],
+                                       tuple(positions), rec.get("d", 0))
             self._put_value(txn, L.checkpoint_key(nsid, cid), record)
             head = txn.get(L.head_key(nsid))
             if head is None or cid > head:
@@ -399,35 +481,162 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         self._shared.forget_values(thread, [vkey for vkey, _ in plain] +
                                    [vkey for vkey, _, _ in lists])
         self._commit(thread, body)
+        self._grown(grown)
         with self._shared.saved:
             self._shared.lists.update(written)
             self._shared.saved.notify_all()
         return _config(thread, ns, cid)
 
-    def _list_record(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
-                     prep: Prepared) -> dict[str, Any]:
-        """The version record of a list; stores the elements the store does not hold yet."""
+    def _mark(self, txn: agentwal.Transaction, *, new_thread: bool) -> None:
+        """Write the thread marker of this layout (a new thread only if ``new_thread``)."""
+        marker = txn.get(L.MARKER)
+        if marker is None and not new_thread:
+            return
+        if marker != {"format": L.FORMAT}:
+            txn.put(L.MARKER, {"format": L.FORMAT})
+
+    def _pooled(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
+                digests: Sequence[str], typed_of: Callable[[int], tuple[str, bytes]],
+                hint: str | None, grown: builtins.list[_Grown], *, linked: bool = False
+                ) -> tuple[dict[str, Any], builtins.list[int]]:
+        """The record of a list with ``digests`` and its pool positions, appending to the
+        slot's pool the elements it lacks (``typed_of(i)``: element ``i`` serialized); a
+        new pool when there is none or the list would take too many runs of the old one.
+
+        ``linked``: the record may link to the slot's last version (a checkpoint's list;
+        a write's list stands alone). ``hint``: the checkpoint whose version of the
+        channel names the pool when the slot is not cached. Raises _StalePool when the
+        stored pool is not the cached one.
+        """
+        pool = self._pool_of(txn, slot, hint)
+        record: dict[str, Any] | None = None
+        if pool is not None:
+            with self._shared.lock:
+                prev = self._shared.lists.get(slot) if linked else None
+            keep = 0
+            if prev is not None and prev.pool == pool.key and prev.key in txn:
+                limit = min(len(prev.positions), len(digests))
+                while keep < limit and prev.digests[keep] == digests[keep]:
+                    keep += 1
+            with self._shared.lock:
+                tail, new = _place(pool, digests[keep:],
+                                   prev.positions[keep - 1] + 1 if prev and keep else 0)
+                before = len(pool.digests)
+            new = [keep + i for i in new]
+            positions = [*(prev.positions[:keep] if prev else ()), *tail]
+            key = pool.key
+            if prev is not None and keep and prev.depth + 1 < L.MAX_DEPTH:
+                record = L.pool_record(key, tail, (prev.key, keep, prev.depth))
+            else:
+                record = L.pool_record(key, positions)
+        if record is None or len(record["s"]) > 2 * L.MAX_RUNS:
+            key = L.pool_key(slot[1], slot[2], os.urandom(6).hex())
+            positions = new = list(range(len(digests)))
+            before = 0
+            record = L.pool_record(key, positions)
+        if new:
+            elements = [typed_of(i) for i in new]
+            mark = txn.savepoint()
+            if not self._append(txn, key, before, elements):
+                txn.rollback_to(mark)
+                raise _StalePool(slot)
+            grown.append(_Grown(slot, key, before, [digests[i] for i in new], elements))
+        return record, positions
+
+    def _append(self, txn: agentwal.Transaction, pool: str, before: int,
+                elements: builtins.list[tuple[str, bytes]]) -> bool:
+        """Append ``elements`` to a pool of ``before`` elements, chunk by chunk; False if
+        a chunk's stored length says the pool is not that long."""
+        at = 0
+        while at < len(elements):
+            chunk, offset = divmod(before + at, L.POOL_CHUNK)
+            part = elements[at:at + L.POOL_CHUNK - offset]
+            recs = [_payload(e, self.readable) for e in part]
+            key = L.chunk_key(pool, chunk)
+            try:
+                got = txn.append(key, *recs)
+            except UnencodableValueError:
+                if not any("view" in r for r in recs):
+                    raise
+                got = txn.append(key, *[{k: v for k, v in r.items() if k != "view"}
+                                        for r in recs])
+            if got != offset + len(part):
+                return False
+            at += len(part)
+        return True
+
+    def _read_pool(self, txn: agentwal.Transaction, pool: str, have: Sequence[tuple[str, bytes]],
+                   need: int) -> builtins.list[tuple[str, bytes]] | None:
+        """The pool's elements: ``have`` (a cached prefix) and the chunks after it; None if
+        the pool has no chunk.
+
+        Raises:
+            LookupError: a chunk is damaged, or the pool holds fewer than ``need``.
+        """
+        chunk = len(have) // L.POOL_CHUNK
+        out = list(have[:chunk * L.POOL_CHUNK])
+        while True:
+            key = L.chunk_key(pool, chunk)
+            stored = txn.get(key)
+            if stored is None:
+                if chunk == 0:
+                    return None
+                break
+            if not isinstance(stored, builtins.list) or len(stored) > L.POOL_CHUNK:
+                raise LookupError(f"list pool chunk {key!r} of thread {txn.run!r} is damaged")
+            out.extend(_typed(p) for p in stored)
+            if len(stored) < L.POOL_CHUNK:
+                break
+            chunk += 1
+        if len(out) < need:
+            raise LookupError(f"list pool {pool!r} of thread {txn.run!r} holds {len(out)} "
+                              f"elements, fewer than {need}")
+        return out
+
+    def _pool_of(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
+                 hint: str | None) -> Pool | None:
+        """The slot's pool: cached, or learned from the version ``hint`` holds (read once)."""
         with self._shared.lock:
-            base = self._shared.lists.get(slot)
-        if base is not None and base.key not in txn:
-            base = None  # pruned or deleted since: list every element
-        rec = L.list_record(prep.digests, None if base is None else
-                            (base.key, base.digests, base.depth))
-        held = set(base.digests) if base is not None else set()
-        for i in range(rec.get("keep", 0), len(prep.digests)):
-            dig = prep.digests[i]
-            if dig in held:
-                continue
-            key = L.element_key(dig)
-            typed = prep.fresh.get(dig)
-            if key not in txn:
-                if typed is None:
-                    kind, data = self.serde.dumps_typed(prep.objs[i])
-                    typed = (kind, bytes(data))
-                self._put_value(txn, key, _payload(typed, self.readable))
-            if typed is not None:
-                self._shared.remember_element(dig, typed)
-        return rec
+            pool = self._shared.pools.get(slot)
+        if pool is not None or hint is None:
+            return pool
+        _thread, nsid, channel = slot
+        rec = txn.get(L.checkpoint_key(nsid, hint))
+        if not isinstance(rec, dict) or rec.get("ns") is None:
+            return None
+        version = self.serde.loads_typed(_typed(rec["cp"])).get(
+            "channel_versions", {}).get(channel)
+        vrec = None if version is None else txn.get(L.value_key(nsid, channel, version))
+        if not isinstance(vrec, dict) or vrec.get("t") != "pool":
+            return None
+        positions = L.pool_positions(vrec, txn.get)
+        elements = self._read_pool(txn, vrec["k"], (), max(positions, default=-1) + 1)
+        if elements is None:
+            return None
+        pool = Pool(vrec["k"], [L.digest(e) for e in elements])
+        learned = Listed(L.value_key(nsid, channel, version), (),
+                         tuple(pool.digests[p] for p in positions), (), pool.key,
+                         tuple(positions), vrec.get("d", 0))
+        with self._shared.lock:
+            self._shared.pools.setdefault(slot, pool)
+            self._shared.lists.setdefault(slot, learned)
+        self._shared.remember_pool_elements(txn.run, pool.key, elements)
+        return pool
+
+    def _grown(self, grown: builtins.list[_Grown]) -> None:
+        """Bring the caches up to the pools a commit grew (it is in)."""
+        for g in grown:
+            with self._shared.lock:
+                cur = self._shared.pools.get(g.slot)
+                if cur is not None and cur.key == g.key:
+                    if len(cur.digests) == g.before:
+                        cur.extend(g.digests)
+                elif g.before == 0:
+                    self._shared.pools[g.slot] = Pool(g.key, g.digests)
+            if g.before == 0:
+                self._shared.remember_pool_elements(g.slot[0], g.key, g.elements)
+            else:
+                self._shared.remember_pool_elements(g.slot[0], g.key, g.elements, g.before)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
@@ -442,34 +651,38 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             widx = WRITES_IDX_MAP.get(channel, idx)
             head = {"task": task_id, "path": task_path, "ch": channel, "idx": widx}
             elements = self._write_elements(value)
-            if elements is None:
-                rec = {**head, **_payload(self.serde.dumps_typed(value), self.readable)}
-            else:  # a list of messages: its elements are shared with the next checkpoint
-                rec = {**head, **L.list_record([d for d, _ in elements], None)}
-            prepared.append((L.write_key(nsid, cid, task_id, widx), widx, rec, elements or []))
-        self._shared.forget_values(thread, [key for key, _, _, _ in prepared])
+            rec = None if elements is not None else {
+                **head, **_payload(self.serde.dumps_typed(value), self.readable)}
+            prepared.append((L.write_key(nsid, cid, task_id, widx), widx, head, rec, elements))
+        self._shared.forget_values(thread, [key for key, *_ in prepared])
+        grown: builtins.list[_Grown] = []
 
-        ahead = [key for key, _widx, _rec, _elements in prepared]
-        ahead += [L.element_key(dig) for _k, _w, _r, elements in prepared for dig, _t in elements]
+        ahead = [key for key, *_ in prepared]
 
         def body(txn: agentwal.Transaction) -> bool:
+            grown.clear()
             wrote = False
             txn.prefetch(keys=ahead)
-            for key, widx, rec, elements in prepared:
+            for key, widx, head, rec, elements in prepared:
                 if widx >= 0 and key in txn:
                     continue
-                for dig, typed in elements:
-                    if L.element_key(dig) not in txn:
-                        self._put_value(txn, L.element_key(dig), _payload(typed, self.readable))
-                    self._shared.remember_element(dig, typed)
+                if elements is not None:  # messages: into the pool the next checkpoint uses
+                    slot = (thread, nsid, str(head["ch"]))
+                    typed = [t for _, t in elements]
+                    rec = {**head, **self._pooled(txn, slot, [d for d, _ in elements],
+                                                  typed.__getitem__, cid, grown)[0]}
+                assert rec is not None
                 self._put_value(txn, key, rec)
                 wrote = True
             if wrote:
+                if grown:
+                    self._mark(txn, new_thread=False)
                 txn.meta(langgraph="writes", checkpoint_ns=ns, checkpoint_id=cid,
                          task_id=task_id, channels=[c for c, _ in writes])
             return wrote
 
         self._commit(thread, body)
+        self._grown(grown)
 
     def _write_elements(self, value: Any) -> builtins.list[tuple[str, tuple[str, bytes]]] | None:
         """A written list's elements, serialized, when they are worth sharing; else None."""
@@ -577,7 +790,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         keep_ck = {L.checkpoint_key(nsid, cid) for nsid, cid in heads.items()}
         keep_w = tuple(L.write_prefix(nsid, cid) for nsid, cid in heads.items())
         live_values: dict[str, dict[str, Any]] = {}
-        live_elements: set[str] = set()
+        live_elements: set[str] = set()  # format 1
+        live_pools: set[str] = set()
         for key in keep_ck:
             rec = txn.get(key)
             if rec is None:
@@ -593,18 +807,25 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                     digests = L.resolve_list(vrec, txn.get)
                     live_elements.update(digests)
                     vrec = L.list_record(digests, None)
+                elif vrec["t"] == "pool":
+                    live_pools.add(vrec["k"])
+                    vrec = L.pool_record(vrec["k"], L.pool_positions(vrec, txn.get))
                 live_values[vkey] = vrec
         kept_writes = [(k, w) for k, w in txn.items("w/") if keep_w and k.startswith(keep_w)]
         for _, w in kept_writes:
             if w["t"] == "list":
                 live_elements.update(L.resolve_list(w, txn.get))
+            elif w["t"] == "pool":
+                live_pools.add(w["k"])
         kept_keys = {k for k, _ in kept_writes}
         doomed = [k for k in txn.keys("ck/") if k not in keep_ck]
         doomed += [k for k in txn.keys("w/") if k not in kept_keys]
         doomed += [k for k in txn.keys("v/") if k not in live_values]
         doomed += [k for k in txn.keys("e/") if k.removeprefix("e/") not in live_elements]
+        doomed += [k for k in txn.keys("l/") if L.pool_of_chunk(k) not in live_pools]
         for vkey, vrec in live_values.items():
-            if "base" in (txn.get(vkey) or {}):
+            stored = txn.get(vkey) or {}
+            if "base" in stored or "b" in stored:
                 txn.put(vkey, vrec)
         for key in doomed:
             txn.delete(key)
