@@ -84,6 +84,7 @@ __all__ = [
     "derive_key",
     "effect_id_for",
     "outstanding",
+    "still_expected",
     "encode_outbox",
     "decode_outbox",
     "outbox_entries",
@@ -329,6 +330,20 @@ def carry_mark(new: EffectRecord, old: EffectRecord | None) -> EffectRecord:
             or new.status == "retired"):
         return new
     return new.replace(committed_in=old.committed_in, updated_at=new.updated_at)
+
+
+def still_expected(found: EffectRecord | None, expect: EffectRecord | None) -> bool:
+    """True if ``found`` is the entry ``expect`` was, but for a commit mark since.
+
+    The comparison of a ledger compare-and-set (``backend.LedgerStore.record_effect``).
+    A commit marks its effects' entries ``committed_in`` (once, first commit
+    wins) without the ledger, and every write carries that mark over
+    (:func:`carry_mark`): a mark added meanwhile is no lost race.
+    """
+    if found is None or expect is None:
+        return found is expect
+    return found == expect or (expect.committed_in is None
+                               and dataclasses.replace(found, committed_in=None) == expect)
 
 
 # -- keys ---------------------------------------------------------------------------

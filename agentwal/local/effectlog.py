@@ -20,7 +20,6 @@ It also holds the two rules that tie effect positions to steps:
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,7 @@ from ..effects import (
     encode_entry,
     outstanding,
     same_first_effect,
+    still_expected,
 )
 from ..errors import ReadOnlyError
 from ..ledger import moved_on
@@ -48,19 +48,6 @@ __all__ = ["EffectLog"]
 _ADOPT_WALK = 32
 #: Locks striped over the keys, for the compare-and-set of ``write_if``.
 _CAS_STRIPES = 64
-
-
-def _same(found: EffectRecord | None, expect: EffectRecord | None) -> bool:
-    """True if ``found`` is the entry ``expect`` was, but for a commit mark since.
-
-    A commit marks its effects' entries ``committed_in`` (once, first commit
-    wins) without the ledger, and every write carries that mark over
-    (``effects.carry_mark``): a mark added meanwhile is no lost race.
-    """
-    if found is None or expect is None:
-        return found is expect
-    return found == expect or (expect.committed_in is None
-                               and dataclasses.replace(found, committed_in=None) == expect)
 
 
 class EffectLog:
@@ -219,7 +206,7 @@ class EffectLog:
         """
         with self._cas[hash(entry.key) % _CAS_STRIPES]:
             found = self.get(entry.key)
-            if not _same(found, expect):
+            if not still_expected(found, expect):
                 raise EffectRace(entry.key, found)
             written = self.write(entry)
         return self.get(entry.key) or written

@@ -177,6 +177,27 @@ def test_the_docs_show_this_table() -> None:
     assert shown == RANK
 
 
+#: Tests outside these reach the engine only through ``agentwal.testing``'s hooks: the
+#: engine's own unit tests (and the hooks themselves, in the package) may reach inside.
+ENGINE_TESTS = ("unit",)
+_ENGINE_REACH = re.compile(r"""\._engine\b|["']_engine["']""")
+_PRIVATE_IMPORT = re.compile(r"from agentwal\.local[\w.]* import [^\n]*\b_[a-z]\w*")
+
+
+def test_tests_reach_the_engine_only_through_the_testing_hooks() -> None:
+    """No test module outside the engine's own unit tests names ``store._engine`` (in code
+    or in a child process's script) or imports a private name from ``agentwal.local``."""
+    tests = PKG.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.relative_to(tests).parts[0] in ENGINE_TESTS:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _ENGINE_REACH.search(line) or _PRIVATE_IMPORT.search(line):
+                found.append(f"{path.relative_to(tests)}:{n}: {line.strip()}")
+    assert not found, "use agentwal.testing's hooks instead:\n" + "\n".join(found)
+
+
 def test_only_the_snapshot_env_imports_lmdb() -> None:
     users = []
     for path in PKG.rglob("*.py"):
