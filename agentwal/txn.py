@@ -162,7 +162,8 @@ def check_retry_of(prev: object, store: RunStore[Any], run: str) -> None:
     Raises:
         TypeError: ``prev`` is not a Transaction.
         ValueError: it is of another store or run, still active, or committed
-            (``Transaction`` also refuses one begun before the run was deleted).
+            (``Transaction`` also refuses one that made effects before the run was
+            deleted).
     """
     if not isinstance(prev, Transaction):
         raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
@@ -245,11 +246,11 @@ class Transaction(EffectSteps):
         #: 1 for a step's first transaction, 2 for its first retry, ...
         self.attempt = 1
         if retry_of is not None:
-            if retry_of._view.epoch != view.epoch:
+            if retry_of._anchor is not None and retry_of._anchor[1] != view.epoch:
                 self._state = "rolled_back"  # never used: hand the view back now
                 store.end(view)
                 raise ValueError(
-                    f"retry_of is an attempt on run {self.run!r} before it was deleted "
+                    f"retry_of made effects on run {self.run!r} before it was deleted "
                     "(store.delete_run): the run is a new one now. Begin its steps with a "
                     "plain store.begin(run); their effects get new keys.")
             self._chain = retry_of._chain

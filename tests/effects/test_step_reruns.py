@@ -318,6 +318,9 @@ def test_a_step_whose_run_was_deleted_meanwhile_is_not_redone_and_the_new_run_st
         step(attempt)
     with pytest.raises(ValueError, match="deleted"):  # nor by hand
         store.begin("r", retry_of=attempt)
+    quiet = store.begin("q")  # an attempt that made no effects carries nothing over
+    quiet.rollback()
+    store.begin("q", retry_of=quiet).rollback()
     for _ in range(2):  # the run made again: its steps call afresh, under new keys
         store.transact("r", lambda t: t.effect("charge", shop.call, mode="at_most_once",
                                                args={"n": 1}))
