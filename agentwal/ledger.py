@@ -721,10 +721,23 @@ class Ledger:
             while True:
                 stored = self.store.effect(entry.key)
                 new = change(stored or entry)
+                if new.ordinal is not None and not self._holds_position(new):
+                    # Its run was deleted (delete_run freed the position, and a run made
+                    # again under the id may use it): written back without a position.
+                    new = new.replace(ordinal=None)
                 try:
                     return self.store.record_effect(new, expect=stored)
                 except EffectRace:
                     continue
+
+    def _holds_position(self, entry: EffectRecord) -> bool:
+        """True if ``entry``'s position is still its own (or shared only with retired ones)."""
+        assert entry.ordinal is not None
+        there = self.store.effect_at(entry.run, entry.checkpoint, entry.ordinal)
+        if there is None or there == entry.key:
+            return there is not None
+        other = self.store.effect(there)
+        return other is not None and other.status == "retired"
 
     def find(self, effect_id: str) -> EffectRecord:
         """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""

@@ -128,8 +128,11 @@ class StepHooks(Protocol):
         ...
 
     def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-                  epoch: int) -> int | None:
-        """The checkpoint of an uncommitted attempt of this step to meet, or None."""
+                  epoch: int, key: str | None = None) -> int | None:
+        """The checkpoint of an uncommitted attempt of this step to meet, or None.
+
+        ``key`` is the business key of the step's first effect (None: positional).
+        """
         ...
 
     def txn_put_blob(self, source: Any, media_type: str | None) -> BlobRef:
@@ -155,7 +158,8 @@ def check_retry_of(prev: object, store: RunStore[Any], run: str) -> None:
 
     Raises:
         TypeError: ``prev`` is not a Transaction.
-        ValueError: it is of another store or run, still active, or committed.
+        ValueError: it is of another store or run, still active, or committed
+            (``Transaction`` also refuses one begun before the run was deleted).
     """
     if not isinstance(prev, Transaction):
         raise TypeError(f"retry_of must be the Transaction of an earlier attempt, "
@@ -236,6 +240,13 @@ class Transaction(EffectSteps):
         #: 1 for a step's first transaction, 2 for its first retry, ...
         self.attempt = 1
         if retry_of is not None:
+            if retry_of._view.epoch != view.epoch:
+                self._state = "rolled_back"  # never used: hand the view back now
+                store.end(view)
+                raise ValueError(
+                    f"retry_of is an attempt on run {self.run!r} before it was deleted "
+                    "(store.delete_run): the run is a new one now. Begin its steps with a "
+                    "plain store.begin(run); their effects get new keys.")
             self._chain = retry_of._chain
             self._anchor = retry_of._anchor
             self._anchored = retry_of._anchor is not None

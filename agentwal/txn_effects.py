@@ -155,9 +155,9 @@ class EffectSteps:
                                                allow_async=allow_async, where="txn")
         if self._anchor is None:
             base, epoch = self._view.base, self._view.epoch
-            if key is None and self._effects_made == 0:
+            if self._effects_made == 0:
                 found = self._hooks.txn_adopt(self.run, base, name, args_digest(args_raw),
-                                              req_mode, epoch)
+                                              req_mode, epoch, key)
                 if found is not None:
                     base, self._adopted = found, True
             self._anchor = (base, epoch)

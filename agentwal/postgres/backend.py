@@ -676,6 +676,14 @@ class PostgresBackend:
                                 (run, lo, hi)).fetchall()
         return [decode_entry(bytes(r[0])) for r in rows]
 
+    def positioned_after(self, run: str, lo: int, hi: int) -> bool:
+        """True if a live ``txn.effect`` entry of ``run`` holds a position at a checkpoint in
+        ``(lo, hi]`` (``delete_run`` nulls the positions of the entries it leaves)."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT entry FROM effects WHERE run = %s AND ordinal IS NOT NULL "
+                                "AND ckpt > %s AND ckpt <= %s", (run, lo, hi)).fetchall()
+        return any(decode_entry(bytes(r[0])).status != "retired" for r in rows)
+
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
                       fence: object | None = None) -> EffectRecord:
         """Store ``entry`` durably if the stored one is still ``expect`` (compare-and-set).

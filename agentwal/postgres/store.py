@@ -46,12 +46,13 @@ from ..effects import (
     EffectMode,
     EffectRecord,
     check_listing,
+    crossable,
     decode_entry,
-    derive_key,
     effect_id_for,
     effects_after,
     encode_entry,
     listing,
+    same_first_effect,
 )
 from ..errors import (
     BackendUnsupportedError,
@@ -387,7 +388,7 @@ class PostgresStore(StepsAPI, StandaloneEffects):
             raise moved_on(run, base, head)
 
     def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-                  epoch: int) -> int | None:
+                  epoch: int, key: str | None = None) -> int | None:
         """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
 
         The local store's rule (``EffectLog.adopt``): a step that died or
@@ -396,7 +397,8 @@ class PostgresStore(StepsAPI, StandaloneEffects):
         head. Walking back from ``base`` (at most ``_ADOPT_WALK`` checkpoints,
         one query), the first checkpoint whose position 0 holds a live entry
         decides: committed, or ``base`` itself, means a new step (None); an
-        uncommitted entry of the same effect (name, args, mode, derived key) is
+        uncommitted entry of the same effect (``effects.same_first_effect``: name,
+        args, mode, and the step's business ``key`` or else the derived one) is
         the earlier attempt, whose checkpoint is returned. The walk never
         crosses a ``rollback_to`` or a fork's first checkpoint.
         """
@@ -408,18 +410,17 @@ class PostgresStore(StepsAPI, StandaloneEffects):
                 continue
             if e0.checkpoint == base or e0.committed_in is not None:
                 return None  # this step's own positions, or a step that committed
-            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                    and not e0.keyed and e0.key == derive_key(self.store_id, run, e0.checkpoint,
-                                                              name, 0, epoch=epoch))
-            if not same:
+            if not same_first_effect(e0, self.store_id, run, e0.checkpoint, name, digest, mode,
+                                     key, epoch):
                 return None
             found = e0.checkpoint
             break
         if found is None:
             return None
-        for c in self.history(run, limit=base - found):
-            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
-                return None
+        if not crossable(self.history(run, limit=base - found), found, base):
+            return None
+        if self._b.positioned_after(run, found, base):
+            return None  # a step ran in between whose position 0 holds nothing (as locally)
         return found
 
     # -- reading ---------------------------------------------------------------------
