@@ -4,6 +4,7 @@ concurrency, copies, serializers, reopen, the CLI's view of a thread, the async 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import hashlib
 import json
@@ -13,6 +14,7 @@ import threading
 import uuid
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 import pytest
 from click.testing import CliRunner
@@ -29,6 +31,7 @@ import agentwal
 from agentwal.cli import main as cli
 from agentwal.integrations.langgraph import AgentWALSaver
 from agentwal.integrations.langgraph import _layout as L
+from agentwal.integrations.langgraph import _saver as saver_module
 
 
 class Order(BaseModel):
@@ -216,6 +219,62 @@ def test_any_sequence_of_list_versions_reads_back(tmp_path_factory: Any,
         tup = saver.get_tuple(conf)
         assert tup is not None and tup.checkpoint["channel_values"]["messages"] == msgs
     store.close()
+
+
+_STEPS = st.lists(st.tuples(st.sampled_from(["grow", "write", "edit", "shrink", "branch", "cold",
+                                             "prune"]), st.integers(0, 200), st.integers(1, 60)),
+                  min_size=1, max_size=20)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_STEPS)
+def test_pooled_lists_match_a_model_across_writes_edits_branches_cold_savers_and_prune(
+        tmp_path_factory: Any, steps: list[tuple[str, int, int]]) -> None:
+    """Every checkpoint's list reads back as put, through the saver that wrote it and a
+    cold one, with chunks, runs and links made tiny so their edges are crossed often."""
+    small = [(L, "POOL_CHUNK", 3), (L, "MAX_RUNS", 4), (L, "MAX_DEPTH", 3),
+             (saver_module, "LIST_MIN_BYTES", 1), (saver_module, "WRITE_LIST_MIN_BYTES", 1)]
+    with contextlib.ExitStack() as stack:
+        for module, name, value in small:  # every list pooled
+            stack.enter_context(mock.patch.object(module, name, value))
+        store = stack.enter_context(agentwal.open(
+            str(tmp_path_factory.mktemp("s") / "s.awal"), durability="none"))
+        saver = AgentWALSaver(store)
+        chat, made, saved = Chat(saver, "t"), 0, []
+
+        def new(size: int) -> HumanMessage:
+            nonlocal made
+            made += 1
+            return HumanMessage(f"m{made} " + "x" * (size * 10), id=f"id{made}")
+
+        for op, a, size in steps:
+            msgs = chat.messages
+            if op == "grow":
+                msgs = [*msgs, *[new(size) for _ in range(1 + a % 8)]]
+            elif op == "write" and chat.config["configurable"].get("checkpoint_id"):
+                msgs = [*msgs, new(size)]
+                saver.put_writes(chat.config, [("messages", msgs[-1:])], f"task-{made}")
+            elif op == "edit" and msgs:
+                msgs = [*msgs[:a % len(msgs)], new(size), *msgs[a % len(msgs) + 1:]]
+            elif op == "shrink":
+                msgs = msgs[:a % (len(msgs) + 1)]
+            elif op == "branch" and saved:
+                chat.config, old = saved[a % len(saved)]
+                msgs = [*old, new(size)]
+            elif op == "cold":
+                chat.saver = saver = AgentWALSaver(store)
+            elif op == "prune":
+                saver.prune(["t"])
+                saved = [(c, m) for c, m in saved if saver.get_tuple(c) is not None]
+            chat.version = saver.get_next_version(chat.version, None)
+            chat.config = saver.put(chat.config, checkpoint(
+                {"messages": msgs}, {"messages": chat.version}), {}, {"messages": chat.version})
+            chat.messages = msgs
+            saved.append((chat.config, msgs))
+        for reader in (saver, AgentWALSaver(store)):
+            for conf, msgs in saved:
+                assert reader.get_tuple(conf).checkpoint["channel_values"]["messages"] == msgs
+        assert store.verify().ok
 
 
 def pools(store: agentwal.Store, thread: str) -> dict[str, list[Any]]:
