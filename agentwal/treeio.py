@@ -83,10 +83,10 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import cbor2
 
@@ -145,6 +145,8 @@ _CACHE_MAGIC = "awstat"
 _CACHE_VERSION = 3
 #: Record sets (trees) a stat cache file keeps, newest first.
 _CACHE_SETS = 4
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
     os, "O_NOCTTY", 0)
@@ -215,9 +217,10 @@ class StatCache:
     """
 
     def __init__(self, path: str | None, top: str, *, load: bool = True,
-                 prefer: str | None = None) -> None:
+                 prefer: str | None = None, memo: _SetMemo | None = None) -> None:
         self.path = path
         self.top = top
+        self._memo = memo
         self.root: str | None = None
         self.dirs: dict[bytes, list[Any]] = {}  # the loaded set (read records with get)
         self._valid: set[bytes] = set()  # directories whose record get checked
@@ -263,12 +266,23 @@ class StatCache:
             self._loaded = self.dirs
 
     def _read_set(self, path: str) -> tuple[str, dict[bytes, list[Any]]] | None:
-        """``(root, records)`` of one record-set file, or None if it is missing or damaged."""
+        """``(root, records)`` of one record-set file, or None if it is missing or damaged
+        (from the memo if the file is the one it holds)."""
         try:
             with open(path, "rb") as f:
+                sig = _sig(os.fstat(f.fileno()))
+                got = None if self._memo is None else self._memo.get(path, sig)
+                if got is not None:
+                    return got
                 data = f.read()
         except OSError:
             return None
+        got = self._parse_set(path, data)
+        if got is not None and self._memo is not None:
+            self._memo.put(path, sig, got)
+        return got
+
+    def _parse_set(self, path: str, data: bytes) -> tuple[str, dict[bytes, list[Any]]] | None:
         body = data[16:]
         if hashlib.sha256(body).digest()[:16] != data[:16]:
             return None
@@ -381,6 +395,8 @@ class StatCache:
             if (root == self.root and len(self.out) == len(self._loaded)
                     and all(self._loaded.get(k) is v for k, v in self.out.items())):
                 os.utime(path)  # the same records: only marked as the newest
+                if self._memo is not None:
+                    self._memo.put(path, _sig(os.stat(path)), (root, self._loaded))
             else:
                 body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
                                           bytes.fromhex(root), self.out]))
@@ -401,12 +417,40 @@ class StatCache:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
                     raise
+                if self._memo is not None:  # the next snapshot of this tree reads no file
+                    self._memo.put(path, _sig(os.stat(path)), (root, dict(self.out)))
             for old in [f for f in self._set_files() if f != path][self._keep:]:
                 os.unlink(old)
             if os.path.exists(self.path):
                 os.unlink(self.path)  # a version-2 file (one set, no suffix)
         except OSError:
             pass
+
+
+class _SetMemo:
+    """The record sets a store read or wrote last, decoded, by file path and the file's
+    stat signature (a file replaced or touched since is read again). Sets are only
+    read from it (a record found damaged may be dropped, as it would be anyway)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._sets: dict[str, tuple[tuple[int, int, int, int], tuple[str, dict[bytes,
+                                                                             list[Any]]]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str, sig: tuple[int, int, int, int]
+            ) -> tuple[str, dict[bytes, list[Any]]] | None:
+        with self._lock:
+            got = self._sets.get(path)
+        return got[1] if got is not None and got[0] == sig else None
+
+    def put(self, path: str, sig: tuple[int, int, int, int],
+            got: tuple[str, dict[bytes, list[Any]]]) -> None:
+        with self._lock:
+            self._sets.pop(path, None)
+            if len(self._sets) >= self._size:
+                self._sets.pop(next(iter(self._sets)))  # the oldest
+            self._sets[path] = (sig, got)
 
 
 def _entry_matches(e: object, st: os.stat_result) -> bool:
@@ -495,6 +539,7 @@ class TreeStore:
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
         self._objects_lock = threading.Lock()
+        self._set_memo = _SetMemo()  # decoded stat-cache record sets, by file
 
     def _cache(self, top: str, prefer: BlobRef | None, *, rehash: bool = False
                ) -> StatCache:
@@ -506,7 +551,7 @@ class TreeStore:
             return StatCache(None, top)
         name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
         return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash,
-                         prefer=want)
+                         prefer=want, memo=self._set_memo)
 
     # -- snapshot --------------------------------------------------------------------
 
@@ -996,7 +1041,7 @@ class _Snapper:
         jobs = [(node, item) for node in changed for item in node.pending]
         with ThreadPoolExecutor(THREADS) as pool:
             for (node, (name, _p)), got in zip(
-                    jobs, pool.map(lambda j: self._file(j[0], *j[1]), jobs), strict=True):
+                    jobs, _map(pool, lambda j: self._file(j[0], *j[1]), jobs), strict=True):
                 if got is not None:
                     node.entries.append(got[0])
                     node.sigs.append(_file_sig(name, got[1]))
@@ -1174,7 +1219,8 @@ class _Snapper:
                    if not ok}
         # (put, not put_bytes: their absence was just seen; a blob named meanwhile by
         # another writer is still stored once, by put's own check)
-        for ref in pool.map(lambda data: self.blobs.put(io.BytesIO(data)), missing.values()):
+        for ref in _map(pool, lambda data: self.blobs.put(io.BytesIO(data)),
+                        list(missing.values())):
             with self._lock:
                 self.pins.append(ref.sha256)
 
@@ -1278,6 +1324,12 @@ class _Snapper:
         with self._lock:
             self.pins.append(ref.sha256)  # dropped by _read_once if the read was inconsistent
         return ref.sha256, ref.size
+
+
+def _map(pool: ThreadPoolExecutor, fn: Callable[[_T], _R], items: list[_T]) -> Iterator[_R]:
+    """``pool.map``, or in this thread for one item (no thread is started for it: a
+    status or one-file snapshot reads one file)."""
+    return map(fn, items) if len(items) <= 1 else pool.map(fn, items)
 
 
 def _hash_fd(fd: int) -> tuple[str, int]:
