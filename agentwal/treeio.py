@@ -29,8 +29,9 @@ whose content hashes differently on a second read, is read again, up to
 A cache entry (or record) is trusted only when its mtime (its newest
 file's) was :data:`RACY_NS` older than the moment it was recorded (git's
 "racy clean" rule), so a write in the same clock tick as a snapshot is
-never missed. Directory objects and the root object are stored with
-``put_bytes`` (nothing is written for one already present). Everything
+never missed. Directory objects, the root object and the small files read
+are stored together with ``put_many`` (nothing is written for one already
+present; the fsyncs of all of them overlap). Everything
 the tree holds is pinned for the transaction, except what the key's
 current tree (as the transaction sees it) already reaches: that stays
 referenced by the run's state, and a commit that replaced it would make
@@ -73,6 +74,7 @@ It must not decide what is committed, nor touch LMDB or the WAL.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
@@ -1217,12 +1219,12 @@ class _Snapper:
             self.pins.extend(refs[i][0] for i in ask if present[i])
         missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
                    if not ok}
-        # (put, not put_bytes: their absence was just seen; a blob named meanwhile by
-        # another writer is still stored once, by put's own check)
-        for ref in _map(pool, lambda data: self.blobs.put(io.BytesIO(data)),
-                        list(missing.values())):
-            with self._lock:
-                self.pins.append(ref.sha256)
+        # (their absence was just seen; a blob named meanwhile by another writer is still
+        # stored once, by put_many's own check) Written in phases: all files fsynced, then
+        # named, then each fan-out directory fsynced once, the fsyncs of each phase at once.
+        self.blobs.put_many(list(missing.items()), lambda fn, *its: _run_all(pool, fn, *its))
+        with self._lock:
+            self.pins.extend(missing)
 
     def _encode_dir(self, node: _Node) -> bytes:
         """The node's directory object (its subdirectories' are encoded already); records
@@ -1330,6 +1332,18 @@ def _map(pool: ThreadPoolExecutor, fn: Callable[[_T], _R], items: list[_T]) -> I
     """``pool.map``, or in this thread for one item (no thread is started for it: a
     status or one-file snapshot reads one file)."""
     return map(fn, items) if len(items) <= 1 else pool.map(fn, items)
+
+
+def _run_all(pool: ThreadPoolExecutor, fn: Callable[..., _R], *iterables: Iterable[Any]
+             ) -> Iterator[_R]:
+    """``fn`` over the items in the pool (in this thread for one), all of them finished
+    before the first error (if any) is raised: nothing is left running behind it."""
+    args = list(zip(*iterables, strict=True))
+    if len(args) <= 1:
+        return iter([fn(*a) for a in args])
+    futures = [pool.submit(fn, *a) for a in args]
+    concurrent.futures.wait(futures)
+    return iter([f.result() for f in futures])
 
 
 def _hash_fd(fd: int) -> tuple[str, int]:
