@@ -236,12 +236,18 @@ class LedgerStore(Protocol):
         """Store ``entry`` durably if the stored one is still ``expect``; returns it as stored.
 
         Compare-and-set: ``expect=None`` inserts only if no entry has the key;
-        otherwise the stored entry must equal ``expect``. Returns once the
-        entry is durable, whatever the durability setting (an intent must be
-        on disk before the call it announces).
+        otherwise the stored entry must be ``expect`` but for a
+        ``committed_in`` mark a commit added since
+        (``effects.still_expected``), and the written entry keeps that mark
+        (``effects.carry_mark``). ``fence`` is what the write is fenced by
+        (``View.fence`` of the step, or None): a backend with leases refuses
+        the write of a lost lease. Returns once the entry is durable,
+        whatever the durability setting (an intent must be on disk before the
+        call it announces).
 
         Raises:
             EffectRace: another writer changed the entry (nothing written).
+            LeaseLostError: ``fence`` is lost (nothing written).
             ReadOnlyError, StoreClosedError, DiskFullError, DurabilityError.
         """
         ...

@@ -84,9 +84,12 @@ __all__ = [
     "derive_key",
     "effect_id_for",
     "outstanding",
+    "still_expected",
     "encode_outbox",
     "decode_outbox",
     "outbox_entries",
+    "same_first_effect",
+    "crossable",
 ]
 
 #: Every status an entry can have.
@@ -269,6 +272,40 @@ def effects_after(entries: Iterable[EffectRecord], cid: int) -> tuple[EffectReco
         e.checkpoint > cid if e.deferred else e.checkpoint >= cid))
 
 
+def same_first_effect(e0: EffectRecord, store_id: Any, run: str, checkpoint: int, name: str,
+                      digest: str, mode: EffectMode, key: str | None, epoch: int) -> bool:
+    """True if ``e0``, at position 0 of ``checkpoint``, is what a step asks for first.
+
+    The adoption walk's test (``EffectLog.adopt``, ``PostgresStore.txn_adopt``):
+    the same name, arguments and mode, and the same key: the business ``key``
+    the step gives, or else the key derived from that position.
+    """
+    if e0.name != name or e0.args_digest != digest or e0.mode != mode:
+        return False
+    if key is not None:
+        return e0.keyed and e0.key == key
+    return not e0.keyed and e0.key == derive_key(store_id, run, checkpoint, name, 0,
+                                                 epoch=epoch)
+
+
+def crossable(history: Iterable[Any], found: int, base: int) -> bool:
+    """True if the adoption walk may go from ``base`` back to ``found`` over ``history``.
+
+    ``history`` holds the run's checkpoints from ``base`` down (newest first):
+    each of ``found + 1 .. base`` must be there (compaction may have dropped
+    one, which might have been a ``rollback_to``) and none of them a
+    ``rollback_to`` or a fork's first checkpoint (steps re-run from those are
+    new positions by design).
+    """
+    seen = set()
+    for c in history:
+        if c.id > found:
+            if "rollback_to" in c.meta or c.origin is not None:
+                return False
+            seen.add(c.id)
+    return len(seen) == base - found
+
+
 def mark_committed(entry: EffectRecord, checkpoint: int) -> EffectRecord | None:
     """``entry`` marked as committed in ``checkpoint``, or None if there is nothing to mark.
 
@@ -293,6 +330,20 @@ def carry_mark(new: EffectRecord, old: EffectRecord | None) -> EffectRecord:
             or new.status == "retired"):
         return new
     return new.replace(committed_in=old.committed_in, updated_at=new.updated_at)
+
+
+def still_expected(found: EffectRecord | None, expect: EffectRecord | None) -> bool:
+    """True if ``found`` is the entry ``expect`` was, but for a commit mark since.
+
+    The comparison of a ledger compare-and-set (``backend.LedgerStore.record_effect``).
+    A commit marks its effects' entries ``committed_in`` (once, first commit
+    wins) without the ledger, and every write carries that mark over
+    (:func:`carry_mark`): a mark added meanwhile is no lost race.
+    """
+    if found is None or expect is None:
+        return found is expect
+    return found == expect or (expect.committed_in is None
+                               and dataclasses.replace(found, committed_in=None) == expect)
 
 
 # -- keys ---------------------------------------------------------------------------

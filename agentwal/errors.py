@@ -119,7 +119,10 @@ class ConflictError(Error):
             what = f"key {_shown(key)}" if key is not None else "a key range"
             text = (f"run {_shown(run)}: {what} was changed by a concurrent commit after this "
                     "transaction began; nothing was applied. Begin a new transaction and retry.")
-        if self.effects:
+        if self.effects and deleted:
+            text += (f" The transaction had called {len(self.effects)} effect(s): they stay "
+                     "recorded under the deleted run (store.effects(run=...)).")
+        elif self.effects:
             names = ", ".join(repr(n) for n in self.effects[:5])
             more = f" and {len(self.effects) - 5} more" if len(self.effects) > 5 else ""
             text += (f" The transaction had called effects ({names}{more}): they stay "

@@ -4,11 +4,18 @@
 golden files in ``tests/data/`` pin them: a change here must bump
 ``FORMAT_VERSION`` and update both.
 
+Format versions (the segment header's version field and CONTROL's ``format``):
+1 is a log of form-1 commit records only; 2 is a log that may hold form-2
+records (``FLAG_APPENDS``, docs/format.md section 5a). An agentwal that reads
+only version 1 refuses a version-2 store or segment instead of taking the
+first form-2 frame for the end of the log. A store is written in version 1
+until its first form-2 record, so it stays openable by such an agentwal.
+
 Segment header (``SEGMENT_HEADER_SIZE`` bytes, little-endian)::
 
     off  size  field
     0    8     magic  b"AWALSEG\\0"
-    8    2     format version
+    8    2     format version (1, or 2 once the log may hold form-2 records)
     10   2     flags (0)
     12   4     header size (64)
     16   16    store id (UUID bytes)
@@ -35,7 +42,15 @@ from __future__ import annotations
 
 import struct
 
-FORMAT_VERSION = 1
+#: The newest format version: what a store that logs a form-2 record is written in.
+FORMAT_VERSION = 2
+#: Every format version this agentwal reads.
+READ_VERSIONS = frozenset({1, 2})
+#: The version a store (its CONTROL and its segments) is written in until its log holds
+#: a form-2 record.
+PLAIN_VERSION = 1
+#: The first version whose segments may hold form-2 commit records.
+APPENDS_VERSION = 2
 
 SEGMENT_MAGIC = b"AWALSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sHHI16sQQI8s")  # without the trailing CRC

@@ -78,6 +78,7 @@ from .codec import CodecError, decode_stored, loads
 
 __all__ = [
     "compare_states",
+    "rollback_delta",
     "HEAD_REF",
     "LARGE",
     "LIST",
@@ -547,3 +548,16 @@ def compare_states(ra: Mapping[str, bytes], rb: Mapping[str, bytes], *, where: s
             if old != new:  # equal values may encode differently (dict order)
                 changed[k] = (old, new)
     return added, removed, changed
+
+
+def rollback_delta(current: Mapping[str, bytes], target: Mapping[str, bytes]
+                   ) -> dict[str, bytes | None]:
+    """The writes that turn state ``current`` into ``target`` (None deletes a key).
+
+    What ``rollback_to`` commits, for every backend: each key whose stored
+    bytes differ (or that ``current`` lacks) gets ``target``'s bytes, each key
+    ``target`` lacks is deleted.
+    """
+    delta: dict[str, bytes | None] = {k: v for k, v in target.items() if current.get(k) != v}
+    delta.update((k, None) for k in current.keys() - target.keys())
+    return delta

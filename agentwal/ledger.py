@@ -21,10 +21,12 @@ Crash windows ("if we die here, the next attempt sees ..."):
 
 Every record is a durable write through ``backend.LedgerStore.record_effect``
 (locally a ``REC_EFFECT`` WAL record, fsynced whatever the store's durability
-mode, visible once durable). Each write is a compare-and-set on the entry the
-executor last read or wrote for that key: the per-key lock below keeps this
-process's executors apart, and the compare-and-set keeps any other writer of
-the ledger (another host's worker) from being overwritten blindly. An intent
+mode, visible once durable; on PostgreSQL a synchronous row write fenced by
+the step's lease, :attr:`Request.fence`). Each write is a compare-and-set on
+the entry the executor last read or wrote for that key: the per-key lock
+below keeps this process's executors apart, and the compare-and-set keeps
+any other writer of the ledger (another host's worker) from being
+overwritten blindly. An intent
 that loses the race is decided again from the entry that won (nothing was
 called yet); an outcome that loses it leaves the entry in doubt. The module
 does no I/O of its own.
@@ -53,7 +55,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import failpoints
 from .aio import OwnerLock, discard, off_loop
@@ -146,44 +148,6 @@ def moved_on(run: str, base: int, head: object) -> ConflictError:
         f"{head}; its effect positions there belong to the step that committed. Nothing "
         "was called or recorded; retry the step from the new head (store.transact does)."))
 
-class _Engine(Protocol):
-    """The older shape of a ledger's storage: hooks whose write does its own compare-and-set.
-
-    ``PostgresStore`` implements it today; :class:`_Hooks` adapts it to
-    ``backend.LedgerStore``, which is what the executor uses.
-    """
-
-    store_id: Any
-
-    def _effect_get(self, key: str) -> EffectRecord | None: ...
-    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None: ...
-    def _effect_write(self, entry: EffectRecord) -> EffectRecord: ...
-    def _effect_all(self) -> list[EffectRecord]: ...
-    def _effect_outbox(self) -> list[EffectRecord]: ...
-
-
-class _Hooks:
-    """``backend.LedgerStore`` over an :class:`_Engine`'s hooks (their write checks itself)."""
-
-    def __init__(self, engine: _Engine) -> None:
-        self._e = engine
-
-    def effect(self, key: str) -> EffectRecord | None:
-        return self._e._effect_get(key)
-
-    def effect_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        return self._e._effect_key_at(run, checkpoint, ordinal)
-
-    def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
-                      fence: object | None = None) -> EffectRecord:
-        return self._e._effect_write(entry)
-
-    def effects(self) -> list[EffectRecord]:
-        return self._e._effect_all()
-
-    def outbox(self) -> list[EffectRecord]:
-        return self._e._effect_outbox()
-
 
 @dataclass
 class Request:
@@ -209,6 +173,9 @@ class Request:
     claim: Callable[[], None] | None = None
     #: the lease epoch the call is made under, passed on as ctx.fencing_token
     fencing_token: int | None = None
+    #: what every ledger write of the call is fenced by (``record_effect``'s ``fence``:
+    #: PostgreSQL's lease of the step; None where the writer lock fences writers)
+    fence: object | None = None
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -341,10 +308,16 @@ def _who() -> str:
 class Ledger:
     """Runs effects for one store; shared by its threads."""
 
-    def __init__(self, store: LedgerStore | _Engine) -> None:
-        self._store: LedgerStore = store if isinstance(store, LedgerStore) else _Hooks(store)
+    def __init__(self, store: LedgerStore) -> None:
+        #: the ledger storage it reads and writes (``agentwal.testing`` may wrap it)
+        self.store = store
         self._guard = threading.Lock()
         self._locks: dict[tuple[str, ...], tuple[OwnerLock, int]] = {}
+
+    def lock_count(self) -> int:
+        """How many per-key and per-position locks are held or waited on now."""
+        with self._guard:
+            return len(self._locks)
 
     def _lock(self, name: tuple[str, ...]) -> OwnerLock:
         """The lock named ``name`` (a key or a position), counted as used until ``_unlock``."""
@@ -425,16 +398,16 @@ class Ledger:
         """Under the locks: claim the position, read the key's entry, check the position."""
         if req.claim is not None:
             req.claim()
-        entry = self._store.effect(req.key)
+        entry = self.store.effect(req.key)
         if req.ordinal is not None:
             self._check_position(req)
         return entry
 
     def _check_position(self, req: Request) -> None:
         assert req.ordinal is not None
-        there = self._store.effect_at(req.run, req.checkpoint, req.ordinal)
+        there = self.store.effect_at(req.run, req.checkpoint, req.ordinal)
         if there is not None and there != req.key:
-            other = self._store.effect(there)
+            other = self.store.effect(there)
             if other is not None and other.status == "retired":
                 return  # set aside by retire_effect: the position is free
             what = (f"{other.name!r} ({other.effect_id}, args {_brief(other.args)})"
@@ -459,9 +432,10 @@ class Ledger:
         while not isinstance(op, _Done):
             try:
                 if isinstance(op, _Read):
-                    answer: Any = self._store.effect(op.key)
+                    answer: Any = self.store.effect(op.key)
                 elif isinstance(op, _Write):
-                    answer = self._store.record_effect(op.entry, expect=op.expect)
+                    answer = self.store.record_effect(op.entry, expect=op.expect,
+                                                      fence=req.fence)
                 elif isinstance(op, _Call):
                     answer = req.fn(op.ctx)
                 elif isinstance(op, _Probe):
@@ -483,10 +457,10 @@ class Ledger:
         while not isinstance(op, _Done):
             try:
                 if isinstance(op, _Read):
-                    answer: Any = await off_loop(self._store.effect, op.key)
+                    answer: Any = await off_loop(self.store.effect, op.key)
                 elif isinstance(op, _Write):
-                    answer = await off_loop(self._store.record_effect, op.entry,
-                                            expect=op.expect)
+                    answer = await off_loop(self.store.record_effect, op.entry,
+                                            expect=op.expect, fence=req.fence)
                 elif isinstance(op, (_Call, _Probe)):
                     call = req.fn if isinstance(op, _Call) else req.probe
                     assert call is not None
@@ -643,18 +617,22 @@ class Ledger:
     def dispatch(self, handlers: dict[str, Callable[[EffectContext], Any]], *,
                  probes: dict[str, Callable[[EffectContext], Any]] | None = None,
                  run: str | None = None, limit: int | None = None,
-                 tokens: dict[str, int] | None = None) -> DispatchReport:
+                 tokens: dict[str, int] | None = None,
+                 fences: dict[str, object] | None = None) -> DispatchReport:
         """Run committed outbox entries in commit order (see ``Store.dispatch``).
 
         ``tokens`` maps a run to the lease epoch its entries are dispatched
-        under (PostgreSQL), handed to the handlers as ``ctx.fencing_token``.
+        under (PostgreSQL), handed to the handlers as ``ctx.fencing_token``;
+        ``fences`` maps a run to what its entries' ledger writes are fenced by
+        (:attr:`Request.fence`).
         """
         tokens = tokens or {}
+        fences = fences or {}
         probes = probes or {}
         report = DispatchReport()
         held: dict[str, str] = {}  # run -> why its later entries wait
         count = 0
-        for entry in self._store.outbox():
+        for entry in self.store.outbox():
             if run is not None and entry.run != run:
                 continue
             if limit is not None and count >= limit:
@@ -681,10 +659,10 @@ class Ledger:
             req = Request(entry.name, handler, entry.mode, encode_value("args", entry.args),
                           entry.key, entry.run, entry.checkpoint, None, probe,
                           entry.idempotent, digest=entry.args_digest,
-                          fencing_token=tokens.get(entry.run))
+                          fencing_token=tokens.get(entry.run), fence=fences.get(entry.run))
             try:
                 with self._locked(("key", entry.key)):
-                    self._drive(req, self._store.effect(entry.key))
+                    self._drive(req, self.store.effect(entry.key))
                 report.done.append(eid)
             except (EffectInDoubtError, EffectNotAppliedError) as exc:
                 report.in_doubt.append((eid, str(exc)))
@@ -741,18 +719,31 @@ class Ledger:
         entry = self.find(effect_id)
         with self._locked(("key", entry.key)):
             while True:
-                stored = self._store.effect(entry.key)
+                stored = self.store.effect(entry.key)
                 new = change(stored or entry)
+                if new.ordinal is not None and not self._holds_position(new):
+                    # Its run was deleted (delete_run freed the position, and a run made
+                    # again under the id may use it): written back without a position.
+                    new = new.replace(ordinal=None)
                 try:
-                    return self._store.record_effect(new, expect=stored)
+                    return self.store.record_effect(new, expect=stored)
                 except EffectRace:
                     continue
+
+    def _holds_position(self, entry: EffectRecord) -> bool:
+        """True if ``entry``'s position is still its own (or shared only with retired ones)."""
+        assert entry.ordinal is not None
+        there = self.store.effect_at(entry.run, entry.checkpoint, entry.ordinal)
+        if there is None or there == entry.key:
+            return there is not None
+        other = self.store.effect(there)
+        return other is not None and other.status == "retired"
 
     def find(self, effect_id: str) -> EffectRecord:
         """The entry with ``effect_id``; :class:`EffectNotFoundError` if none."""
         if not isinstance(effect_id, str):
             raise TypeError("effect_id must be str")
-        for e in self._store.effects():
+        for e in self.store.effects():
             if e.effect_id == effect_id:
                 return e
         raise EffectNotFoundError(effect_id)

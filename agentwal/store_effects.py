@@ -12,12 +12,14 @@ at run time.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from .aio import off_loop
 from .effects import EffectContext, EffectMode, EffectRecord, check_listing, effects_after, listing
 from .errors import ReadOnlyError
-from .ledger import DispatchReport, Request
+from .ledger import DispatchReport, Ledger, Request
 from .txn import check_effect_args
 from .types import (
     Checkpoint,
@@ -27,12 +29,90 @@ from .types import (
 if TYPE_CHECKING:
     from .local.engine import Engine
 
-__all__ = ["EffectsAPI"]
+__all__ = ["EffectsAPI", "StandaloneEffects"]
 
 _UNSET: Any = object()
 
 
-class EffectsAPI:
+class StandaloneEffects(abc.ABC):
+    """``store.effect``/``store.aeffect`` over a store's ledger (``Store`` and ``PostgresStore``).
+
+    A store gives its effects executor and the checked request of one call
+    (``_standalone``, which on a leased backend also takes the run's lease
+    and sets ``Request.fence``).
+    """
+
+    #: True where building the request reads the backend over a network
+    #: (``aeffect`` then builds it off the event loop)
+    _standalone_does_io: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def _effect_ledger(self) -> Ledger:
+        """The store's effects executor."""
+
+    @abc.abstractmethod
+    def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                    key: str, mode: EffectMode | str, args: Any,
+                    probe: Callable[[EffectContext], Any] | None, idempotent: bool,
+                    retries: int, retry_on: tuple[type[BaseException], ...], backoff: float,
+                    allow_async: bool) -> Request:
+        """The checked, keyed ledger request of one ``store.effect`` call (no position)."""
+
+    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
+               mode: EffectMode | str, args: Any = None,
+               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
+               retries: int = 0,
+               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
+               backoff: float = 0.1) -> Any:
+        """Run an effect that belongs to no transaction, identified by its business ``key``.
+
+        For code whose steps are not agentwal transactions but have an
+        identity of their own (a LangGraph task, a queue message id, a
+        workflow step): the entry is listed under ``run``
+        (``store.effects(run=run)``), has no position (``ordinal`` None) and
+        is never ``uncommitted``; everything else is ``txn.effect``'s contract
+        (durable intent before ``fn``, outcome after, the mode's rule in doubt,
+        a recorded result returned without a call, ``EffectDivergenceError``
+        for other inputs under the same key). ``ctx.run`` is ``run``.
+
+        On a leased backend (PostgreSQL) it runs under this worker's lease on
+        ``run`` (taken if it does not hold it): its intent and outcome are
+        fenced by the lease like a step's, and ``ctx.fencing_token`` is the
+        lease's epoch.
+
+        Raises:
+            What ``txn.effect`` raises; ReadOnlyError, StoreClosedError;
+            LeaseHeldError (on a leased backend: another worker holds ``run``).
+
+        Example::
+
+            receipt = store.effect("thread-7", "charge", charge, key=f"charge/{task_id}",
+                                   mode="exactly_once", idempotent=True)
+        """
+        req = self._standalone(run, name, fn, key=key, mode=mode, args=args, probe=probe,
+                               idempotent=idempotent, retries=retries, retry_on=retry_on,
+                               backoff=backoff, allow_async=False)
+        return self._effect_ledger().run(req)
+
+    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
+                      key: str, mode: EffectMode | str, args: Any = None,
+                      probe: Callable[[EffectContext], Any] | None = None,
+                      idempotent: bool = False, retries: int = 0,
+                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
+                                                                   TimeoutError),
+                      backoff: float = 0.1) -> Any:
+        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions;
+        ledger reads and writes run off the event loop, as for ``txn.aeffect``)."""
+        def build() -> Request:
+            return self._standalone(run, name, fn, key=key, mode=mode, args=args, probe=probe,
+                                    idempotent=idempotent, retries=retries, retry_on=retry_on,
+                                    backoff=backoff, allow_async=True)
+
+        req = await off_loop(build) if self._standalone_does_io else build()
+        return await self._effect_ledger().arun(req)
+
+
+class EffectsAPI(StandaloneEffects):
     """``Store``'s effects ledger: list, dispatch the outbox, resolve, retire, run."""
 
     _engine: Engine
@@ -120,48 +200,8 @@ class EffectsAPI:
         return self._engine.ledger.resolve(effect_id, result=None if result is _UNSET else result,
                                     not_applied=not_applied, by=by)
 
-    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
-               mode: EffectMode | str, args: Any = None,
-               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
-               retries: int = 0,
-               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
-               backoff: float = 0.1) -> Any:
-        """Run an effect that belongs to no transaction, identified by its business ``key``.
-
-        For code whose steps are not agentwal transactions but have an
-        identity of their own (a LangGraph task, a queue message id, a
-        workflow step): the entry is listed under ``run``
-        (``store.effects(run=run)``), has no position (``ordinal`` None) and
-        is never ``uncommitted``; everything else is ``txn.effect``'s contract
-        (durable intent before ``fn``, outcome after, the mode's rule in doubt,
-        a recorded result returned without a call, ``EffectDivergenceError``
-        for other inputs under the same key). ``ctx.run`` is ``run``.
-
-        Raises:
-            What ``txn.effect`` raises; ReadOnlyError, StoreClosedError.
-
-        Example::
-
-            receipt = store.effect("thread-7", "charge", charge, key=f"charge/{task_id}",
-                                   mode="exactly_once", idempotent=True)
-        """
-        req = self._standalone(run, name, fn, key=key, mode=mode, args=args, probe=probe,
-                               idempotent=idempotent, retries=retries, retry_on=retry_on,
-                               backoff=backoff, allow_async=False)
-        return self._engine.ledger.run(req)
-
-    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
-                      key: str, mode: EffectMode | str, args: Any = None,
-                      probe: Callable[[EffectContext], Any] | None = None,
-                      idempotent: bool = False, retries: int = 0,
-                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
-                                                                   TimeoutError),
-                      backoff: float = 0.1) -> Any:
-        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions;
-        ledger reads and writes run off the event loop, as for ``txn.aeffect``)."""
-        return await self._engine.ledger.arun(self._standalone(
-            run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
-            retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
+    def _effect_ledger(self) -> Ledger:
+        return self._engine.ledger
 
     def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                     key: str, mode: EffectMode | str, args: Any,

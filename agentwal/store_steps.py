@@ -6,7 +6,9 @@ new transaction that is a retry of the last (``begin(run, retry_of=)``), so
 its effects meet what earlier attempts recorded (``txn.py``). Attempts wait
 a short random pause, doubling up to 50 ms. A ``LeaseLostError`` (a
 ``ConflictError`` of a leased backend) ends the loop: another worker owns
-the run. Any other exception rolls the attempt back and propagates.
+the run; so does a conflict because the run was deleted
+(``ConflictError.deleted``): redone, the step would start a new run. Any
+other exception rolls the attempt back and propagates.
 
 :class:`StepsAPI` is a base class of both ``agentwal.Store`` and
 ``PostgresStore``: it needs ``begin(run, retry_of=)`` and
@@ -55,8 +57,10 @@ class _StepAttempts:
         if txn.state == "active":
             txn.rollback()
         if (txn.state == "committed" or self.attempt > self.retries
-                or isinstance(exc, LeaseLostError)):
-            raise exc  # a lost lease: another worker owns the run, redoing the step is wrong
+                or isinstance(exc, LeaseLostError) or exc.deleted):
+            # A lost lease: another worker owns the run; a deleted run: redoing the
+            # step would make a new run of it. Either way redoing the step is wrong.
+            raise exc
         self.store._count_retry()
         failpoints.hit("step_before_retry")
         self.prev = txn
@@ -106,6 +110,9 @@ class StepsAPI(abc.ABC):
             Whatever ``fn`` raised (the attempt is rolled back, not retried).
             LeaseLostError (a ConflictError, on a leased backend): another
                 worker took the run; raised at once, never retried.
+            ConflictError with ``deleted`` set: the run was deleted
+                (``delete_run``) while the step ran; raised at once, never
+                retried (its effects stay recorded under the deleted run).
             ValueError: bad ``retries``. TypeError: ``fn`` is a coroutine
                 function (use ``await store.atransact(run, fn)``).
             And what ``begin`` and ``commit`` raise.

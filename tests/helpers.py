@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import agentwal
+from agentwal.testing import raw_snapshot
 
 
 def commit(store: agentwal.Store, run: str, **values: Any) -> agentwal.Checkpoint:
@@ -55,13 +56,9 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
     from agentwal import history
 
     u64 = struct.Struct(">Q")
-    snap = store._engine._snap
-    assert snap is not None
-    txn = snap.begin_read()
-    try:
+    with raw_snapshot(store) as raw:
         want: collections.Counter[int] = collections.Counter()
         sizes: dict[str, int] = {}
-        raw = snap.raw(txn)
         for name, db in (("deltas", "delta"), ("manifests", "manifest")):
             n = 0
             for _k, v in raw.entries(db):
@@ -82,8 +79,6 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
         assert oids == {history.object_id(rec): a for a, rec in objects.items()}
         sizes["objects"] = len(objects)
         return sizes
-    finally:
-        snap.end_read(txn)
 
 
 def _object_records(raw: Any) -> dict[int, bytes]:
@@ -117,18 +112,12 @@ def _object_records(raw: Any) -> dict[int, bytes]:
 
 def lmdb_values(store: agentwal.Store) -> dict[tuple[str, bytes], int]:
     """``{(database, key): stored value length}`` of every LMDB entry of ``store``."""
-    snap = store._engine._snap
-    assert snap is not None
-    txn = snap.begin_read()
-    try:
-        out: dict[tuple[str, bytes], int] = {}
-        raw = snap.raw(txn)
+    out: dict[tuple[str, bytes], int] = {}
+    with raw_snapshot(store) as raw:
         for name in ("meta", "runs", "state", "ckpt", "effects", "delta", "manifest",
                      "objects", "refs", "oids"):
             out.update(((name, k), len(v)) for k, v in raw.entries(name))
-        return out
-    finally:
-        snap.end_read(txn)
+    return out
 
 class Generated(io.RawIOBase):
     """A deterministic binary stream of ``size`` bytes made as it is read (never held whole).

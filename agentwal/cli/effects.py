@@ -160,7 +160,7 @@ def retire(path: str, effect_id: str, by: str | None, as_json: bool) -> None:
 
 def _field_text(name: str, value: Any) -> str:
     """One field of an effect entry for a table: times in ISO 8601, values as JSON."""
-    if name in ("created_at", "updated_at"):
+    if name in ("created_at", "updated_at", "resolved_at") and value is not None:
         return when(value)
     if name == "age":
         return age(value)

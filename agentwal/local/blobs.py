@@ -81,7 +81,8 @@ from ..types import BlobRef
 from .blobgate import Gate
 from .blobread import BlobMissing, BlobReader
 
-__all__ = ["CHUNK", "BlobMissing", "BlobReader", "BlobStore", "Gate", "blob_path"]
+__all__ = ["CHUNK", "BlobMissing", "BlobReader", "BlobStore", "Gate", "blob_path",
+           "source_chunks"]
 # BlobReader (blobread.py) and Gate (blobgate.py) are re-exported: their users import them here.
 
 #: Bytes read from a source, written and hashed at a time.
@@ -127,6 +128,31 @@ def _source(source: object) -> tuple[Any, bool, str]:
                         "binary stream (anything with read(n)) or a BlobRef, not "
                         f"{type(source).__name__}{hint}")
     return source, False, label
+
+
+@contextlib.contextmanager
+def source_chunks(source: object) -> Iterator[Iterator[bytes]]:
+    """The pieces of a ``put_blob`` source (a path or a binary stream), :data:`CHUNK` each.
+
+    The one reader of a blob's source for both backends. A path is opened
+    here and closed when the block ends; a stream stays the caller's.
+
+    Raises:
+        BlobSourceError: the source cannot be opened or read (while iterating, too).
+        TypeError: ``source`` is of no accepted kind.
+    """
+    stream, owned, label = _source(source)
+
+    def pieces() -> Iterator[bytes]:
+        while chunk := _read_chunk(stream, label):
+            yield chunk
+
+    try:
+        yield pieces()
+    finally:
+        if owned:
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def _read_chunk(stream: Any, label: str) -> bytes:
@@ -197,16 +223,11 @@ class BlobStore:
         """
         if isinstance(source, BlobRef):
             return self._link(source, media_type)
-        stream, owned, label = _source(source)
-        try:
-            sha, size = self._write(stream, label)
-        finally:
-            if owned:
-                with contextlib.suppress(OSError):
-                    stream.close()
+        with source_chunks(source) as chunks:
+            sha, size = self._write(chunks)
         return BlobRef(sha, size, media_type)
 
-    def _write(self, stream: Any, label: str) -> tuple[str, int]:
+    def _write(self, chunks: Iterator[bytes]) -> tuple[str, int]:
         fs = self.fs
         self._ensure_dir(self.root, self.store_dir)
         self._ensure_dir(self.tmp_dir, self.root)
@@ -219,7 +240,7 @@ class BlobStore:
             except OSError as exc:
                 raise self._fs_error(exc, tmp, "cannot create a blob file") from None
             try:
-                sha, size = self._copy(stream, label, fd, tmp)
+                sha, size = self._copy(chunks, fd, tmp)
                 failpoints.hit("blob_after_write")
                 try:
                     fs.fsync(fd)
@@ -239,14 +260,11 @@ class BlobStore:
             with self._lock:
                 self._writing.discard(tmp)
 
-    def _copy(self, stream: Any, label: str, fd: int, tmp: str) -> tuple[str, int]:
-        """Stream the source into ``fd``; returns its hex SHA-256 and size."""
+    def _copy(self, chunks: Iterator[bytes], fd: int, tmp: str) -> tuple[str, int]:
+        """Write the source's pieces into ``fd``; returns its hex SHA-256 and size."""
         h = hashlib.sha256()
         size = 0
-        while True:
-            chunk = _read_chunk(stream, label)
-            if not chunk:
-                return h.hexdigest(), size
+        for chunk in chunks:
             h.update(chunk)
             try:
                 n = self.fs.pwrite(fd, size, chunk)  # whole, as a rule: no copy
@@ -255,6 +273,7 @@ class BlobStore:
             except OSError as exc:
                 raise self._fs_error(exc, tmp, "cannot write a blob file") from None
             size += len(chunk)
+        return h.hexdigest(), size
 
     def _install(self, tmp: str, sha: str, size: int) -> None:
         """Name the synced temp file by its hash (or drop it for an equal file) and pin it."""

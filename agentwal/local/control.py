@@ -1,11 +1,13 @@
 """The control file: a store's identity and format version.
 
-Theory of operation: ``<store>/CONTROL`` is written once, when the store is
+Theory of operation: ``<store>/CONTROL`` is written when the store is
 created, as ``magic + CRC-32 + CBOR {"format", "store_id", "created_at"}``
 through a temporary file, fsync, rename and directory fsync, so it is either
-absent or whole. Its store id is stamped into every WAL segment header and
-into LMDB, which is how a foreign segment or snapshot is recognised. It goes
-through the I/O seam like the WAL.
+absent or whole. It is rewritten the same way once, when the store's log
+takes its first form-2 record (:func:`raise_format`: format 1 to 2), so an
+agentwal that reads only format 1 refuses the store. Its store id is
+stamped into every WAL segment header and into LMDB, which is how a foreign
+segment or snapshot is recognised. It goes through the I/O seam like the WAL.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import cbor2
 
 from ..codec import CodecError, loads
 from ..errors import CorruptionError
-from ..format import CONTROL_FILE, FORMAT_VERSION
+from ..format import CONTROL_FILE, PLAIN_VERSION, READ_VERSIONS
 from ..io import FileSystem, read_all, replace_file
 
-__all__ = ["Control", "create_control", "read_control"]
+__all__ = ["Control", "ControlFile", "create_control", "raise_format", "read_control"]
 
 _MAGIC = b"AWALCTL\x00"
 
@@ -60,9 +62,10 @@ def read_control(fs: FileSystem, directory: str) -> Control | None:
         raise CorruptionError(path, 12, str(exc)) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("store_id"), bytes):
         raise CorruptionError(path, 12, "control record is malformed")
-    if obj.get("format") != FORMAT_VERSION:
-        raise CorruptionError(path, 12, f"store format {obj.get('format')}, this agentwal "
-                              f"reads format {FORMAT_VERSION}")
+    fmt = obj.get("format")
+    if type(fmt) is not int or fmt not in READ_VERSIONS:
+        raise CorruptionError(path, 12, f"store format {fmt}, this agentwal reads formats "
+                              f"{min(READ_VERSIONS)} to {max(READ_VERSIONS)}")
     try:
         sid = uuid.UUID(bytes=obj["store_id"])
     except ValueError:
@@ -71,18 +74,45 @@ def read_control(fs: FileSystem, directory: str) -> Control | None:
     if isinstance(created, bool) or not isinstance(created, (int, float)) or not (
             0 <= created < 1e12):
         raise CorruptionError(path, 12, "creation time is malformed")
-    return Control(sid, FORMAT_VERSION, float(created))
+    return Control(sid, fmt, float(created))
 
 
-def create_control(fs: FileSystem, directory: str,
-                   store_id: uuid.UUID | None = None) -> Control:
+def create_control(fs: FileSystem, directory: str, store_id: uuid.UUID | None = None,
+                   version: int = PLAIN_VERSION) -> Control:
     """Write a new control file atomically and durably; returns it.
 
     ``store_id``: the identity to write (salvage rebuilding a damaged file's);
-    None makes a new one.
+    None makes a new one. ``version``: its format (a new store's is 1).
     """
-    ctl = Control(store_id or uuid.uuid4(), FORMAT_VERSION, time.time())
+    ctl = Control(store_id or uuid.uuid4(), version, time.time())
+    _write(fs, directory, ctl)
+    return ctl
+
+
+def raise_format(fs: FileSystem, directory: str, ctl: Control, version: int) -> Control:
+    """Rewrite ``ctl`` with format ``version`` (same identity), atomically and durably."""
+    new = Control(ctl.store_id, version, ctl.created_at)
+    _write(fs, directory, new)
+    return new
+
+
+class ControlFile:
+    """The CONTROL of an open writer: what it said at open, raised in place later.
+
+    Holds no engine (the WAL writer keeps :meth:`raise_to` as its ``upgrade``).
+    """
+
+    def __init__(self, fs: FileSystem, directory: str, control: Control) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.control = control
+
+    def raise_to(self, version: int) -> None:
+        """CONTROL says ``version`` from now on (atomic and durable; raises OSError)."""
+        self.control = raise_format(self.fs, self.directory, self.control, version)
+
+
+def _write(fs: FileSystem, directory: str, ctl: Control) -> None:
     body = cbor2.dumps({"format": ctl.format, "store_id": ctl.store_id.bytes,
                         "created_at": ctl.created_at})
     replace_file(fs, directory, CONTROL_FILE, _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
-    return ctl

@@ -20,12 +20,20 @@ It also holds the two rules that tie effect positions to steps:
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
 from ..backend import EffectRace
-from ..effects import EffectMode, EffectRecord, decode_entry, derive_key, encode_entry, outstanding
+from ..effects import (
+    EffectMode,
+    EffectRecord,
+    crossable,
+    decode_entry,
+    encode_entry,
+    outstanding,
+    same_first_effect,
+    still_expected,
+)
 from ..errors import ReadOnlyError
 from ..ledger import moved_on
 
@@ -42,19 +50,6 @@ _ADOPT_WALK = 32
 _CAS_STRIPES = 64
 
 
-def _same(found: EffectRecord | None, expect: EffectRecord | None) -> bool:
-    """True if ``found`` is the entry ``expect`` was, but for a commit mark since.
-
-    A commit marks its effects' entries ``committed_in`` (once, first commit
-    wins) without the ledger, and every write carries that mark over
-    (``effects.carry_mark``): a mark added meanwhile is no lost race.
-    """
-    if found is None or expect is None:
-        return found is expect
-    return found == expect or (expect.committed_in is None
-                               and dataclasses.replace(found, committed_in=None) == expect)
-
-
 class EffectLog:
     """The ledger's storage in the engine (one per engine: ``engine.effectlog``)."""
 
@@ -63,23 +58,26 @@ class EffectLog:
         self._cas = tuple(threading.Lock() for _ in range(_CAS_STRIPES))
 
     def adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-              epoch: int) -> int | None:
+              epoch: int, key: str | None = None) -> int | None:
         """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
 
         A step that conflicted, or whose process died, after it called an
         effect leaves entries that no commit marked; if the run moved on
         meanwhile (other transactions committed without effects: a message
         arriving through a web handler), a plain retry begins from a later
-        head and would derive new keys. So before the first positional effect
+        head and would derive new keys. So before the first effect
         of a step, walk back from its base checkpoint through the run's
         checkpoints (at most ``_ADOPT_WALK``): the first checkpoint whose
         position 0 holds an entry decides. A committed entry there means the
         positions since were used and the step is new (None). An uncommitted
         one is the same step's earlier attempt if it asked for the same effect
-        (name, args, mode) first: its checkpoint is returned, and the
+        (name, args, mode, and the same business ``key`` if the step's first
+        effect has one) first: its checkpoint is returned, and the
         transaction's effects are positioned there. The walk never crosses a
         ``rollback_to`` checkpoint or a fork's first checkpoint (steps re-run
-        from those are new positions by design) and ignores retired entries.
+        from those are new positions by design), nor a step whose position 0
+        is empty but which recorded later positions (:meth:`_positioned_after`),
+        and ignores retired entries.
         """
         e = self._e
         pipe = e._pipe
@@ -100,9 +98,8 @@ class EffectLog:
                     continue
                 if cid == base or e0.committed_in is not None:
                     return None  # this step's own positions, or a step that committed
-                same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                        and not e0.keyed
-                        and e0.key == derive_key(e.store_id, run, cid, name, 0, epoch=epoch))
+                same = same_first_effect(e0, e.store_id, run, cid, name, digest, mode, key,
+                                         epoch)
                 return cid if same else None
             return None
 
@@ -110,11 +107,32 @@ class EffectLog:
         if found is None:
             return None
         # The stretch walked over must not cross a rollback_to (steps re-run from one
-        # are new by design) nor, back to a run's start, a fork's first checkpoint.
-        for c in e.runs.history(run, base - found, None):
-            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
-                return None
+        # are new by design) nor, back to a run's start, a fork's first checkpoint; a
+        # checkpoint compaction dropped there might have been either.
+        if not crossable(e.runs.history(run, base - found, None), found, base):
+            return None
+        if self._positioned_after(run, found, base):
+            return None
         return found
+
+    def _positioned_after(self, run: str, lo: int, hi: int) -> bool:
+        """True if a step from a checkpoint in ``(lo, hi]`` recorded a positional entry.
+
+        The walk reads position 0 only, and a step whose first effect met a
+        business key recorded elsewhere leaves its position 0 empty: such a
+        step, committed or not, still separates ``lo`` from ``hi``. Read only
+        once the walk has found an attempt to adopt (the retry case), as it
+        lists the run's entries.
+        """
+        between = [x for x in self.query(run, None)
+                   if x.ordinal is not None and not x.deferred and x.status != "retired"
+                   and lo < x.checkpoint <= hi]
+        if not between:
+            return False
+        # Entries of the run before a delete_run keep their ordinal but not their position.
+        return self._e._with_view(lambda v: any(
+            self.key_in(v, run, x.checkpoint, x.ordinal) == x.key for x in between
+            if x.ordinal is not None))
 
     def claim(self, txn: Transaction, base: int, chain: object, inherited: bool) -> None:
         """Check that effect positions at ``base`` are ``txn``'s step's to use; claim them.
@@ -188,7 +206,7 @@ class EffectLog:
         """
         with self._cas[hash(entry.key) % _CAS_STRIPES]:
             found = self.get(entry.key)
-            if not _same(found, expect):
+            if not still_expected(found, expect):
                 raise EffectRace(entry.key, found)
             written = self.write(entry)
         return self.get(entry.key) or written

@@ -383,8 +383,8 @@ class Engine:
         return await self.ledger.arun(req)
 
     def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-                  epoch: int) -> int | None:
-        return self.effectlog.adopt(run, base, name, digest, mode, epoch)
+                  epoch: int, key: str | None = None) -> int | None:
+        return self.effectlog.adopt(run, base, name, digest, mode, epoch, key)
 
     def txn_claim(self, txn: Transaction, base: int, *, chain: object,
                   inherited: bool) -> None:

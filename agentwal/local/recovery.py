@@ -51,6 +51,7 @@ from .. import failpoints
 from ..codec import CodecError
 from ..errors import CorruptionError
 from ..format import (
+    FLAG_APPENDS,
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
     TMP_SUFFIX,
@@ -104,6 +105,7 @@ class Plan:
     replayed_bytes: int = 0  # frame bytes of the records to replay
     notes: list[str] = field(default_factory=list)
     lost: Lost | None = None  # ``prefix`` plans only: where the readable prefix ends
+    appends: bool = False  # a record to replay is a form-2 commit (``FLAG_APPENDS``)
 
 
 def _decode(seg: SegmentFile, offset: int, lsn: int, rtype: int, flags: int,
@@ -194,6 +196,7 @@ def _plan(segments: list[SegmentFile], applied_lsn: int, store_id: object,
             for f in scan.frames:
                 if f.lsn >= expected:
                     p.records.append(_decode(seg, f.offset, f.lsn, f.type, f.flags, f.payload))
+                    p.appends = p.appends or bool(f.flags & FLAG_APPENDS)
                     p.replayed_bytes += f.end - f.offset
                     expected = p.next_lsn = f.lsn + 1
         if scan.state == "corrupt":

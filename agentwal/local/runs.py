@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .. import failpoints
 from ..errors import CheckpointNotFoundError, RunExistsError, RunNotFoundError
 from ..format import TREE_MEDIA_TYPE
-from ..history import compare_states
+from ..history import compare_states, rollback_delta
 from ..types import BlobRef, Checkpoint, Diff, TreeDiff, TreeRef
 
 if TYPE_CHECKING:
@@ -208,9 +208,7 @@ class Runs:
                 e._check_at(view, run, cid)
                 target = e._raw_at(view, run, cid)
                 current = {k: v for k, v in e._items(view, run, "").items() if v is not None}
-                delta: dict[str, bytes | None] = {k: v for k, v in target.items()
-                                                  if current.get(k) != v}
-                delta.update((k, None) for k in current.keys() - target.keys())
+                delta = rollback_delta(current, target)
                 # The whole run was read: any commit on it since the view conflicts.
                 ckpt = pipe.commit(run, view.snap, set(), {""}, delta, {"rollback_to": cid})
             finally:

@@ -27,13 +27,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptionError, DurabilityError
-from ..format import SNAPSHOT_DIR, WAL_DIR
+from ..format import APPENDS_VERSION, SNAPSHOT_DIR, WAL_DIR
 from ..io import WriterLock, io_error
 from ..types import Durability
 from .apply import replay
 from .background import Worker
 from .commit import CommitPipeline
-from .control import create_control, read_control
+from .control import ControlFile, create_control, read_control
 from .healthfile import HealthFile
 from .opening import no_control, prepare
 from .reads import Pin
@@ -81,6 +81,7 @@ class Startup:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
+        self._control: ControlFile | None = None
 
     def open(self) -> None:
         """Bring the engine up: lock, CONTROL, snapshot, :meth:`load`, finalizer, threads."""
@@ -100,6 +101,7 @@ class Startup:
             if fs.exists(wal_dir) and fs.listdir(wal_dir):
                 raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
             ctl = create_control(fs, path)
+        self._control = ControlFile(fs, path, ctl)
         e.store_id = ctl.store_id
         if not e.readonly:
             fs.mkdir(wal_dir)
@@ -147,10 +149,20 @@ class Startup:
         if e.readonly:
             return
         e._snap.end_read(ltxn)
-        w = Writer(e._fs, wal_dir, e.store_id, e._segment_bytes, e._first_segment_bytes)
+        ctl = self._control
+        assert ctl is not None
+        if ctl.control.format < APPENDS_VERSION and plan.appends:
+            # An agentwal of session 5 logged form-2 records in version-1 segments:
+            # say so in CONTROL, so a reader of version 1 refuses the store from now on.
+            try:
+                ctl.raise_to(APPENDS_VERSION)
+            except OSError as exc:
+                raise io_error(exc, e.path, "cannot raise the store's format version") from None
+        w = Writer(e._fs, wal_dir, e.store_id, e._segment_bytes, e._first_segment_bytes,
+                   version=ctl.control.format, upgrade=ctl.raise_to)
         if plan.resume is not None:
             seg, header, end = plan.resume
-            w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier)
+            w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier, header.version)
         else:
             w.start(plan.next_lsn, plan.next_number, plan.earlier)
         e._pipe = CommitPipeline(e.path, w, e.durability, e._lock, plan.next_lsn, heads, e)

@@ -66,12 +66,14 @@ from ..effects import (
     Deferred,
     EffectRecord,
     args_digest,
+    carry_mark,
     decode_entry,
     encode_entry,
     encode_outbox,
     mark_committed,
     outbox_entries,
     outstanding,
+    still_expected,
 )
 from ..errors import (
     BackendUnavailableError,
@@ -336,6 +338,8 @@ class PostgresBackend:
                     raise ConflictError(run, deleted=True)
                 if change.origin is not None and head > 0:
                     raise RunExistsError(run)
+                if change.origin is not None:
+                    self._hold_origin(conn, *change.origin)
                 if head != view.base:
                     self._validate(conn, run, view.base, change)
                 deferred = self._dedup_outbox(conn, deferred)
@@ -381,6 +385,23 @@ class PostgresBackend:
                 raise
         meta = decode_meta(meta_raw)
         return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+
+    def _hold_origin(self, conn: psycopg.Connection[Any], run: str, cid: int) -> None:
+        """In a fork's commit: keep a compaction of the origin run out, and check the origin.
+
+        The origin run's row ``FOR SHARE`` waits for a compaction in progress
+        (it holds the row ``FOR UPDATE``), and one that starts later waits for
+        this commit and then sees the fork's origin, which it keeps. A fork
+        whose origin a compaction dropped after the fork read its state
+        commits nothing.
+
+        Raises:
+            CheckpointNotFoundError: the origin checkpoint is gone (nothing applied).
+        """
+        conn.execute("SELECT 1 FROM runs WHERE run = %s FOR SHARE", (run,))
+        if conn.execute("SELECT 1 FROM checkpoints WHERE run = %s AND id = %s AND NOT dropped",
+                        (run, cid)).fetchone() is None:
+            raise CheckpointNotFoundError(run, cid)
 
     def _dedup_outbox(self, conn: psycopg.Connection[Any],
                       deferred: list[Deferred]) -> list[Deferred]:
@@ -655,18 +676,34 @@ class PostgresBackend:
                                 (run, lo, hi)).fetchall()
         return [decode_entry(bytes(r[0])) for r in rows]
 
+    def positioned_after(self, run: str, lo: int, hi: int) -> bool:
+        """True if a live ``txn.effect`` entry of ``run`` holds a position at a checkpoint in
+        ``(lo, hi]`` (``delete_run`` nulls the positions of the entries it leaves)."""
+        with self._conn() as conn:
+            rows = conn.execute("SELECT entry FROM effects WHERE run = %s AND ordinal IS NOT NULL "
+                                "AND ckpt > %s AND ckpt <= %s", (run, lo, hi)).fetchall()
+        return any(decode_entry(bytes(r[0])).status != "retired" for r in rows)
+
     def record_effect(self, entry: EffectRecord, *, expect: EffectRecord | None,
-                      fence: Lease | None = None) -> EffectRecord:
+                      fence: object | None = None) -> EffectRecord:
         """Store ``entry`` durably if the stored one is still ``expect`` (compare-and-set).
 
-        With ``fence``, the lease is checked in the same transaction: a
-        worker whose lease was taken cannot record an intent or an outcome.
+        "Still" by ``effects.still_expected``: a ``committed_in`` mark that a
+        commit added since is no change, and the write keeps it
+        (``effects.carry_mark``), as the local engine's does. With ``fence``,
+        the lease is checked in the same transaction: a worker whose lease
+        was taken cannot record an intent or an outcome. An intent is refused
+        before the server is asked once the lease is past its local deadline
+        (``Lease.check``): a holder cut off from the server starts no call.
 
         Raises:
             EffectRace: the stored entry is not ``expect`` (nothing written).
             LeaseLostError: ``fence`` is no longer this worker's (nothing written).
         """
         self._writable()
+        assert fence is None or isinstance(fence, Lease)  # the views' fence (``begin``)
+        if fence is not None and entry.status == "in_doubt":
+            fence.check()  # an intent: past the local deadline, announce (and call) nothing
         raw = encode_entry(entry)
         with self._conn() as conn, conn.transaction():
             conn.execute("SET LOCAL synchronous_commit = on")
@@ -675,8 +712,11 @@ class PostgresBackend:
             row = conn.execute("SELECT entry FROM effects WHERE key = %s FOR UPDATE",
                                (entry.key,)).fetchone()
             found = None if row is None else decode_entry(bytes(row[0]))
-            if found != expect:
+            if not still_expected(found, expect):
                 raise EffectRace(entry.key, found)
+            kept = carry_mark(entry, found)  # a commit's mark added since stays
+            if kept is not entry:
+                raw = encode_entry(kept)
             conn.execute(
                 "INSERT INTO effects (key, run, ckpt, ordinal, entry) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (key) DO UPDATE SET entry = EXCLUDED.entry, run = EXCLUDED.run, "

@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
 from ..errors import BlobSourceError, CorruptionError
-from ..local.blobs import CHUNK, BlobReader, _read_chunk, _source
+from ..local.blobs import CHUNK, BlobReader, source_chunks
 from ..types import BlobRef
 
 if TYPE_CHECKING:
@@ -81,16 +81,11 @@ class PgBlobs:
                 raise BlobSourceError(repr(source), "this store holds no blob with that hash")
             return BlobRef(source.sha256, source.size,
                            source.media_type if media_type is None else media_type)
-        stream, owned, label = _source(source)
-        try:
-            sha, size = self._upload(stream, label)
-        finally:
-            if owned:
-                with contextlib.suppress(OSError):
-                    stream.close()
+        with source_chunks(source) as chunks:
+            sha, size = self._upload(chunks)
         return BlobRef(sha, size, media_type)
 
-    def _upload(self, stream: Any, label: str) -> tuple[str, int]:
+    def _upload(self, chunks: Iterator[bytes]) -> tuple[str, int]:
         h = hashlib.sha256()
         size = 0
         with self.db.connection() as conn:
@@ -99,13 +94,12 @@ class PgBlobs:
                 conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = '{_UPLOAD_IDLE}'")
                 row = conn.execute("INSERT INTO blobs (size) VALUES (0) RETURNING id").fetchone()
                 assert row is not None
-                bid, n = int(row[0]), 0
-                while chunk := _read_chunk(stream, label):
+                bid = int(row[0])
+                for n, chunk in enumerate(chunks):
                     h.update(chunk)
                     conn.execute("INSERT INTO blob_chunks (blob, n, data) VALUES (%s, %s, %s)",
                                  (bid, n, chunk))
                     size += len(chunk)
-                    n += 1
                 digest = h.digest()
                 if conn.execute("SELECT 1 FROM blobs WHERE sha256 = %s",
                                 (digest,)).fetchone() is None:

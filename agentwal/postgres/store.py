@@ -39,7 +39,6 @@ from typing import Any, TypeVar
 
 from psycopg import pq as psycopg_pq
 
-from ..aio import off_loop
 from ..backend import View
 from ..codec import decode_blob_ref, decode_stored, is_blob_ref, loads
 from ..effects import (
@@ -47,12 +46,13 @@ from ..effects import (
     EffectMode,
     EffectRecord,
     check_listing,
+    crossable,
     decode_entry,
-    derive_key,
     effect_id_for,
     effects_after,
     encode_entry,
     listing,
+    same_first_effect,
 )
 from ..errors import (
     BackendUnsupportedError,
@@ -67,15 +67,16 @@ from ..errors import (
     RunNotFoundError,
 )
 from ..format import TREE_MEDIA_TYPE
-from ..history import compare_states
+from ..history import compare_states, rollback_delta
 from ..ledger import DispatchReport, Ledger, PositionOwners, Request, moved_on
 from ..local.verify.report import VerifyReport
 from ..retention import CompactReport, check_args, selected_runs
+from ..store_effects import StandaloneEffects
 from ..store_steps import StepsAPI
 from ..transfer import CopyReport, copy_runs
 from ..txn import Transaction, check_effect_args, check_retry_of
 from ..types import BlobRef, Checkpoint, Diff, Durability, Progress, check_checkpoint_id, check_key
-from .backend import Change, EffectRace, PostgresBackend
+from .backend import Change, PostgresBackend
 from .blobs import PgBlobReader
 from .compact import compact as compact_runs
 from .leases import Lease
@@ -172,7 +173,7 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
     return (base + "?" + "&".join(kept) if kept else base), schema
 
 
-class PostgresStore(StepsAPI):
+class PostgresStore(StepsAPI, StandaloneEffects):
     """An open store on PostgreSQL; get one from ``agentwal.open("postgresql://...")``.
 
     Shared by the threads of one process; every process (every worker) opens
@@ -191,9 +192,9 @@ class PostgresStore(StepsAPI):
         self.path = backend.name  # what messages name (a path for the local backend)
         self.store_id = backend.store_id
         self.worker_id = backend.worker_id
-        self._ledger = Ledger(self)
-        #: effect key -> the lease of the step running it (its ledger writes are fenced by it)
-        self._fences: dict[str, Lease | None] = {}
+        #: the effects executor over the backend's compare-and-set ledger; each request
+        #: carries its step's lease as ``Request.fence``
+        self._ledger = Ledger(backend)
         self._retries = 0
         #: (run, checkpoint) -> the live transaction whose step uses the effect positions there
         self._pos_owners = PositionOwners()
@@ -292,23 +293,17 @@ class PostgresStore(StepsAPI):
         lease = view.fence
         assert isinstance(lease, Lease)  # begin takes the lease of every writing view
         lease.check()
-        self._fences[req.key] = lease
+        req.fence = lease
         req.fencing_token = lease.epoch
         return lease
 
     def txn_effect(self, view: View, req: Request) -> Any:
         self._fenced(view, req)
-        try:
-            return self._ledger.run(req)
-        finally:
-            self._fences.pop(req.key, None)
+        return self._ledger.run(req)
 
     async def txn_aeffect(self, view: View, req: Request) -> Any:
         self._fenced(view, req)
-        try:
-            return await self._ledger.arun(req)
-        finally:
-            self._fences.pop(req.key, None)
+        return await self._ledger.arun(req)
 
     def txn_effect_transactional(self, view: View, req: Request) -> Any:
         """``txn.effect(..., transactional=True)``: ``fn`` and its outcome in one transaction.
@@ -393,7 +388,7 @@ class PostgresStore(StepsAPI):
             raise moved_on(run, base, head)
 
     def txn_adopt(self, run: str, base: int, name: str, digest: str, mode: EffectMode,
-                  epoch: int) -> int | None:
+                  epoch: int, key: str | None = None) -> int | None:
         """The checkpoint of an uncommitted attempt of this step, whose effects to meet.
 
         The local store's rule (``EffectLog.adopt``): a step that died or
@@ -402,7 +397,8 @@ class PostgresStore(StepsAPI):
         head. Walking back from ``base`` (at most ``_ADOPT_WALK`` checkpoints,
         one query), the first checkpoint whose position 0 holds a live entry
         decides: committed, or ``base`` itself, means a new step (None); an
-        uncommitted entry of the same effect (name, args, mode, derived key) is
+        uncommitted entry of the same effect (``effects.same_first_effect``: name,
+        args, mode, and the step's business ``key`` or else the derived one) is
         the earlier attempt, whose checkpoint is returned. The walk never
         crosses a ``rollback_to`` or a fork's first checkpoint.
         """
@@ -414,45 +410,18 @@ class PostgresStore(StepsAPI):
                 continue
             if e0.checkpoint == base or e0.committed_in is not None:
                 return None  # this step's own positions, or a step that committed
-            same = (e0.name == name and e0.args_digest == digest and e0.mode == mode
-                    and not e0.keyed and e0.key == derive_key(self.store_id, run, e0.checkpoint,
-                                                              name, 0, epoch=epoch))
-            if not same:
+            if not same_first_effect(e0, self.store_id, run, e0.checkpoint, name, digest, mode,
+                                     key, epoch):
                 return None
             found = e0.checkpoint
             break
         if found is None:
             return None
-        for c in self.history(run, limit=base - found):
-            if c.id > found and ("rollback_to" in c.meta or c.origin is not None):
-                return None
+        if not crossable(self.history(run, limit=base - found), found, base):
+            return None
+        if self._b.positioned_after(run, found, base):
+            return None  # a step ran in between whose position 0 holds nothing (as locally)
         return found
-
-    # Ledger's engine hooks (agentwal.ledger._Engine).
-
-    def _effect_get(self, key: str) -> EffectRecord | None:
-        return self._b.effect(key)
-
-    def _effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        return self._b.effect_at(run, checkpoint, ordinal)
-
-    def _effect_write(self, entry: EffectRecord) -> EffectRecord:
-        """One ledger write: compare-and-set on what is stored, fenced by the step's lease."""
-        lease = self._fences.get(entry.key)
-        if lease is not None and entry.status == "in_doubt":
-            lease.check()  # an intent: past the local deadline, announce (and call) nothing
-        while True:
-            expect = self._b.effect(entry.key)
-            try:
-                return self._b.record_effect(entry, expect=expect, fence=lease)
-            except EffectRace:
-                continue  # the stored entry changed between the read and the write
-
-    def _effect_all(self) -> list[EffectRecord]:
-        return self._b.effects()
-
-    def _effect_outbox(self) -> list[EffectRecord]:
-        return self._b.outbox()
 
     # -- reading ---------------------------------------------------------------------
 
@@ -532,10 +501,7 @@ class PostgresStore(StepsAPI):
         self._writable()
         view = self._b.begin(run)
         target = self._b.state_at(run, cid)
-        current = self._b.scan(view, "")
-        delta: dict[str, bytes | None] = {k: v for k, v in target.items()
-                                          if current.get(k) != v}
-        delta.update((k, None) for k in current.keys() - target.keys())
+        delta = rollback_delta(self._b.scan(view, ""), target)
         ckpt = self._b.commit(view, Change(run=run, writes=delta, prefixes=frozenset({""}),
                                            meta={"rollback_to": cid}))
         assert ckpt is not None
@@ -601,14 +567,12 @@ class PostgresStore(StepsAPI):
                 continue
             if fresh:
                 took.append(r)
-        self._fences.update((e.key, leases[e.run]) for e in pending)
         try:
             report = self._ledger.dispatch(
                 dict(handlers), probes=probes, run=run, limit=limit,
-                tokens={r: lease.epoch for r, lease in leases.items() if lease.lost is None})
+                tokens={r: lease.epoch for r, lease in leases.items() if lease.lost is None},
+                fences=dict(leases))
         finally:
-            for e in pending:
-                self._fences.pop(e.key, None)
             for r in took:
                 self._b.leases.release(r)
         refused = {e.effect_id: leases[e.run].lost for e in pending
@@ -618,53 +582,22 @@ class PostgresStore(StepsAPI):
         report.failed[:] = [(eid, err) for eid, err in report.failed if eid not in refused]
         return report
 
-    def effect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *, key: str,
-               mode: EffectMode | str, args: Any = None,
-               probe: Callable[[EffectContext], Any] | None = None, idempotent: bool = False,
-               retries: int = 0,
-               retry_on: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
-               backoff: float = 0.1) -> Any:
-        """An effect that belongs to no transaction, identified by its business ``key``.
+    #: the request of a ``store.effect`` takes the run's lease (a server round trip)
+    _standalone_does_io = True
 
-        ``agentwal.Store.effect``'s contract, under this worker's lease on
-        ``run`` (taken if it does not hold it): its intent and outcome are
-        fenced by the lease like a step's, and ``ctx.fencing_token`` is its epoch.
-
-        Raises:
-            What ``txn.effect`` raises; LeaseHeldError, ReadOnlyError, StoreClosedError.
-        """
-        req, lease = self._standalone(run, name, fn, key=key, mode=mode, args=args,
-                                      probe=probe, idempotent=idempotent, retries=retries,
-                                      retry_on=retry_on, backoff=backoff, allow_async=False)
-        self._fences[req.key] = lease
-        try:
-            return self._ledger.run(req)
-        finally:
-            self._fences.pop(req.key, None)
-
-    async def aeffect(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
-                      key: str, mode: EffectMode | str, args: Any = None,
-                      probe: Callable[[EffectContext], Any] | None = None,
-                      idempotent: bool = False, retries: int = 0,
-                      retry_on: tuple[type[BaseException], ...] = (ConnectionError,
-                                                                   TimeoutError),
-                      backoff: float = 0.1) -> Any:
-        """:meth:`effect` for asyncio (``fn`` and ``probe`` may be coroutine functions)."""
-        req, lease = await off_loop(lambda: self._standalone(
-            run, name, fn, key=key, mode=mode, args=args, probe=probe, idempotent=idempotent,
-            retries=retries, retry_on=retry_on, backoff=backoff, allow_async=True))
-        self._fences[req.key] = lease
-        try:
-            return await self._ledger.arun(req)
-        finally:
-            self._fences.pop(req.key, None)
+    def _effect_ledger(self) -> Ledger:
+        return self._ledger
 
     def _standalone(self, run: str, name: str, fn: Callable[[EffectContext], Any], *,
                     key: str, mode: EffectMode | str, args: Any,
                     probe: Callable[[EffectContext], Any] | None, idempotent: bool,
                     retries: int, retry_on: tuple[type[BaseException], ...], backoff: float,
-                    allow_async: bool) -> tuple[Request, Lease]:
-        """The checked, keyed ledger request of a ``store.effect``, and the lease fencing it."""
+                    allow_async: bool) -> Request:
+        """The checked, keyed ledger request of a ``store.effect``, fenced by the run's lease.
+
+        Takes this worker's lease on ``run`` if it does not hold it
+        (``LeaseHeldError`` if another worker does).
+        """
         check_key(run, "run id")
         self._writable()
         req_mode, args_raw = check_effect_args(name, fn, mode=mode, args=args, key=key,
@@ -673,10 +606,9 @@ class PostgresStore(StepsAPI):
                                                allow_async=allow_async, where="store")
         lease = self._b.leases.ensure(run)
         view = self._b.begin(run, lease=False)
-        req = Request(name, fn, req_mode, args_raw, key, run, view.base, None, probe,
-                      bool(idempotent), retries, tuple(retry_on), float(backoff), True,
-                      fencing_token=lease.epoch)
-        return req, lease
+        return Request(name, fn, req_mode, args_raw, key, run, view.base, None, probe,
+                       bool(idempotent), retries, tuple(retry_on), float(backoff), True,
+                       fencing_token=lease.epoch, fence=lease)
 
     def retire_effect(self, effect_id: str, *, by: str | None = None) -> EffectRecord:
         """Set a recorded effect aside and free its position (as ``Store.retire_effect``).

@@ -370,11 +370,16 @@ def test_retire_sets_an_entry_aside_and_refuses_twice(tmp_path: Path) -> None:
             txn.effect("charge", lambda ctx: "ch_1", mode="at_least_once", args={"amount": 1})
             txn.rollback()
         (e,) = s.effects()
-    code, out, _ = run("retire", path, e.effect_id, "--by", "alice", "--json")
+    code, out, _ = run("retire", path, e.effect_id, "--by", "alice")
     assert code == 0
-    row = json.loads(out)
-    assert row["status"] == "retired" and row["retired_status"] == "done"
-    assert row["resolved_by"] == "alice"
+    rows = dict(line.split(None, 1) for line in out.splitlines()[2:] if line.strip())
+    assert rows["status"].strip() == "retired" and rows["retired_status"].strip() == "done"
+    assert rows["resolved_by"].strip() == "alice"
+    with agentwal.open(path, readonly=True) as s:
+        (retired,) = s.effects()
+    assert retired.status == "retired" and retired.resolved_at is not None
+    at = datetime.datetime.fromtimestamp(retired.resolved_at, datetime.timezone.utc)
+    assert rows["resolved_at"].strip() == at.isoformat(timespec="seconds")  # as created_at
     code, out, err = run("retire", path, e.effect_id, "--json")
     assert code == 1 and json.loads(out)["error"]["code"] == "effect_not_retirable"
     assert "retired already" in err

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentwal
-from agentwal.local.backend import LocalBackend
-from agentwal.testing import crash
+from agentwal.testing import backend, crash
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,7 @@ class Kind:
 
 
 def _local_backend(directory: str) -> Any:
-    return LocalBackend(agentwal.open(os.path.join(directory, "store.awal"),
-                                      durability="none")._engine)
+    return backend(agentwal.open(os.path.join(directory, "store.awal"), durability="none"))
 
 
 def _postgres_backend(directory: str, *, pg_dsn: str, pg_schema: str) -> Any:
@@ -52,6 +50,6 @@ def _postgres_backend(directory: str, *, pg_dsn: str, pg_schema: str) -> Any:
 KINDS: dict[str, Kind] = {
     "local": Kind("local", agentwal.open, _local_backend, crash),
     # the facade's state machines run on PostgreSQL in tests/postgres/test_model.py
-    "postgres": Kind("postgres", agentwal.open, _postgres_backend,
+    "postgres": Kind("postgres", agentwal.open, _postgres_backend, crash,
                      fixtures=("pg_dsn", "pg_schema")),
 }

@@ -183,6 +183,22 @@ def test_record_effect_is_compare_and_set(backend: Any) -> None:
     assert backend.outbox() == []
 
 
+def test_a_commit_mark_added_since_is_no_lost_race_and_stays(backend: Any) -> None:
+    intent = backend.record_effect(_entry("k1", status="in_doubt"), expect=None)
+    view = backend.begin("r")
+    try:
+        backend.commit(view, Change(run="r", writes={"a": enc(1)}, effects=("k1",)))
+    finally:
+        backend.end(view)
+    assert backend.effect("k1").committed_in == 1  # the commit marked it
+    done = backend.record_effect(intent.replace(status="done", result=7), expect=intent)
+    assert (done.status, done.result, done.committed_in) == ("done", 7, 1)
+    assert backend.effect("k1") == done
+    with pytest.raises(EffectRace):  # an expected mark that is gone is a change
+        backend.record_effect(done.replace(status="failed"),
+                              expect=done.replace(committed_in=2))
+
+
 def test_maintenance(backend: Any) -> None:
     commit(backend, "r", a=1)
     backend.sync()

@@ -31,7 +31,7 @@ import pytest
 
 import agentwal
 from agentwal.local import blobs
-from agentwal.testing import SimulatedCrash, SimulatedDisk
+from agentwal.testing import SimulatedCrash, SimulatedDisk, blob_files, blob_references, sweep_blobs
 from agentwal.testing import crash as crash_store
 from tests.helpers import Generated
 
@@ -48,6 +48,7 @@ sys.path.insert(0, sys.argv[3])
 import agentwal
 from agentwal import failpoints
 from agentwal.local import blobs
+from agentwal.testing import sweep_blobs
 from tests.helpers import Generated
 from tests.crash.test_blob_crash import seed, size
 blobs.CHUNK = 64 << 10
@@ -68,7 +69,7 @@ while True:
         txn["n"] = n + 1
     print("ACK", n, flush=True)
     if n % 5 == 4:
-        store._engine.blobrefs.sweep()
+        sweep_blobs(store)
     n += 1
 """
 
@@ -143,8 +144,8 @@ def check_store(path: str, acked: int) -> int:
                 while chunk := f.read(100_000):
                     h.update(chunk)
             assert h.hexdigest() == ref.sha256
-        s._engine.blobrefs.sweep()
-        files = s._engine._blobs.files()
+        sweep_blobs(s)
+        files = blob_files(s)
         assert set(files) == {digest(i) for i in range(n)}, "garbage left, or a blob lost"
         tmp = os.path.join(path, "blobs", "tmp")
         assert not os.path.isdir(tmp) or not os.listdir(tmp)
@@ -220,7 +221,7 @@ def refs_of(contents: dict[str, bytes]) -> dict[str, agentwal.BlobRef]:
 def drive(store: agentwal.Store, on_ack: Any) -> None:
     for step in STEPS:
         if step[0] == "sweep":
-            store._engine.blobrefs.sweep()
+            sweep_blobs(store)
             continue
         txn = store.begin("r")
         for k, v in step[1].items():
@@ -255,10 +256,9 @@ def judge(path: str, image: SimulatedDisk, acked: int, in_flight: bool,
                 data = f.read()
             if hashlib.sha256(data).hexdigest() != ref.sha256:
                 return f"{k} reads back wrong"
-        engine = store._engine
-        engine.blobrefs.sweep()
-        left = set(engine._blobs.files())
-        if left != engine.blobrefs.references() or not {r.sha256 for r in state.values()} <= left:
+        sweep_blobs(store)
+        left = blob_files(store)
+        if left != blob_references(store) or not {r.sha256 for r in state.values()} <= left:
             return f"after a sweep the blob files are {left}"
         for k in state:
             with store.open_blob("r", k) as f:

@@ -40,11 +40,11 @@ from tests.effects.downstream import Downstream
 
 root, path, journal, spec, kill = sys.argv[1:6]
 spec = json.loads(spec)
-flag = path + ".web-done"
+flag = spec.get("flag") or path + ".web-done"
 if kill != "-":
     name, nth = kill.split(":")
     failpoints.arm(name, "kill", nth=int(nth))
-store = agentwal.open(path, durability="sync")
+store = agentwal.open(path, **spec.get("open", {"durability": "sync"}))
 down = Downstream(journal, **spec["down"])
 kw = {}
 if spec.get("probe"):
@@ -92,10 +92,13 @@ CASES = [("effect_after_outcome:1", "transact"), ("commit_before_validate:2", "t
          ("commit_before_validate:2", "plain"), ("step_before_retry:1", "transact")]
 
 
-def child(tmp: Path, spec: dict[str, Any], kill: str = "-") -> subprocess.CompletedProcess[str]:
+def child(tmp: Path, spec: dict[str, Any], kill: str = "-",
+          store: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the agent in a child on ``store`` (default: a local store in ``tmp``)."""
     return subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), str(tmp / "store"), str(tmp / "journal"),
-         json.dumps(spec), kill], capture_output=True, text=True, timeout=60)
+        [sys.executable, "-c", CHILD, str(ROOT), store or str(tmp / "store"),
+         str(tmp / "journal"), json.dumps(spec), kill], capture_output=True, text=True,
+        timeout=60)
 
 
 def counts(tmp: Path) -> tuple[int, int]:

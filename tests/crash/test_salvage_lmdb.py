@@ -26,7 +26,7 @@ import agentwal
 from agentwal.cli import main
 from agentwal.local.salvage import salvage
 from agentwal.local.snapshot.rescue import rescue
-from agentwal.testing import crash
+from agentwal.testing import crash, run_origin
 from agentwal.testing.corrupt import (
     CONTROL_KINDS,
     LMDB_KINDS,
@@ -229,13 +229,8 @@ def test_salvage_keeps_ids_gaps_and_fork_origins(tmp_path: Path) -> None:
         assert [c.id for c in got.history("a")] == [30, 29, 28, 10]
         assert got.history("g")[-1].origin == ("f", 4)
 
-        def origin(store: agentwal.Store, run: str) -> object:
-            e = store._engine
-            info = e._with_view(lambda v: e._reads(v).info(run))
-            return info.origin if info is not None else None
-
         # f's first checkpoint (which held the origin) was compacted away in both
-        assert origin(got, "f") == origin(want, "f") == ("a", 10)
+        assert run_origin(got, "f") == run_origin(want, "f") == ("a", 10)
         assert got.verify().ok
     assert not judge_salvage(str(src), str(dest), report)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentwal.testing import SimulatedDisk
+from agentwal.testing import SimulatedDisk, split_commits
 from agentwal.testing.tiers import MODELS, Result, power_cut_rounds, sweep
 
 SEEDS = 25
@@ -136,8 +136,5 @@ def test_harness_catches_a_missing_directory_fsync(tmp_path: Path) -> None:
 
 
 def test_harness_catches_a_non_atomic_commit(tmp_path: Path) -> None:
-    def split(store: Any) -> None:
-        store._engine._split_commits_for_test = True
-
-    results = _run_broken(tmp_path, store_hook=split)
+    results = _run_broken(tmp_path, store_hook=split_commits)
     assert "partial_transaction" in _classes(results), _classes(results)

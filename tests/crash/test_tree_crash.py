@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import agentwal
+from agentwal.testing import sweep_blobs
 from tests.trees import Spec, build, read
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -114,7 +115,7 @@ def test_kill_put_tree_in_each_window(tmp_path: Path, point: str) -> None:
                 if n > 1:
                     s.restore_tree("r", "ws", dest, at=s.head("r").id - 1)  # type: ignore[union-attr]
                     assert read(str(dest)) == expected(tmp_path, n - 2)
-            s._engine.blobrefs.sweep()
+            sweep_blobs(s)
             assert s.verify().ok
     assert acked >= 1
 
@@ -220,5 +221,5 @@ def test_kill_put_tree_of_a_tree_ref_in_each_window(tmp_path: Path, point: str) 
                 s.restore_tree("r", f"c{k}", dest)
                 want = whole if k % 4 == 3 else read(str(tmp_path / "expected-0" / f"d{k % 3}"))
                 assert read(str(dest)) == want
-            s._engine.blobrefs.sweep()
+            sweep_blobs(s)
             assert s.verify().ok

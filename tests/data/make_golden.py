@@ -1,4 +1,4 @@
-"""Write the golden files that pin the on-disk format (``tests/data/*-v<FORMAT_VERSION>.bin``).
+"""Write the golden files that pin the on-disk format (``tests/data/*-v<format version>.bin``).
 
 Usage: ``.venv/bin/python tests/data/make_golden.py`` (from the repository root).
 
@@ -8,9 +8,10 @@ frame of record 2, whose compressed bytes may differ between zstandard
 versions (``tests/unit/test_golden.py`` compares that frame by content).
 
 A format change must regenerate these files *and* bump ``FORMAT_VERSION``
-(the files are named after it). ``test_golden.py`` imports the functions
-below to regenerate the images in memory and compare them with the
-committed files.
+(the files are named after the version they are written in). ``test_golden.py``
+imports the functions below to regenerate the images in memory and compare
+them with the committed files. Version 1 is what a store is written in until
+its log holds a form-2 record; version 2 (``APPENDS_VERSION``) after.
 
 The segment (``segment-v1.bin``, 4096 bytes like a preallocated segment):
 
@@ -38,16 +39,23 @@ commit's outbox field came after the first segment was pinned):
   checkpoint hash covers;
 - zeros up to 4096 bytes.
 
-The appends segment (``appends-v1.bin``, 4096 bytes; form-2 commit records,
-``FLAG_APPENDS``, came after the others were pinned):
+The appends segment (``appends-v2.bin``, 4096 bytes; form-2 commit records,
+``FLAG_APPENDS``, came after the others were pinned), with ``control-v2.bin``
+(the control file at format 2, as ``control.raise_format`` rewrites it):
 
-- header: segment 0 of store ``STORE_ID``, first LSN 1, salt ``SALT``;
+- header: segment 0 of store ``STORE_ID``, first LSN 1, salt ``SALT``,
+  format version 2;
 - LSN 1: run ``chat`` checkpoint 1, ``messages`` as a whole two-item list;
 - LSN 2 (``FLAG_APPENDS``): checkpoint 2, ``messages`` as the append entry
   ``[2, base length, tail of one item]`` and ``step`` as a whole value; the
   checkpoint hash covers the entry, not the joined list;
 - LSN 3 (``FLAG_APPENDS``): checkpoint 3, two more items appended;
 - zeros up to 4096 bytes.
+
+``appends-v1.bin`` is the same segment with a version-1 header: what the
+agentwal of session 5 wrote (form-2 records before the version was raised).
+It is kept to prove such a log is still read (and that a writer opening it
+raises its CONTROL to format 2).
 """
 
 from __future__ import annotations
@@ -81,23 +89,27 @@ from agentwal.effects import (
     encode_outbox,
 )
 from agentwal.format import (
+    APPENDS_VERSION,
     COMPRESS_THRESHOLD,
     CONTROL_FILE,
     FLAG_APPENDS,
     FLAG_ZSTD,
-    FORMAT_VERSION,
+    PLAIN_VERSION,
     REC_COMMIT,
     REC_EFFECT,
 )
 from agentwal.io import OsFileSystem
-from agentwal.local.control import create_control
+from agentwal.local.control import create_control, raise_format
 from agentwal.local.wal.frame import SegmentHeader, encode_frame, encode_header
 
 HERE = Path(__file__).resolve().parent
-SEGMENT_FILE = HERE / f"segment-v{FORMAT_VERSION}.bin"
-CONTROL_FILE_GOLDEN = HERE / f"control-v{FORMAT_VERSION}.bin"
-EFFECTS_FILE = HERE / f"effects-v{FORMAT_VERSION}.bin"
-APPENDS_FILE = HERE / f"appends-v{FORMAT_VERSION}.bin"
+SEGMENT_FILE = HERE / f"segment-v{PLAIN_VERSION}.bin"
+CONTROL_FILE_GOLDEN = HERE / f"control-v{PLAIN_VERSION}.bin"
+EFFECTS_FILE = HERE / f"effects-v{PLAIN_VERSION}.bin"
+APPENDS_FILE = HERE / f"appends-v{APPENDS_VERSION}.bin"
+CONTROL2_FILE = HERE / f"control-v{APPENDS_VERSION}.bin"
+#: Session 5's appends segment (form-2 records in a version-1 segment): read, not written.
+LEGACY_APPENDS_FILE = HERE / f"appends-v{PLAIN_VERSION}.bin"
 
 STORE_ID = uuid.UUID("a9e1c0de-0000-4000-8000-00000000a11e")
 SALT = 0x5EED5A17
@@ -248,21 +260,24 @@ def append_commits() -> list[tuple[int, bytes, bytes]]:
     return out
 
 
-def appends_image() -> bytes:
-    """The golden appends segment."""
-    out = bytearray(encode_header(HEADER))
+def appends_image(version: int = APPENDS_VERSION) -> bytes:
+    """The golden appends segment (``version`` 1: session 5's, ``appends-v1.bin``)."""
+    out = bytearray(encode_header(SegmentHeader(STORE_ID, 0, 1, SALT, version)))
     for lsn, (flags, payload, _h) in enumerate(append_commits(), start=1):
         out += encode_frame(SALT, lsn, lsn - 1, REC_COMMIT, flags, payload)
     assert len(out) <= SEGMENT_SIZE
     return bytes(out) + bytes(SEGMENT_SIZE - len(out))
 
 
-def control_image() -> bytes:
-    """What ``create_control`` writes for ``STORE_ID`` at ``CREATED_AT``."""
+def control_image(version: int = PLAIN_VERSION) -> bytes:
+    """What ``create_control`` writes for ``STORE_ID`` at ``CREATED_AT`` (and, for
+    ``version`` 2, what ``raise_format`` then makes of it)."""
     with tempfile.TemporaryDirectory() as tmp, \
             mock.patch("agentwal.local.control.uuid.uuid4", return_value=STORE_ID), \
             mock.patch("agentwal.local.control.time.time", return_value=CREATED_AT):
-        create_control(OsFileSystem(), tmp)
+        ctl = create_control(OsFileSystem(), tmp)
+        if version != ctl.format:
+            raise_format(OsFileSystem(), tmp, ctl, version)
         return (Path(tmp) / CONTROL_FILE).read_bytes()
 
 
@@ -273,7 +288,10 @@ def main() -> int:
     CONTROL_FILE_GOLDEN.write_bytes(control_image())
     EFFECTS_FILE.write_bytes(effects_image())
     APPENDS_FILE.write_bytes(appends_image())
-    print(f"wrote {SEGMENT_FILE}, {CONTROL_FILE_GOLDEN}, {EFFECTS_FILE} and {APPENDS_FILE}")
+    CONTROL2_FILE.write_bytes(control_image(APPENDS_VERSION))
+    LEGACY_APPENDS_FILE.write_bytes(appends_image(PLAIN_VERSION))
+    print(f"wrote {SEGMENT_FILE}, {CONTROL_FILE_GOLDEN}, {EFFECTS_FILE}, {APPENDS_FILE}, "
+          f"{CONTROL2_FILE} and {LEGACY_APPENDS_FILE}")
     return 0
 
 

@@ -14,6 +14,7 @@ import pytest
 import agentwal
 from agentwal import failpoints
 from agentwal import ledger as ledger_module
+from agentwal.testing import effect_locks
 
 from .downstream import Downstream
 
@@ -624,7 +625,7 @@ def test_many_tasks_on_many_runs_and_on_one_run(store: agentwal.Store) -> None:
     assert len(fake.calls) == runs * steps
     assert set(fake.calls.values()) == {1} and set(fake.applied.values()) == {1}
     assert {e.status for e in store.effects()} == {"done"}
-    assert not store._engine.ledger._locks
+    assert not effect_locks(store)
 
 
 def test_a_sync_effect_on_the_loop_meeting_a_running_aeffect_raises_instead_of_hanging(
@@ -725,7 +726,7 @@ def test_cancelled_while_waiting_for_the_key_records_nothing(store: agentwal.Sto
     asyncio.run(main())
     [entry] = store.effects()
     assert entry.attempts == 1 and entry.status == "done" and not fake.calls
-    assert not store._engine.ledger._locks  # the cancelled waiter left no lock behind
+    assert not effect_locks(store)  # the cancelled waiter left no lock behind
 
 
 def test_a_conflicted_async_step_retried_with_retry_of_charges_once(

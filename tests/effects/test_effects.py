@@ -20,6 +20,7 @@ from agentwal import (
     failpoints,
 )
 from agentwal.errors import InvalidKeyError, TransactionClosedError, UnencodableValueError
+from agentwal.testing import expire_effects_on_next_fold, intercept_effect_writes
 
 from .downstream import Downstream
 
@@ -473,7 +474,7 @@ def test_retention_keeps_position_entries_a_step_can_still_meet(tmp_path: Path,
         assert len(s.effects()) == 1
         step(s, down, "at_most_once")  # the re-run: the record, no second call
         assert down.calls() == 1
-        s._engine._next_expiry = 0.0  # expiry runs at most hourly: let the next fold run it
+        expire_effects_on_next_fold(s)  # expiry runs at most hourly: let the next fold run it
         s.snapshot()  # the head is now 2: position 1 can never be met again
         assert s.effects() == []
 
@@ -505,32 +506,29 @@ def test_oversized_entries_are_refused_not_logged(store: agentwal.Store,
     assert [(e.name, e.status) for e in store.effects()] == [("big-result", "failed")]
 
 
-def test_retry_on_never_catches_the_stores_own_errors(store: agentwal.Store,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retry_on_never_catches_the_stores_own_errors(store: agentwal.Store) -> None:
     # Regression: retry_on=(Exception,) retried a failed intent write and the
     # retry tripped an assertion.
-    def full(*_a: Any) -> None:
+    def full(*_a: Any) -> Any:
         raise agentwal.DiskFullError("wal", "simulated: no room")
 
-    monkeypatch.setattr(store._engine._pipe, "record_effect", full)
-    with store.begin("r") as txn, pytest.raises(agentwal.DiskFullError):
+    with (intercept_effect_writes(store, full), store.begin("r") as txn,
+          pytest.raises(agentwal.DiskFullError)):
         txn.effect("op", lambda ctx: 1, mode="at_least_once", retries=3,
                    retry_on=(Exception,), backoff=0)
 
 
-def test_outcome_that_cannot_be_recorded_is_reported_in_doubt(
-        store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = store._engine._pipe.record_effect
+def test_outcome_that_cannot_be_recorded_is_reported_in_doubt(store: agentwal.Store) -> None:
     writes: list[str] = []
 
-    def second_fails(entry: Any, raw: bytes) -> int:
+    def second_fails(write: Any, entry: Any, expect: Any) -> Any:
         writes.append(entry.status)
         if len(writes) == 2:
             raise agentwal.DiskFullError("wal", "simulated: no room")
-        return real(entry, raw)
+        return write(entry, expect)
 
-    monkeypatch.setattr(store._engine._pipe, "record_effect", second_fails)
-    with store.begin("r") as txn, pytest.raises(EffectInDoubtError, match="was called"):
+    with (intercept_effect_writes(store, second_fails), store.begin("r") as txn,
+          pytest.raises(EffectInDoubtError, match="was called")):
         txn.effect("op", lambda ctx: 1, mode="at_least_once")
     assert store.effects()[0].status == "in_doubt"
 

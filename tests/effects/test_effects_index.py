@@ -141,7 +141,7 @@ def test_verify_reports_an_entry_missing_from_an_index(path: str) -> None:
 def test_a_query_decodes_what_it_returns_not_the_ledger(path: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Counts ledger entries decoded from LMDB (not a timing: the count is the machine's own)."""
-    from agentwal.local.snapshot import reader
+    from agentwal.local.snapshot import ledger_reads as reader
 
     with agentwal.open(path, durability="none") as store:
         for i in range(200):

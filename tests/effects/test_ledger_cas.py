@@ -2,14 +2,16 @@
 written over blindly.
 
 Another writer of the ledger (a second host's worker, on a backend that has
-one) is played by a wrapper around the engine's compare-and-set that writes
-a competing entry for the key just before the executor's own write.
+one) is played by ``testing.intercept_effect_writes``: just before the
+executor's own write, the backend's compare-and-set stores a competing entry
+for the key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,38 +19,38 @@ import pytest
 import agentwal
 from agentwal import EffectInDoubtError
 from agentwal.backend import EffectRace
-from agentwal.effects import EffectRecord
-from agentwal.local.effectlog import _same
+from agentwal.effects import EffectRecord, still_expected
+from agentwal.testing import backend as backend_of
+from agentwal.testing import intercept_effect_writes
 
 
-def _compete(store: agentwal.Store, monkeypatch: pytest.MonkeyPatch,
-             when: Callable[[EffectRecord], bool],
-             theirs: Callable[[EffectRecord], EffectRecord]) -> list[EffectRecord]:
+@contextlib.contextmanager
+def _compete(store: agentwal.Store, when: Callable[[EffectRecord], bool],
+             theirs: Callable[[EffectRecord], EffectRecord]) -> Iterator[list[EffectRecord]]:
     """Before the first write that ``when`` picks, write ``theirs(entry)`` for its key."""
-    log = store._engine.effectlog
-    real = log.write_if
     raced: list[EffectRecord] = []
+    seam = backend_of(store)
 
-    def write_if(entry: EffectRecord, expect: EffectRecord | None) -> EffectRecord:
+    def write(real: Any, entry: EffectRecord, expect: EffectRecord | None) -> EffectRecord:
         if not raced and when(entry):
-            raced.append(log.write(theirs(entry)))
+            raced.append(real(theirs(entry), seam.effect(entry.key)))
         return real(entry, expect)
 
-    monkeypatch.setattr(log, "write_if", write_if)
-    return raced
+    with intercept_effect_writes(store, write):
+        yield raced
 
 
 def test_an_intent_that_loses_the_race_meets_the_winners_result(
-        store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    raced = _compete(store, monkeypatch, lambda e: e.status == "in_doubt",
-                     lambda e: e.replace(status="done", result="theirs"))
+        store: agentwal.Store) -> None:
     calls: list[int] = []
 
     def fn(ctx: Any) -> str:
         calls.append(1)
         return "mine"
 
-    with store.begin("r") as txn:
+    with (_compete(store, lambda e: e.status == "in_doubt",
+                   lambda e: e.replace(status="done", result="theirs")) as raced,
+          store.begin("r") as txn):
         got = txn.effect("send", fn, mode="at_least_once", key="k")
     assert raced  # the competing writer did win the key first
     assert got == "theirs" and calls == []  # decided again from the winner: no call
@@ -56,32 +58,31 @@ def test_an_intent_that_loses_the_race_meets_the_winners_result(
 
 
 def test_an_outcome_that_loses_the_race_is_in_doubt_not_overwritten(
-        store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    raced = _compete(store, monkeypatch, lambda e: e.status == "done",  # its next attempt
-                     lambda e: e.replace(status="in_doubt", attempts=e.attempts + 1,
-                                         result=None))
+        store: agentwal.Store) -> None:
     calls: list[int] = []
 
     def fn(ctx: Any) -> str:
         calls.append(1)
         return "mine"
 
-    with store.begin("r") as txn, pytest.raises(EffectInDoubtError, match="another writer"):
+    with (_compete(store, lambda e: e.status == "done",  # its next attempt
+                   lambda e: e.replace(status="in_doubt", attempts=e.attempts + 1,
+                                       result=None)) as raced,
+          store.begin("r") as txn, pytest.raises(EffectInDoubtError, match="another writer")):
         txn.effect("send", fn, mode="at_least_once", key="k")
     assert raced and calls == [1]
     (entry,) = store.effects()
     assert entry.status == "in_doubt" and entry.attempts == 2  # the other writer's entry
 
 
-def test_a_resolve_that_races_reads_again_and_settles(
-        store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resolve_that_races_reads_again_and_settles(store: agentwal.Store) -> None:
     with store.begin("r") as txn, pytest.raises(RuntimeError):
         txn.effect("send", _boom, mode="at_least_once", key="k")
     (failed,) = store.effects()
-    raced = _compete(store, monkeypatch, lambda e: e.status == "resolved",
-                     lambda e: e.replace(status="failed", error="again", resolved_by=None,
-                                         resolved_at=None, result=None))
-    settled = store.resolve_effect(failed.effect_id, result="fixed", by="me")
+    with _compete(store, lambda e: e.status == "resolved",
+                  lambda e: e.replace(status="failed", error="again", resolved_by=None,
+                                      resolved_at=None, result=None)) as raced:
+        settled = store.resolve_effect(failed.effect_id, result="fixed", by="me")
     assert raced
     assert settled.status == "resolved" and settled.result == "fixed"
     assert store.effects()[0].error == "again"  # the re-read entry is what was settled
@@ -92,7 +93,7 @@ def test_the_engines_compare_and_set_refuses_a_stale_expectation(
     with store.begin("r") as txn:
         txn.effect("send", lambda ctx: 1, mode="at_least_once", key="k")
     (entry,) = store.effects()
-    backend = store._engine.backend
+    backend = backend_of(store)
     with pytest.raises(EffectRace) as race:
         backend.record_effect(entry.replace(result=2), expect=entry.replace(attempts=9))
     assert race.value.found == entry
@@ -105,10 +106,11 @@ def test_a_commit_mark_added_since_is_no_lost_race() -> None:
     base = EffectRecord("ef-1", "k", "send", agentwal.effects.EffectMode.AT_LEAST_ONCE, "r",
                         1, 0, False, "in_doubt", 1, None, "d")
     marked = dataclasses.replace(base, committed_in=2)  # as a commit marks it (same time)
-    assert _same(marked, base)  # the writer carries the mark over
-    assert not _same(base, marked)  # an expected mark that is gone is a change
-    assert not _same(dataclasses.replace(marked, attempts=2), base)
-    assert _same(None, None) and not _same(base, None) and not _same(None, base)
+    assert still_expected(marked, base)  # the writer carries the mark over
+    assert not still_expected(base, marked)  # an expected mark that is gone is a change
+    assert not still_expected(dataclasses.replace(marked, attempts=2), base)
+    assert still_expected(None, None)
+    assert not still_expected(base, None) and not still_expected(None, base)
 
 
 def _boom(ctx: Any) -> None:

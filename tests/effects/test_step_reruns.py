@@ -295,6 +295,56 @@ def test_concurrent_steps_through_transact_each_charge_once(
     assert charges(shop) == Counter({str({"order": i}): 1 for i in range(6)})
 
 
+# -- 3b. the run deleted while a step runs, or after it left an entry ------------------------
+
+def test_a_step_whose_run_was_deleted_meanwhile_is_not_redone_and_the_new_run_starts_afresh(
+        store: agentwal.Store, shop: Shop) -> None:
+    def step(txn: agentwal.Transaction) -> None:
+        txn.effect("charge", shop.call, mode="at_most_once", args={"n": 1})
+        if store.head("r") is not None:
+            store.delete_run("r")  # an operator deletes the run while the step runs
+        txn["done"] = True
+
+    with store.begin("r") as txn:
+        txn["x"] = 1
+    with pytest.raises(ConflictError) as info:
+        store.transact("r", step)  # redoing it would make a new run of the old step
+    assert info.value.deleted and "retry_of" not in str(info.value)
+    assert store.head("r") is None and shop.calls() == 1
+    with store.begin("r") as txn:
+        txn["x"] = 1
+    attempt = store.begin("r")
+    with pytest.raises(ConflictError), attempt:
+        step(attempt)
+    with pytest.raises(ValueError, match="deleted"):  # nor by hand
+        store.begin("r", retry_of=attempt)
+    for _ in range(2):  # the run made again: its steps call afresh, under new keys
+        store.transact("r", lambda t: t.effect("charge", shop.call, mode="at_most_once",
+                                               args={"n": 1}))
+    assert shop.calls() == 4 and store.head("r").id == 2  # type: ignore[union-attr]
+
+
+def test_settling_an_entry_of_a_deleted_run_leaves_its_position_free(
+        store: agentwal.Store, shop: Shop) -> None:
+    from agentwal import failpoints
+
+    with store.begin("r") as txn:
+        txn["x"] = 1
+    failpoints.arm("after_effect_call", "raise")
+    with pytest.raises(failpoints.FailpointFired), store.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_most_once")  # applied; outcome lost
+    failpoints.disarm()
+    (old,) = store.effects(status="in_doubt")
+    store.delete_run("r")
+    store.resolve_effect(old.effect_id, result="settled by hand")
+    with store.begin("r") as txn:  # the run made again, up to the same checkpoint
+        txn["x"] = 1
+    with store.begin("r") as txn:
+        txn.effect("charge", shop.call, mode="at_most_once")
+    assert shop.calls() == 2
+    assert sorted(e.status for e in store.effects()) == ["done", "resolved"]
+
+
 # -- 4. rollback_to and fork: the world is not rolled back ----------------------------------
 
 def test_rollback_to_lists_the_effects_the_world_still_holds(
@@ -430,22 +480,44 @@ def test_retire_effect_refuses_outbox_entries_and_unknown_ids(store: agentwal.St
 
 # -- 7. a plain retry, and a crash, after the run moved on -----------------------------------
 
-@pytest.mark.parametrize("mode", MODES)
-def test_a_plain_re_begin_after_a_conflict_meets_the_uncommitted_attempts_effect(
-        store: agentwal.Store, shop: Shop, mode: str) -> None:
-    # The tutorial's loop: on ConflictError, begin again and redo the step.
-    kw = kw_for(mode, shop)
-    step = inbox_step(store, shop, mode, kw, [True])
+def plain_loop(store: agentwal.Store, step: Any) -> None:
+    """The tutorial's loop: on ConflictError, begin again and redo the step."""
     while True:
         try:
             with store.begin("r") as txn:
                 step(txn)
-            break
+            return
         except ConflictError:
             continue
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_plain_re_begin_after_a_conflict_meets_the_uncommitted_attempts_effect(
+        store: agentwal.Store, shop: Shop, mode: str) -> None:
+    kw = kw_for(mode, shop)
+    plain_loop(store, inbox_step(store, shop, mode, kw, [True]))
     assert shop.calls() == 1 and shop.applications() == 1
     (e,) = store.effects()
     assert e.committed_in == 2 and not e.uncommitted
+
+
+def test_a_plain_re_begin_meets_the_uncommitted_attempt_whose_first_effect_has_a_business_key(
+        store: agentwal.Store, shop: Shop) -> None:
+    # The step books under its order's key, then notifies (positional, at most once).
+    interfere = [True]
+
+    def step(txn: agentwal.Transaction) -> None:
+        txn.get("inbox")
+        txn.effect("book", shop.call, mode="at_most_once", key="order-7/book")
+        txn.effect("notify", shop.call, mode="at_most_once", args={"to": "ada"})
+        if interfere:
+            interfere.pop()
+            with store.begin("r") as web:
+                web["inbox"] = ["hello"]
+
+    plain_loop(store, step)
+    assert shop.calls() == 2 and shop.applications() == 2  # book once, notify once
+    assert [e.committed_in for e in store.effects()] == [2, 2]
 
 
 def test_a_new_step_with_other_args_does_not_adopt_an_uncommitted_attempt(
@@ -480,6 +552,45 @@ def test_an_uncommitted_attempt_is_not_adopted_across_a_committed_effect_step_or
     with store.begin("r") as txn:  # an effect step from 4 committed: 5
         txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
     assert shop.calls() == 3
+
+
+def test_a_new_step_is_not_taken_for_an_abandoned_attempt_past_an_effect_step(
+        store: agentwal.Store, shop: Shop) -> None:
+    # A committed effect step whose first effect was a business key recorded elsewhere
+    # leaves position 0 of its checkpoint empty; the walk must still stop at it.
+    with store.begin("r") as txn:
+        txn["x"] = 0
+    with store.begin("other") as txn:
+        txn.effect("profile", shop.call, mode="at_least_once", key="profile/ada")
+    with pytest.raises(ConflictError), store.begin("r") as txn:  # abandoned after this
+        txn.get("inbox")
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+        with store.begin("r") as web:
+            web["inbox"] = ["hi"]
+    with store.begin("r") as txn:  # the next step: the shared profile, then a charge
+        txn.effect("profile", shop.call, mode="at_least_once", key="profile/ada")
+        txn.effect("charge", shop.call, mode="at_least_once", args={"amount": 1})
+    with store.begin("r") as txn:  # a new step that notifies: it really does
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+    assert shop.calls() == 4
+
+
+def test_an_abandoned_attempt_is_not_adopted_across_a_rollback_that_compaction_dropped(
+        store: agentwal.Store, shop: Shop) -> None:
+    with store.begin("r") as txn:
+        txn["x"] = 0
+    with pytest.raises(ConflictError), store.begin("r") as txn:  # abandoned after this
+        txn.get("inbox")
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+        with store.begin("r") as web:
+            web["inbox"] = ["hi"]
+    store.rollback_to("r", 1)
+    with store.begin("r") as txn:
+        txn["y"] = 1
+    store.compact(keep_last=1)  # drops the rollback_to checkpoint, the walk's boundary
+    with store.begin("r") as txn:  # the step re-run after the rollback really runs
+        txn.effect("notify", shop.call, mode="at_least_once", args={"to": "ada"})
+    assert shop.calls() == 2
 
 
 def test_a_read_only_store_sees_commit_marks_after_refresh(tmp_path: Path, shop: Shop) -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import agentwal
 from agentwal.postgres import PostgresStore
 from agentwal.postgres import blobs as pg_blobs
+from agentwal.testing import backend as backend_of
 from tests.postgres.test_cli import run as cli
 
 
@@ -184,3 +185,29 @@ def test_the_same_checkpoints_as_the_local_engine(
         assert [c.id for c in pg.history(run)] == [c.id for c in local.history(run)]
         assert _states(pg, run) == _states(local, run)
     assert pg.verify().ok
+
+
+def test_a_compaction_while_a_fork_reads_cannot_drop_its_origin(
+        pgstore: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: the fork read the origin's state, a compaction (another worker's)
+    # then dropped the origin checkpoint, and the fork still committed its first
+    # checkpoint naming it: an origin that compaction promises to keep was gone.
+    for i in range(3):
+        with pgstore.begin("a") as txn:
+            txn["i"] = i
+    seam = backend_of(pgstore)
+    begin = seam.begin
+
+    def compact_in_between(run: str, **kw: Any) -> Any:
+        if run == "f":  # the fork has read the state at a/1 and begins its commit
+            pgstore.compact(keep_last=1)
+        return begin(run, **kw)
+
+    monkeypatch.setattr(seam, "begin", compact_in_between)
+    with pytest.raises(agentwal.CheckpointNotFoundError):
+        pgstore.fork("a", 1, "f")
+    assert pgstore.head("f") is None and pgstore.runs() == ["a"]
+    assert [c.id for c in pgstore.history("a")] == [3]
+    monkeypatch.undo()
+    pgstore.fork("a", 3, "f")  # a kept checkpoint forks as before
+    assert pgstore.history("f")[0].origin == ("a", 3)

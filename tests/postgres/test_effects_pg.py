@@ -23,12 +23,9 @@ def store(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
     return open_pg(worker_id="w1")
 
 
-#: they need the local stats' record counters, its WAL record size limit, or a disk-full
-#: injected into the local engine
+#: they need the local stats' record counters or its WAL record size limit
 LOCAL_ONLY = {
     "test_stats_count_effect_records_apart_from_commits",
     "test_oversized_entries_are_refused_not_logged",
-    "test_retry_on_never_catches_the_stores_own_errors",
-    "test_outcome_that_cannot_be_recorded_is_reported_in_doubt",
 }
 keep_store_tests(globals(), local, LOCAL_ONLY)

@@ -7,9 +7,10 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from agentwal import LeaseHeldError, LeaseLostError, StoreLockedError
+from agentwal import LeaseHeldError, LeaseLostError, StoreClosedError, StoreLockedError
 from agentwal.postgres import PostgresStore
 from agentwal.postgres.db import app_name
+from agentwal.testing import crash
 
 
 def test_lease_held_names_the_holder_and_changes_nothing(
@@ -56,6 +57,18 @@ def test_close_releases_the_leases(open_pg: Callable[..., PostgresStore]) -> Non
     a.lease("r2")
     a.close()
     assert b.lease("r1") == 2 and b.lease("r2") == 2
+
+
+def test_a_crashed_worker_keeps_its_leases_until_they_expire(
+        open_pg: Callable[..., PostgresStore]) -> None:
+    a, b = open_pg(worker_id="A"), open_pg(worker_id="B")
+    a.lease("r1")
+    crash(a)  # testing.crash: the process died, nothing released
+    with pytest.raises(LeaseHeldError) as held:
+        b.lease("r1")
+    assert held.value.holder == "A"
+    with pytest.raises(StoreClosedError):
+        a.lease("r1")
 
 
 def test_an_expired_holder_stuck_holding_the_row_is_ended(

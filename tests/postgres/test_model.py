@@ -12,8 +12,6 @@ the next open with a new epoch).
 
 from __future__ import annotations
 
-import contextlib
-import types
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from agentwal.postgres import PostgresStore, open_postgres
+from agentwal.testing import crash as crash_store
 from tests.property import test_store_model as model
 
 _server: dict[str, str] = {}
@@ -55,19 +54,12 @@ class _OnPostgres:
             self._drop()
 
     def _open_pg(self) -> PostgresStore:
-        store = open_postgres(_server["dsn"], schema=self.schema, worker_id="model",
-                              durability="async", pool_size=2)
-        # the machine holds the local engine's fold lock around history reads; no folds here
-        store._engine = types.SimpleNamespace(  # type: ignore[attr-defined]
-            _fold_lock=contextlib.nullcontext())
-        return store
+        return open_postgres(_server["dsn"], schema=self.schema, worker_id="model",
+                             durability="async", pool_size=2)
 
     def _crash_or_close(self, crash: bool) -> None:
         if crash:  # the process died: nothing released, sessions just gone
-            b = self.store._b
-            b.leases.close()
-            b.db.close()
-            b.closed = True
+            crash_store(self.store)
             self.counts["crashes"] += 1
         else:
             self.store.close()

@@ -113,14 +113,16 @@ class EffectsMachine(RuleBasedStateMachine):
         finally:
             failpoints.disarm()
 
-    @rule(run=st.sampled_from(["r1", "r2"]), write=st.booleans(),
+    @rule(run=st.sampled_from(["r1", "r2"]), write=st.booleans(), booked=st.booleans(),
           interfere=st.integers(0, 2), how=st.sampled_from(["transact", "retry_of", "plain"]))
-    def retried_step(self, run: str, write: bool, interfere: int, how: str) -> None:
+    def retried_step(self, run: str, write: bool, booked: bool, interfere: int,
+                     how: str) -> None:
         # One logical step (its effects fixed by where its first attempt began), which
         # a concurrent writer (a web handler adding to the inbox the step read) makes
         # conflict ``interfere`` times; redone through store.transact, begin(retry_of=)
         # or a plain re-begin. Each of its effects must reach the world as its mode says,
-        # counted per logical effect, whatever keys the attempts derived.
+        # counted per logical effect, whatever keys the attempts derived. A ``booked``
+        # step first makes an effect under a business key of its own.
         head = self.store.head(run)
         start = head.id if head else 0
         pick = random.Random(f"{run}/{start}/retried")
@@ -129,6 +131,10 @@ class EffectsMachine(RuleBasedStateMachine):
 
         def body(txn: agentwal.Transaction) -> None:
             txn.get("inbox")
+            if booked:
+                book = f"{run}/{start}/book"
+                txn.effect("book", self.call, mode="at_most_once", key=book,
+                           args={"logical": book})
             for i, name in enumerate(names):
                 mode, probe, idem = EFFECTS[name]
                 txn.effect(name, self.call, mode=mode, probe=self.probe if probe else None,
@@ -159,7 +165,7 @@ class EffectsMachine(RuleBasedStateMachine):
             return
         after = self.store.head(run)
         assert after is not None and after.id == start + interfere + 1  # a checkpoint always
-        event(f"retried step ({how}) after {interfere} conflicts")
+        event(f"retried step ({how}{', booked' if booked else ''}) after {interfere} conflicts")
 
     @rule(run=st.sampled_from(["r1", "r2"]), what=st.sampled_from(["mail", "sms"]),
           key=st.none() | st.sampled_from(["b1", "b2"]))

@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import agentwal
 from agentwal import CheckpointNotFoundError, RunNotFoundError, failpoints
 from agentwal.testing import crash as crash_store
+from agentwal.testing import fold_lock
 from tests.helpers import check_history_counts
 
 RUNS = ("r1", "r2", "r3")
@@ -305,7 +306,7 @@ class RetentionMachine(RuleBasedStateMachine):
                     store.state(run)
                 assert store.history(run) == []
                 continue
-            with store._engine._fold_lock:  # see test_store_model: a fold's window lists twice
+            with fold_lock(store):  # see test_store_model: a fold's window lists twice
                 got = store.history(run)
             assert [c.id for c in got] == sorted(m.kept, reverse=True)
             assert got[0].id == m.head and store.state(run) == m.states[m.head]

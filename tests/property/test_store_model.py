@@ -66,6 +66,7 @@ from agentwal import (
     failpoints,
 )
 from agentwal.testing import crash as crash_store
+from agentwal.testing import fold_lock
 from tests.conformance.kinds import KINDS, Kind
 
 RUNS = ("r1", "r2", "r3")
@@ -274,8 +275,7 @@ class _Base(RuleBasedStateMachine):
             # memtable: a read there sees those checkpoints twice (engine bug, see
             # test_history_during_a_fold_lists_each_checkpoint_once below). A
             # PostgreSQL store has no fold.
-            engine = getattr(self.store, "_engine", None)
-            with engine._fold_lock if engine is not None else contextlib.nullcontext():
+            with fold_lock(self.store):
                 got = self.store.history(run)
             assert [c.id for c in got] == list(range(n, 0, -1))
             assert [c.parent for c in got] == [i - 1 or None for i in range(n, 0, -1)]

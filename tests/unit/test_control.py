@@ -16,9 +16,9 @@ import cbor2
 import pytest
 
 from agentwal.errors import CorruptionError
-from agentwal.format import CONTROL_FILE, FORMAT_VERSION
+from agentwal.format import APPENDS_VERSION, CONTROL_FILE, FORMAT_VERSION, PLAIN_VERSION
 from agentwal.io import OsFileSystem
-from agentwal.local.control import Control, create_control, read_control
+from agentwal.local.control import Control, create_control, raise_format, read_control
 
 MAGIC = b"AWALCTL\x00"
 
@@ -54,7 +54,7 @@ def test_create_then_read(tmp_path: Path) -> None:
     before = time.time()
     ctl = create_control(fs, str(tmp_path))
     assert isinstance(ctl, Control)
-    assert ctl.format == FORMAT_VERSION
+    assert ctl.format == PLAIN_VERSION  # a new store stays readable by a version-1 agentwal
     assert ctl.store_id.version == 4
     assert before <= ctl.created_at <= time.time()
     assert read_control(fs, str(tmp_path)) == ctl
@@ -74,8 +74,18 @@ def test_the_bytes_are_magic_crc_and_cbor(tmp_path: Path) -> None:
     assert data[:8] == MAGIC
     (crc,) = struct.unpack_from("<I", data, 8)
     assert crc == zlib.crc32(data[12:])
-    assert cbor2.loads(data[12:]) == {"format": FORMAT_VERSION, "store_id": ctl.store_id.bytes,
+    assert cbor2.loads(data[12:]) == {"format": PLAIN_VERSION, "store_id": ctl.store_id.bytes,
                                       "created_at": ctl.created_at}
+
+
+def test_raise_format_keeps_the_identity(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    ctl = create_control(fs, str(tmp_path))
+    new = raise_format(fs, str(tmp_path), ctl, APPENDS_VERSION)
+    assert (new.store_id, new.format, new.created_at) == (ctl.store_id, APPENDS_VERSION,
+                                                          ctl.created_at)
+    assert read_control(fs, str(tmp_path)) == new
+    assert not (tmp_path / (CONTROL_FILE + ".tmp")).exists()
 
 
 def test_control_is_frozen() -> None:
@@ -146,12 +156,19 @@ def test_header_only_with_the_crc_of_nothing(tmp_path: Path) -> None:
     assert (e.path, e.offset) == (p, 12)
 
 
-@pytest.mark.parametrize("fmt", [0, FORMAT_VERSION + 1, 99, "1", None])
+@pytest.mark.parametrize("fmt", [PLAIN_VERSION, APPENDS_VERSION])
+def test_every_format_version_reads(tmp_path: Path, fmt: int) -> None:
+    put(tmp_path, image(record(format=fmt)))
+    ctl = read_control(OsFileSystem(), str(tmp_path))
+    assert ctl is not None and ctl.format == fmt
+
+
+@pytest.mark.parametrize("fmt", [0, FORMAT_VERSION + 1, 99, "1", None, True, 1.0])
 def test_wrong_format_version(tmp_path: Path, fmt: Any) -> None:
     p = put(tmp_path, image(record(format=fmt)))
     e = corruption(tmp_path)
     assert (e.path, e.offset) == (p, 12)
-    assert f"reads format {FORMAT_VERSION}" in e.reason
+    assert f"reads formats 1 to {FORMAT_VERSION}" in e.reason
 
 
 def test_format_missing(tmp_path: Path) -> None:

@@ -64,8 +64,8 @@ def test_the_record_carries_the_tail_not_the_list(path: str, reput: bool) -> Non
     store = _open(path)
     _grow(store, range(40), reput=reput)
     whole = len(codec.encode_value("m", store.get("chat", "messages")))
+    records = _wal(path)  # before close folds the log
     store.close()
-    records = _wal(path)
     assert len(records) == 40
     assert whole > 40_000
     # The first commits hold a short list (a re-put below 2 KiB is encoded whole);
@@ -148,8 +148,8 @@ def test_appends_in_one_transaction_join_and_a_put_after_them_wins(path: str) ->
     with store.begin("r") as txn:
         txn.append("log", "gone")
         txn["log"] = ["replaced"]
+    records = _wal(path)  # before close folds the log
     store.close()
-    records = _wal(path)
     assert [r["keys"] for r in records[1:]] == [["log+3"], ["log"]]
     with _open(path) as store:
         assert store.get("r", "log") == ["replaced"]

@@ -5,7 +5,8 @@
     must be equal, so any change to the format (the byte tables, the framing,
     the CRC seeding, the CBOR layout of a commit or of the control file)
     fails here until the files are regenerated *and* ``FORMAT_VERSION`` is
-    bumped (the files are named after it).
+    bumped (the files are named after the version they are written in: 1 for
+    a store whose log holds no form-2 record, 2 after).
 
 zstd output is not guaranteed to be identical across zstandard versions, so
 the compressed frame (LSN 2) is compared by decoded content, and the rest of
@@ -34,10 +35,11 @@ from agentwal.codec import (
     decode_value,
 )
 from agentwal.format import (
+    APPENDS_VERSION,
     COMPRESS_THRESHOLD,
     CONTROL_FILE,
     FLAG_ZSTD,
-    FORMAT_VERSION,
+    PLAIN_VERSION,
     REC_COMMIT,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -62,8 +64,8 @@ def _load_maker() -> ModuleType:
 
 
 mg = _load_maker()
-SEGMENT = DATA / f"segment-v{FORMAT_VERSION}.bin"
-CONTROL = DATA / f"control-v{FORMAT_VERSION}.bin"
+SEGMENT = DATA / f"segment-v{PLAIN_VERSION}.bin"
+CONTROL = DATA / f"control-v{PLAIN_VERSION}.bin"
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +83,9 @@ def frames(seg_bytes: bytes) -> list[Frame]:
 
 
 def test_golden_files_exist_for_this_format_version() -> None:
-    # Bumping FORMAT_VERSION without regenerating the golden files fails here.
-    assert SEGMENT.is_file(), f"run tests/data/make_golden.py to write {SEGMENT.name}"
-    assert CONTROL.is_file(), f"run tests/data/make_golden.py to write {CONTROL.name}"
+    # Bumping a version without regenerating the golden files fails here.
+    for path in (SEGMENT, CONTROL, EFFECTS, APPENDS, CONTROL2, LEGACY_APPENDS):
+        assert path.is_file(), f"run tests/data/make_golden.py to write {path.name}"
 
 
 # -- (a) the committed segment decodes -------------------------------------------------------
@@ -92,7 +94,7 @@ def test_golden_files_exist_for_this_format_version() -> None:
 def test_golden_segment_header(seg_bytes: bytes) -> None:
     assert len(seg_bytes) == mg.SEGMENT_SIZE == 4096
     h = parse_header(seg_bytes)
-    assert h == SegmentHeader(mg.STORE_ID, 0, 1, mg.SALT, FORMAT_VERSION)
+    assert h == SegmentHeader(mg.STORE_ID, 0, 1, mg.SALT, PLAIN_VERSION)
     assert isinstance(h, SegmentHeader)
     assert str(h.store_id) == "a9e1c0de-0000-4000-8000-00000000a11e"
     assert h.salt == 0x5EED5A17
@@ -165,7 +167,7 @@ def test_golden_control(tmp_path: Path) -> None:
     ctl = read_control(OsFileSystem(), str(tmp_path))
     assert ctl is not None
     assert ctl.store_id == mg.STORE_ID
-    assert ctl.format == FORMAT_VERSION
+    assert ctl.format == PLAIN_VERSION
     assert ctl.created_at == mg.CREATED_AT
 
 
@@ -241,7 +243,7 @@ def _scan_clean(path: Path) -> Any:
 
 # -- the effects segment: REC_EFFECT records and a commit with an outbox ------------------------
 
-EFFECTS = DATA / f"effects-v{FORMAT_VERSION}.bin"
+EFFECTS = DATA / f"effects-v{PLAIN_VERSION}.bin"
 
 
 def test_golden_effects_segment_decodes() -> None:
@@ -283,14 +285,21 @@ def test_regenerated_effects_segment_is_identical() -> None:
 
 # -- the appends segment: form-2 commit records (FLAG_APPENDS) ---------------------------------
 
-APPENDS = DATA / f"appends-v{FORMAT_VERSION}.bin"
+APPENDS = DATA / f"appends-v{APPENDS_VERSION}.bin"
+CONTROL2 = DATA / f"control-v{APPENDS_VERSION}.bin"
+#: What session 5's agentwal wrote: form-2 records in a version-1 segment (still read).
+LEGACY_APPENDS = DATA / f"appends-v{PLAIN_VERSION}.bin"
 
 
-def test_golden_appends_segment_decodes() -> None:
+@pytest.mark.parametrize("path", [APPENDS, LEGACY_APPENDS], ids=["v2", "session5-v1"])
+def test_golden_appends_segment_decodes(path: Path) -> None:
     from agentwal.codec import decode_delta_entries
     from agentwal.format import FLAG_APPENDS
 
-    scan = _scan_clean(APPENDS)
+    version = parse_header(path.read_bytes())
+    assert isinstance(version, SegmentHeader)
+    assert version.version == (APPENDS_VERSION if path == APPENDS else PLAIN_VERSION)
+    scan = _scan_clean(path)
     assert [f.flags for f in scan.frames] == [0, FLAG_APPENDS, FLAG_APPENDS]
     parent_hash, count, length = bytes(32), 0, 0
     for f, items in zip(scan.frames, mg.APPEND_STATES, strict=True):
@@ -316,11 +325,19 @@ def test_golden_appends_segment_decodes() -> None:
         decode_delta(decode_commit(scan.frames[1].payload).delta, 0)  # form 1 refuses them
 
 
+def test_golden_control_v2(tmp_path: Path) -> None:
+    shutil.copy(CONTROL2, tmp_path / CONTROL_FILE)
+    ctl = read_control(OsFileSystem(), str(tmp_path))
+    assert ctl is not None and (ctl.store_id, ctl.format, ctl.created_at) == (
+        mg.STORE_ID, APPENDS_VERSION, mg.CREATED_AT)
+    assert mg.control_image(APPENDS_VERSION) == CONTROL2.read_bytes()
+
+
 def test_golden_appends_segment_opens_as_a_store(tmp_path: Path) -> None:
     import agentwal
 
     (tmp_path / "wal").mkdir()
-    shutil.copy(CONTROL, tmp_path / CONTROL_FILE)
+    shutil.copy(CONTROL2, tmp_path / CONTROL_FILE)
     shutil.copy(APPENDS, tmp_path / "wal" / segment_name(1))
     with agentwal.open(str(tmp_path), durability="none") as store:
         everything = [m for items in mg.APPEND_STATES for m in items]
@@ -334,3 +351,34 @@ def test_golden_appends_segment_opens_as_a_store(tmp_path: Path) -> None:
 
 def test_regenerated_appends_segment_is_identical() -> None:
     assert mg.appends_image() == APPENDS.read_bytes()
+    assert mg.appends_image(PLAIN_VERSION) == LEGACY_APPENDS.read_bytes()
+
+
+def test_writer_reproduces_golden_appends_segment(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # A store already at version 2 writes form-2 records into the segment it has.
+    monkeypatch.setattr("agentwal.local.wal.writer.secrets.randbits", lambda _bits: mg.SALT)
+    w = Writer(OsFileSystem(), str(tmp_path), mg.STORE_ID, mg.SEGMENT_SIZE,
+               version=APPENDS_VERSION)
+    w.start(1)
+    for lsn, (flags, payload, _h) in enumerate(mg.append_commits(), start=1):
+        w.append([PendingRecord(lsn, REC_COMMIT, flags, payload)])
+        w.sync()
+    w.close()
+    assert (tmp_path / segment_name(1)).read_bytes() == APPENDS.read_bytes()
+
+
+def test_session5_appends_log_is_read_and_raised_to_version_2(tmp_path: Path) -> None:
+    # A store session 5 wrote (CONTROL 1, form-2 records in a version-1 segment) opens;
+    # a writer raises its CONTROL to 2 so a reader of version 1 refuses it from then on.
+    import agentwal
+
+    (tmp_path / "wal").mkdir()
+    shutil.copy(CONTROL, tmp_path / CONTROL_FILE)
+    shutil.copy(LEGACY_APPENDS, tmp_path / "wal" / segment_name(1))
+    everything = [m for items in mg.APPEND_STATES for m in items]
+    with agentwal.open(str(tmp_path), durability="none") as store:
+        assert store.get("chat", "messages") == everything
+        ctl = read_control(OsFileSystem(), str(tmp_path))
+        assert ctl is not None and ctl.format == APPENDS_VERSION
+        assert store.verify().ok

@@ -336,3 +336,16 @@ def test_a_growing_list_costs_its_tail_not_its_size(sizes: list[int]) -> None:
     # each item at most twice (once inline, once merged into a leaf by a re-base),
     # plus nodes and re-base listings
     assert mini.objs.stored_bytes() <= 2 * appended + 200 * len(sizes) + 4096
+
+
+_STATES = st.dictionaries(st.sampled_from("abcdef"), st.binary(max_size=3), max_size=6)
+
+
+@given(_STATES, _STATES)
+@settings(max_examples=200, deadline=None)
+def test_rollback_delta_turns_one_state_into_the_other(current: dict[str, bytes],
+                                                       target: dict[str, bytes]) -> None:
+    delta = history.rollback_delta(current, target)
+    after = {**current, **delta}
+    assert {k: v for k, v in after.items() if v is not None} == target
+    assert all(current.get(k) != v for k, v in delta.items())  # only what changes

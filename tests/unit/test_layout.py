@@ -29,7 +29,7 @@ RANK = {
     "local.logmark": 3, "local.opening": 3, "local.background": 3, "local.healthfile": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
-    "txn": 5, "ledger": 5, "local.commit": 5,
+    "txn": 5, "txn_effects": 5, "ledger": 5, "local.commit": 5,
     "local.recovery": 6, "local.apply": 6, "local.verify": 6, "local.backup": 6,
     "store": 7, "store_steps": 7, "store_history": 7, "store_blobs": 7, "store_effects": 7,
     "postgres": 7, "transfer": 7,
@@ -44,8 +44,8 @@ RANK = {
 #: Old import paths kept as re-exports of their new place (nothing in the package uses them).
 SHIMS = {"snapshot"}
 #: The neutral layers: they reach the engine only through agentwal.backend.
-NEUTRAL = ("txn", "ledger", "store", "store_steps", "store_history", "store_blobs",
-           "store_effects")
+NEUTRAL = ("txn", "txn_effects", "ledger", "store", "store_steps", "store_history",
+           "store_blobs", "store_effects")
 
 
 def _dotted(path: Path) -> str:
@@ -175,6 +175,27 @@ def test_the_docs_show_this_table() -> None:
             for name in re.findall(r"`([^`]+)`", cells[1]):
                 shown[name.removesuffix(".py").replace("/", ".")] = int(cells[0])
     assert shown == RANK
+
+
+#: Tests outside these reach the engine only through ``agentwal.testing``'s hooks: the
+#: engine's own unit tests (and the hooks themselves, in the package) may reach inside.
+ENGINE_TESTS = ("unit",)
+_ENGINE_REACH = re.compile(r"""\._engine\b|["']_engine["']""")
+_PRIVATE_IMPORT = re.compile(r"from agentwal\.local[\w.]* import [^\n]*\b_[a-z]\w*")
+
+
+def test_tests_reach_the_engine_only_through_the_testing_hooks() -> None:
+    """No test module outside the engine's own unit tests names ``store._engine`` (in code
+    or in a child process's script) or imports a private name from ``agentwal.local``."""
+    tests = PKG.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.relative_to(tests).parts[0] in ENGINE_TESTS:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _ENGINE_REACH.search(line) or _PRIVATE_IMPORT.search(line):
+                found.append(f"{path.relative_to(tests)}:{n}: {line.strip()}")
+    assert not found, "use agentwal.testing's hooks instead:\n" + "\n".join(found)
 
 
 def test_only_the_snapshot_env_imports_lmdb() -> None:

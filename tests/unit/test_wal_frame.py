@@ -15,10 +15,12 @@ import zlib
 import pytest
 
 from agentwal.format import (
+    APPENDS_VERSION,
     FLAG_APPENDS,
     FLAG_ZSTD,
     FORMAT_VERSION,
     MAX_RECORD_PAYLOAD,
+    PLAIN_VERSION,
     REC_COMMIT,
     REC_DELETE_RUN,
     REC_EFFECT,
@@ -45,7 +47,7 @@ SALT = 0x5A17C0DE
 HEADER = SegmentHeader(STORE, 3, 41, SALT)
 
 
-def _raw_header(*, magic: bytes = SEGMENT_MAGIC, version: int = FORMAT_VERSION, flags: int = 0,
+def _raw_header(*, magic: bytes = SEGMENT_MAGIC, version: int = PLAIN_VERSION, flags: int = 0,
                 size: int = SEGMENT_HEADER_SIZE, reserved: bytes = bytes(8)) -> bytes:
     """A segment header with any field value and a correct CRC."""
     body = SEGMENT_HEADER.pack(magic, version, flags, size, STORE.bytes, 3, 41, SALT, reserved)
@@ -90,7 +92,7 @@ def test_header_round_trip() -> None:
 def test_header_layout_matches_byte_table() -> None:
     data = encode_header(HEADER)
     assert data[0:8] == b"AWALSEG\x00"
-    assert struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION
+    assert struct.unpack_from("<H", data, 8)[0] == PLAIN_VERSION
     assert struct.unpack_from("<H", data, 10)[0] == 0
     assert struct.unpack_from("<I", data, 12)[0] == SEGMENT_HEADER_SIZE
     assert data[16:32] == STORE.bytes
@@ -139,7 +141,14 @@ def test_header_flipped_byte_fails_crc(offset: int) -> None:
 def test_header_wrong_version(version: int) -> None:
     why = parse_header(_raw_header(version=version))
     assert isinstance(why, str)
-    assert f"format version {version}" in why
+    assert f"format version {version}, this agentwal reads versions 1 to 2" in why
+
+
+@pytest.mark.parametrize("version", [PLAIN_VERSION, APPENDS_VERSION])
+def test_header_of_each_readable_version(version: int) -> None:
+    h = SegmentHeader(STORE, 3, 41, SALT, version)
+    assert parse_header(encode_header(h)) == h
+    assert encode_header(h) == _raw_header(version=version)
 
 
 def test_header_wrong_header_size() -> None:

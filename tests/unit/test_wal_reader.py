@@ -33,6 +33,8 @@ from agentwal.codec import (
 )
 from agentwal.errors import CorruptionError, Error
 from agentwal.format import (
+    APPENDS_VERSION,
+    FLAG_APPENDS,
     FLAG_ZSTD,
     REC_COMMIT,
     RECORD_HEADER_SIZE,
@@ -378,6 +380,27 @@ def test_flip_in_each_field_of_synced_middle_record_is_corrupt(wal: Path, field:
     with pytest.raises(CorruptionError) as ei:
         plan(wal)
     assert (ei.value.path, ei.value.offset) == (str(path), frames[1].offset)
+
+
+@pytest.mark.parametrize("flags", [FLAG_APPENDS, FLAG_ZSTD | FLAG_APPENDS])
+def test_a_form2_frame_after_a_damaged_record_proves_it_durable(wal: Path, flags: int) -> None:
+    # The frame that proves the damaged record was synced may be a form-2 commit:
+    # the search for later frames must find it, or the damage would pass for a
+    # torn tail and recovery would zero two acknowledged records.
+    wal.mkdir()
+    w = Writer(FS, str(wal), STORE, SEG_BYTES, version=APPENDS_VERSION)
+    w.start(1)
+    for lsn in (1, 2, 3):
+        r = rec(lsn)
+        w.append([PendingRecord(lsn, r.type, flags if lsn == 3 else r.flags, r.payload)])
+        w.sync()
+    w.close()
+    path = only_segment(wal)
+    flip(path, frames_of(path)[1].offset + RECORD_HEADER_SIZE + 5)
+    s = scan(path)
+    assert s.state == "corrupt" and [f.lsn for f in s.later] == [3]
+    with pytest.raises(CorruptionError):
+        plan(wal)
 
 
 def test_flipped_last_payload_byte_of_middle_record_is_corrupt(wal: Path) -> None:

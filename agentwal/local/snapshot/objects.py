@@ -19,7 +19,7 @@ from ...codec import CodecError
 from .layout import U16, U64, object_entries, object_record, object_split, seal
 
 if TYPE_CHECKING:
-    from .reader import SnapshotReader
+    from .base import ReaderBase
 
 __all__ = ["CountingObjects", "TxnObjects", "maybe_list"]
 
@@ -32,7 +32,7 @@ def maybe_list(value: bytes | None) -> bool:
 class TxnObjects:
     """``history.Objects`` over an LMDB transaction (writes need a write transaction)."""
 
-    def __init__(self, reader: SnapshotReader) -> None:
+    def __init__(self, reader: ReaderBase) -> None:
         self._reader = reader
         self._txn = reader._txn
         self._next: int | None = None
@@ -119,7 +119,7 @@ class TxnObjects:
 class CountingObjects(TxnObjects):
     """``TxnObjects`` that adds what each deleted object freed to a compaction's tally."""
 
-    def __init__(self, reader: SnapshotReader, tally: retention.Tally) -> None:
+    def __init__(self, reader: ReaderBase, tally: retention.Tally) -> None:
         super().__init__(reader)
         self._tally = tally
 

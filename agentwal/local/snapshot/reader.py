@@ -5,17 +5,17 @@ Theory of operation: a :class:`SnapshotReader` holds one LMDB transaction
 transaction of a fold or a compaction, whose writers extend it) and the
 database handles; every method reads as of that transaction. Each value is
 unsealed (its CRC-32 over key and bytes checked) before it is decoded, and
-an LMDB failure while reading is damage to the file (:func:`env.translate`
-with ``reading=True``): a damaged entry is reported as ``CorruptionError``,
-never read. History (``state_at``, list values) is ``history.py`` logic over
-:class:`~.objects.TxnObjects`. The reader writes nothing and owns no
-lifetime: whoever began the transaction ends it.
+an LMDB failure while reading is damage to the file: a damaged entry is
+reported as ``CorruptionError``, never read (``base.py``). This module has
+the meta, run, state, checkpoint and scan reads and the hot one-value read;
+the history reads are in ``history_reads.py`` and the ledger reads in
+``ledger_reads.py``, both built on the same :class:`~.base.ReaderBase`. The
+reader writes nothing and owns no lifetime: whoever began the transaction
+ends it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import struct
 import threading
 import uuid
@@ -25,31 +25,23 @@ from typing import Any
 
 from ... import history
 from ...codec import CodecError, decode_meta, loads
-from ...effects import STATUSES, EffectRecord, decode_entry
 from ...errors import CorruptionError
 from ...history import HEAD_REF
 from ...types import Checkpoint
-from .env import Error, translate
+from .env import Error
+from .history_reads import HistoryReads
 from .layout import (
     CRC,
-    DATA,
     DB_NAMES,
-    EFFECTS_INDEX,
     EPOCH,
-    HISTORY_INDEX,
     OBJECT_SPLIT,
-    U16,
     U64,
     CheckpointRecord,
     Dbs,
     RunInfo,
-    crc,
     object_record,
-    pos_key,
-    run_index_prefix,
-    status_index_prefix,
-    version_key,
 )
+from .ledger_reads import LedgerReads
 from .objects import TxnObjects
 
 __all__ = ["HeadLists", "RawEntries", "SnapshotReader", "read_value"]
@@ -144,39 +136,8 @@ class HeadLists:
         self._bytes = 0
 
 
-class SnapshotReader:
+class SnapshotReader(HistoryReads, LedgerReads):
     """The snapshot as of one LMDB transaction (``txn``), read through checked accessors."""
-
-    def __init__(self, directory: str, dbs: Dbs, txn: Any,
-                 lists: HeadLists | None = None) -> None:
-        self.directory = directory
-        self._lists = lists
-        self._txn = txn
-        self._dbs = dbs
-        (self._meta, self._runs, self._state, self._ckpt, self._effects, self._delta,
-         self._manifest, self._objects, self._refs, self._oids, self._versions) = dbs
-        self._indexed: bool | None = None  # the history index marker, once read
-
-    # -- sealed values ----------------------------------------------------------------
-
-    def _corrupt(self, what: str) -> CorruptionError:
-        return CorruptionError(os.path.join(self.directory, DATA), None, what)
-
-    def _open(self, key: bytes, raw: bytes | None, what: str) -> bytes | None:
-        if raw is None:
-            return None
-        if len(raw) < 4 or CRC.unpack_from(raw)[0] != crc(key, raw[4:]):
-            raise self._corrupt(f"checksum mismatch in {what}")
-        return bytes(raw[4:])
-
-    def _load(self, key: bytes, raw: bytes | None, what: str) -> Any:
-        data = self._open(key, raw, what)
-        if data is None:
-            return None
-        try:
-            return loads(data)
-        except CodecError as exc:
-            raise self._corrupt(f"{what}: {exc}") from None
 
     # -- meta, runs, state and checkpoints ----------------------------------------------
 
@@ -202,14 +163,6 @@ class SnapshotReader:
         if len(raw) != 16:
             raise self._corrupt("the log position in the snapshot is damaged")
         return U64.unpack_from(raw, 0)[0], U64.unpack_from(raw, 8)[0]
-
-    @contextlib.contextmanager
-    def _reading(self, what: str) -> Iterator[None]:
-        """Turn LMDB failures while reading into agentwal errors."""
-        try:
-            yield
-        except Error as exc:
-            raise translate(exc, self.directory, f"cannot read {what}", reading=True) from None
 
     def epoch(self, run: str) -> int:
         """LSN of the last deletion of run id ``run`` folded into LMDB (0: none)."""
@@ -351,89 +304,7 @@ class SnapshotReader:
         return Checkpoint(run, rec.id, rec.parent, rec.lsn, rec.created_at, meta, rec.hash.hex(),
                           rec.origin)
 
-    # -- the effects ledger -----------------------------------------------------------
-
-    def _entry(self, k: bytes, v: Any) -> EffectRecord:
-        data = self._open(k, v, "an effects-ledger entry")
-        assert data is not None
-        try:
-            return decode_entry(data)
-        except CodecError as exc:
-            raise self._corrupt(f"effects-ledger entry {k[1:]!r}: {exc}") from None
-
-    def effect(self, key: str) -> EffectRecord | None:
-        """The folded ledger entry with idempotency key ``key``, or None."""
-        k = b"k" + key.encode()
-        with self._reading("the effects ledger"):
-            v = self._txn.get(k, db=self._effects)
-            return None if v is None else self._entry(k, v)
-
-    def effect_key_at(self, run: str, checkpoint: int, ordinal: int) -> str | None:
-        """The key of the ``self._txn.effect`` entry at this position, or None."""
-        k = pos_key(run, checkpoint, ordinal)
-        with self._reading("the effects ledger"):
-            data = self._open(k, self._txn.get(k, db=self._effects), "an effect position")
-        return None if data is None else data.decode("utf-8", "replace")
-
-    def effects(self) -> Iterator[EffectRecord]:
-        """Every folded ledger entry, in key order."""
-        for k, v in self._effect_rows(b"k", "the effects ledger"):
-            yield self._entry(k, v)
-
-    def effects_indexed(self) -> bool:
-        """True if the ledger's run and status indexes are complete (format 2)."""
-        k = EFFECTS_INDEX
-        with self._reading("the effects index marker"):
-            data = self._open(k, self._txn.get(k, db=self._meta), "the effects index marker")
-        return data is not None
-
-    def effects_of(self, run: str | None, status: str | None) -> list[EffectRecord] | None:
-        """The folded entries of ``run`` and/or ``status`` through the indexes, in key order.
-
-        Each entry read is checked against the query (a digest collision in
-        an index key only costs its read). None if the store has no indexes
-        yet, or if neither filter is given: scan :meth:`effects` instead.
-        """
-        if (run is None and status is None) or not self.effects_indexed():
-            return None
-        if status is not None:
-            prefix = status_index_prefix(STATUSES.index(status), run)
-        else:
-            assert run is not None
-            prefix = run_index_prefix(run)
-        out = []
-        for k, v in self._effect_rows(prefix, "the effects index"):
-            data = self._open(k, v, "an effects index row")
-            assert data is not None
-            entry = self.effect(data.decode("utf-8", "replace"))
-            if entry is None:
-                raise self._corrupt(f"the effects index names {data!r}, which is missing")
-            if (run is None or entry.run == run) and (status is None or entry.status == status):
-                out.append(entry)
-        return out
-
-    def outbox(self) -> list[str]:
-        """Keys of folded outbox entries not yet settled, in commit order."""
-        out = []
-        for k, v in self._effect_rows(b"q", "the outbox"):
-            data = self._open(k, v, "an outbox entry")
-            assert data is not None
-            out.append(data.decode("utf-8", "replace"))
-        return out
-
-    def _effect_rows(self, kind: bytes, what: str) -> Iterator[tuple[bytes, Any]]:
-        """``(key, sealed value)`` of the ``effects`` rows of one kind (b"k", b"p", b"q"),
-        or of any key prefix."""
-        with self._reading(what), self._txn.cursor(db=self._effects) as cur:
-            found = cur.set_range(kind)
-            while found:
-                k = bytes(cur.key())
-                if not k.startswith(kind):
-                    break
-                yield k, cur.value()
-                found = cur.next()
-
-    # -- history ----------------------------------------------------------------------
+    # -- head values ------------------------------------------------------------------
 
     def _head_value(self, data: bytes, key: str) -> bytes:
         """A ``state`` entry's value bytes (a list stored by ref is rebuilt, or taken from
@@ -451,191 +322,6 @@ class SnapshotReader:
         if lists is not None and data[:1] == _HEAD_REF_BYTE:
             lists.put(tid, bytes(data), body)
         return body
-
-    def _history_record(self, db: Any, run: str, number: int, cid: int,
-                        manifest: bool) -> dict[str, history.Ref | None] | None:
-        k = U64.pack(number) + U64.pack(cid)
-        what = f"{'manifest' if manifest else 'delta'} of checkpoint {run!r}/{cid}"
-        data = self._open(k, self._txn.get(k, db=db), what)
-        if data is None:
-            return None
-        try:
-            return history.decode_refs(data, manifest=manifest)
-        except CodecError as exc:
-            raise self._corrupt(f"{what}: {exc}") from None
-
-    def _manifest_before(self, number: int, cid: int) -> int:
-        """Id of the run's nearest manifest at or before ``cid`` (0: none)."""
-        prefix = U64.pack(number)
-        with self._txn.cursor(db=self._manifest) as cur:
-            found = cur.prev() if cur.set_range(prefix + U64.pack(cid + 1)) else cur.last()
-            if not found:
-                return 0
-            k = bytes(cur.key())
-        if len(k) != 16 or not k.startswith(prefix):
-            return 0
-        return int(U64.unpack_from(k, 8)[0])
-
-    def history_indexed(self) -> bool:
-        """True if the ``versions`` index covers every delta (format 3)."""
-        if self._indexed is None:
-            k = HISTORY_INDEX
-            with self._reading("the history index marker"):
-                data = self._open(k, self._txn.get(k, db=self._meta), "the history index marker")
-            self._indexed = data is not None and self._versions is not None
-        return self._indexed
-
-    def _manifest_refs(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
-        found = self._history_record(self._manifest, run, number, cid, True)
-        if found is None:
-            raise self._corrupt(f"manifest of checkpoint {run!r}/{cid} is missing")
-        return {k: v for k, v in found.items() if v is not None}
-
-    def _delta_refs(self, run: str, number: int, cid: int) -> dict[str, history.Ref | None]:
-        delta = self._history_record(self._delta, run, number, cid, False)
-        if delta is None:
-            raise self._corrupt(f"delta of checkpoint {run!r}/{cid} is missing")
-        return delta
-
-    def _refs_at(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
-        """``{key: ref}`` of a run's state at folded checkpoint ``cid`` (0: empty).
-
-        The nearest manifest at or before ``cid``, then, for each key whose
-        latest version at or before ``cid`` is newer than it, that version's
-        ref from its delta. A store without the index (format 2) is read
-        through its regular manifests instead.
-        """
-        if not self.history_indexed():
-            return self._refs_at_manifests(run, number, cid)
-        if not cid:
-            return {}
-        base = self._base_of(run, number, cid)
-        refs = self._manifest_refs(run, number, base) if base else {}
-        deltas: dict[int, dict[str, history.Ref | None]] = {}
-        for key, vid in self._latest_versions(number, cid, base):
-            delta = deltas.get(vid)
-            if delta is None:
-                delta = deltas[vid] = self._delta_refs(run, number, vid)
-            if key not in delta:
-                raise self._corrupt(f"the versions of {run!r} name key {key!r} at checkpoint "
-                                    f"{vid}, whose delta does not hold it")
-            ref = delta[key]
-            if ref is None:
-                refs.pop(key, None)
-            else:
-                refs[key] = ref
-        return refs
-
-    def _base_of(self, run: str, number: int, cid: int) -> int:
-        """The manifest a read at ``cid`` starts from (0: none): the nearest at or before it,
-        which may not be older than the start of ``cid``'s kept block."""
-        base = self._manifest_before(number, cid)
-        start = self._version_of(number, b"", cid)  # the block start marker at or before cid
-        if start is not None and start > base:
-            raise self._corrupt(f"manifest of checkpoint {run!r}/{start} is missing")
-        return base
-
-    def _latest_versions(self, number: int, cid: int, after: int) -> Iterator[tuple[str, int]]:
-        """``(key, id)`` of each key of run ``number`` whose latest version at or before
-        ``cid`` is after ``after`` (a seek per key, so a key's older versions cost nothing)."""
-        prefix = U64.pack(number)
-        upper = U64.pack(cid + 1)
-        with self._txn.cursor(db=self._versions) as cur:
-            found = cur.set_range(prefix)
-            while found:
-                k = bytes(cur.key())
-                if not k.startswith(prefix) or len(k) < 18:
-                    if k.startswith(prefix):
-                        raise self._corrupt(f"a versions entry of run #{number} is malformed")
-                    return
-                group = k[:10 + U16.unpack_from(k, 8)[0]]
-                if len(group) == 10:  # the block start markers: not a key
-                    found = cur.set_range(group + b"\xff" * 8)
-                    continue
-                # the key's first version after cid (or the next key's), then the one before
-                at = cur.prev() if cur.set_range(group + upper) else cur.last()
-                if at:
-                    k = bytes(cur.key())
-                    self._open(k, cur.value(), "a versions entry")
-                    if len(k) == len(group) + 8 and k.startswith(group):
-                        vid = int(U64.unpack_from(k, len(group))[0])
-                        if after < vid <= cid:
-                            yield group[10:].decode("utf-8", "replace"), vid
-                found = cur.set_range(group + b"\xff" * 8)
-
-    def _version_of(self, number: int, key: bytes, cid: int) -> int | None:
-        """Id of the latest version of ``key`` at or before ``cid`` (None: none)."""
-        group = version_key(number, key, 0)[:-8]
-        with self._txn.cursor(db=self._versions) as cur:
-            at = cur.prev() if cur.set_range(group + U64.pack(cid + 1)) else cur.last()
-            if not at:
-                return None
-            k = bytes(cur.key())
-            if len(k) != len(group) + 8 or not k.startswith(group):
-                return None
-            self._open(k, cur.value(), "a versions entry")
-            return int(U64.unpack_from(k, len(group))[0])
-
-    def _ref_of(self, run: str, number: int, cid: int, key: str) -> history.Ref | None:
-        """The ref of ``key`` in a run's state at folded checkpoint ``cid`` (None: absent)."""
-        if not self.history_indexed():
-            return self._refs_at_manifests(run, number, cid).get(key)
-        base = self._base_of(run, number, cid)
-        vid = self._version_of(number, key.encode(), cid)
-        if vid is not None and vid > base:
-            delta = self._delta_refs(run, number, vid)
-            if key not in delta:
-                raise self._corrupt(f"the versions of {run!r} name key {key!r} at checkpoint "
-                                    f"{vid}, whose delta does not hold it")
-            return delta[key]
-        return self._manifest_refs(run, number, base).get(key) if base else None
-
-    def _refs_at_manifests(self, run: str, number: int, cid: int) -> dict[str, history.Ref]:
-        """:meth:`_refs_at` of a store without the versions index (format 2): the regular
-        manifest at or before ``cid`` plus at most ``MANIFEST_EVERY - 1`` deltas."""
-        base = self._manifest_before(number, cid) if cid else 0
-        # The regular manifest is kept with its checkpoint, so a nearer one than
-        # it can only be a compaction's; a farther one means it is missing.
-        if history.manifest_base(cid) > base:
-            base = history.manifest_base(cid)
-        refs = self._manifest_refs(run, number, base) if base else {}
-        for i in range(base + 1, cid + 1):
-            history.apply_delta(refs, self._delta_refs(run, number, i))
-        return refs
-
-    def state_at(self, run: str, info: RunInfo, cid: int, key: str | None = None,
-                 damaged: dict[str, str] | None = None) -> dict[str, bytes]:
-        """``{key: value bytes}`` of a run at folded checkpoint ``cid`` (only ``key`` if given).
-
-        Rebuilt from the nearest manifest at or before ``cid`` and the latest
-        version of each key changed after it (:meth:`_refs_at`); one key costs
-        one seek and its delta. With ``damaged`` (salvage),
-        a value whose objects are missing or damaged is left out and named
-        there with the reason, instead of failing the whole state.
-
-        Raises:
-            CorruptionError: a record or object is missing or damaged (with
-                ``damaged``: the manifest or a delta, so no key is known).
-        """
-        with self._reading(f"the state of {run!r} at {cid}"):
-            if key is not None:
-                ref = self._ref_of(run, info.number, cid, key)
-                refs = {} if ref is None else {key: ref}
-            else:
-                refs = self._refs_at(run, info.number, cid)
-            objs = TxnObjects(self)
-            if damaged is not None:
-                out = {}
-                for k, r in refs.items():
-                    try:
-                        out[k] = history.resolve(objs, r)
-                    except (CodecError, CorruptionError) as exc:
-                        damaged[k] = str(exc)
-                return out
-            try:
-                return {k: history.resolve(objs, r) for k, r in refs.items()}
-            except CodecError as exc:
-                raise self._corrupt(f"state of {run!r} at {cid}: {exc}") from None
 
     # -- scans --------------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from ...format import (
     FLAG_APPENDS,
-    FORMAT_VERSION,
     KNOWN_FLAGS,
     MAX_RECORD_PAYLOAD,
+    PLAIN_VERSION,
+    READ_VERSIONS,
     REC_COMMIT,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
@@ -39,7 +40,8 @@ class SegmentHeader:
     number: int
     first_lsn: int
     salt: int
-    version: int = FORMAT_VERSION
+    #: 1, or 2 when the segment may hold form-2 commit records (``format.APPENDS_VERSION``)
+    version: int = PLAIN_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +80,9 @@ def parse_header(data: bytes) -> SegmentHeader | str:
         return "bad segment magic"
     if zlib.crc32(body) != crc:
         return "segment header checksum mismatch"
-    if version != FORMAT_VERSION:
-        return f"segment format version {version}, this agentwal reads {FORMAT_VERSION}"
+    if version not in READ_VERSIONS:
+        return (f"segment format version {version}, this agentwal reads versions "
+                f"{min(READ_VERSIONS)} to {max(READ_VERSIONS)}")
     if size != SEGMENT_HEADER_SIZE:
         return f"segment header size {size}, expected {SEGMENT_HEADER_SIZE}"
     if flags or any(res):

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from ...format import (
-    FLAG_ZSTD,
+    KNOWN_FLAGS,
     RECORD_TYPES,
     SEGMENT_HEADER_SIZE,
     parse_segment_name,
@@ -37,12 +37,12 @@ from .frame import Frame, SegmentHeader, parse_header, try_frame
 
 __all__ = ["Scan", "SegmentFile", "list_segments", "scan_segment"]
 
-# Bytes 24..27 of a plausible frame header: type, flags, two zero bytes.
+# Bytes 24..27 of a plausible frame header: type, any known flags, two zero bytes.
 _CANDIDATE = re.compile(
     b"(?=["
     + b"".join(re.escape(bytes([t])) for t in sorted(RECORD_TYPES))
-    + b"][\x00"
-    + re.escape(bytes([FLAG_ZSTD]))
+    + b"]["
+    + b"".join(re.escape(bytes([f])) for f in range(KNOWN_FLAGS + 1))
     + b"]\x00\x00)"
 )
 

@@ -20,6 +20,14 @@ Crash windows:
 - dying between a fold and :meth:`remove_through` leaves old segments whose
   records recovery skips because LMDB's ``applied_lsn`` covers them.
 
+Format versions: a segment's header carries the store's version (1 until the
+store logs its first form-2 record, ``format.APPENDS_VERSION`` after). A
+form-2 record only ever goes into a version-2 segment: the first batch that
+holds one while the current segment is version 1 first raises the store's
+version (``upgrade``: CONTROL rewritten atomically) and then starts a new
+segment for itself, so an agentwal that reads only version 1 refuses the
+store rather than reading that frame as the end of its log.
+
 Errors: ``ENOSPC`` (or ``EDQUOT``, ``EFBIG``: no room for the write) becomes
 :class:`DiskFullError` after the bytes of the
 failed write are zeroed again, so a later write cannot leave a stale valid
@@ -34,11 +42,15 @@ import os
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ... import failpoints
 from ...errors import DiskFullError, DurabilityError, StoreClosedError
 from ...format import (
+    APPENDS_VERSION,
+    FLAG_APPENDS,
+    PLAIN_VERSION,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     TMP_SUFFIX,
@@ -82,7 +94,9 @@ class Writer:
     """Owns the tail of the log: the current segment and where the next frame goes."""
 
     def __init__(self, fs: FileSystem, wal_dir: str, store_id: uuid.UUID,
-                 segment_bytes: int, first_bytes: int | None = None) -> None:
+                 segment_bytes: int, first_bytes: int | None = None, *,
+                 version: int = PLAIN_VERSION,
+                 upgrade: Callable[[int], None] | None = None) -> None:
         self.fs = fs
         self.wal_dir = wal_dir
         self.store_id = store_id
@@ -95,6 +109,11 @@ class Writer:
         self.synced_lsn = 0  # highest LSN known durable
         self.written_lsn = 0  # highest LSN handed to the OS
         self.bytes_written = 0
+        #: the store's format version: what new segment headers say
+        self.version = version
+        #: makes the store's version durable (CONTROL) before a segment says it
+        self._upgrade = upgrade
+        self._seg_version = version  # of the current segment
         #: (first LSN of the segment, offset) just past the last frame written
         self.position: tuple[int, int] | None = None
         self._fd: int | None = None
@@ -111,9 +130,13 @@ class Writer:
     # -- opening ---------------------------------------------------------------
 
     def resume(self, seg: Segment, salt: int, offset: int, last_lsn: int,
-               earlier: list[Segment]) -> None:
-        """Continue after recovery in ``seg`` at ``offset``; ``last_lsn`` is durable."""
+               earlier: list[Segment], version: int = PLAIN_VERSION) -> None:
+        """Continue after recovery in ``seg`` at ``offset``; ``last_lsn`` is durable.
+
+        ``version``: the one ``seg``'s header says.
+        """
         self.segments = [*earlier, seg]
+        self._seg_version = version
         self._fd = self.fs.open(seg.path, create=False)
         self._salt = salt
         self._offset = offset
@@ -146,7 +169,11 @@ class Writer:
         if not records:
             return
         total = sum(RECORD_HEADER_SIZE + len(r.payload) for r in records)
-        if self._fd is None or self._offset + total > self.segments[-1].size:
+        appends = self._seg_version < APPENDS_VERSION and any(
+            r.flags & FLAG_APPENDS for r in records)
+        if appends and self.version < APPENDS_VERSION:
+            self._raise_version()
+        if appends or self._fd is None or self._offset + total > self.segments[-1].size:
             number = self.segments[-1].number + 1 if self.segments else 0
             self._rotate(records[0].lsn, number, SEGMENT_HEADER_SIZE + total)
         synced = self.synced_lsn
@@ -154,6 +181,19 @@ class Writer:
                              for r in records))
         self.written_lsn = records[-1].lsn
         self.position = (self.segments[-1].first_lsn, self._offset)
+
+    def _raise_version(self) -> None:
+        """Make the store's version ``APPENDS_VERSION`` (durable) before any segment says so."""
+        path = os.path.dirname(self.wal_dir)
+        if self._upgrade is not None:
+            try:
+                self._upgrade(APPENDS_VERSION)
+            except OSError as exc:
+                if exc.errno in DISK_FULL_ERRNOS:
+                    raise DiskFullError(path) from None
+                raise self._poison(path, "cannot raise the store's format version: "
+                                   f"{exc.strerror or exc}") from None
+        self.version = APPENDS_VERSION
 
     def _write(self, blob: bytes) -> None:
         assert self._fd is not None
@@ -228,7 +268,8 @@ class Writer:
         size = max(min(self.segment_bytes, max(self.first_bytes, 2 * prev)), need)
         path = os.path.join(self.wal_dir, segment_name(first_lsn))
         tmp = path + TMP_SUFFIX
-        header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32))
+        header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32),
+                               self.version)
         failpoints.hit("before_segment_create")
         fd: int | None = None
         try:
@@ -255,6 +296,7 @@ class Writer:
         failpoints.hit("after_segment_create")
         self._fd = fd
         self._salt = header.salt
+        self._seg_version = header.version
         self._offset = SEGMENT_HEADER_SIZE
         self.segments.append(Segment(number, first_lsn, path, size))
         self.write_mark()
