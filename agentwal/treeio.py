@@ -540,6 +540,7 @@ class TreeStore:
         self.readonly = readonly
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
+        self._subdirs: dict[str, list[Entry]] = {}  # the directory entries of each of them
         self._objects_lock = threading.Lock()
         self._set_memo = _SetMemo()  # decoded stat-cache record sets, by file
 
@@ -686,8 +687,10 @@ class TreeStore:
             if sha in dirs:
                 continue
             dirs[sha] = entries = self._dir(sha, size, where)
-            todo.extend((e.sha256, e.size, join(where, e.name)) for e in entries
-                        if e.kind == TREE_DIR)
+            subs = self._subdirs.get(sha)
+            if subs is None:
+                subs = [e for e in entries if e.kind == TREE_DIR]
+            todo.extend((e.sha256, e.size, join(where, e.name)) for e in subs)
         return root, dirs
 
     def _root(self, ref: BlobRef) -> Root:
@@ -711,10 +714,14 @@ class TreeStore:
 
     def remember(self, sha: str, entries: list[Entry]) -> None:
         """Keep a directory object's entries (read and checked, or just encoded)."""
+        subs = [e for e in entries if e.kind == TREE_DIR]
         with self._objects_lock:
             if len(self._objects) >= _OBJECT_CACHE:
-                self._objects.pop(next(iter(self._objects)))  # the oldest
+                oldest = next(iter(self._objects))
+                del self._objects[oldest]
+                self._subdirs.pop(oldest, None)
             self._objects[sha] = entries
+            self._subdirs[sha] = subs
 
     def _path(self, sha: str) -> str:
         return os.path.join(self.blobs.root, sha[:2], sha[2:])
@@ -864,7 +871,7 @@ class TreeStore:
         except OSError as exc:
             raise _restore_error(exc, top) from None
         try:
-            restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
+            restorer.directory(fd, "", root.sha256, root.size, IgnoreRules.of(root.exclude))
             restorer.flush()
             restorer.close_dirs()
         finally:
@@ -1392,6 +1399,7 @@ class _Closing:
 
     key: bytes
     sha: str
+    size: int  # of its directory object
     sigs: list[bytes] = field(default_factory=list)
     newest: int = 0
     broken: bool = False  # an entry's final stat is unknown: no record
@@ -1421,9 +1429,6 @@ class _Restorer:
         self._store_rel = None if inside == os.pardir or inside.startswith(
             os.pardir + os.sep) else inside.replace(os.sep, "/")
         self._counted: dict[str, tuple[int, int]] = {}
-        self._sizes = {root.sha256: root.size}
-        for entries in dirs.values():
-            self._sizes.update((e.sha256, e.size) for e in entries if e.kind == TREE_DIR)
 
     def flush(self) -> None:
         """Write the queued files (in a thread pool), then fsync their directories."""
@@ -1457,7 +1462,7 @@ class _Restorer:
                 continue
             files, nbytes = self._count(c.sha)
             self.cache.close_dir(c.key, _digest(c.sigs), self.began, c.newest, c.sha,
-                                 self._size(c.sha), files, nbytes)
+                                 c.size, files, nbytes)
 
     def _count(self, sha: str) -> tuple[int, int]:
         """Files (and links) and bytes at or below directory object ``sha``."""
@@ -1473,16 +1478,13 @@ class _Restorer:
             got = self._counted[sha] = (files, nbytes)
         return got
 
-    def _size(self, sha: str) -> int:
-        return self._sizes[sha]
-
     def _fsync_dir(self, fd: int, rel: str) -> None:
         try:
             os.fsync(fd)
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
 
-    def directory(self, fd: int, rel: str, sha: str, rules: IgnoreRules) -> None:
+    def directory(self, fd: int, rel: str, sha: str, size: int, rules: IgnoreRules) -> None:
         entries = self.dirs[sha]
         if self.gitignore:
             gi = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
@@ -1497,7 +1499,7 @@ class _Restorer:
             raise _restore_error(exc, self._abs(rel)) from None
         key = _key(rel)
         stats: dict[str, os.stat_result | None] = {}
-        old = self._recorded(fd, rel, key, present, rules, stats)
+        old = self._recorded(fd, rel, key, sha, present, rules, stats)
         if old is not None and old[0] == sha:
             # Exactly the directory the cache recorded, and already the tree's: only
             # the subdirectories are left to look at.
@@ -1511,7 +1513,7 @@ class _Restorer:
                 self._dir(fd, name, join(rel, name), e, stats.get(name), rules)
             return
         known = {} if old is None else old[1]
-        closing = _Closing(key, sha)
+        closing = _Closing(key, sha, size)
         self.closing.append(closing)
         changed = False
         wanted = {os.fsdecode(e.name) for e in entries}
@@ -1539,11 +1541,14 @@ class _Restorer:
                 changed |= self._dir(fd, name, crel, e, st, rules)
             elif e.kind == TREE_LINK:
                 closing.sigs.append(_link_sig(e.name, e.target))
-                if known.get(e.name) == e:
+                k = known.get(e.name)
+                if k is not None and k.kind == TREE_LINK and k.target == e.target:
                     self.counts.unchanged += 1
                 else:
                     changed |= self._link(fd, name, crel, e, st)
-            elif known.get(e.name) == e and st is not None:  # on disk as recorded
+            elif ((k := known.get(e.name)) is not None and k.sha256 == e.sha256
+                  and k.kind == TREE_FILE and k.perm == e.perm and k.size == e.size
+                  and st is not None):  # on disk as recorded (Entry ==, field by field)
                 self.cache.carry_file(key, e.name)
                 closing.add(e.name, st)
                 self.counts.unchanged += 1
@@ -1573,12 +1578,14 @@ class _Restorer:
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
 
-    def _recorded(self, fd: int, rel: str, key: bytes, present: dict[str, os.DirEntry[str]],
-                  rules: IgnoreRules, stats: dict[str, os.stat_result | None]
+    def _recorded(self, fd: int, rel: str, key: bytes, sha: str,
+                  present: dict[str, os.DirEntry[str]], rules: IgnoreRules,
+                  stats: dict[str, os.stat_result | None]
                   ) -> tuple[str, dict[bytes, Entry]] | None:
         """``(object hash, {name: entry})`` of the directory object the cache says the
         directory holds now (its entries' signatures hash to a trusted record's
-        digest), or None. Fills ``stats`` with the entries' lstat results."""
+        digest), or None; the entries only if that is not ``sha``, the tree's own.
+        Fills ``stats`` with the entries' lstat results."""
         rec = self.cache.get(key)
         if rec is None or rec[1] - rec[2] < RACY_NS:
             return None
@@ -1607,11 +1614,14 @@ class _Restorer:
                     return None
         if self.cache.matches(key, _digest(sigs)) is None:
             return None
+        held = rec[3].hex()
+        if held == sha:
+            return held, {}
         try:
-            entries = self.trees._dir(rec[3].hex(), rec[4], rel)
+            entries = self.trees._dir(held, rec[4], rel)
         except (CorruptionError, UnsafeTreeError):
             return None
-        return rec[3].hex(), {e.name: e for e in entries}
+        return held, {e.name: e for e in entries}
 
     def _abs(self, rel: str) -> str:
         return os.path.join(self.top, rel) if rel else self.top
@@ -1636,7 +1646,7 @@ class _Restorer:
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
         try:
-            self.directory(sub, rel, e.sha256, rules)
+            self.directory(sub, rel, e.sha256, e.size, rules)
         finally:
             os.close(sub)
         return changed
