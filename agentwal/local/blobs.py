@@ -235,21 +235,7 @@ class BlobStore:
         with self._lock:
             self._writing.add(tmp)  # before the file exists: a sweep leaves it alone
         try:
-            try:
-                fd = fs.open(tmp, create=True)
-            except OSError as exc:
-                raise self._fs_error(exc, tmp, "cannot create a blob file") from None
-            try:
-                sha, size = self._copy(chunks, fd, tmp)
-                failpoints.hit("blob_after_write")
-                try:
-                    fs.fsync(fd)
-                except OSError as exc:
-                    raise self._fs_error(exc, tmp, "cannot sync a blob file", sync=True) from None
-            finally:
-                with contextlib.suppress(OSError):
-                    fs.close(fd)
-            failpoints.hit("blob_after_fsync")
+            sha, size = self._write_temp(tmp, chunks)
             self._install(tmp, sha, size)
             return sha, size
         except BaseException:
@@ -260,12 +246,37 @@ class BlobStore:
             with self._lock:
                 self._writing.discard(tmp)
 
-    def _copy(self, chunks: Iterator[bytes], fd: int, tmp: str) -> tuple[str, int]:
-        """Write the source's pieces into ``fd``; returns its hex SHA-256 and size."""
+    def _write_temp(self, tmp: str, chunks: Iterable[bytes], sha: str | None = None
+                    ) -> tuple[str, int]:
+        """Steps 1-2: the temp file ``tmp`` made of ``chunks`` and fsynced; returns their
+        hex SHA-256 (``sha`` if given: not computed again) and size."""
+        fs = self.fs
+        try:
+            fd = fs.open(tmp, create=True)
+        except OSError as exc:
+            raise self._fs_error(exc, tmp, "cannot create a blob file") from None
+        try:
+            got, size = self._copy(chunks, fd, tmp, hashed=sha is None)
+            failpoints.hit("blob_after_write")
+            try:
+                fs.fsync(fd)
+            except OSError as exc:
+                raise self._fs_error(exc, tmp, "cannot sync a blob file", sync=True) from None
+        finally:
+            with contextlib.suppress(OSError):
+                fs.close(fd)
+        failpoints.hit("blob_after_fsync")
+        return got if sha is None else sha, size
+
+    def _copy(self, chunks: Iterable[bytes], fd: int, tmp: str, *, hashed: bool = True
+              ) -> tuple[str, int]:
+        """Write the source's pieces into ``fd``; returns its hex SHA-256 ("" if not
+        ``hashed``) and size."""
         h = hashlib.sha256()
         size = 0
         for chunk in chunks:
-            h.update(chunk)
+            if hashed:
+                h.update(chunk)
             try:
                 n = self.fs.pwrite(fd, size, chunk)  # whole, as a rule: no copy
                 if n < len(chunk):  # a short write: finish it
@@ -273,7 +284,7 @@ class BlobStore:
             except OSError as exc:
                 raise self._fs_error(exc, tmp, "cannot write a blob file") from None
             size += len(chunk)
-        return h.hexdigest(), size
+        return (h.hexdigest() if hashed else ""), size
 
     def _install(self, tmp: str, sha: str, size: int) -> None:
         """Name the synced temp file by its hash (or drop it for an equal file) and pin it."""
@@ -339,7 +350,8 @@ class BlobStore:
             self._writing.update(tmps)  # before the files exist: a sweep leaves them alone
         named: list[str] = []  # pinned, and counted in _unsynced until the fans are synced
         try:
-            for _ in map_(self._write_bytes, tmps, [data for _sha, data in items]):
+            for _ in map_(lambda tmp, item: self._write_temp(tmp, [item[1]], item[0]), tmps,
+                          items):
                 pass
             fans: set[str] = set()
             try:
@@ -363,30 +375,6 @@ class BlobStore:
         finally:
             with self._lock:
                 self._writing.difference_update(tmps)
-
-    def _write_bytes(self, tmp: str, data: bytes) -> None:
-        """Steps 1-2 for bytes in memory: the temp file ``tmp``, written and fsynced."""
-        fs = self.fs
-        try:
-            fd = fs.open(tmp, create=True)
-        except OSError as exc:
-            raise self._fs_error(exc, tmp, "cannot create a blob file") from None
-        try:
-            try:
-                n = fs.pwrite(fd, 0, data)  # whole, as a rule: no copy
-                if n < len(data):
-                    write_all(fs, fd, n, data[n:])
-            except OSError as exc:
-                raise self._fs_error(exc, tmp, "cannot write a blob file") from None
-            failpoints.hit("blob_after_write")
-            try:
-                fs.fsync(fd)
-            except OSError as exc:
-                raise self._fs_error(exc, tmp, "cannot sync a blob file", sync=True) from None
-        finally:
-            with contextlib.suppress(OSError):
-                fs.close(fd)
-        failpoints.hit("blob_after_fsync")
 
     def _synced(self, sha: str) -> None:
         with self._lock:
