@@ -29,8 +29,9 @@ whose content hashes differently on a second read, is read again, up to
 A cache entry (or record) is trusted only when its mtime (its newest
 file's) was :data:`RACY_NS` older than the moment it was recorded (git's
 "racy clean" rule), so a write in the same clock tick as a snapshot is
-never missed. Directory objects and the root object are stored with
-``put_bytes`` (nothing is written for one already present). Everything
+never missed. Directory objects, the root object and the small files read
+are stored together with ``put_many`` (nothing is written for one already
+present; the fsyncs of all of them overlap). Everything
 the tree holds is pinned for the transaction, except what the key's
 current tree (as the transaction sees it) already reaches: that stays
 referenced by the run's state, and a commit that replaced it would make
@@ -73,6 +74,7 @@ It must not decide what is committed, nor touch LMDB or the WAL.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
@@ -83,10 +85,10 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import cbor2
 
@@ -147,6 +149,8 @@ _CACHE_MAGIC = "awstat"
 _CACHE_VERSION = 3
 #: Record sets (trees) a stat cache file keeps, newest first.
 _CACHE_SETS = 4
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
     os, "O_NOCTTY", 0)
@@ -217,9 +221,10 @@ class StatCache:
     """
 
     def __init__(self, path: str | None, top: str, *, load: bool = True,
-                 prefer: str | None = None) -> None:
+                 prefer: str | None = None, memo: _SetMemo | None = None) -> None:
         self.path = path
         self.top = top
+        self._memo = memo
         self.root: str | None = None
         self.dirs: dict[bytes, list[Any]] = {}  # the loaded set (read records with get)
         self._valid: set[bytes] = set()  # directories whose record get checked
@@ -265,12 +270,23 @@ class StatCache:
             self._loaded = self.dirs
 
     def _read_set(self, path: str) -> tuple[str, dict[bytes, list[Any]]] | None:
-        """``(root, records)`` of one record-set file, or None if it is missing or damaged."""
+        """``(root, records)`` of one record-set file, or None if it is missing or damaged
+        (from the memo if the file is the one it holds)."""
         try:
             with open(path, "rb") as f:
+                sig = _sig(os.fstat(f.fileno()))
+                got = None if self._memo is None else self._memo.get(path, sig)
+                if got is not None:
+                    return got
                 data = f.read()
         except OSError:
             return None
+        got = self._parse_set(path, data)
+        if got is not None and self._memo is not None:
+            self._memo.put(path, sig, got)
+        return got
+
+    def _parse_set(self, path: str, data: bytes) -> tuple[str, dict[bytes, list[Any]]] | None:
         body = data[16:]
         if hashlib.sha256(body).digest()[:16] != data[:16]:
             return None
@@ -383,6 +399,8 @@ class StatCache:
             if (root == self.root and len(self.out) == len(self._loaded)
                     and all(self._loaded.get(k) is v for k, v in self.out.items())):
                 os.utime(path)  # the same records: only marked as the newest
+                if self._memo is not None:
+                    self._memo.put(path, _sig(os.stat(path)), (root, self._loaded))
             else:
                 body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
                                           bytes.fromhex(root), self.out]))
@@ -391,17 +409,52 @@ class StatCache:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     with open(tmp, "wb") as f:
                         f.write(hashlib.sha256(body).digest()[:16] + body)
-                    os.replace(tmp, path)
+                    # Not os.replace: a rename over an existing file makes ext4
+                    # (auto_da_alloc) allocate and start writing the new one at once,
+                    # which waits behind the journal commits of the restore or snapshot
+                    # just made (measured: up to 300 ms). The file is only a hint, so
+                    # a moment without it costs nothing but reads.
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                    os.rename(tmp, path)
                 except OSError:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
                     raise
+                if self._memo is not None:  # the next snapshot of this tree reads no file
+                    self._memo.put(path, _sig(os.stat(path)), (root, dict(self.out)))
             for old in [f for f in self._set_files() if f != path][self._keep:]:
                 os.unlink(old)
             if os.path.exists(self.path):
                 os.unlink(self.path)  # a version-2 file (one set, no suffix)
         except OSError:
             pass
+
+
+class _SetMemo:
+    """The record sets a store read or wrote last, decoded, by file path and the file's
+    stat signature (a file replaced or touched since is read again). Sets are only
+    read from it (a record found damaged may be dropped, as it would be anyway)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._sets: dict[str, tuple[tuple[int, int, int, int], tuple[str, dict[bytes,
+                                                                             list[Any]]]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str, sig: tuple[int, int, int, int]
+            ) -> tuple[str, dict[bytes, list[Any]]] | None:
+        with self._lock:
+            got = self._sets.get(path)
+        return got[1] if got is not None and got[0] == sig else None
+
+    def put(self, path: str, sig: tuple[int, int, int, int],
+            got: tuple[str, dict[bytes, list[Any]]]) -> None:
+        with self._lock:
+            self._sets.pop(path, None)
+            if len(self._sets) >= self._size:
+                self._sets.pop(next(iter(self._sets)))  # the oldest
+            self._sets[path] = (sig, got)
 
 
 def _entry_matches(e: object, st: os.stat_result) -> bool:
@@ -422,11 +475,14 @@ def _decode_files(rec: list[Any] | None) -> dict[bytes, list[Any]]:
 
 
 def _valid_record(rel: object, rec: object) -> bool:
-    return (isinstance(rel, bytes) and isinstance(rec, list) and len(rec) == 8
-            and isinstance(rec[0], bytes) and isinstance(rec[1], int)
-            and isinstance(rec[2], int) and isinstance(rec[3], bytes) and len(rec[3]) == 32
-            and all(isinstance(v, int) and v >= 0 for v in rec[4:7])
-            and isinstance(rec[7], bytes))
+    # (once per directory of a walk: plain type checks, no generator)
+    if not (type(rel) is bytes and type(rec) is list and len(rec) == 8):
+        return False
+    digest, recorded, newest, sha, size, files, nbytes, blob = rec
+    return (type(digest) is bytes and type(recorded) is int and type(newest) is int
+            and type(sha) is bytes and len(sha) == 32 and type(size) is int
+            and type(files) is int and type(nbytes) is int and size >= 0 and files >= 0
+            and nbytes >= 0 and type(blob) is bytes)
 
 
 # -- results ---------------------------------------------------------------------------
@@ -482,6 +538,12 @@ class TreeBlobs(Protocol):
         """Store small ``data``, pinned; nothing is written if it is present."""
         ...
 
+    def put_many(self, items: list[tuple[str, bytes]],
+                 map_: Callable[..., Iterator[Any]] = map) -> None:
+        """Store small in-memory blobs ``(sha256, data)``, each pinned, durable on return
+        (``map_`` may run their writes at once, e.g. a thread pool's)."""
+        ...
+
     def pin_present(self, refs: Iterable[tuple[str, int]]) -> list[bool]:
         """Pin each ``(sha256, size)`` that is stored; which ones were."""
         ...
@@ -519,7 +581,9 @@ class TreeStore:
         self.readonly = readonly
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
+        self._subdirs: dict[str, list[Entry]] = {}  # the directory entries of each of them
         self._objects_lock = threading.Lock()
+        self._set_memo = _SetMemo()  # decoded stat-cache record sets, by file
 
     def _cache(self, top: str, prefer: BlobRef | None, *, rehash: bool = False
                ) -> StatCache:
@@ -531,7 +595,7 @@ class TreeStore:
             return StatCache(None, top)
         name = "stat-" + hashlib.sha256(os.fsencode(top)).hexdigest()[:32]
         return StatCache(os.path.join(self.store_dir, CACHE_DIR, name), top, load=not rehash,
-                         prefer=want)
+                         prefer=want, memo=self._set_memo)
 
     # -- snapshot --------------------------------------------------------------------
 
@@ -694,8 +758,10 @@ class TreeStore:
             if sha in dirs:
                 continue
             dirs[sha] = entries = self._dir(sha, size, where)
-            todo.extend((e.sha256, e.size, join(where, e.name)) for e in entries
-                        if e.kind == TREE_DIR)
+            subs = self._subdirs.get(sha)
+            if subs is None:
+                subs = [e for e in entries if e.kind == TREE_DIR]
+            todo.extend((e.sha256, e.size, join(where, e.name)) for e in subs)
         return root, dirs
 
     def _root(self, ref: BlobRef) -> Root:
@@ -719,10 +785,14 @@ class TreeStore:
 
     def remember(self, sha: str, entries: list[Entry]) -> None:
         """Keep a directory object's entries (read and checked, or just encoded)."""
+        subs = [e for e in entries if e.kind == TREE_DIR]
         with self._objects_lock:
             if len(self._objects) >= _OBJECT_CACHE:
-                self._objects.pop(next(iter(self._objects)))  # the oldest
+                oldest = next(iter(self._objects))
+                del self._objects[oldest]
+                self._subdirs.pop(oldest, None)
             self._objects[sha] = entries
+            self._subdirs[sha] = subs
 
     def _path(self, sha: str) -> str:
         return self.blobs.where(sha)
@@ -882,7 +952,7 @@ class TreeStore:
         except OSError as exc:
             raise _restore_error(exc, top) from None
         try:
-            restorer.directory(fd, "", root.sha256, IgnoreRules.of(root.exclude))
+            restorer.directory(fd, "", root.sha256, root.size, IgnoreRules.of(root.exclude))
             restorer.flush()
             restorer.close_dirs()
         finally:
@@ -1067,7 +1137,7 @@ class _Snapper:
         jobs = [(node, item) for node in changed for item in node.pending]
         with ThreadPoolExecutor(THREADS) as pool:
             for (node, (name, _p)), got in zip(
-                    jobs, pool.map(lambda j: self._file(j[0], *j[1]), jobs), strict=True):
+                    jobs, _map(pool, lambda j: self._file(j[0], *j[1]), jobs), strict=True):
                 if got is not None:
                     node.entries.append(got[0])
                     node.sigs.append(_file_sig(name, got[1]))
@@ -1243,11 +1313,12 @@ class _Snapper:
             self.pins.extend(refs[i][0] for i in ask if present[i])
         missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
                    if not ok}
-        # (put, not put_bytes: their absence was just seen; a blob named meanwhile by
-        # another writer is still stored once, by put's own check)
-        for ref in pool.map(lambda data: self.blobs.put(io.BytesIO(data)), missing.values()):
-            with self._lock:
-                self.pins.append(ref.sha256)
+        # (their absence was just seen; a blob named meanwhile by another writer is still
+        # stored once, by put_many's own check) Written in phases: all files fsynced, then
+        # named, then each fan-out directory fsynced once, the fsyncs of each phase at once.
+        self.blobs.put_many(list(missing.items()), lambda fn, *its: _run_all(pool, fn, *its))
+        with self._lock:
+            self.pins.extend(missing)
 
     def _encode_dir(self, node: _Node) -> bytes:
         """The node's directory object (its subdirectories' are encoded already); records
@@ -1351,6 +1422,24 @@ class _Snapper:
         return ref.sha256, ref.size
 
 
+def _map(pool: ThreadPoolExecutor, fn: Callable[[_T], _R], items: list[_T]) -> Iterator[_R]:
+    """``pool.map``, or in this thread for one item (no thread is started for it: a
+    status or one-file snapshot reads one file)."""
+    return map(fn, items) if len(items) <= 1 else pool.map(fn, items)
+
+
+def _run_all(pool: ThreadPoolExecutor, fn: Callable[..., _R], *iterables: Iterable[Any]
+             ) -> Iterator[_R]:
+    """``fn`` over the items in the pool (in this thread for one), all of them finished
+    before the first error (if any) is raised: nothing is left running behind it."""
+    args = list(zip(*iterables, strict=True))
+    if len(args) <= 1:
+        return iter([fn(*a) for a in args])
+    futures = [pool.submit(fn, *a) for a in args]
+    concurrent.futures.wait(futures)
+    return iter([f.result() for f in futures])
+
+
 def _hash_fd(fd: int) -> tuple[str, int]:
     h = hashlib.sha256()
     offset = 0
@@ -1397,6 +1486,7 @@ class _Closing:
 
     key: bytes
     sha: str
+    size: int  # of its directory object
     sigs: list[bytes] = field(default_factory=list)
     newest: int = 0
     broken: bool = False  # an entry's final stat is unknown: no record
@@ -1426,9 +1516,6 @@ class _Restorer:
         self._store_rel = None if inside == os.pardir or inside.startswith(
             os.pardir + os.sep) else inside.replace(os.sep, "/")
         self._counted: dict[str, tuple[int, int]] = {}
-        self._sizes = {root.sha256: root.size}
-        for entries in dirs.values():
-            self._sizes.update((e.sha256, e.size) for e in entries if e.kind == TREE_DIR)
 
     def flush(self) -> None:
         """Write the queued files (in a thread pool), then fsync their directories."""
@@ -1462,7 +1549,7 @@ class _Restorer:
                 continue
             files, nbytes = self._count(c.sha)
             self.cache.close_dir(c.key, _digest(c.sigs), self.began, c.newest, c.sha,
-                                 self._size(c.sha), files, nbytes)
+                                 c.size, files, nbytes)
 
     def _count(self, sha: str) -> tuple[int, int]:
         """Files (and links) and bytes at or below directory object ``sha``."""
@@ -1478,16 +1565,13 @@ class _Restorer:
             got = self._counted[sha] = (files, nbytes)
         return got
 
-    def _size(self, sha: str) -> int:
-        return self._sizes[sha]
-
     def _fsync_dir(self, fd: int, rel: str) -> None:
         try:
             os.fsync(fd)
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
 
-    def directory(self, fd: int, rel: str, sha: str, rules: IgnoreRules) -> None:
+    def directory(self, fd: int, rel: str, sha: str, size: int, rules: IgnoreRules) -> None:
         entries = self.dirs[sha]
         if self.gitignore:
             gi = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
@@ -1502,11 +1586,13 @@ class _Restorer:
             raise _restore_error(exc, self._abs(rel)) from None
         key = _key(rel)
         stats: dict[str, os.stat_result | None] = {}
-        old = self._recorded(fd, rel, key, present, rules, stats)
+        old = self._recorded(fd, rel, key, sha, present, rules, stats)
         if old is not None and old[0] == sha:
             # Exactly the directory the cache recorded, and already the tree's: only
             # the subdirectories are left to look at.
             self.cache.carry(key)
+            rec = self.cache.dirs[key]  # its counts: no walk of the tree below it to count
+            self._counted.setdefault(sha, (rec[5], rec[6]))
             subdirs = [e for e in entries if e.kind == TREE_DIR]
             self.counts.unchanged += len(entries) - len(subdirs)
             for e in subdirs:
@@ -1514,7 +1600,7 @@ class _Restorer:
                 self._dir(fd, name, join(rel, name), e, stats.get(name), rules)
             return
         known = {} if old is None else old[1]
-        closing = _Closing(key, sha)
+        closing = _Closing(key, sha, size)
         self.closing.append(closing)
         changed = False
         wanted = {os.fsdecode(e.name) for e in entries}
@@ -1542,11 +1628,14 @@ class _Restorer:
                 changed |= self._dir(fd, name, crel, e, st, rules)
             elif e.kind == TREE_LINK:
                 closing.sigs.append(_link_sig(e.name, e.target))
-                if known.get(e.name) == e:
+                k = known.get(e.name)
+                if k is not None and k.kind == TREE_LINK and k.target == e.target:
                     self.counts.unchanged += 1
                 else:
                     changed |= self._link(fd, name, crel, e, st)
-            elif known.get(e.name) == e and st is not None:  # on disk as recorded
+            elif ((k := known.get(e.name)) is not None and k.sha256 == e.sha256
+                  and k.kind == TREE_FILE and k.perm == e.perm and k.size == e.size
+                  and st is not None):  # on disk as recorded (Entry ==, field by field)
                 self.cache.carry_file(key, e.name)
                 closing.add(e.name, st)
                 self.counts.unchanged += 1
@@ -1576,12 +1665,14 @@ class _Restorer:
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
 
-    def _recorded(self, fd: int, rel: str, key: bytes, present: dict[str, os.DirEntry[str]],
-                  rules: IgnoreRules, stats: dict[str, os.stat_result | None]
+    def _recorded(self, fd: int, rel: str, key: bytes, sha: str,
+                  present: dict[str, os.DirEntry[str]], rules: IgnoreRules,
+                  stats: dict[str, os.stat_result | None]
                   ) -> tuple[str, dict[bytes, Entry]] | None:
         """``(object hash, {name: entry})`` of the directory object the cache says the
         directory holds now (its entries' signatures hash to a trusted record's
-        digest), or None. Fills ``stats`` with the entries' lstat results."""
+        digest), or None; the entries only if that is not ``sha``, the tree's own.
+        Fills ``stats`` with the entries' lstat results."""
         rec = self.cache.get(key)
         if rec is None or rec[1] - rec[2] < RACY_NS:
             return None
@@ -1610,11 +1701,14 @@ class _Restorer:
                     return None
         if self.cache.matches(key, _digest(sigs)) is None:
             return None
+        held = rec[3].hex()
+        if held == sha:
+            return held, {}
         try:
-            entries = self.trees._dir(rec[3].hex(), rec[4], rel)
+            entries = self.trees._dir(held, rec[4], rel)
         except (CorruptionError, UnsafeTreeError):
             return None
-        return rec[3].hex(), {e.name: e for e in entries}
+        return held, {e.name: e for e in entries}
 
     def _abs(self, rel: str) -> str:
         return os.path.join(self.top, rel) if rel else self.top
@@ -1639,7 +1733,7 @@ class _Restorer:
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
         try:
-            self.directory(sub, rel, e.sha256, rules)
+            self.directory(sub, rel, e.sha256, e.size, rules)
         finally:
             os.close(sub)
         return changed

@@ -24,6 +24,12 @@ file nothing references, which :meth:`BlobStore.sweep` removes:
 4. fsync the fan-out directory [``blob_after_sync``] -- durable under its
    hash, still unreferenced: garbage until the commit.
 
+:meth:`BlobStore.put_many` (a snapshot's directory objects and small files,
+in memory) takes each blob through the same four steps, phase by phase: every
+temp file written and fsynced (at once, in the caller's thread pool), then
+all named, then each fan-out directory they went into fsynced once; it
+returns when all are durable, and a failure in any phase unpins them all.
+
 Only then does ``put_blob`` return, so the commit that references the blob
 (made later, through the WAL, in any durability mode) can never be durable
 before the blob: after a crash a reference always finds its file, and a
@@ -229,21 +235,7 @@ class BlobStore:
         with self._lock:
             self._writing.add(tmp)  # before the file exists: a sweep leaves it alone
         try:
-            try:
-                fd = fs.open(tmp, create=True)
-            except OSError as exc:
-                raise self._fs_error(exc, tmp, "cannot create a blob file") from None
-            try:
-                sha, size = self._copy(chunks, fd, tmp)
-                failpoints.hit("blob_after_write")
-                try:
-                    fs.fsync(fd)
-                except OSError as exc:
-                    raise self._fs_error(exc, tmp, "cannot sync a blob file", sync=True) from None
-            finally:
-                with contextlib.suppress(OSError):
-                    fs.close(fd)
-            failpoints.hit("blob_after_fsync")
+            sha, size = self._write_temp(tmp, chunks)
             self._install(tmp, sha, size)
             return sha, size
         except BaseException:
@@ -254,12 +246,37 @@ class BlobStore:
             with self._lock:
                 self._writing.discard(tmp)
 
-    def _copy(self, chunks: Iterator[bytes], fd: int, tmp: str) -> tuple[str, int]:
-        """Write the source's pieces into ``fd``; returns its hex SHA-256 and size."""
+    def _write_temp(self, tmp: str, chunks: Iterable[bytes], sha: str | None = None
+                    ) -> tuple[str, int]:
+        """Steps 1-2: the temp file ``tmp`` made of ``chunks`` and fsynced; returns their
+        hex SHA-256 (``sha`` if given: not computed again) and size."""
+        fs = self.fs
+        try:
+            fd = fs.open(tmp, create=True)
+        except OSError as exc:
+            raise self._fs_error(exc, tmp, "cannot create a blob file") from None
+        try:
+            got, size = self._copy(chunks, fd, tmp, hashed=sha is None)
+            failpoints.hit("blob_after_write")
+            try:
+                fs.fsync(fd)
+            except OSError as exc:
+                raise self._fs_error(exc, tmp, "cannot sync a blob file", sync=True) from None
+        finally:
+            with contextlib.suppress(OSError):
+                fs.close(fd)
+        failpoints.hit("blob_after_fsync")
+        return got if sha is None else sha, size
+
+    def _copy(self, chunks: Iterable[bytes], fd: int, tmp: str, *, hashed: bool = True
+              ) -> tuple[str, int]:
+        """Write the source's pieces into ``fd``; returns its hex SHA-256 ("" if not
+        ``hashed``) and size."""
         h = hashlib.sha256()
         size = 0
         for chunk in chunks:
-            h.update(chunk)
+            if hashed:
+                h.update(chunk)
             try:
                 n = self.fs.pwrite(fd, size, chunk)  # whole, as a rule: no copy
                 if n < len(chunk):  # a short write: finish it
@@ -267,41 +284,97 @@ class BlobStore:
             except OSError as exc:
                 raise self._fs_error(exc, tmp, "cannot write a blob file") from None
             size += len(chunk)
-        return h.hexdigest(), size
+        return (h.hexdigest() if hashed else ""), size
 
     def _install(self, tmp: str, sha: str, size: int) -> None:
         """Name the synced temp file by its hash (or drop it for an equal file) and pin it."""
+        fan = self._name(tmp, sha, size)
+        try:
+            failpoints.hit("blob_after_rename")
+            try:
+                self._sync_fan(fan)
+            finally:
+                self._synced(sha)
+            failpoints.hit("blob_after_sync")
+        except BaseException:
+            self.unpin([sha])
+            raise
+
+    def _name(self, tmp: str, sha: str, size: int) -> str:
+        """Step 3: name the synced temp file by its hash (or drop it for an equal file),
+        pinned, counted in ``_unsynced`` until :meth:`_synced`; returns its fan-out
+        directory (to fsync)."""
         fs = self.fs
         final = blob_path(self.root, sha)
         fan = os.path.dirname(final)
         self._ensure_dir(fan, self.root)
         with self.gate.shared():
+            with self._lock:
+                self._unsynced[sha] += 1
             try:
                 if self._size_of(final) == size:
                     with contextlib.suppress(OSError):
                         fs.unlink(tmp)  # stored once; a left-over temp file is garbage
                 else:  # missing, or damaged to another size: ours replaces it
-                    with self._lock:
-                        self._unsynced[sha] += 1
                     fs.rename(tmp, final)
             except OSError as exc:
                 self._synced(sha)
                 raise self._fs_error(exc, final, "cannot name a blob file") from None
             self._pin(sha)
+        return fan
+
+    def _sync_fan(self, fan: str) -> None:
         try:
-            failpoints.hit("blob_after_rename")
+            self.fs.fsync_dir(fan)
+        except OSError as exc:
+            raise self._fs_error(exc, fan, "cannot sync a blob directory", sync=True) from None
+        self._synced_fans.add(fan)  # every name in it now is durable
+
+    def put_many(self, items: list[tuple[str, bytes]],
+                 map_: Callable[..., Iterator[Any]] = map) -> None:
+        """Store small in-memory blobs ``(sha256, data)`` (a snapshot's directory objects
+        and small files, their hashes known) and pin each, as :meth:`put` would, in
+        phases whose fsyncs overlap: every temp file written and fsynced (through
+        ``map_``, e.g. a thread pool's), then all named, then each fan-out directory
+        they went into fsynced once (through ``map_``). Returns once all are durable.
+
+        Raises:
+            As :meth:`put` (whatever was pinned is unpinned; temp files are removed).
+        """
+        if not items:
+            return
+        self._ensure_dir(self.root, self.store_dir)
+        self._ensure_dir(self.tmp_dir, self.root)
+        tmps = [os.path.join(self.tmp_dir, uuid.uuid4().hex + _TMP_SUFFIX) for _ in items]
+        with self._lock:
+            self._writing.update(tmps)  # before the files exist: a sweep leaves them alone
+        named: list[str] = []  # pinned, and counted in _unsynced until the fans are synced
+        try:
+            for _ in map_(lambda tmp, item: self._write_temp(tmp, [item[1]], item[0]), tmps,
+                          items):
+                pass
+            fans: set[str] = set()
             try:
-                fs.fsync_dir(fan)
-            except OSError as exc:
-                raise self._fs_error(exc, fan, "cannot sync a blob directory",
-                                     sync=True) from None
+                for tmp, (sha, data) in zip(tmps, items, strict=True):
+                    fans.add(self._name(tmp, sha, len(data)))
+                    named.append(sha)
+                    failpoints.hit("blob_after_rename")
+                for _ in map_(self._sync_fan, sorted(fans)):
+                    pass
             finally:
-                self._synced(sha)
-            self._synced_fans.add(fan)  # every name in it now is durable
-            failpoints.hit("blob_after_sync")
+                for sha in named:
+                    self._synced(sha)
+            for _ in named:
+                failpoints.hit("blob_after_sync")
         except BaseException:
-            self.unpin([sha])
+            self.unpin(named)
+            for tmp in tmps:
+                with contextlib.suppress(OSError):
+                    self.fs.unlink(tmp)  # gone already if it was renamed or dropped
             raise
+        finally:
+            with self._lock:
+                self._writing.difference_update(tmps)
 
     def _synced(self, sha: str) -> None:
         with self._lock:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
@@ -61,6 +61,13 @@ class PgTreeBlobs:
         if self.pin_present([(sha, len(data))]) == [True]:
             return BlobRef(sha, len(data))
         return self.put(io.BytesIO(data))
+
+    def put_many(self, items: list[tuple[str, bytes]],
+                 map_: Callable[..., Iterator[Any]] = map) -> None:
+        """Each blob through :meth:`put_bytes`, one after another (each upload is its own
+        database transaction; ``map_`` is not used: the pool's sessions are few)."""
+        for _sha, data in items:
+            self.put_bytes(data)
 
     def pin_present(self, refs: Iterable[tuple[str, int]]) -> list[bool]:
         """Touch each stored blob of ``refs`` (kept a grace hour); which ones are stored."""

@@ -379,6 +379,62 @@ def test_a_raising_failpoint_after_rename_leaves_garbage_but_no_pin() -> None:
     assert blob_files(disk) == []
 
 
+# -- many small blobs at once (a snapshot's objects) ------------------------------------
+
+
+def test_put_many_stores_each_durably_and_pins_it_once() -> None:
+    disk, bs = sim()
+    old = bs.put(io.BytesIO(b"present"))  # stored once: not written again
+    items = [(sha(d), d) for d in (b"a", b"b", b"c" * 5000, b"present")]
+    failpoints.count_hits()
+    bs.put_many(items)
+    assert failpoints.hits()["blob_after_write"] == 4  # (the present one's temp is dropped)
+    assert bs._pins == {**{h: 1 for h, _d in items}, old.sha256: 2}
+    assert temp_files(disk) == []
+    after = disk.crash_image("strict")  # a power cut now: every one of them is there
+    for h, d in items:
+        path = blob_path(ROOT, h)
+        fd = after.open_read(path)
+        assert after.read(fd) == d
+        after.close(fd)
+
+
+@pytest.mark.parametrize("point", ["blob_after_write", "blob_after_rename"])
+def test_put_many_that_fails_pins_nothing_and_leaves_no_temp_file(point: str) -> None:
+    disk, bs = sim()
+    items = [(sha(d), d) for d in (b"a", b"b", b"c")]
+    failpoints.arm(point, nth=2)
+    with pytest.raises(failpoints.FailpointFired):
+        bs.put_many(items)
+    assert bs.pinned() == set() and temp_files(disk) == [] and bs._unsynced == {}
+    bs.sweep(set)  # what was named is garbage
+    assert blob_files(disk) == []
+    bs.put_many(items)  # and a second try stores them all
+    assert sorted(bs.pinned()) == sorted(h for h, _d in items)
+
+
+def test_put_many_with_a_failed_directory_sync_is_a_durability_error() -> None:
+    disk, bs = sim()
+    items = [(sha(d), d) for d in (b"a", b"b")]
+    bs._ensure_dir(ROOT, S)
+    bs._ensure_dir(bs.tmp_dir, ROOT)
+    for h, _d in items:
+        bs._ensure_dir(os.path.dirname(blob_path(ROOT, h)), ROOT)
+    fsyncs = [0]
+    real = disk.fsync_dir
+
+    def failing(path: str) -> None:
+        fsyncs[0] += 1
+        if path != ROOT and path != bs.tmp_dir:
+            raise OSError(errno.EIO, "I/O error", path)
+        real(path)
+
+    disk.fsync_dir = failing  # type: ignore[method-assign]
+    with pytest.raises(DurabilityError, match="cannot sync a blob directory"):
+        bs.put_many(items)
+    assert bs.pinned() == set() and bs._unsynced == {}
+
+
 # -- linking an existing blob ----------------------------------------------------------
 
 
