@@ -9,7 +9,9 @@ Theory of operation, in three steps:
    ``snapshot/data.mdb`` that the hand-written page reader
    (``snapshot/rescue.py``) can still vouch for (reachable once from the
    newest meta, in its parent's key range, not a free page, its CRC-32
-   seal intact), written into a fresh LMDB file. A missing, empty or
+   seal intact), written into a fresh LMDB file, with the ``versions``
+   index made whole again from the deltas kept (a lost index entry would
+   otherwise read a key's older value). A missing, empty or
    unreadable ``data.mdb`` gives an empty one. A damaged ``CONTROL`` is
    rebuilt with the store id the snapshot's sealed meta (else every segment
    header) holds. If the snapshot's applied LSN is lost while other records
@@ -54,7 +56,8 @@ from typing import Any
 
 import cbor2
 
-from ..codec import decode_value, is_blob_ref
+from .. import history
+from ..codec import CodecError, decode_value, is_blob_ref
 from ..errors import CorruptionError, Error, PathExistsError, StoreNotFoundError
 from ..format import BLOBS_DIR, CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR
 from ..io import OsFileSystem
@@ -64,7 +67,15 @@ from .control import Control, create_control, read_control
 from .logmark import LOGMARK_FILE, read_mark
 from .recovery import Lost, _lost_after
 from .snapshot import env as snapshot_env
-from .snapshot.layout import DATA, U64, seal, unseal
+from .snapshot.layout import (
+    DATA,
+    HISTORY_INDEX,
+    HISTORY_INDEX_VERSION,
+    U64,
+    seal,
+    unseal,
+    version_key,
+)
 from .snapshot.rescue import rescue
 from .wal import list_segments
 
@@ -236,6 +247,7 @@ def _build_shadow(src: str, shadow: str, control: Control | None,
                               "record was used")
         segments = list_segments(OsFileSystem(), os.path.join(shadow, WAL_DIR))
         report.lost = _named(_lost_after(segments, _last_lsn(records) + 1, why), shadow, src)
+    _rebuild_versions(records, meta)
     records["meta"] = sorted(meta.items())
     snapshot_env.write_records(os.path.join(shadow, SNAPSHOT_DIR), records)
     for number, ids in sorted(_unnamed(records).items()):
@@ -243,6 +255,50 @@ def _build_shadow(src: str, shadow: str, control: Control | None,
             f"the run record of run number {number} is lost, so its name is not known; "
             f"{len(ids)} of its checkpoints ({_ranges(ids)}) still read but cannot be copied")
     return joined
+
+
+def _rebuild_versions(records: dict[str, list[tuple[bytes, bytes]]],
+                      meta: dict[bytes, bytes]) -> None:
+    """Make the ``versions`` index whole again from the deltas and checkpoints kept.
+
+    The index only names which checkpoint changed which key: a read of a
+    checkpoint takes each key's latest version at or before it, so a lost
+    entry would silently give that key's older value, never an error. Every
+    entry a kept delta (or a kept block start) implies is therefore written
+    again; entries whose delta was lost are kept as found, so a read that
+    needs that delta reports it missing instead of reading around it. A
+    store with an index (format 3) also gets its marker back if that was lost.
+    """
+    kept = records.get("versions", [])
+    if not kept and HISTORY_INDEX not in meta:
+        return  # format 2: read through its regular manifests
+    out = dict(kept)
+    for k, raw in records.get("delta", []):
+        data = unseal(k, raw)
+        if data is None or len(k) != 16:
+            continue
+        try:
+            refs = history.decode_refs(data, manifest=False)
+        except (CodecError, ValueError, TypeError):
+            continue
+        number, cid = U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0]
+        for key in refs:
+            vk = version_key(number, key.encode(), cid)
+            out[vk] = seal(vk, b"")
+    for k, raw in records.get("ckpt", []):
+        data = unseal(k, raw)
+        if data is None or len(k) != 16:
+            continue
+        try:
+            rec = cbor2.loads(data)
+        except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError):
+            continue
+        if isinstance(rec, list) and len(rec) >= 9 and rec[8] is not None:
+            vk = version_key(U64.unpack_from(k)[0], b"", U64.unpack_from(k, 8)[0])
+            out[vk] = seal(vk, b"")  # a block start: its parent was compacted away
+    records["versions"] = sorted(out.items())
+    if HISTORY_INDEX not in meta:
+        meta[HISTORY_INDEX] = seal(HISTORY_INDEX, U64.pack(HISTORY_INDEX_VERSION))
 
 
 def _store_id(records: dict[str, list[tuple[bytes, bytes]]], wal: str) -> uuid.UUID | None:

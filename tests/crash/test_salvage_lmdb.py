@@ -144,6 +144,34 @@ def test_a_damaged_value_costs_that_value_only(tmp_path: Path) -> None:
     assert "snapshot damage" in result.output
 
 
+def test_a_lost_versions_entry_never_reads_an_older_value(tmp_path: Path) -> None:
+    """The ``versions`` index says which checkpoint changed which key; a read of an older
+    checkpoint takes each key's latest version at or before it. An entry lost to damage
+    must not make that read fall back to the key's previous value: salvage rebuilds the
+    index from the deltas it kept."""
+    src = tmp_path / "s"
+    with agentwal.open(src) as store:
+        for i in range(1, 7):
+            with store.begin("r") as txn:
+                txn["k"] = f"value-{i}"
+                txn["n"] = i
+    data = src / "snapshot" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    roles = lmdb_pages(bytes(raw))
+    # the versions entry of ("k", checkpoint 4): (run number,) key length, key, id
+    entry = len(b"k").to_bytes(2, "big") + b"k" + (4).to_bytes(8, "big")
+    at = raw.find(entry)
+    while at >= 0 and roles.get(at // 4096) != "versions/leaf":
+        at = raw.find(entry, at + 1)
+    assert at >= 0, "the versions entry is not on a versions leaf"
+    raw[at + len(entry) - 1] ^= 0x04  # now names checkpoint 0: its seal no longer checks
+    data.write_bytes(bytes(raw))
+    report = salvage(str(src), str(tmp_path / "out"))
+    with agentwal.open(tmp_path / "out", readonly=True) as out:
+        for i in range(1, 7):
+            assert out.state("r", at=i) == {"k": f"value-{i}", "n": i}, (i, report)
+
+
 def test_a_missing_snapshot_of_a_never_folded_store_loses_nothing(tmp_path: Path) -> None:
     src = tmp_path / "s"
     store = agentwal.open(src)
