@@ -108,11 +108,12 @@ class PgBlobs:
                     conn.execute("COMMIT")
                     return digest.hex(), size
             except psycopg.errors.UniqueViolation:
-                pass  # an equal upload committed first: keep that one
+                _rollback(conn)  # an equal upload committed first: that one is kept (below)
             except BaseException:
                 _rollback(conn)
                 raise
-            _rollback(conn)
+            else:
+                _rollback(conn)  # an equal blob was stored already: this upload goes
         self.touch(digest.hex())
         return digest.hex(), size
 
