@@ -25,7 +25,7 @@ POINTS: dict[str, str] = {
     # commit path (one per committer)
     "commit_before_validate": "a commit is about to take the commit lock and validate",
     "commit_after_encode": "the commit is encoded, not yet validated nor queued",
-    # group commit (the leader that writes a batch)
+    # group commit (the committer that writes a batch, the one that syncs)
     "before_wal_append": "a batch is about to be written to the segment",
     "wal_append_partial": "half of a batch's bytes are written, the rest not",
     "after_wal_append": "a batch is in the OS, not yet synced",
@@ -35,6 +35,7 @@ POINTS: dict[str, str] = {
     # segment rotation and removal
     "before_segment_create": "the next segment is about to be created",
     "segment_preallocated": "the next segment is zero-filled and synced, its name not yet",
+    "spare_prepared": "a spare for the next segment is zero-filled and synced, unused",
     "after_segment_create": "the next segment and its name are durable, no record in it",
     "before_segment_remove": "a fold is durable, old segments not yet removed",
     "after_segment_remove": "old segments unlinked, the directory not yet synced",

@@ -58,6 +58,10 @@ SEGMENT_HEADER_SIZE = 64
 SEGMENT_SUFFIX = ".wal"
 #: Suffix of a segment still being created (removed by recovery).
 TMP_SUFFIX = ".tmp"
+#: The next segment's file while the writer prepares it ahead of need (zero-filled and
+#: synced off the commit path). A name recovery removes like any unfinished segment, so
+#: it is not a format change: an agentwal that never made one removes it the same way.
+SPARE_NAME = "spare" + SEGMENT_SUFFIX + TMP_SUFFIX
 
 RECORD_HEADER = struct.Struct("<IIQQBBH")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 28

@@ -175,6 +175,7 @@ class Audit:
                 pipe = e._pipe
                 with e._fold_lock:
                     with pipe.flush_lock:
+                        pipe.drain()  # no record written but not yet acknowledged
                         if pipe.writer.broken is not None:
                             raise pipe.writer.stopped()
                         copier.copy_wal(quiet=True)

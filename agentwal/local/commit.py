@@ -4,13 +4,27 @@ Theory of operation::
 
     commit ─▶ encode the delta (no lock) ─▶ [lock] validate (OCC) against
     last_write, assign LSN, checkpoint id, parent and hash; queue ─▶ [flush
-    lock] the leader takes the whole queue, writes it with one write and, in
-    sync mode, one fdatasync ─▶ [lock] publish the batch (the store applies it
-    to its memtable in LSN order) ─▶ every committer returns its checkpoint
+    lock] take the whole queue, frame it and write it with one write ─▶ one
+    committer at a time (``_syncing``): in sync mode one fdatasync of all
+    that is written, then [lock] publish it (the store applies it to its
+    memtable in LSN order) ─▶ every committer returns its checkpoint
 
-*Group commit*: committers that queue while a leader is writing or syncing
-are written and synced together by the next leader, so N concurrent
-commits share one fdatasync.
+*Group commit*, in two stages so the disk is kept busy: the *write stage*
+(under ``flush_lock``, held only while framing and writing) takes every
+queued record; the *sync stage* (one committer at a time, the others wait
+on a condition) fsyncs everything written when it begins and publishes
+what that fsync covered. While one committer is inside fdatasync, the
+next ones write their records, so the following fsync starts as soon as
+this one is published and covers all of them: N concurrent commits share
+one fdatasync, and a commit never waits for a batch written after it.
+The writer's own lock (``Writer.lock``) keeps rotation and close from
+swapping the segment under an fsync in flight.
+
+*Acknowledgement*: a record is published (and its committer returns) only
+after an fsync that began once its write had completed, or, in async and
+none modes, once written; records are published strictly in LSN order
+(only the syncing committer publishes, and only a prefix of the written
+records that ends on a whole batch).
 
 *Optimistic concurrency*: ``last_write`` maps each key of each run to the LSN
 of the last commit (queued or published) that wrote it. A commit whose
@@ -25,13 +39,15 @@ commit on the run whose snapshot is older than that LSN raises
 :class:`ConflictError`, so a transaction begun before the deletion never
 commits into the deleted run nor into its successor.
 
-*Failure*: if a write or sync fails, every queued commit fails, and the LSN
-counter, run heads and ``last_write`` are put back as they were, so the next
-commit continues the log exactly where the durable part ends. No room
-(ENOSPC, EDQUOT, EFBIG) leaves the writer usable (:class:`DiskFullError`);
-anything else stops it
-(:class:`DurabilityError`); an exception that is not ours (a failpoint, a
-simulated power cut) stops it too, since the batch's fate is unknown.
+*Failure*: if a write fails, its batch and everything queued after it
+fail; if a sync fails, every written and queued record fails. The LSN
+counter, run heads and ``last_write`` are put back as they were before the
+first failed record, so the next commit continues the log exactly where
+the durable part ends. No room (ENOSPC, EDQUOT, EFBIG) on a write leaves
+the writer usable (:class:`DiskFullError`; the writer zeroed the failed
+bytes again); anything else stops it (:class:`DurabilityError`); an
+exception that is not ours (a failpoint, a simulated power cut) stops it
+too, since the batch's fate is unknown.
 
 The pipeline shares the engine's lock (so publishing and reading views
 agree) and never touches the memtable or LMDB itself: it reaches them through
@@ -106,7 +122,7 @@ class Pending:
     record: PendingRecord
     prev_head: Any
     prev_writes: dict[str, Any]
-    state: str = "queued"  # queued | done | failed
+    state: str = "queued"  # queued | written | done | failed
     error: BaseException | None = None
     #: outbox entries of a commit: ``(name, mode, args bytes, key | None, idempotent)``
     deferred: list[Deferred] | None = None
@@ -159,7 +175,9 @@ class CommitPipeline:
         self.lock = lock  # the store's lock
         self.flush_lock = threading.Lock()  # one writer of the log at a time
         self._done = threading.Condition(lock)  # a batch was published or failed
-        self._leading = False  # a committer is leading a batch
+        #: records written to the log, not yet published or failed, in LSN order
+        self._inflight: list[Pending] = []
+        self._syncing = False  # a committer is syncing and publishing written records
         self._zstd_misses = 0  # recent compression attempts that did not help
         self._zstd_skip = 0  # commits left before compression is tried again
         self.next_lsn = next_lsn
@@ -390,61 +408,99 @@ class CommitPipeline:
     # -- group commit ---------------------------------------------------------------
 
     def _drive(self, pc: Pending) -> None:
-        """Make ``pc`` durable and visible, leading a batch if nobody else is.
+        """Make ``pc`` durable and visible: write what is queued, then sync or wait.
 
-        A committer whose record a leader is already writing waits on a
-        condition, not on ``flush_lock``, so it returns as soon as its batch
-        is published instead of after the *next* batch's fsync.
+        Two stages (see the module docstring): :meth:`_write_queued` (under
+        ``flush_lock``) frames and writes every queued record, ``pc``'s among
+        them unless another committer already did; then one committer at a
+        time (``_syncing``) fsyncs what is written and publishes it. The
+        others wait on a condition, not a lock, and return as soon as a sync
+        covered their record; the one whose record was written after the last
+        fsync began runs the next one. So the next batch is written while an
+        fsync is in flight, and no committer waits for a later batch's fsync.
         """
-        with self.lock:
-            while pc.state == "queued" and self._leading:
-                self._done.wait()
-            lead = pc.state == "queued"
-            if lead:
-                self._leading = True
-        if lead:
-            released = [False]
+        while True:
+            self._write_queued()
+            with self.lock:
+                while pc.state == "written" and self._syncing:
+                    self._done.wait()
+                if pc.state != "written":
+                    if pc.state == "queued":  # not possible after _write_queued; be safe
+                        continue
+                    break
+                self._syncing = True
             try:
-                with self.flush_lock:
-                    self.lead(released)
+                self._sync_written_batches()
             finally:
-                if not released[0]:  # nothing was published (empty, or it failed)
-                    with self.lock:
-                        self._leading = False
-                        self._done.notify_all()
+                with self.lock:
+                    self._syncing = False
+                    self._done.notify_all()
         if pc.state == "failed":
             assert pc.error is not None
             raise pc.error
 
-    def lead(self, leading: list[bool] | None = None) -> None:
-        """Write (and in sync mode fsync) every queued commit; call under ``flush_lock``.
+    def _write_queued(self) -> None:
+        """Frame and write every queued record in one write (the group commit's write stage)."""
+        with self.flush_lock:
+            with self.lock:
+                batch, self.pending = self.pending, []
+                if not batch:
+                    return
+                for p in batch:
+                    p.state = "written"
+                self._inflight.extend(batch)
+            try:
+                self.writer.append([p.record for p in batch])
+            except Error as exc:
+                self._fail_from(batch[0], exc)
+                return
+            except BaseException as exc:
+                err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
+                self.writer.broken = err
+                self._fail_from(batch[0], err)
+                raise
 
-        ``leading``: given by :meth:`_drive`, whose caller set ``_leading``; the
-        lock section that publishes the batch clears it and sets
-        ``leading[0]``, so the next leader can start in the same hand-off.
+    def _sync_written_batches(self) -> None:
+        """Fsync (when the mode or a record asks for it) and publish the written batches.
+
+        Runs in one thread at a time (``_syncing``). Publishes, in LSN order,
+        every written record the fsync covered (all written ones when none
+        was needed); records written meanwhile wait for the next one.
         """
         with self.lock:
-            batch, self.pending = self.pending, []
-        if not batch:
+            written = list(self._inflight)
+        if not written:
             return
+        synced = False
         try:
-            self.writer.append([p.record for p in batch])
-            # Effect and delete records (ckpt None) are synced in every mode.
-            if self.durability is Durability.SYNC or any(p.ckpt is None for p in batch):
-                self.writer.sync()
-                self.counters["syncs"] += 1
+            if self.durability is Durability.SYNC or any(p.ckpt is None for p in written):
+                self.writer.sync()  # may find it all durable already (a rotation synced it)
+                synced = True
+                covered, pos = self.writer.synced_end
+            else:
+                covered, pos = self.writer.end
         except Error as exc:
-            self._fail_queued(batch, exc)
+            self._fail_from(written[0], exc)
             return
         except BaseException as exc:
             err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
             self.writer.broken = err
-            self._fail_queued(batch, err)
+            self._fail_from(written[0], err)
             raise
         with self.lock:
+            # ``covered`` ends a whole batch (the writer's end moves once per write)
+            n = 0
+            for p in self._inflight:
+                if p.lsn > covered:
+                    break
+                n += 1
+            self.counters["syncs"] += synced
+            if not n:
+                return
+            batch, self._inflight = self._inflight[:n], self._inflight[n:]
             for p in batch:
                 p.state = "done"
-            self.tables.publish(batch, self.writer.position)
+            self.tables.publish(batch, pos)
             self.settled_lsn = max(self.settled_lsn, batch[-1].lsn)
             effects = sum(1 for p in batch if p.ckpt is None and p.drop is None)
             drops = sum(1 for p in batch if p.drop is not None)
@@ -455,43 +511,64 @@ class CommitPipeline:
             if self._since_prune >= 512:  # batches step over multiples: count instead
                 self._since_prune = 0
                 self._prune_last_write()
-            if leading is not None:
-                self._leading = False
-                leading[0] = True
             self._done.notify_all()
         failpoints.hit("after_publish")
 
-    def _fail_queued(self, batch: list[Pending], exc: BaseException) -> None:
-        """Fail ``batch`` and everything queued after it; put LSNs and heads back."""
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every written record is published or failed; call under ``flush_lock``.
+
+        With ``flush_lock`` held nothing new is written, and every written
+        batch has a committer on its way to sync it, so this ends. Returns
+        False if ``timeout`` passed first.
+        """
         with self.lock:
-            doomed = batch + self.pending
-            self.pending = []
-            for p in reversed(doomed):
-                p.state, p.error = "failed", exc
-                if p.drop is not None:  # a deletion: its run's head comes back
-                    if p.prev_head is not _ABSENT:
-                        self.heads[p.drop] = p.prev_head
-                    if p.prev_deleted is _ABSENT:
-                        self.deleted.pop(p.drop, None)
-                    else:
-                        self.deleted[p.drop] = p.prev_deleted
-                    continue
-                if p.ckpt is None:  # an effect entry: no head or write to put back
-                    continue
-                run = p.ckpt.run
-                if p.prev_head is _ABSENT:
-                    self.heads.pop(run, None)
+            return self._done.wait_for(lambda: not self._inflight, timeout)
+
+    def _fail_from(self, first: Pending, exc: BaseException) -> None:
+        """Fail ``first`` and every record after it, written or queued; put LSNs back.
+
+        Nothing to do when ``first`` was settled already (an earlier failure
+        took it along).
+        """
+        with self.lock:
+            at = next((i for i, p in enumerate(self._inflight) if p is first), None)
+            if at is None:
+                return
+            doomed = self._inflight[at:] + self.pending
+            self._inflight, self.pending = self._inflight[:at], []
+            self._fail_queued(doomed, exc)
+
+    def _fail_queued(self, doomed: list[Pending], exc: BaseException) -> None:
+        """Fail ``doomed`` (the last records assigned, in LSN order); put LSNs and heads back.
+
+        Call under the lock.
+        """
+        for p in reversed(doomed):
+            p.state, p.error = "failed", exc
+            if p.drop is not None:  # a deletion: its run's head comes back
+                if p.prev_head is not _ABSENT:
+                    self.heads[p.drop] = p.prev_head
+                if p.prev_deleted is _ABSENT:
+                    self.deleted.pop(p.drop, None)
                 else:
-                    self.heads[run] = p.prev_head
-                writes = self.last_write.setdefault(run, {})
-                for k, old in p.prev_writes.items():
-                    if old is _ABSENT:
-                        writes.pop(k, None)
-                    else:
-                        writes[k] = old
-            self.settled_lsn = max(self.settled_lsn, doomed[-1].lsn)
-            self.next_lsn = doomed[0].lsn
-            self._done.notify_all()
+                    self.deleted[p.drop] = p.prev_deleted
+                continue
+            if p.ckpt is None:  # an effect entry: no head or write to put back
+                continue
+            run = p.ckpt.run
+            if p.prev_head is _ABSENT:
+                self.heads.pop(run, None)
+            else:
+                self.heads[run] = p.prev_head
+            writes = self.last_write.setdefault(run, {})
+            for k, old in p.prev_writes.items():
+                if old is _ABSENT:
+                    writes.pop(k, None)
+                else:
+                    writes[k] = old
+        self.settled_lsn = max(self.settled_lsn, doomed[-1].lsn)
+        self.next_lsn = doomed[0].lsn
+        self._done.notify_all()
 
     def _prune_last_write(self) -> None:
         oldest = self.tables.oldest_snapshot()
@@ -508,19 +585,22 @@ class CommitPipeline:
 
     def sync(self) -> None:
         """Write anything queued and fsync everything written."""
-        with self.flush_lock:
-            self.lead()
-            self.sync_written()
+        self._write_queued()
+        self.sync_written()
 
     def sync_written(self) -> None:
-        """Fsync what was written but not yet synced; call under ``flush_lock``."""
-        if self.writer.written_lsn > self.writer.synced_lsn:
-            self.writer.sync()
-            self.counters["syncs"] += 1
+        """Fsync what was written but not yet synced.
+
+        Needs no ``flush_lock``: the writer syncs while commits go on writing
+        (``Writer.lock`` keeps the segment in place), so async mode's
+        background flush never stalls a committer for an fsync.
+        """
+        if self.writer.written_lsn > self.writer.synced_lsn and self.writer.sync():
+            with self.lock:
+                self.counters["syncs"] += 1
 
     def sync_through(self, lsn: int) -> None:
         """Make the log durable at least through ``lsn`` (before LMDB may pass it)."""
-        with self.flush_lock:
-            if self.writer.synced_lsn < lsn:
-                self.writer.sync()
+        if self.writer.synced_lsn < lsn and self.writer.sync():
+            with self.lock:
                 self.counters["syncs"] += 1

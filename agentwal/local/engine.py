@@ -440,6 +440,8 @@ class Engine:
         if self._flusher is not None and self._pipe.writer.written_lsn > \
                 self._pipe.writer.synced_lsn:
             self._flusher.kick()
+        if self._pipe.writer.spare_wanted and self._folder is not None:
+            self._folder.kick()  # the next segment, made ahead of need (Writer.prepare_spare)
         if self._retain is not None:
             self._retain_commits += len(batch)
             if not self._retain_wanted and self._retain_due() and self._folder is not None:
@@ -487,8 +489,9 @@ class Engine:
         pipe = self._pipe
         if pipe is None or self._stop:
             return STOP
-        # A failed sync stops the writer; the commits that follow report it.
-        with contextlib.suppress(Error), pipe.flush_lock:
+        # A failed sync stops the writer; the commits that follow report it. No
+        # flush_lock: the writer syncs while commits go on writing (Writer.lock).
+        with contextlib.suppress(Error):
             if pipe.writer.broken is None and not pipe.writer.closed:
                 if pipe.writer.written_lsn <= pipe.writer.synced_lsn:
                     return IDLE
@@ -546,6 +549,7 @@ class Engine:
                 self.sync()
                 self.folder.fold()
                 self.maintenance.retain_step(force=True)
+                self._pipe.writer.remove_spare()
         finally:
             self.closed = True
             self._release_all()
@@ -564,6 +568,8 @@ class Engine:
         if self._pipe is not None:
             got = self._pipe.flush_lock.acquire(timeout=30)  # let a batch being written finish
             try:
+                if got:  # ... and be synced and published by its committers
+                    self._pipe.drain(timeout=30)
                 self._pipe.writer.close()
             finally:
                 if got:

@@ -54,15 +54,26 @@ class Folder:
         """The fold thread's work when woken: BUSY, IDLE (nothing wanted) or STOP.
 
         A retention pass that is due (``_retain_wanted``) folds first too: it
-        drops only folded history.
+        drops only folded history. A writer that began a segment first gets the
+        next one's file ready (``Writer.prepare_spare``).
         """
         e = self._e
         with e._lock:
             if e._stop:
                 return STOP
-            if not e._fold_wanted and not e._retain_wanted:
+            spare = e._pipe is not None and e._pipe.writer.spare_wanted
+            fold = e._fold_wanted or e._retain_wanted
+            if not fold and not spare:
                 return IDLE
             e._fold_wanted = e._retain_wanted = False
+        if spare:  # zero-fill the next segment here, not on a commit's path
+            assert e._pipe is not None
+            try:
+                e._pipe.writer.prepare_spare()  # best effort: OSError means no spare
+            except BaseException:  # a simulated power cut: stop, as after a fold
+                return STOP
+            if not fold:
+                return BUSY
         try:
             self.fold()
             e._fold_error = None

@@ -159,7 +159,7 @@ class Startup:
             except OSError as exc:
                 raise io_error(exc, e.path, "cannot raise the store's format version") from None
         w = Writer(e._fs, wal_dir, e.store_id, e._segment_bytes, e._first_segment_bytes,
-                   version=ctl.control.format, upgrade=ctl.raise_to)
+                   version=ctl.control.format, upgrade=ctl.raise_to, prepare_ahead=True)
         if plan.resume is not None:
             seg, header, end = plan.resume
             w.resume(seg, header.salt, end, plan.next_lsn - 1, plan.earlier, header.version)
@@ -226,6 +226,6 @@ class Startup:
                                 e._sync_interval, "agentwal-flush")
             e._workers.append(e._flusher)
         with e._lock:
-            if e._fold_wanted:
+            if e._fold_wanted or (e._pipe is not None and e._pipe.writer.spare_wanted):
                 e._folder.kick()
 

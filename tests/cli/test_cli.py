@@ -83,7 +83,7 @@ def test_problems_exit_1_without_traceback(filled: str, tmp_path: Path) -> None:
 
 
 def test_damaged_wal_exits_1(filled: str) -> None:
-    seg = next((Path(filled) / "wal").iterdir())
+    seg = next((Path(filled) / "wal").glob("*.wal"))
     data = bytearray(seg.read_bytes())
     data[0] ^= 0xFF  # segment magic
     seg.write_bytes(bytes(data))

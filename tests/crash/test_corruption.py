@@ -235,7 +235,7 @@ def test_truncated_wal_tail_after_an_abandoned_store_is_detected(
 
     def cut(copy: str) -> None:
         wal = os.path.join(copy, "wal")
-        path = os.path.join(wal, sorted(os.listdir(wal))[-1])
+        path = os.path.join(wal, sorted(n for n in os.listdir(wal) if n.endswith(".wal"))[-1])
         with open(path, "rb") as f:
             data = f.read()
         header = parse_header(data)
@@ -263,7 +263,7 @@ def test_truncated_wal_segment_before_the_last_is_corruption(
 
     def cut(copy: str) -> None:
         wal = os.path.join(copy, "wal")
-        names = sorted(os.listdir(wal))
+        names = sorted(n for n in os.listdir(wal) if n.endswith(".wal"))
         assert len(names) >= 2
         path = os.path.join(wal, names[0])
         with open(path, "rb") as f:
@@ -335,7 +335,7 @@ def test_judge_allows_a_prefix_only_for_wal_damage(bases: dict[str, Base], check
 
     def cut(copy: str) -> None:
         wal = os.path.join(copy, "wal")
-        path = os.path.join(wal, sorted(os.listdir(wal))[-1])
+        path = os.path.join(wal, sorted(n for n in os.listdir(wal) if n.endswith(".wal"))[-1])
         with open(path, "rb") as f:
             data = f.read()
         header = parse_header(data)

@@ -224,7 +224,7 @@ def test_a_flipped_byte_in_any_wal_frame_is_reported_at_its_offset(
         logged: Built, tmp_path: Path) -> None:
     base = logged
     wal = Path(base.path) / "wal"
-    name = sorted(os.listdir(wal))[-1]
+    name = sorted(n for n in os.listdir(wal) if n.endswith(".wal"))[-1]
     data = (wal / name).read_bytes()
     header = parse_header(data)
     assert not isinstance(header, str)

@@ -112,7 +112,7 @@ def test_a_damaged_log_is_refused_and_nothing_is_published(path: str, tmp_path: 
             with s.begin("r") as txn:
                 txn["i"] = i
         wal = Path(path, "wal")
-        seg = wal / sorted(os.listdir(wal))[-1]
+        seg = wal / sorted(n for n in os.listdir(wal) if n.endswith(".wal"))[-1]
         data = bytearray(seg.read_bytes())
         data[64 + 40] ^= 0x01  # inside the first frame
         seg.write_bytes(bytes(data))
@@ -267,7 +267,7 @@ def test_a_segment_caught_mid_write_is_copied_again(path: str, tmp_path: Path,
             with s.begin("r") as txn:
                 txn["i"] = i
     wal = os.path.join(path, "wal")
-    fs = TornReads(os.path.join(wal, sorted(os.listdir(wal))[-1]))
+    fs = TornReads(os.path.join(wal, sorted(n for n in os.listdir(wal) if n.endswith(".wal"))[-1]))
     with agentwal.open(path, readonly=True, fs=fs) as ro:
         fs.left = torn_reads
         if ok:

@@ -467,7 +467,7 @@ def test_damaged_control_file_is_reported(base: Built, tmp_path: Path) -> None:
 
 def _segment(path: str) -> tuple[str, bytes]:
     wal = os.path.join(path, "wal")
-    name = sorted(os.listdir(wal))[-1]
+    name = sorted(n for n in os.listdir(wal) if n.endswith(".wal"))[-1]
     return os.path.join(wal, name), Path(wal, name).read_bytes()
 
 
@@ -556,7 +556,7 @@ def test_a_missing_segment_is_found(path: str) -> None:
             txn["v"] = hashlib.sha256(str(i).encode()).hexdigest() * 10
     crash_store(s)
     wal = os.path.join(path, "wal")
-    names = sorted(os.listdir(wal))
+    names = sorted(n for n in os.listdir(wal) if n.endswith(".wal"))
     assert len(names) >= 3
     with agentwal.open(path, readonly=True) as ro:
         os.unlink(os.path.join(wal, names[1]))

@@ -90,12 +90,16 @@ def parse_header(data: bytes) -> SegmentHeader | str:
     return SegmentHeader(uuid.UUID(bytes=sid), number, first, salt, version)
 
 
+# RECORD_HEADER without its leading CRC, and the CRC alone: packed apart, no slicing
+_REST = struct.Struct("<" + RECORD_HEADER.format.lstrip("<")[1:])
+_CRC = struct.Struct("<I")
+
+
 def encode_frame(salt: int, lsn: int, synced_lsn: int, rtype: int, flags: int,
                  payload: bytes) -> bytes:
     """One record frame: header and payload."""
-    rest = RECORD_HEADER.pack(0, len(payload), lsn, synced_lsn, rtype, flags, 0)[4:]
-    crc = zlib.crc32(payload, zlib.crc32(rest, salt))
-    return struct.pack("<I", crc) + rest + payload
+    rest = _REST.pack(len(payload), lsn, synced_lsn, rtype, flags, 0)
+    return _CRC.pack(zlib.crc32(payload, zlib.crc32(rest, salt))) + rest + payload
 
 
 def try_frame(data: bytes | memoryview, offset: int, salt: int) -> Frame | None:

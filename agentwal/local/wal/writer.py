@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from ...format import (
     PLAIN_VERSION,
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
+    SPARE_NAME,
     TMP_SUFFIX,
     segment_name,
 )
@@ -70,9 +72,10 @@ __all__ = ["PendingRecord", "Segment", "Writer"]
 _ZERO_CHUNK = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PendingRecord:
-    """A record waiting to be framed: its LSN, type, flags and payload."""
+    """A record waiting to be framed: its LSN, type, flags and payload (never changed;
+    not frozen, which would cost a third of a microsecond per commit)."""
 
     lsn: int
     type: int
@@ -96,7 +99,8 @@ class Writer:
     def __init__(self, fs: FileSystem, wal_dir: str, store_id: uuid.UUID,
                  segment_bytes: int, first_bytes: int | None = None, *,
                  version: int = PLAIN_VERSION,
-                 upgrade: Callable[[int], None] | None = None) -> None:
+                 upgrade: Callable[[int], None] | None = None,
+                 prepare_ahead: bool = False) -> None:
         self.fs = fs
         self.wal_dir = wal_dir
         self.store_id = store_id
@@ -104,6 +108,11 @@ class Writer:
         #: the first segment's size; each next one doubles, up to ``segment_bytes``
         self.first_bytes = min(segment_bytes, first_bytes or segment_bytes)
         self.segments: list[Segment] = []
+        #: held while the current segment's descriptor, the synced LSN or the log mark
+        #: may change: by :meth:`sync`, rotation, :meth:`remove_through` and
+        #: :meth:`close`. :meth:`append` writes without it, so the next batch can be
+        #: written while an fsync is in flight (the commit pipeline's group commit).
+        self.lock = threading.RLock()
         self.broken: DurabilityError | None = None
         self.closed = False
         self.synced_lsn = 0  # highest LSN known durable
@@ -116,16 +125,25 @@ class Writer:
         self._seg_version = version  # of the current segment
         #: (first LSN of the segment, offset) just past the last frame written
         self.position: tuple[int, int] | None = None
+        #: ``(written_lsn, position)`` and ``(synced_lsn, its position)``, each
+        #: assigned at once, so a reader in another thread never sees a mix
+        self.end: tuple[int, tuple[int, int] | None] = (0, None)
+        self.synced_end: tuple[int, tuple[int, int] | None] = (0, None)
         self._fd: int | None = None
         self._salt = 0
         self._offset = 0
-        self._dirty = False  # the current segment has unsynced writes
         self._mark_crc: int | None = None  # seed of the log mark's slots; None: no mark file
         self._mark_slot = 0
         self._marked = 0  # the acknowledged LSN the mark holds
         #: slot writes since the mark was last made durable, and when that was
         self._mark_unsynced = 0
         self._mark_synced_at = time.monotonic()
+        #: whether a background thread calls :meth:`prepare_spare` when ``spare_wanted``
+        self.prepare_ahead = prepare_ahead
+        #: the next segment's file should be prepared (set at each rotation)
+        self.spare_wanted = False
+        self._spare: tuple[int, int] | None = None  # (descriptor, size) of a ready spare
+        self._spare_lock = threading.Lock()  # held while a spare is made or taken
 
     # -- opening ---------------------------------------------------------------
 
@@ -142,6 +160,7 @@ class Writer:
         self._offset = offset
         self.position = (seg.first_lsn, offset)
         self.synced_lsn = self.written_lsn = last_lsn
+        self.end = self.synced_end = (last_lsn, self.position)
         self.write_mark()
 
     def start(self, first_lsn: int, number: int = 0, earlier: list[Segment] | None = None) -> None:
@@ -151,6 +170,7 @@ class Writer:
         the writer removes them with the next :meth:`remove_through`.
         """
         self.synced_lsn = self.written_lsn = first_lsn - 1
+        self.end = self.synced_end = (first_lsn - 1, None)
         self.segments = list(earlier or [])
         self._rotate(first_lsn, number, 0)
 
@@ -168,19 +188,29 @@ class Writer:
             raise StoreClosedError(os.path.dirname(self.wal_dir))
         if not records:
             return
-        total = sum(RECORD_HEADER_SIZE + len(r.payload) for r in records)
-        appends = self._seg_version < APPENDS_VERSION and any(
-            r.flags & FLAG_APPENDS for r in records)
+        if len(records) == 1:  # the common case, without generators
+            r = records[0]
+            total = RECORD_HEADER_SIZE + len(r.payload)
+            appends = self._seg_version < APPENDS_VERSION and bool(r.flags & FLAG_APPENDS)
+        else:
+            total = sum(RECORD_HEADER_SIZE + len(r.payload) for r in records)
+            appends = self._seg_version < APPENDS_VERSION and any(
+                r.flags & FLAG_APPENDS for r in records)
         if appends and self.version < APPENDS_VERSION:
             self._raise_version()
         if appends or self._fd is None or self._offset + total > self.segments[-1].size:
             number = self.segments[-1].number + 1 if self.segments else 0
             self._rotate(records[0].lsn, number, SEGMENT_HEADER_SIZE + total)
-        synced = self.synced_lsn
-        self._write(b"".join(encode_frame(self._salt, r.lsn, synced, r.type, r.flags, r.payload)
-                             for r in records))
+        synced, salt = self.synced_lsn, self._salt
+        if len(records) == 1:
+            r = records[0]
+            self._write(encode_frame(salt, r.lsn, synced, r.type, r.flags, r.payload))
+        else:
+            self._write(b"".join([encode_frame(salt, r.lsn, synced, r.type, r.flags, r.payload)
+                                  for r in records]))
         self.written_lsn = records[-1].lsn
         self.position = (self.segments[-1].first_lsn, self._offset)
+        self.end = (self.written_lsn, self.position)
 
     def _raise_version(self) -> None:
         """Make the store's version ``APPENDS_VERSION`` (durable) before any segment says so."""
@@ -211,7 +241,6 @@ class Writer:
             self._undo_write(start, len(blob), exc)
         self._offset += len(blob)
         self.bytes_written += len(blob)
-        self._dirty = True
         failpoints.hit("after_wal_append")
 
     def _undo_write(self, start: int, length: int, exc: OSError) -> None:
@@ -229,17 +258,28 @@ class Writer:
 
     # -- syncing ---------------------------------------------------------------
 
-    def sync(self) -> None:
-        """Make every written frame durable (fdatasync of each touched segment)."""
-        self._check()
-        target = self.written_lsn
-        failpoints.hit("before_fsync")
-        if self._dirty:
-            self._fsync_current()
-        self.synced_lsn = target
-        if target > self._marked and self._mark_crc is not None:
-            self._note_acked(target)
-        failpoints.hit("after_fsync")
+    def sync(self) -> bool:
+        """Make every frame written so far durable (fdatasync of the current segment).
+
+        Safe while another thread appends: what was written when the fsync
+        began is what becomes durable (``synced_lsn``). Returns whether an
+        fsync was issued (False: everything written was durable already).
+        """
+        with self.lock:
+            self._check()
+            end = self.end
+            target = end[0]
+            synced = target > self.synced_lsn
+            if synced and self.closed:
+                raise StoreClosedError(os.path.dirname(self.wal_dir))
+            failpoints.hit("before_fsync")
+            if synced:
+                self._fsync_current()
+                self.synced_lsn, self.synced_end = target, end
+            if target > self._marked and self._mark_crc is not None:
+                self._note_acked(target)
+            failpoints.hit("after_fsync")
+            return synced
 
     def _fsync_current(self) -> None:
         assert self._fd is not None
@@ -248,41 +288,41 @@ class Writer:
         except OSError as exc:
             raise self._poison(self.segments[-1].path,
                                f"fsync failed: {exc.strerror or exc}") from None
-        self._dirty = False
 
     # -- rotation and removal ------------------------------------------------------
 
     def _rotate(self, first_lsn: int, number: int, need: int) -> None:
         """Create, preallocate and durably name the next segment, then switch to it."""
+        with self.lock:  # no fsync of the old descriptor is in flight
+            self._rotate_locked(first_lsn, number, need)
+
+    def _rotate_locked(self, first_lsn: int, number: int, need: int) -> None:
         if self._fd is not None:  # retire the full segment: durable, then closed
-            if self._dirty:
+            if self.written_lsn > self.synced_lsn:
                 self._fsync_current()
-            self.synced_lsn = self.written_lsn
+            self.synced_lsn, self.synced_end = self.written_lsn, self.end
             self._close_fd()
-        prev = self.segments[-1].size if self.segments else 0
+        size = self._next_size(need)
         if self.segments and self.segments[-1].first_lsn == first_lsn:
             # The current segment holds no record yet (a first record too big
             # for it): the new one takes its name, number and place.
             number = self.segments.pop().number
-        # Small stores stay small: the first segment is small, each next one twice the last.
-        size = max(min(self.segment_bytes, max(self.first_bytes, 2 * prev)), need)
         path = os.path.join(self.wal_dir, segment_name(first_lsn))
         tmp = path + TMP_SUFFIX
         header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32),
                                self.version)
         failpoints.hit("before_segment_create")
-        fd: int | None = None
+        fd = self._take_spare(size)
+        if fd is not None:
+            tmp = os.path.join(self.wal_dir, SPARE_NAME)
         try:
             # Built under a temporary name and renamed only once its zeros and
             # header are durable, so a segment name never holds a bad header.
-            fd = self.fs.open(tmp, create=True)
-            self.fs.truncate(fd, 0)
-            zeros = bytes(min(_ZERO_CHUNK, size))
-            off = 0
-            while off < size:
-                chunk = zeros[: min(len(zeros), size - off)]
-                write_all(self.fs, fd, off, chunk)
-                off += len(chunk)
+            # A spare (prepare_spare) has its zeros on disk already.
+            if fd is None:
+                fd = self.fs.open(tmp, create=True)
+                self.fs.truncate(fd, 0)
+                self._zero_fill(fd, size)
             write_all(self.fs, fd, 0, encode_header(header))
             self.fs.fsync(fd)
             failpoints.hit("segment_preallocated")
@@ -300,6 +340,78 @@ class Writer:
         self._offset = SEGMENT_HEADER_SIZE
         self.segments.append(Segment(number, first_lsn, path, size))
         self.write_mark()
+        self.spare_wanted = self.prepare_ahead
+
+    def _next_size(self, need: int = 0) -> int:
+        """The size of the segment after the current one."""
+        prev = self.segments[-1].size if self.segments else 0
+        # Small stores stay small: the first segment is small, each next one twice the last.
+        return max(min(self.segment_bytes, max(self.first_bytes, 2 * prev)), need)
+
+    def _zero_fill(self, fd: int, size: int) -> None:
+        zeros = bytes(min(_ZERO_CHUNK, size))
+        off = 0
+        while off < size:
+            chunk = zeros[: min(len(zeros), size - off)]
+            write_all(self.fs, fd, off, chunk)
+            off += len(chunk)
+
+    # -- the spare: the next segment, prepared ahead of need -----------------------------
+
+    def prepare_spare(self) -> bool:
+        """Make the next segment's file ahead of need: zero-filled to its size, synced.
+
+        Called off the commit path (the store's fold thread, when
+        ``spare_wanted``), so a rotation only writes a header into it,
+        syncs and renames it: the zeros, the bulk of a new segment's cost,
+        never delay a commit. Best effort: a failure (no room, say) leaves no
+        spare, and the rotation makes its segment itself as before (and
+        reports no room there, before anything is acknowledged). Returns
+        whether a spare is ready.
+        """
+        with self._spare_lock:
+            if self._spare is not None:
+                return True
+            if (not self.spare_wanted or self.closed or self.broken is not None
+                    or not self.segments):
+                return False
+            self.spare_wanted = False
+            size = self._next_size()
+            path = os.path.join(self.wal_dir, SPARE_NAME)
+            fd: int | None = None
+            try:
+                fd = self.fs.open(path, create=True)
+                self.fs.truncate(fd, 0)
+                self._zero_fill(fd, size)
+                self.fs.fsync(fd)
+                failpoints.hit("spare_prepared")
+            except OSError:
+                self._drop_spare_file(fd)
+                return False
+            self._spare = (fd, size)
+            return True
+
+    def _take_spare(self, size: int) -> int | None:
+        """The spare's descriptor if one of ``size`` bytes is ready, else None (a spare
+        of another size is removed)."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        if spare[1] != size:  # made for another rotation (a record larger than it came)
+            self._drop_spare_file(spare[0])
+            return None
+        return spare[0]
+
+    def _drop_spare_file(self, fd: int | None) -> None:
+        """Close and remove a spare (best effort: recovery removes a leftover one)."""
+        with contextlib.suppress(OSError):
+            if fd is not None:
+                self.fs.close(fd)
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.wal_dir, SPARE_NAME)
+            if self.fs.exists(path):
+                self.fs.unlink(path)
 
     def _abandon(self, tmp: str, path: str, fd: int | None) -> None:
         """Best-effort removal of a segment whose creation failed."""
@@ -314,6 +426,10 @@ class Writer:
 
     def remove_through(self, lsn: int) -> int:
         """Remove segments whose records all have LSN <= ``lsn``; returns how many."""
+        with self.lock:
+            return self._remove_through(lsn)
+
+    def _remove_through(self, lsn: int) -> int:
         self._check()
         doomed = [s for s, nxt in zip(self.segments, self.segments[1:], strict=False)
                   if nxt.first_lsn <= lsn + 1]
@@ -339,15 +455,16 @@ class Writer:
         true (it names fewer segments and an older LSN), so the failure is
         not the commit's. Returns False when it failed.
         """
-        segs = self.segments if segments is None else segments
-        mark = LogMark(self.synced_lsn, tuple((s.first_lsn, s.size) for s in segs))
-        try:
-            self._mark_crc = write_mark(self.fs, os.path.dirname(self.wal_dir), self.store_id,
-                                        mark)
-        except OSError:
-            return False
-        self._marked = self.synced_lsn
-        return True
+        with self.lock:
+            segs = self.segments if segments is None else segments
+            mark = LogMark(self.synced_lsn, tuple((s.first_lsn, s.size) for s in segs))
+            try:
+                self._mark_crc = write_mark(self.fs, os.path.dirname(self.wal_dir),
+                                            self.store_id, mark)
+            except OSError:
+                return False
+            self._marked = self.synced_lsn
+            return True
 
     def _note_acked(self, lsn: int) -> None:
         """Say in the mark's next slot that the log is durable through ``lsn`` (best effort).
@@ -372,13 +489,32 @@ class Writer:
         self._marked = lsn
 
     def size_bytes(self) -> int:
-        """Bytes of log on disk (preallocation included)."""
-        return sum(s.size for s in self.segments)
+        """Bytes of log on disk (preallocation and a spare included)."""
+        spare = self._spare
+        return sum(s.size for s in self.segments) + (spare[1] if spare is not None else 0)
 
     def close(self) -> None:
         """Close the current segment (no sync); the writer accepts no more records."""
-        self.closed = True
-        self._close_fd()
+        with self.lock:
+            self.closed = True
+            self._close_fd()
+        with self._spare_lock:  # waits for a spare being made; the file stays (see below)
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                with contextlib.suppress(OSError):
+                    self.fs.close(spare[0])
+
+    def remove_spare(self) -> None:
+        """Remove an unused spare and make no more (a clean close; best effort).
+
+        A writer that stops otherwise (a crash, a stopped writer) leaves its
+        spare for recovery to remove, like any ``*.wal.tmp``.
+        """
+        self.prepare_ahead = self.spare_wanted = False
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                self._drop_spare_file(spare[0])
 
     def _close_fd(self) -> None:
         if self._fd is not None:

@@ -1,0 +1,194 @@
+"""Group commit's two stages: the next batch is written while an fsync is in flight.
+
+A file system whose next fsync of a segment blocks until the test lets it go
+holds one commit inside fdatasync; a second commit then writes its record
+meanwhile. Checked: that record is not acknowledged by the fsync it missed,
+a failed fsync fails it too and stops the writer, and no room for it fails
+only it (the first commit is still acknowledged and the next commit takes
+its LSN).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import agentwal
+from agentwal import errors
+from agentwal.format import SPARE_NAME
+from agentwal.io import OsFileSystem
+from agentwal.local.commit import CommitPipeline
+
+
+class GateFs(OsFileSystem):
+    """The OS file system; once armed, the next fsync of a segment waits for ``go``.
+
+    ``fail``: that fsync then fails with EIO. ``enospc_next_write``: the next
+    pwrite fails with ENOSPC (nothing written).
+    """
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.inside = threading.Event()
+        self.go = threading.Event()
+        self.fail = False
+        self.enospc_next_write = False
+        self.wal_fds: set[int] = set()
+        self.fsyncs = 0
+
+    def open(self, path: str, create: bool = True) -> int:
+        fd = super().open(path, create)
+        if ".wal" in path and SPARE_NAME not in path:  # a segment (the spare is made aside)
+            self.wal_fds.add(fd)
+        return fd
+
+    def pwrite(self, fd: int, offset: int, data: bytes) -> int:
+        if self.enospc_next_write and fd in self.wal_fds:
+            self.enospc_next_write = False
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().pwrite(fd, offset, data)
+
+    def fsync(self, fd: int) -> None:
+        if self.armed and fd in self.wal_fds:
+            self.armed = False
+            self.inside.set()
+            assert self.go.wait(30)
+            if self.fail:
+                raise OSError(errno.EIO, "Input/output error")
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+@pytest.fixture
+def fs() -> GateFs:
+    return GateFs()
+
+
+@pytest.fixture
+def store(path: str, fs: GateFs) -> Iterator[agentwal.Store]:
+    s = agentwal.open(path, durability="sync", fs=fs, segment_bytes=1 << 20)
+    with s.begin("warm") as txn:  # the first segment exists and is synced
+        txn.put("k", 0)
+    yield s
+    s.close()
+
+
+def pipe_of(store: agentwal.Store) -> CommitPipeline:
+    pipe = store._engine._pipe
+    assert pipe is not None
+    return pipe
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # the test inspects it
+            out.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def put(store: agentwal.Store, run: str, value: Any) -> Callable[[], Any]:
+    def go() -> Any:
+        with store.begin(run) as txn:
+            txn.put("k", value)
+        head = store.head(run)
+        assert head is not None
+        # acknowledged only once durable: the writer's synced LSN covers it
+        assert pipe_of(store).writer.synced_lsn >= head.lsn
+        return head
+    return go
+
+
+def wait_until(cond: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.001)
+
+
+def hold_first_in_fsync(store: agentwal.Store, fs: GateFs
+                        ) -> tuple[threading.Thread, list[Any], int]:
+    """Start commit A and return once its fsync is in flight (blocked); A's LSN."""
+    pipe = pipe_of(store)
+    fs.armed = True
+    ta, ra = in_thread(put(store, "a", 1))
+    assert fs.inside.wait(30)
+    return ta, ra, pipe.writer.written_lsn
+
+
+def test_the_next_commit_is_written_during_an_fsync_and_waits_for_its_own(
+        store: agentwal.Store, fs: GateFs) -> None:
+    pipe = pipe_of(store)
+    ta, ra, a_lsn = hold_first_in_fsync(store, fs)
+    tb, rb = in_thread(put(store, "b", 2))
+    wait_until(lambda: pipe.writer.written_lsn > a_lsn)  # B's record is in the OS
+    assert pipe.writer.synced_lsn < a_lsn  # A's fsync has not returned
+    assert store.get("b", "k") is None and store.get("a", "k") is None  # nothing visible yet
+    assert tb.is_alive() and ta.is_alive()
+    before = fs.fsyncs
+    fs.go.set()
+    ta.join(30)
+    tb.join(30)
+    a, b = ra[0], rb[0]
+    assert isinstance(a, agentwal.Checkpoint) and isinstance(b, agentwal.Checkpoint), (ra, rb)
+    assert (a.lsn, b.lsn) == (a_lsn, a_lsn + 1)
+    # B was written after A's fsync began, so it had one of its own
+    assert fs.fsyncs - before >= 2
+    assert store.get("a", "k") == 1 and store.get("b", "k") == 2
+
+
+def test_a_failed_fsync_fails_the_commit_written_during_it_and_stops_the_writer(
+        path: str, store: agentwal.Store, fs: GateFs) -> None:
+    pipe = pipe_of(store)
+    fs.fail = True
+    ta, ra, a_lsn = hold_first_in_fsync(store, fs)
+    tb, rb = in_thread(put(store, "b", 2))
+    wait_until(lambda: pipe.writer.written_lsn > a_lsn)
+    fs.go.set()
+    ta.join(30)
+    tb.join(30)
+    assert isinstance(ra[0], errors.DurabilityError), ra
+    assert isinstance(rb[0], errors.DurabilityError), rb
+    assert store.head("a") is None and store.head("b") is None
+    assert store.get("a", "k") is None and store.get("b", "k") is None
+    with pytest.raises(errors.DurabilityError), store.begin("c") as txn:
+        txn.put("k", 3)
+
+
+def test_no_room_for_the_commit_written_during_an_fsync_fails_only_it(
+        path: str, store: agentwal.Store, fs: GateFs) -> None:
+    pipe = pipe_of(store)
+    ta, ra, a_lsn = hold_first_in_fsync(store, fs)
+    fs.enospc_next_write = True
+    tb, rb = in_thread(put(store, "b", 2))
+    tb.join(30)  # fails at once, while A is still inside its fsync
+    assert isinstance(rb[0], errors.DiskFullError), rb
+    assert ta.is_alive()
+    fs.go.set()
+    ta.join(30)
+    a = ra[0]
+    assert isinstance(a, agentwal.Checkpoint), ra
+    assert a.lsn == a_lsn
+    c = put(store, "c", 3)()
+    assert c.lsn == a.lsn + 1  # B's LSN, given back
+    assert store.head("b") is None
+    assert pipe.writer.broken is None
+    store.close()
+    again = agentwal.open(path, durability="sync")
+    try:
+        assert again.get("a", "k") == 1 and again.get("c", "k") == 3
+        assert again.get("b", "k") is None
+        assert again.verify().ok
+    finally:
+        again.close()

@@ -1,0 +1,163 @@
+"""The spare segment: the next segment's file, zero-filled and synced ahead of need.
+
+The writer asks for one at every rotation (``spare_wanted``); the store's fold
+thread makes it (``Writer.prepare_spare``), and the next rotation only writes
+a header into it, syncs and renames it. These tests call ``prepare_spare``
+themselves (the writer alone, on the OS or the simulated disk), then one test
+goes through a store and its fold thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import agentwal
+from agentwal.errors import DiskFullError
+from agentwal.format import REC_COMMIT, SEGMENT_HEADER_SIZE, SPARE_NAME
+from agentwal.io import FileSystem, OsFileSystem, read_all
+from agentwal.local.wal import PendingRecord, Writer, list_segments
+from agentwal.local.wal.frame import parse_header
+from agentwal.testing import FaultPlan, SimulatedDisk
+from agentwal.testing.hooks import crash
+
+KIB = 1024
+
+
+def writer(fs: FileSystem, wal_dir: str, first: int = 8 * KIB) -> Writer:
+    w = Writer(fs, wal_dir, uuid.uuid4(), 64 * KIB, first, prepare_ahead=True)
+    w.start(1)
+    return w
+
+
+def fill(w: Writer, lsn: int, n: int, size: int = 1000) -> int:
+    """Append ``n`` records of ``size`` bytes from ``lsn``, one batch each; the next LSN."""
+    for i in range(n):
+        w.append([PendingRecord(lsn + i, REC_COMMIT, 0, bytes([i % 251 + 1]) * size)])
+    w.sync()
+    return lsn + n
+
+
+def wal_dir(tmp_path: Path) -> str:
+    d = tmp_path / "wal"
+    d.mkdir()
+    return str(d)
+
+
+def test_a_rotation_turns_the_prepared_spare_into_the_next_segment(tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    fs = OsFileSystem()
+    w = writer(fs, d)
+    assert w.spare_wanted  # asked for at the first segment already
+    assert w.prepare_spare()
+    spare = os.path.join(d, SPARE_NAME)
+    assert read_all(fs, spare) == bytes(16 * KIB)  # the next size, zeros on disk
+    assert not w.spare_wanted
+    assert w.size_bytes() == 8 * KIB + 16 * KIB
+
+    nxt = fill(w, 1, 12)  # 8 KiB holds 7 records of 1 KiB: the 8th rotates
+    assert not os.path.exists(spare)
+    segs = list_segments(fs, d)
+    assert [s.first_lsn for s in segs] == [1, 8]
+    assert len(segs[1].data) == 16 * KIB
+    header = parse_header(segs[1].data[:SEGMENT_HEADER_SIZE])
+    assert not isinstance(header, str) and header.number == 1 and header.first_lsn == 8
+    scans = [s.scan() for s in segs]
+    assert [sc.state for sc in scans] == ["clean", "clean"]
+    assert [f.lsn for sc in scans for f in sc.frames] == list(range(1, nxt))
+    assert w.spare_wanted  # and the one after it is wanted again
+    w.close()
+
+
+def test_a_spare_of_the_wrong_size_is_removed_and_the_segment_made_in_place(
+        tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    fs = OsFileSystem()
+    w = writer(fs, d)
+    assert w.prepare_spare()
+    big = PendingRecord(1, REC_COMMIT, 0, b"x" * (20 * KIB))  # larger than the 16 KiB spare
+    w.append([big])
+    w.append([PendingRecord(2, REC_COMMIT, 0, b"y" * (30 * KIB))])
+    w.sync()
+    assert SPARE_NAME not in os.listdir(d)
+    assert [f.lsn for s in list_segments(fs, d) for f in s.scan().frames] == [1, 2]
+    w.close()
+
+
+def test_a_clean_close_removes_an_unused_spare(tmp_path: Path) -> None:
+    d = wal_dir(tmp_path)
+    w = writer(OsFileSystem(), d)
+    assert w.prepare_spare()
+    w.remove_spare()
+    w.close()
+    assert SPARE_NAME not in os.listdir(d)
+    assert not w.prepare_spare()  # a closed writer makes none
+
+
+def test_no_room_for_the_spare_leaves_none_and_the_rotation_reports_disk_full() -> None:
+    # Room for the first 8 KiB segment and a little more, not for a 16 KiB spare.
+    disk = SimulatedDisk(FaultPlan(budget=8 * KIB + 6 * KIB))
+    disk.mkdir("/s")
+    disk.mkdir("/s/wal")
+    w = writer(disk, "/s/wal")
+    assert not w.prepare_spare()
+    assert SPARE_NAME not in disk.listdir("/s/wal")
+    nxt = fill(w, 1, 7)  # fits in the first segment
+    with pytest.raises(DiskFullError):
+        fill(w, nxt, 1)  # needs the next segment: nothing of it is written
+    assert w.broken is None  # no room is not a broken writer
+    assert w.synced_lsn == nxt - 1
+    assert [n for n in disk.listdir("/s/wal") if n.endswith(".tmp")] == []
+
+
+def test_a_failed_spare_write_is_not_an_error_of_any_commit() -> None:
+    disk = SimulatedDisk(FaultPlan(write_errors={3: errno.EIO}))
+    disk.mkdir("/s")
+    disk.mkdir("/s/wal")
+    w = writer(disk, "/s/wal")
+    ops = 0
+    while not w.prepare_spare() and ops < 5:  # the faulty write is one of the first few
+        w.spare_wanted = True
+        ops += 1
+    nxt = fill(w, 1, 12)
+    assert w.broken is None and w.synced_lsn == nxt - 1
+    assert [f.lsn for s in list_segments(disk, "/s/wal") for f in s.scan().frames] == \
+        list(range(1, nxt))
+
+
+def test_a_store_prepares_spares_in_the_background_and_recovery_removes_a_left_one(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "s.awal")
+    spare = os.path.join(path, "wal", SPARE_NAME)
+    s = agentwal.open(path, durability="sync", segment_bytes=16 * KIB, wal_max_bytes=1 << 20)
+    values = {}
+    for i in range(40):  # several rotations
+        with s.begin("r") as txn:
+            txn.put(f"k{i}", "v" * 900)
+            values[f"k{i}"] = "v" * 900
+        deadline = time.monotonic() + 10
+        while not os.path.exists(spare) and time.monotonic() < deadline:
+            time.sleep(0.001)  # the fold thread makes it; wait, not a timed assertion
+        assert os.path.exists(spare)
+    segs = sorted(n for n in os.listdir(os.path.join(path, "wal")) if n.endswith(".wal"))
+    assert len(segs) >= 3
+    # A process that dies leaves its spare: the next open removes it and reads everything.
+    crash(s)
+    assert os.path.exists(spare)
+    s2 = agentwal.open(path, durability="sync", segment_bytes=16 * KIB, wal_max_bytes=1 << 20)
+    try:
+        assert {k: s2.get("r", k) for k in values} == values
+        with s2.begin("r") as txn:
+            txn.put("after", 1)
+        assert s2.get("r", "after") == 1
+        deadline = time.monotonic() + 10
+        while not os.path.exists(spare) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        s2.close()
+    assert not os.path.exists(spare)  # a clean close removes it
