@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import agentwal
+from agentwal import failpoints
 from agentwal.errors import DiskFullError
 from agentwal.format import REC_COMMIT, SEGMENT_HEADER_SIZE, SPARE_NAME
 from agentwal.io import FileSystem, OsFileSystem, read_all
@@ -161,3 +163,36 @@ def test_a_store_prepares_spares_in_the_background_and_recovery_removes_a_left_o
     finally:
         s2.close()
     assert not os.path.exists(spare)  # a clean close removes it
+
+
+def test_the_next_spare_is_not_made_in_the_file_a_rotation_is_renaming(tmp_path: Path) -> None:
+    # Regression: the fold thread asked for a spare while a rotation was between taking
+    # the last one and renaming it; it opened that same file by name, truncated it and
+    # zero-filled it, so the segment name got a file without a header.
+    d = wal_dir(tmp_path)
+    fs = OsFileSystem()
+    w = writer(fs, d)
+    assert w.prepare_spare()
+    made: list[bool] = []
+    helper: list[threading.Thread] = []
+
+    def meanwhile(_name: str) -> None:  # the rotation's header is synced, not yet renamed
+        w.spare_wanted = True
+        t = threading.Thread(target=lambda: made.append(w.prepare_spare()))
+        t.start()
+        helper.append(t)
+        t.join(0.2)  # it must wait for the rename, not open the file now
+
+    failpoints.arm("segment_preallocated", "call", fn=meanwhile)
+    try:
+        nxt = fill(w, 1, 12)
+    finally:
+        failpoints.disarm()
+    helper[0].join(30)
+    assert made == [True]
+    for seg in list_segments(fs, d):
+        assert seg.header is not None, seg.problem
+    assert [f.lsn for s in list_segments(fs, d) for f in s.scan().frames] == list(range(1, nxt))
+    # a new, whole spare, sized for the segment after the 16 KiB one
+    assert read_all(fs, os.path.join(d, SPARE_NAME)) == bytes(32 * KIB)
+    w.close()

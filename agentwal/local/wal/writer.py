@@ -312,33 +312,38 @@ class Writer:
         header = SegmentHeader(self.store_id, number, first_lsn, secrets.randbits(32),
                                self.version)
         failpoints.hit("before_segment_create")
-        fd = self._take_spare(size)
-        if fd is not None:
-            tmp = os.path.join(self.wal_dir, SPARE_NAME)
-        try:
-            # Built under a temporary name and renamed only once its zeros and
-            # header are durable, so a segment name never holds a bad header.
-            # A spare (prepare_spare) has its zeros on disk already.
-            if fd is None:
-                fd = self.fs.open(tmp, create=True)
-                self.fs.truncate(fd, 0)
-                self._zero_fill(fd, size)
-            write_all(self.fs, fd, 0, encode_header(header))
-            self.fs.fsync(fd)
-            failpoints.hit("segment_preallocated")
-            self.fs.rename(tmp, path)
-            self.fs.fsync_dir(self.wal_dir)
-        except OSError as exc:
-            self._abandon(tmp, path, fd)
-            if exc.errno in DISK_FULL_ERRNOS:
-                raise DiskFullError(path) from None
-            raise self._poison(path, f"cannot create segment: {exc.strerror or exc}") from None
+        # The spare lock is held until the spare is renamed: prepare_spare, which
+        # makes the next one under the same name, must not open this one meanwhile.
+        with self._spare_lock:
+            fd = self._take_spare(size)
+            if fd is not None:
+                tmp = os.path.join(self.wal_dir, SPARE_NAME)
+            try:
+                # Built under a temporary name and renamed only once its zeros and
+                # header are durable, so a segment name never holds a bad header.
+                # A spare (prepare_spare) has its zeros on disk already.
+                if fd is None:
+                    fd = self.fs.open(tmp, create=True)
+                    self.fs.truncate(fd, 0)
+                    self._zero_fill(fd, size)
+                write_all(self.fs, fd, 0, encode_header(header))
+                self.fs.fsync(fd)
+                failpoints.hit("segment_preallocated")
+                self.fs.rename(tmp, path)
+                self.fs.fsync_dir(self.wal_dir)
+            except OSError as exc:
+                self._abandon(tmp, path, fd)
+                if exc.errno in DISK_FULL_ERRNOS:
+                    raise DiskFullError(path) from None
+                raise self._poison(path, f"cannot create segment: {exc.strerror or exc}"
+                                   ) from None
+            # (still under the spare lock: a spare is sized after this segment)
+            self.segments.append(Segment(number, first_lsn, path, size))
         failpoints.hit("after_segment_create")
         self._fd = fd
         self._salt = header.salt
         self._seg_version = header.version
         self._offset = SEGMENT_HEADER_SIZE
-        self.segments.append(Segment(number, first_lsn, path, size))
         self.write_mark()
         self.spare_wanted = self.prepare_ahead
 
@@ -393,9 +398,8 @@ class Writer:
 
     def _take_spare(self, size: int) -> int | None:
         """The spare's descriptor if one of ``size`` bytes is ready, else None (a spare
-        of another size is removed)."""
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
+        of another size is removed). Call with ``_spare_lock`` held."""
+        spare, self._spare = self._spare, None
         if spare is None:
             return None
         if spare[1] != size:  # made for another rotation (a record larger than it came)
