@@ -467,6 +467,10 @@ class CommitPipeline:
         every written record the fsync covered (all written ones when none
         was needed); records written meanwhile wait for the next one.
         """
+        # The log's end first, then the written records: every record up to that end
+        # is among them (a batch is listed before its write, the end moves after), so
+        # an effect or delete record up to it is seen and gets its fsync.
+        end = self.writer.end
         with self.lock:
             written = list(self._inflight)
         if not written:
@@ -478,7 +482,7 @@ class CommitPipeline:
                 synced = True
                 covered, pos = self.writer.synced_end
             else:
-                covered, pos = self.writer.end
+                covered, pos = end
         except Error as exc:
             self._fail_from(written[0], exc)
             return
