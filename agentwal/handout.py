@@ -59,20 +59,22 @@ _is = operator.is_
 _not = operator.not_
 _keys_of = dict.keys
 _copy = operator.methodcaller("copy")
+_dict_copy = dict.copy
 _is_box = _CONTAINERS.__contains__
 #: Levels of nesting followed at most (a deeper value is never kept).
 _MAX_LEVELS = 64
 
 #: Shapes of a kept list (what :func:`fresh` needs to know of it): scalars only,
-#: containers holding scalars only, anything else.
-FLAT, FLAT_BOXES, NESTED = 0, 1, 2
+#: containers holding scalars only (dicts only), anything else.
+FLAT, FLAT_BOXES, FLAT_DICTS, NESTED = 0, 1, 2, 3
 
 #: One level of a pristine list, for :meth:`Handout.grown_from`: its objects' count,
 #: which of them are containers (and which not), its scalars, its containers' types
-#: and lengths, which containers are dicts, and the dicts' keys (in order).
+#: and lengths, which containers are dicts (and whether all are), and the dicts' keys
+#: (in order).
 _Level = tuple[int, list[bool], list[bool], list[Any], list[type], list[int], list[bool],
-               list[Any]]
-_EMPTY: _Level = (0, [], [], [], [], [], [], [])
+               bool, list[Any]]
+_EMPTY: _Level = (0, [], [], [], [], [], [], True, [])
 
 
 def levels_of(value: list[Any]) -> list[_Level] | None:
@@ -90,7 +92,7 @@ def levels_of(value: list[Any]) -> list[_Level] | None:
         box_types = list(compress(types, mask))
         dmask = list(map(_is, box_types, repeat(dict)))
         out.append((len(objs), mask, others, list(compress(objs, others)), box_types,
-                    list(map(len, boxes)), dmask,
+                    list(map(len, boxes)), dmask, all(dmask),
                     list(chain.from_iterable(compress(boxes, dmask)))))
         if not boxes:
             return out
@@ -102,7 +104,7 @@ def shape_of(levels: list[_Level]) -> int:
     if len(levels) == 1:
         return FLAT
     if len(levels) == 2 and not levels[0][3]:
-        return FLAT_BOXES
+        return FLAT_DICTS if levels[0][7] else FLAT_BOXES
     return NESTED
 
 
@@ -114,7 +116,7 @@ def _join_levels(a: list[_Level], b: list[_Level]) -> list[_Level]:
         x = a[i] if i < len(a) else _EMPTY
         y = b[i] if i < len(b) else _EMPTY
         out.append((x[0] + y[0], x[1] + y[1], x[2] + y[2], x[3] + y[3], x[4] + y[4],
-                    x[5] + y[5], x[6] + y[6], x[7] + y[7]))
+                    x[5] + y[5], x[6] + y[6], x[7] and y[7], x[8] + y[8]))
     return out
 
 
@@ -126,6 +128,8 @@ def fresh(value: Any, shape: int = NESTED) -> Any:
     """
     if shape == FLAT:
         return value.copy()
+    if shape == FLAT_DICTS:
+        return list(map(_dict_copy, value))
     if shape == FLAT_BOXES:
         return list(map(_copy, value))
     t = type(value)
@@ -161,18 +165,21 @@ class Handout:
         if len(value) < self.count:
             return False
         mine: list[Any] = value[:self.count]
-        for n, mask, others, scalars, types, lens, dmask, keys in self.levels:
+        for n, mask, others, scalars, types, lens, dmask, dicts, keys in self.levels:
             if len(mine) != n:
                 return False
-            if scalars and not all(map(_is, compress(mine, others), scalars)):
-                return False  # a scalar replaced, even by an equal one
-            if not types:
-                return True  # no containers: nothing below
-            boxes = list(compress(mine, mask)) if scalars else mine
+            if not types:  # scalars only, and nothing below
+                return all(map(_is, mine, scalars))  # none replaced, even by an equal one
+            if scalars:
+                if not all(map(_is, compress(mine, others), scalars)):
+                    return False
+                boxes = list(compress(mine, mask))
+            else:
+                boxes = mine
             if list(map(type, boxes)) != types or list(map(len, boxes)) != lens:
                 return False
             if keys:
-                mine_keys = list(chain.from_iterable(compress(boxes, dmask)))
+                mine_keys = list(chain.from_iterable(boxes if dicts else compress(boxes, dmask)))
                 if len(mine_keys) != len(keys) or not all(map(_is, mine_keys, keys)):
                     return False
             mine = gc.get_referents(*boxes)
