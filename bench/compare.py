@@ -442,33 +442,34 @@ def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
                 ]
                 for fn in (f for _, f in cases):
                     _per_call_us(fn, calls // 10)  # warm-up
-                # Each call right after a commit to another run: a get whose value is no
-                # longer known to be the latest reads the memtable or LMDB (which that commit
-                # did not change), with the caches the commit left; py-lmdb after the same
-                # commit is its baseline.
-                after: list[tuple[str, Callable[[], Any], agentwal.Store]] = [
-                    ("get_memtable_after_commit_us", functools.partial(
-                        mem.get, "run-1", "small"), mem),
-                    ("get_folded_after_commit_us", functools.partial(
-                        fold.get, "run-1", "small"), fold),
-                    ("lmdb_get_after_commit_us", lmdb_get, mem)]
-                n = 0
-
-                def commit_elsewhere(s: agentwal.Store) -> None:
-                    nonlocal n
-                    n += 1
-                    with s.begin("run-2") as txn:
-                        txn.put("tick", n)
-
                 for _ in range(repeats):
                     for key, fn in cases:
                         out[key].append(_per_call_us(fn, calls))
-                    for key, read, s in after:
-                        out[key].append(_per_call_after_us(
-                            read, functools.partial(commit_elsewhere, s), calls // 10))
             finally:
                 tm.rollback()
                 tf.rollback()
+            # Each call right after a commit to another run (no transaction open, so the
+            # memtable keeps no old versions): a get whose value is no longer known to be
+            # the latest reads the memtable or LMDB (which that commit did not change), with
+            # the caches the commit left; py-lmdb after the same commit is its baseline.
+            after: list[tuple[str, Callable[[], Any], agentwal.Store]] = [
+                ("get_memtable_after_commit_us", functools.partial(
+                    mem.get, "run-1", "small"), mem),
+                ("get_folded_after_commit_us", functools.partial(
+                    fold.get, "run-1", "small"), fold),
+                ("lmdb_get_after_commit_us", lmdb_get, mem)]
+            n = 0
+
+            def commit_elsewhere(s: agentwal.Store) -> None:
+                nonlocal n
+                n += 1
+                with s.begin("run-2") as txn:
+                    txn.put("tick", n)
+
+            for _ in range(repeats):
+                for key, read, s in after:
+                    out[key].append(_per_call_after_us(
+                        read, functools.partial(commit_elsewhere, s), calls // 10))
         finally:
             mem.close()
             fold.close()
