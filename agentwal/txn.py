@@ -395,7 +395,8 @@ class Transaction(EffectSteps):
         if stored is None:
             return _MISSING
         if len(stored) < _HANDOUT_MIN:
-            return self._decode(whole(stored), key)  # type: ignore[arg-type]
+            return self._decode(stored if type(stored) is bytes else whole(stored),  # type: ignore[arg-type]
+                                key)
         handout = _LISTS.handout(self.run, key, stored)
         if handout is not None:
             value: Any = handout.value()
