@@ -201,7 +201,7 @@ class Lists:
 
     __slots__ = ("_bytes", "_entries", "_limit", "_lock", "_max_bytes")
 
-    def __init__(self, limit: int = 256, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, limit: int = 256, max_bytes: int = 32 << 20) -> None:
         self._entries: dict[tuple[str, str], Handout] = {}
         self._limit = limit
         self._max_bytes = max_bytes
