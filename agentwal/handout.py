@@ -48,7 +48,7 @@ import threading
 from itertools import chain, compress, repeat
 from typing import Any
 
-from .codec import Joined, Value, loads
+from .codec import CodecError, Joined, Value, loads
 
 __all__ = ["Handout", "Lists", "fresh", "levels_of"]
 
@@ -237,7 +237,10 @@ class Lists:
         """Keep ``stored`` (``handout``'s list with the encoded list ``tail``'s items
         appended) as its pristine list plus the decoded tail (if the tail is made of
         :data:`_SAFE` types only: nothing else can be copied safely)."""
-        items = loads(tail)
+        try:  # after a commit: never raise (the tail was encoded here, so it decodes)
+            items = loads(tail)
+        except CodecError:
+            items = None
         levels = levels_of(items) if type(items) is list else None
         if levels is None:
             with self._lock:
