@@ -429,7 +429,10 @@ def decode_stored(data: bytes, path: str, what: str) -> Any:
 
 #: Types whose values cannot change once decoded (a blob or tree ref is a frozen dataclass).
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, BlobRef, TreeRef})
-_AS_IS, _FLAT_DICT, _FLAT_LIST = 0, 1, 2
+_AS_IS, _FLAT_DICT, _FLAT_LIST, _ABSENT = 0, 1, 2, 3
+#: The kinds of a :class:`DecodedValues` entry: served as is, as a new dict, as a new
+#: list, or absent (``default``).
+AS_IS, FLAT_DICT, FLAT_LIST, ABSENT = _AS_IS, _FLAT_DICT, _FLAT_LIST, _ABSENT
 
 
 class DecodedValues:
@@ -442,22 +445,31 @@ class DecodedValues:
     immutable scalars, returned as a fresh shallow copy each time (the kept
     one is a copy too, never the object a caller got). Bounded: emptied when
     full. Safe from any thread (each step is one dict operation).
+
+    An entry may also carry a *stamp* (``store.get``: the engine's LSN of
+    the state it was read at, see ``Engine.stamp``), and a slot may be kept
+    as absent: a reader that knows the state has not moved since that
+    stamp may serve the entry without reading the stored bytes at all
+    (:attr:`entries`: ``slot -> (bytes or None, kept value, kind, stamp)``).
     """
 
-    __slots__ = ("_entries", "_limit", "_small")
+    __slots__ = ("_limit", "_small", "entries")
 
     def __init__(self, limit: int = 1024, small: int = 512) -> None:
-        self._entries: dict[tuple[str, str], tuple[bytes, Any, int]] = {}
+        self.entries: dict[tuple[str, str], tuple[bytes | None, Any, int, int | None]] = {}
         self._limit = limit
         self._small = small
 
-    def decode(self, run: str, key: str, data: bytes, path: str, label: str = "") -> Any:
+    def decode(self, run: str, key: str, data: bytes, path: str, label: str = "",
+               stamp: int | None = None) -> Any:
         """``decode_stored(data, path, f"{label}{run!r}/{key!r}")``, from the entry of
-        ``(run, key)`` if it holds ``data``."""
+        ``(run, key)`` if it holds ``data``; the entry is kept with ``stamp``."""
         slot = (run, key)
-        hit = self._entries.get(slot)
+        hit = self.entries.get(slot)
         if hit is not None and hit[0] == data:
             kind = hit[2]
+            if hit[3] != stamp:
+                self.entries[slot] = (hit[0], hit[1], kind, stamp)
             if kind == _AS_IS:
                 return hit[1]
             return dict(hit[1]) if kind == _FLAT_DICT else list(hit[1])
@@ -472,13 +484,21 @@ class DecodedValues:
                 kept, kind = list(value), _FLAT_LIST
             else:
                 return value
-            if len(self._entries) >= self._limit:
-                self._entries.clear()
-            self._entries[slot] = (bytes(data), kept, kind)
+            self._keep(slot, (bytes(data), kept, kind, stamp))
         return value
 
+    def absent(self, run: str, key: str, stamp: int) -> None:
+        """Keep ``(run, key)`` as absent in the state of ``stamp``."""
+        self._keep((run, key), (None, None, _ABSENT, stamp))
+
+    def _keep(self, slot: tuple[str, str],
+              entry: tuple[bytes | None, Any, int, int | None]) -> None:
+        if len(self.entries) >= self._limit:
+            self.entries.clear()
+        self.entries[slot] = entry
+
     def clear(self) -> None:
-        self._entries.clear()
+        self.entries.clear()
 
 
 def _refuse_tag(decoder: Any) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .codec import DecodedValues, decode_stored
+from .codec import ABSENT, AS_IS, FLAT_DICT, DecodedValues, decode_stored
 from .effects import EffectRecord
 from .types import (
     Checkpoint,
@@ -61,13 +61,30 @@ class HistoryAPI:
 
             plan_then = store.get("run-42", "plan", at=3)
         """
+        e = self._engine
+        if at is None and type(run) is str and type(key) is str:
+            # The hot path: a small value read since the last commit anywhere in the
+            # store is still the latest (the state at that LSN cannot change).
+            hit = self._decoded.entries.get((run, key))
+            if hit is not None and hit[3] == e.stamp and not e.closed:
+                kind = hit[2]
+                if kind == AS_IS:
+                    return hit[1]
+                if kind == ABSENT:
+                    return default
+                return dict(hit[1]) if kind == FLAT_DICT else list(hit[1])
         check_key(run, "run id")
         check_key(key)
         if at is not None:
-            raw = self._engine.runs.value(run, key, check_checkpoint_id(at))
+            raw = e.runs.value(run, key, check_checkpoint_id(at))
             return default if raw is None else decode_stored(raw, self.path, f"{run!r}/{key!r}")
-        raw = self._engine.runs.value(run, key, None)
-        return default if raw is None else self._decoded.decode(run, key, raw, self.path)
+        stamp = None if self.readonly else e.stamp  # read before the value: never newer
+        raw = e.runs.latest(run, key)
+        if raw is None:
+            if stamp is not None:
+                self._decoded.absent(run, key, stamp)
+            return default
+        return self._decoded.decode(run, key, raw, self.path, stamp=stamp)
 
     def state(self, run: str, *, at: int | None = None) -> dict[str, Any]:
         """The run's state as a new dict: the latest, or as of checkpoint ``at``.

@@ -75,7 +75,7 @@ from .errors import (
     UnencodableValueError,
 )
 from .format import TREE_MEDIA_TYPE
-from .handout import Handout
+from .handout import Handout, Lists
 from .ledger import Request
 from .txn_effects import EffectSteps, check_effect_args
 from .types import BlobRef, Checkpoint, TreeRef, check_key, check_media_type
@@ -98,6 +98,9 @@ T = TypeVar("T")
 _DECODED = DecodedValues()
 #: Stored lists shorter than this are encoded again on a re-put (cheaper than the snapshot).
 _HANDOUT_MIN = 2048
+#: Lists transactions read or grew lately, decoded (``handout.Lists``): like ``_DECODED``,
+#: an entry serves only the same stored value, so it is shared by the whole process.
+_LISTS = Lists()
 
 
 class StepHooks(Protocol):
@@ -219,6 +222,9 @@ class Transaction(EffectSteps):
         self._appends: dict[str, tuple[Append, Joined]] = {}
         #: stored lists ``get`` handed out, to log a re-put that only appended as an append
         self._handouts: dict[str, Handout] = {}
+        #: key -> (the value a re-put that only grew made, the handout it grew from, the
+        #: encoded tail): kept in ``_LISTS`` once the commit has stored it
+        self._grown: dict[str, tuple[Joined, Handout, bytes]] = {}
         self._reads: set[str] = set()
         self._prefixes: set[str] = set()
         self._meta: dict[str, Any] = {}
@@ -312,6 +318,10 @@ class Transaction(EffectSteps):
                                     effects=tuple(self._effect_names_made)) from None
             raise
         self._finish("committed")
+        for key, (made, handout, tail) in self._grown.items():
+            entry = self._appends.get(key)
+            if entry is not None and entry[1] is made and self._writes.get(key) is made:
+                _LISTS.grown(self.run, key, made, handout, tail)
         return self.checkpoint
 
     def rollback(self) -> None:
@@ -373,13 +383,30 @@ class Transaction(EffectSteps):
     def _decode(self, raw: bytes, key: str) -> Any:
         return _DECODED.decode(self.run, key, raw, self._hooks.path, "value of ")
 
-    def _handed(self, raw: bytes, key: str) -> Any:
-        """The decoded value of ``raw``; a stored list is noted as handed out (``handout.py``)."""
-        value = self._decode(raw, key)
-        if type(value) is list and len(raw) >= _HANDOUT_MIN and key not in self._writes:
-            handout = Handout.of(value, raw)
-            if handout is not None:
-                self._handouts[key] = handout
+    def _handed(self, key: str) -> Any:
+        """The decoded value of ``key`` (``_MISSING`` if absent); a stored list of
+        ``_HANDOUT_MIN`` bytes or more is noted as handed out (``handout.py``), and
+        comes from ``_LISTS`` when it holds that stored value (a copy, never decoded)."""
+        if key in self._writes:
+            raw = self._raw(key)
+            return _MISSING if raw is None else self._decode(raw, key)
+        self._reads.add(key)
+        stored = self._store.read_value(self._view, key)
+        if stored is None:
+            return _MISSING
+        if len(stored) < _HANDOUT_MIN:
+            return self._decode(stored if type(stored) is bytes else whole(stored),  # type: ignore[arg-type]
+                                key)
+        handout = _LISTS.handout(self.run, key, stored)
+        if handout is not None:
+            value: Any = handout.value()
+        else:
+            value = self._decode(whole(stored), key)  # type: ignore[arg-type]
+            if type(value) is not list:
+                return value
+            handout = _LISTS.keep(self.run, key, stored, value)
+        if handout is not None:
+            self._handouts[key] = handout
         return value
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -390,15 +417,15 @@ class Transaction(EffectSteps):
             CorruptionError: the stored value is damaged.
         """
         self._check()
-        raw = self._raw(check_key(key))
-        return default if raw is None else self._handed(raw, key)
+        value = self._handed(check_key(key))
+        return default if value is _MISSING else value
 
     def __getitem__(self, key: str) -> Any:
         self._check()
-        raw = self._raw(check_key(key))
-        if raw is None:
+        value = self._handed(check_key(key))
+        if value is _MISSING:
             raise MissingKeyError(self.run, key)
-        return self._handed(raw, key)
+        return value
 
     def __contains__(self, key: object) -> bool:
         self._check()
@@ -474,6 +501,7 @@ class Transaction(EffectSteps):
             if joined is not None:
                 self._appends[key] = ((handout.count, len(handout.stored), tail), joined)
                 self._writes[key] = joined
+                self._grown[key] = (joined, handout, tail)
                 return
         self._writes[key] = encode_value(key, value)
 

@@ -51,6 +51,7 @@ is free.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -124,6 +125,10 @@ REFERENCE: list[tuple[str, str, str]] = [
     ("1-thread sync vs raw append+fdatasync", "agentwal_sync_1t", "raw_append_fdatasync"),
     ("txn.get memtable vs py-lmdb get", "txn_get_memtable_us", "lmdb_get_us"),
     ("txn.get folded vs py-lmdb get", "txn_get_folded_us", "lmdb_get_us"),
+    ("store.get memtable vs py-lmdb get, each after a commit",
+     "get_memtable_after_commit_us", "lmdb_get_after_commit_us"),
+    ("store.get folded vs py-lmdb get, each after a commit",
+     "get_folded_after_commit_us", "lmdb_get_after_commit_us"),
     (
         "raw overwrite vs SQLite FULL (a WAL's ceiling)",
         "raw_overwrite_fdatasync",
@@ -370,8 +375,28 @@ def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
     return (time.thread_time() - t0) / calls * 1e6
 
 
+def _per_call_after_us(fn: Callable[[], Any], before: Callable[[], Any], calls: int) -> float:
+    """µs per call of ``fn`` when ``before`` (untimed) runs before each call: the median of
+    the calls, each timed alone on the wall clock (a thread-CPU clock is a system call on
+    this VM, longer than the call), less the median cost of timing nothing."""
+    clock = time.perf_counter_ns
+    spent: list[int] = []
+    empty: list[int] = []
+    for _ in range(calls):
+        before()
+        t0 = clock()
+        fn()
+        t1 = clock()
+        t2 = clock()
+        spent.append(t1 - t0)
+        empty.append(t2 - t1)
+    return max(0.0, statistics.median(spent) - statistics.median(empty)) / 1e3
+
+
 def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
-    """µs per call of ``store.get``/``txn.get`` (memtable, folded) and py-lmdb begin+get+abort.
+    """µs per call of ``store.get``/``txn.get`` (memtable, folded) and py-lmdb begin+get+abort
+    (thread CPU of a loop of calls; and the wall median of single calls, each right
+    after a commit to another run).
 
     One store holds the small value in its memtable (a commit never folded),
     another the same value folded into LMDB; a plain LMDB environment holds
@@ -381,7 +406,8 @@ def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
     """
     out: dict[str, list[float]] = {k: [] for k in (
         "lmdb_get_us", "get_memtable_us", "get_folded_us", "txn_get_memtable_us",
-        "txn_get_folded_us")}
+        "txn_get_folded_us", "get_memtable_after_commit_us", "get_folded_after_commit_us",
+        "lmdb_get_after_commit_us")}
     with scratch_dir() as d:
         mem = agentwal.open(os.path.join(d, "mem.awal"), durability="none")
         fold = agentwal.open(os.path.join(d, "fold.awal"), durability="none")
@@ -422,6 +448,28 @@ def reads(repeats: int, calls: int = READ_CALLS) -> dict[str, list[float]]:
             finally:
                 tm.rollback()
                 tf.rollback()
+            # Each call right after a commit to another run (no transaction open, so the
+            # memtable keeps no old versions): a get whose value is no longer known to be
+            # the latest reads the memtable or LMDB (which that commit did not change), with
+            # the caches the commit left; py-lmdb after the same commit is its baseline.
+            after: list[tuple[str, Callable[[], Any], agentwal.Store]] = [
+                ("get_memtable_after_commit_us", functools.partial(
+                    mem.get, "run-1", "small"), mem),
+                ("get_folded_after_commit_us", functools.partial(
+                    fold.get, "run-1", "small"), fold),
+                ("lmdb_get_after_commit_us", lmdb_get, mem)]
+            n = 0
+
+            def commit_elsewhere(s: agentwal.Store) -> None:
+                nonlocal n
+                n += 1
+                with s.begin("run-2") as txn:
+                    txn.put("tick", n)
+
+            for _ in range(repeats):
+                for key, read, s in after:
+                    out[key].append(_per_call_after_us(
+                        read, functools.partial(commit_elsewhere, s), calls // 10))
         finally:
             mem.close()
             fold.close()
@@ -600,6 +648,9 @@ READS: list[tuple[str, str]] = [
     ("get_folded_us", "store.get, folded"),
     ("txn_get_memtable_us", "txn.get, memtable"),
     ("txn_get_folded_us", "txn.get, folded"),
+    ("get_memtable_after_commit_us", "store.get, memtable, after a commit (wall)"),
+    ("get_folded_after_commit_us", "store.get, folded, after a commit (wall)"),
+    ("lmdb_get_after_commit_us", "py-lmdb get, after a commit (wall)"),
 ]
 
 

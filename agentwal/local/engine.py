@@ -191,6 +191,12 @@ class Engine:
         self._active = Memtable()
         self._frozen: Memtable | None = None
         self._visible = 0
+        #: the LSN of the newest state ``store.get`` can see (``_visible``), kept apart so a
+        #: read can compare it without the lock: the latest state of every run is the same
+        #: while it has not moved. Set by publish only (an open sets the state it starts
+        #: from before any read); -1 on a read-only engine, whose refresh moves the state
+        #: without a publish (its reads keep no stamped entries)
+        self.stamp = -1 if readonly else 0
         self._applied = 0
         self._snaps: dict[int, int] = {}
         self._ro_pin: Pin | None = None
@@ -431,6 +437,7 @@ class Engine:
             apply_record(self._active, from_pending(p), store_id=self.store_id, oldest=oldest,
                          lookup=self.effectlog.recorded, epoch=self._epoch_at)
             self._visible = p.lsn
+        self.stamp = self._visible
         self._active.log_pos = pos
         assert self._pipe is not None
         if ((self._pipe.writer.bytes_written - self._fold_mark >= self.wal_max_bytes

@@ -175,3 +175,90 @@ def test_decoded_values_return_what_decoding_returns(reads: list[tuple[str, Any]
         if isinstance(first, (list, dict)):
             first.clear() if isinstance(first, dict) else first.append("junk")
         assert cache.decode("run", key, data, "p") == value
+
+
+def test_a_read_since_the_last_commit_is_served_until_the_next_one(store: agentwal.Store) -> None:
+    # store.get serves a small value (or its absence) it read at the store's latest LSN
+    # without reading again, until any commit moves the LSN: each step changes the state
+    # under such an entry, in this run, in another, or by deleting the run.
+    assert store.get("r", "k", "none") == "none"
+    assert store.get("r", "k", "none") == "none"  # absent, from the entry
+    put(store, "r", k={"v": 1})
+    for _ in range(2):
+        assert store.get("r", "k") == {"v": 1}
+    got = store.get("r", "k")
+    got["v"] = 99  # a copy: the entry is not the caller's
+    assert store.get("r", "k") == {"v": 1}
+    put(store, "other", x=1)  # another run's commit: read again, same value
+    assert store.get("r", "k") == {"v": 1}
+    with store.begin("r") as txn:
+        txn.put("k", [1, 2])
+    assert store.get("r", "k") == [1, 2]
+    store.snapshot()  # a fold moves nothing a read sees
+    assert store.get("r", "k") == [1, 2]
+    store.delete_run("r")
+    assert store.get("r", "k") is None
+    put(store, "r", k="again")
+    assert store.get("r", "k") == "again"
+    store.close()
+    with pytest.raises(agentwal.StoreClosedError):
+        store.get("r", "k")
+
+
+def test_reads_from_other_threads_follow_every_commit(path: str) -> None:
+    import threading
+
+    with agentwal.open(path, durability="none") as store:
+        put(store, "r", n=0)
+        done = threading.Event()
+        seen: list[int] = []
+
+        def reader() -> None:
+            while not done.is_set():
+                seen.append(store.get("r", "n"))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for i in range(1, 300):
+                put(store, "r", n=i)
+                assert store.get("r", "n") == i  # a thread reads its own commit
+                if i % 100 == 0:
+                    store.snapshot()
+        finally:
+            done.set()
+            t.join()
+        assert seen == sorted(seen)  # never an older value after a newer one
+        assert store.get("r", "n") == 299
+
+
+def test_a_folded_value_read_again_takes_no_lmdb_transaction_until_lmdb_changes(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with agentwal.open(path, durability="none") as store:
+        put(store, "r", k="folded", j=0)
+        store.snapshot()
+        snap = store._engine._snap
+        assert snap is not None and snap._shared is not None
+        shared, real = snap._shared, snap._shared.env
+        begun: list[int] = []
+
+        class Counting:  # the environment, counting the read transactions begun on it
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def begin(self, *args: Any, **kwargs: Any) -> Any:
+                begun.append(1)
+                return real.begin(*args, **kwargs)
+
+        monkeypatch.setattr(shared, "env", Counting())
+        assert store.get("r", "k") == "folded"
+        assert len(begun) == 1
+        put(store, "other", x=1)  # moves the store's LSN, not LMDB
+        begun.clear()
+        assert store.get("r", "k") == "folded"
+        assert begun == []
+        monkeypatch.undo()
+        put(store, "r", k="new")
+        store.snapshot()  # LMDB changed: read again
+        put(store, "other", x=2)
+        assert store.get("r", "k") == "new"

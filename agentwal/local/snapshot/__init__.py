@@ -69,6 +69,8 @@ def initial_map_size(data_path: str, readonly: bool) -> int:
     want = max(MIN_READ_MAP if readonly else MIN_MAP, size * (8 if readonly else 2))
     return 1 << (want - 1).bit_length()
 _RUN_NUMBERS = 4096  # cached run numbers of :meth:`Snapshot.latest` (cleared when full)
+_LATEST = 4096  # values :meth:`Snapshot.latest` read lately (cleared when full)
+_LATEST_MAX = 4096  # ... of at most this many bytes
 
 
 class Snapshot:
@@ -96,12 +98,15 @@ class Snapshot:
         self._run_numbers: dict[str, tuple[Any, int, int | None]] = {}
         #: lists rebuilt for head entries, per LMDB commit (read transactions only)
         self._lists = HeadLists()
+        #: (run, key) -> (environment, its ``gen``, the value bytes or None), for :meth:`latest`
+        self._latest: dict[tuple[str, str], tuple[env.Shared, int, bytes | None]] = {}
         self._bind(shared)
 
     def _bind(self, shared: env.Shared) -> None:
         self.env = shared.env
         self._dbs = shared.dbs
         self._lists.clear()  # commit ids name states of the environment they came from
+        self._latest.clear()
 
     def _live(self) -> env.Shared:
         if self._shared is None:
@@ -153,9 +158,22 @@ class Snapshot:
         is cached per LMDB commit: a read transaction's id names the commit
         it sees, so an entry of another id, or of a swapped environment, is
         stale and read again.
+
+        Small values read (sealed and checked) are kept with the environment's
+        ``gen``, which this process bumps after each of its write transactions
+        (only this process writes: it holds the store's writer lock) and each
+        swap: while ``gen`` has not moved, LMDB holds the same bytes, and the
+        read takes no LMDB transaction at all. (The caller's memtables, read
+        first, hold anything a fold is moving into LMDB until that fold has
+        ended and bumped ``gen``.)
         """
+        slot = (run, key)
+        cached = self._latest.get(slot)
+        if cached is not None and cached[0] is self._shared and cached[1] == cached[0].gen:
+            return cached[2]
         with env.lock:
             shared = self._live()
+            gen = shared.gen
             try:
                 txn = shared.env.begin(buffers=False)
             except env.Error as exc:
@@ -171,11 +189,15 @@ class Snapshot:
                     if len(self._run_numbers) >= _RUN_NUMBERS:
                         self._run_numbers.clear()
                     self._run_numbers[run] = (shared.env, tid, number)
-                if number is None:
-                    return None
-                return read_value(self.directory, shared.dbs, txn, number, key, self._lists)
+                value = None if number is None else read_value(
+                    self.directory, shared.dbs, txn, number, key, self._lists)
             finally:
                 txn.abort()
+        if value is None or len(value) <= _LATEST_MAX:
+            if len(self._latest) >= _LATEST:
+                self._latest.clear()
+            self._latest[slot] = (shared, gen, value)
+        return value
 
     def value_in(self, txn: Any, run_no: int, key: str) -> bytes | None:
         """``reader(txn).get(run_no, key)`` without building the reader (a view's hot read)."""
@@ -220,6 +242,11 @@ class Snapshot:
                 raise MapFull(self.env.info()["map_size"]) from None
             except env.Error as exc:
                 raise env.translate(exc, self.directory, what) from None
+            finally:
+                shared = self._shared
+                if shared is not None:
+                    with env.lock:  # committed, failed or aborted: values read before may be stale
+                        shared.gen += 1
 
     def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun],
              log_pos: tuple[int, int] | None = None,
@@ -335,6 +362,9 @@ class Snapshot:
         except DurabilityError:
             self._shared = None
             raise
+        finally:
+            with env.lock:
+                shared.gen += 1
         self._bind(shared)
         return swapped
 

@@ -123,6 +123,9 @@ class Shared:
     #: after a vacuum: the descriptor of lock.mdb whose lock made this process LMDB's
     #: exclusive opener; closed only after the environment (it would drop LMDB's lock)
     probe: int | None = None
+    #: bumped (under :data:`lock`) after every write transaction of this process ends and
+    #: every swap: a value read at an older ``gen`` may be stale (``Snapshot.latest``)
+    gen: int = 0
 
 
 #: Guards the registry and every entry's counts (and a swap of its environment).
