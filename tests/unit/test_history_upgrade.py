@@ -117,3 +117,51 @@ def test_a_compaction_upgrades_too(old: tuple[str, dict[str, dict[str, str]]]) -
                                   for r, s in want.items()}
         check_history_counts(store)
     assert _verify(path).ok
+
+
+def test_indexing_marks_a_block_start_whose_record_also_lists_appends(tmp_path: Path) -> None:
+    """A checkpoint logged with append entries keeps a 10th field in its record; when
+    compaction dropped its parent (9th field set), indexing an unindexed snapshot must
+    still give it its block start entry (it used to look for 9-field records only)."""
+    import lmdb
+
+    path = str(tmp_path / "s.awal")
+    with agentwal.open(path, durability="none") as store:
+        with store.begin("r") as txn:
+            txn["l"] = ["a" * 40]
+        for i in range(6):
+            with store.begin("r") as txn:
+                txn.append("l", f"{i}" * 40)
+        store.compact(keep_last=2, runs=["r"])
+        kept = [c.id for c in store.history("r")]
+    assert _verify(path).ok
+    # take the index away, as a snapshot written before it would be
+    env = lmdb.open(os.path.join(path, "snapshot"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"versions", txn=txn), delete=False)
+        txn.delete(HISTORY_INDEX, db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with agentwal.open(path, durability="none") as store:
+        with store.begin("r") as txn:
+            txn["x"] = 1
+        store.snapshot()  # the fold indexes the snapshot again
+        assert _indexed(store)
+        assert store.state("r", at=min(kept))["l"][-1] == "4" * 40
+    report = _verify(path)
+    assert report.ok, report.problems
+
+
+def test_the_index_derivation_is_one_pure_function() -> None:
+    """What the writer and salvage both derive: one entry per delta key, and a block start
+    for a record with its dropped parent's hash, with or without the appends field."""
+    from agentwal.local.snapshot.layout import implied_versions, version_key
+
+    k = (3).to_bytes(8, "big") + (7).to_bytes(8, "big")
+    base = [7, 6, 1, 0.0, b"", b"h" * 32, None, None]
+    assert implied_versions(k, ["a", "b"]) == [version_key(3, b"a", 7), version_key(3, b"b", 7)]
+    assert implied_versions(k, (), base) == []
+    assert implied_versions(k, (), [*base, None, {"l": [1, 2]}]) == []  # appends, parent kept
+    start = version_key(3, b"", 7)
+    assert implied_versions(k, (), [*base, b"p" * 32]) == [start]
+    assert implied_versions(k, (), [*base, b"p" * 32, {"l": [1, 2]}]) == [start]
+    assert implied_versions(k[:15], ["a"], [*base, b"p" * 32]) == []  # not a checkpoint key

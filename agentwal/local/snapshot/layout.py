@@ -92,6 +92,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -104,9 +105,10 @@ from ...types import Checkpoint
 __all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH",
            "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LOCK", "OPTIONAL_DBS", "VACUUM",
            "CheckpointRecord", "Dbs", "FoldRun", "OBJECT_PART", "OBJECT_WHOLE", "RunInfo",
-           "appends_field", "crc", "index_keys", "object_entries", "object_form",
-           "object_record", "object_split",
-           "pos_key", "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal",
+           "appends_field", "crc", "implied_versions", "index_keys", "object_entries",
+           "object_form", "object_record", "object_split",
+           "pos_key", "run_index_prefix", "run_part", "seal", "starts_block", "status_index_prefix",
+           "unseal",
            "version_key", "version_parts"]
 
 U64 = struct.Struct(">Q")
@@ -291,6 +293,36 @@ def version_key(run_no: int, key: bytes, cid: int) -> bytes:
     order (no key's entries sort among another's).
     """
     return U64.pack(run_no) + U16.pack(len(key)) + key + U64.pack(cid)
+
+
+def starts_block(record: Any) -> bool:
+    """True if a decoded ``ckpt`` record starts a kept block: compaction dropped its parent.
+
+    Its 9th field then holds the parent's hash, whether or not a 10th (the
+    appends of a form-2 commit) follows; a record with appends and its parent
+    kept has null there.
+    """
+    return isinstance(record, list) and len(record) >= 9 and isinstance(record[8], bytes)
+
+
+def implied_versions(k: bytes, delta_keys: Iterable[str] = (),
+                     record: Any = None) -> list[bytes]:
+    """The ``versions`` entries that what is stored under ``k`` implies (pure).
+
+    ``k`` is a ``delta``/``ckpt`` key (run number + checkpoint id, 16 bytes);
+    ``delta_keys`` the keys its delta holds, ``record`` its decoded checkpoint
+    record (or None). One entry per delta key, and the block start entry (the
+    empty key) when the record starts a kept block (:func:`starts_block`). The
+    one derivation of the index, used by the fold writer when it builds the
+    index of an older snapshot and by salvage when it rebuilds it.
+    """
+    if len(k) != 16:
+        return []
+    number, cid = U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0]
+    out = [version_key(number, key.encode(), cid) for key in delta_keys]
+    if starts_block(record):
+        out.append(version_key(number, b"", cid))
+    return out
 
 
 def version_parts(k: bytes) -> tuple[int, bytes, int] | None:

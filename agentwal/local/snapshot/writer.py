@@ -40,6 +40,7 @@ from .layout import (
     U64,
     FoldRun,
     RunInfo,
+    implied_versions,
     index_keys,
     pos_key,
     seal,
@@ -204,6 +205,7 @@ class FoldWriter(SnapshotReader):
         manifests) gets it at its first fold or compaction, in that
         transaction; its manifests stay (each is a full state, still valid).
         """
+        entries: list[bytes] = []
         with self._txn.cursor(db=self._delta) as cur:
             for k, raw in cur.iternext():
                 k = bytes(k)
@@ -216,14 +218,14 @@ class FoldWriter(SnapshotReader):
                     refs = history.decode_refs(data, manifest=False)
                 except CodecError as exc:
                     raise self._corrupt(f"delta of checkpoint #{number}/{cid}: {exc}") from None
-                self._put_versions(number, cid, refs)
+                entries += implied_versions(k, refs)
         # the block start markers: checkpoints whose parent compaction dropped
         with self._txn.cursor(db=self._ckpt) as cur:
             for k, raw in cur.iternext():
                 k = bytes(k)
-                rec = self._load(k, raw, "a checkpoint record")
-                if isinstance(rec, list) and len(rec) == 9 and len(k) == 16:
-                    self._put_versions(U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0], [""])
+                entries += implied_versions(k, (), self._load(k, raw, "a checkpoint record"))
+        for vk in entries:
+            self._txn.put(vk, seal(vk, b""), db=self._versions)
         mk = HISTORY_INDEX
         self._txn.put(mk, seal(mk, U64.pack(HISTORY_INDEX_VERSION)), db=self._meta)
         self._indexed = True
