@@ -71,6 +71,8 @@ from .snapshot.layout import (
     DATA,
     HISTORY_INDEX,
     HISTORY_INDEX_VERSION,
+    LAYOUT,
+    LAYOUT_VERSION,
     U64,
     implied_versions,
     seal,
@@ -296,6 +298,8 @@ def _rebuild_versions(records: dict[str, list[tuple[bytes, bytes]]],
     records["versions"] = sorted(out.items())
     if HISTORY_INDEX not in meta:
         meta[HISTORY_INDEX] = seal(HISTORY_INDEX, U64.pack(HISTORY_INDEX_VERSION))
+    if LAYOUT not in meta:  # nodes that lost their oids entry are not damage from now on
+        meta[LAYOUT] = seal(LAYOUT, U64.pack(LAYOUT_VERSION))
 
 
 def _store_id(records: dict[str, list[tuple[bytes, bytes]]], wal: str) -> uuid.UUID | None:

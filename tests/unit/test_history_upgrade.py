@@ -165,3 +165,69 @@ def test_the_index_derivation_is_one_pure_function() -> None:
     assert implied_versions(k, (), [*base, b"p" * 32]) == [start]
     assert implied_versions(k, (), [*base, b"p" * 32, {"l": [1, 2]}]) == [start]
     assert implied_versions(k[:15], ["a"], [*base, b"p" * 32]) == []  # not a checkpoint key
+
+
+# -- layout 3 (every object indexed by content) to layout 4 ------------------------------------
+
+V3 = Path(__file__).parent.parent / "data" / "history-v3.tar.gz"
+
+
+def _objects_and_ids(store: agentwal.Store) -> tuple[dict[int, bytes], set[int], bool]:
+    """Every object's record, the addresses ``oids`` names, and whether the layout marker
+    is there."""
+    from agentwal.local.snapshot.layout import LAYOUT
+    from tests.helpers import _object_records, raw_snapshot
+
+    with raw_snapshot(store) as raw:
+        records = _object_records(raw)
+        named = {int.from_bytes(bytes(v)[4:], "big") for _k, v in raw.entries("oids")}
+        marked = any(bytes(k) == LAYOUT for k, _v in raw.entries("meta"))
+    return records, named, marked
+
+
+def test_a_layout_3_store_reads_goes_on_and_compacts_under_layout_4(tmp_path: Path) -> None:
+    """Written by the code before layout 4 (``tests/data/make_history_v3.py``): its nodes
+    and segment leaves are indexed by content. It reads as written; new folds add
+    unindexed nodes that extend the old indexed ones and mid-size values as plain
+    leaves; compaction frees old and new objects alike (the old ids go with them)."""
+    from agentwal import history
+
+    with tarfile.open(V3) as tar:
+        tar.extractall(tmp_path, filter="data")
+    want = json.loads((tmp_path / "expected.json").read_text())
+    path = str(tmp_path / "store.awal")
+    with agentwal.open(path, readonly=True) as store:
+        records, named, marked = _objects_and_ids(store)
+        assert not marked and named == set(records)  # layout 3: every object indexed
+        assert any(history.is_node(r) for r in records.values())
+        assert _states(store) == want
+    assert _verify(path).ok
+    with agentwal.open(path, durability="none") as store:
+        for i in range(41, 61):
+            with store.begin("notes") as txn:
+                txn["card"] = {"i": i, "text": "note " * 70}
+                txn.append("items", {"i": i, "body": f"item {i} " * 40})
+        store.snapshot()
+        records, named, marked = _objects_and_ids(store)
+        assert marked
+        new = {a: r for a, r in records.items() if a not in named}
+        assert any(history.is_node(r) for r in new.values())
+        assert any(r[:1] == b"\x02" for r in new.values())  # plain leaves: cards, segments
+        assert all(not history.indexed(r) for r in new.values())
+        assert {r: s for r, s in _states(store).items() if r != "notes"} == {
+            r: s for r, s in want.items() if r != "notes"}
+        notes = store.state("notes")
+        assert len(notes["items"]) == 60 and notes["items"][-1]["i"] == 60
+        assert store.state("notes", at=40) == {
+            "card": {"i": 40, "text": "note " * 220},
+            "items": [{"i": i, "body": f"item {i} " * 40} for i in range(1, 41)]}
+        check_history_counts(store)
+    assert _verify(path).ok
+    with agentwal.open(path, durability="none") as store:
+        store.compact(keep_last=5, runs=["notes", "chat"], vacuum=True)
+        records, named, _ = _objects_and_ids(store)
+        assert named <= set(records)
+        assert len(store.state("notes", at=58)["items"]) == 58
+        check_history_counts(store)
+    report = _verify(path)
+    assert report.ok, report.problems

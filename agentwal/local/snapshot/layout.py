@@ -9,7 +9,8 @@ Databases (keys are bytes; integers big-endian so they sort):
 
 - ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
   ``next_run`` -> CRC + u64, ``epoch:`` + run id -> CRC + u64 (the LSN of the
-  run id's last deletion: its effect keys' epoch)
+  run id's last deletion: its effect keys' epoch), ``layout`` -> CRC + u64 (4:
+  a fold of layout 4 wrote here, :data:`LAYOUT`)
 - ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count,
   keys, digest]``, plus ``origin`` (``[run, id]``) once compaction dropped
   the first checkpoint of a fork (it still protects the origin); ``count``
@@ -78,7 +79,11 @@ Databases (keys are bytes; integers big-endian so they sort):
   meaning stay those of the record itself
 - ``refs``: address (u64) -> CRC + u64 reference count
 - ``oids``: object id (SHA-256 of the record) -> CRC + u64 address: finds
-  an object by content, so identical content is stored once
+  a large value's leaf by content, so identical content is stored once.
+  From layout 4 (``meta`` :data:`LAYOUT`) list nodes, list segments and
+  mid-size values (plain leaves, kind 2) are added without an entry: a
+  fold then inserts no random SHA-256 keys (each touched, and so copied,
+  a page of this database) for the objects a growing list makes
 
 The ``state`` database is the fast path for each run's folded head.
 
@@ -103,7 +108,8 @@ from ...format import FLAG_ZSTD
 from ...types import Checkpoint
 
 __all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH",
-           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LOCK", "OPTIONAL_DBS", "VACUUM",
+           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LAYOUT", "LAYOUT_VERSION", "LOCK",
+           "OPTIONAL_DBS", "VACUUM",
            "CheckpointRecord", "Dbs", "FoldRun", "OBJECT_PART", "OBJECT_WHOLE", "RunInfo",
            "appends_field", "crc", "implied_versions", "index_keys", "object_entries",
            "object_form", "object_record", "object_split",
@@ -284,6 +290,14 @@ def index_keys(run: str, status_no: int, key: str) -> tuple[bytes, bytes]:
 #: regular manifests of format 2.
 HISTORY_INDEX = b"history_index"
 HISTORY_INDEX_VERSION = 1
+
+
+#: ``meta`` key whose presence says a fold of layout 4 or later wrote this snapshot: its
+#: list nodes, list segments and mid-size values may be objects no ``oids`` entry names
+#: (``history.indexed``; plain leaves, kind 2); its value is the layout (4). A snapshot
+#: without it (layout 3 or older) indexes every object it holds.
+LAYOUT = b"layout"
+LAYOUT_VERSION = 4
 
 
 def version_key(run_no: int, key: bytes, cid: int) -> bytes:

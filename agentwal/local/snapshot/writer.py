@@ -36,6 +36,8 @@ from .layout import (
     EPOCH,
     HISTORY_INDEX,
     HISTORY_INDEX_VERSION,
+    LAYOUT,
+    LAYOUT_VERSION,
     U32,
     U64,
     FoldRun,
@@ -62,6 +64,8 @@ class FoldWriter(SnapshotReader):
         """Write the runs, then the ledger entries, then expire settled entries."""
         if not self.history_indexed():
             self._index_history()
+        if self._txn.get(LAYOUT, db=self._meta) is None:  # objects may be unindexed now
+            self._txn.put(LAYOUT, seal(LAYOUT, U64.pack(LAYOUT_VERSION)), db=self._meta)
         self._fold_into(applied_lsn, store_id, runs, log_pos)
         if not self.effects_indexed():
             self._index_effects()

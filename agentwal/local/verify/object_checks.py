@@ -118,7 +118,10 @@ class ObjectChecks(CheckerBase):
                 self.found_refs[child] += 1
             oid = hashlib.sha256(data).digest()
             present, found = self.fetch("oids", oid)
-            if not present:
+            if not self.layout4 and not history.is_node(data) and not history.indexed(data):
+                self.entry_problem("objects", k, "is a plain leaf (layout 4) in a snapshot no "
+                                   "layout-4 fold wrote")
+            elif not present and (history.indexed(data) or not self.layout4):
                 self.entry_problem("objects", k, "its SHA-256 has no entry in oids (the record "
                                    "changed, or its id was lost)")
             elif found is not None and found != k:

@@ -36,7 +36,7 @@ from ... import history
 from ...codec import CodecError, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, HISTORY_INDEX, RunInfo, index_keys
+from ..snapshot.layout import EFFECTS_INDEX, HISTORY_INDEX, LAYOUT, RunInfo, index_keys
 from .chain_checks import ChainChecks
 from .object_checks import ObjectChecks
 from .snapshot_base import _U32, _U64, _Damaged, _int, _Run
@@ -49,7 +49,7 @@ SNAPSHOT_PARTS = ("meta", "runs", "state", "checkpoints (hash chains)", "deltas"
 
 
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
-               EFFECTS_INDEX: 8, HISTORY_INDEX: 8}
+               EFFECTS_INDEX: 8, HISTORY_INDEX: 8, LAYOUT: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
 
@@ -132,6 +132,7 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             else:
                 seen[k] = data
         self.indexed = HISTORY_INDEX in seen
+        self.layout4 = LAYOUT in seen
         if b"applied_lsn" in seen:
             self.applied = _U64.unpack(seen[b"applied_lsn"])[0]
         if b"next_run" in seen:
