@@ -104,6 +104,7 @@ __all__ = [
     "decode_refs",
     "encode_refs",
     "head_entry",
+    "head_ref",
     "head_value",
     "is_manifest",
     "manifest_base",
@@ -431,24 +432,43 @@ def resolve(objs: ObjectReader, ref: Ref) -> bytes:
     return _header(node[0]) + body
 
 
-def head_entry(value: bytes, ref: Ref | None) -> bytes:
+def head_entry(value: bytes, ref: Ref | None, sole: int | None = None) -> bytes:
     """What the ``state`` database stores for a head value: the value, or an object's ref.
 
     A value stored as an object (a large value's leaf, a list node) is named
     by its ref instead of copied: a list node is rebuilt on read instead of
     rewritten whole by every fold, and a large value is kept once, in
-    ``objects``, not a second time in ``state``.
+    ``objects``, not a second time in ``state``. With ``sole`` (layout 4) the
+    key has exactly one version in the run's history, at checkpoint ``sole``,
+    and no ``versions`` entry: the entry is ``0xff`` + CBOR ``[ref, sole]``
+    (the ref inline bytes or ``[kind, address]``).
     """
+    if sole is not None:
+        return bytes([HEAD_REF]) + cbor2.dumps([_ref_to_cbor(value if ref is None else ref),
+                                                sole])
     if isinstance(ref, tuple):
         return bytes([HEAD_REF]) + cbor2.dumps(list(ref))
     return value
+
+
+def head_ref(stored: bytes) -> tuple[Ref | None, int | None]:
+    """``(ref, sole version)`` of a ``state`` entry: ``(None, None)`` for a value held
+    inline, ``(ref, None)`` for a head ref, ``(ref, id)`` for a key whose only version is
+    checkpoint ``id`` (:func:`head_entry`). :class:`CodecError` if malformed."""
+    if not stored or stored[0] != HEAD_REF:
+        return None, None
+    obj = loads(stored[1:])
+    if (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], (bytes, list))
+            and isinstance(obj[1], int) and not isinstance(obj[1], bool) and obj[1] > 0):
+        return _ref_from_cbor(obj[0], allow_none=False), obj[1]
+    return _ref_from_cbor(obj, allow_none=False), None
 
 
 def head_value(objs: ObjectReader, stored: bytes) -> bytes:
     """The value bytes of a ``state`` entry written by :func:`head_entry`."""
     if not stored or stored[0] != HEAD_REF:
         return stored
-    ref = _ref_from_cbor(loads(stored[1:]), allow_none=False)
+    ref, _sole = head_ref(stored)
     assert ref is not None
     return resolve(objs, ref)
 

@@ -231,3 +231,92 @@ def test_a_layout_3_store_reads_goes_on_and_compacts_under_layout_4(tmp_path: Pa
         check_history_counts(store)
     report = _verify(path)
     assert report.ok, report.problems
+
+
+def _version_entries(store: agentwal.Store, key: str) -> list[int]:
+    """The ids of ``key``'s ``versions`` entries (any run)."""
+    from agentwal.local.snapshot.layout import version_parts
+    from tests.helpers import raw_snapshot
+
+    with raw_snapshot(store) as raw:
+        return [p[2] for k, _v in raw.entries("versions")
+                if (p := version_parts(bytes(k))) is not None and p[1] == key.encode()]
+
+
+def test_write_once_keys_have_no_version_entry_until_they_change(tmp_path: Path) -> None:
+    """A key written once (a LangGraph checkpoint record, a pending write) is named by its
+    head entry instead of a ``versions`` entry; reads at every checkpoint are the same, and
+    the entry comes back when the key changes or is deleted, or after salvage."""
+    path = str(tmp_path / "s.awal")
+    model: dict[int, dict[str, object]] = {}
+    with agentwal.open(path, durability="none") as store:
+        state: dict[str, object] = {}
+        for i in range(1, 31):
+            with store.begin("r") as txn:
+                txn[f"ck/{i:03d}"] = state[f"ck/{i:03d}"] = {"i": i, "pad": "p" * (i * 13)}
+                txn["head"] = state["head"] = i
+                if i == 20:
+                    txn["ck/005"] = state["ck/005"] = "changed"
+                if i == 25:
+                    del txn["ck/007"]
+                    del state["ck/007"]
+            model[i] = dict(state)
+            if i % 10 == 0:
+                store.snapshot()
+        assert _version_entries(store, "ck/003") == []
+        assert _version_entries(store, "ck/005") == [5, 20]
+        assert _version_entries(store, "ck/007") == [7, 25]
+        assert _version_entries(store, "head") == list(range(1, 31))
+        for i in range(1, 31):
+            assert store.state("r", at=i) == model[i], i
+            assert store.get("r", "ck/003", at=i) == model[i].get("ck/003")
+            assert store.get("r", "ck/005", at=i) == model[i].get("ck/005")
+        check_history_counts(store)
+        store.compact(keep_last=8, runs=["r"])  # drops the only version of ck/001 .. ck/022
+        for i in range(23, 31):
+            assert store.state("r", at=i) == model[i], i
+        assert store.get("r", "ck/003", at=24) == model[24]["ck/003"]
+        check_history_counts(store)
+    report = _verify(path)
+    assert report.ok, report.problems
+
+
+def test_verify_checks_what_a_head_entry_says_of_its_only_version(tmp_path: Path) -> None:
+    from agentwal.local.snapshot.layout import version_key
+    from tests.stores import Raw
+
+    path = str(tmp_path / "s.awal")
+    with agentwal.open(path, durability="none") as store:
+        for i in range(1, 6):
+            with store.begin("r") as txn:
+                txn[f"ck/{i}"] = {"i": i}
+                txn["n"] = i
+    assert _verify(path).ok
+    with Raw(path) as raw:  # an entry at a checkpoint that did not write the key
+        raw.put("versions", version_key(raw.run_no("r"), b"ck/2", 4), b"")
+        raw.put("versions", version_key(raw.run_no("r"), b"ck/3", 3), b"")  # salvage's: fine
+    problems = _verify(path).problems
+    assert [(p.db, "only version" in p.what) for p in problems] == [("versions", True)], problems
+
+
+def test_a_write_once_key_whose_version_was_compacted_away_changes_again(
+        tmp_path: Path) -> None:
+    """Its one version dropped, a key that changes again gets no entry for that version
+    (verify found one naming a checkpoint that no longer exists)."""
+    path = str(tmp_path / "s.awal")
+    with agentwal.open(path, durability="none") as store:
+        with store.begin("r") as txn:
+            txn["once"] = {"v": 1}
+        for i in range(5):
+            with store.begin("r") as txn:
+                txn["n"] = i
+        store.compact(keep_last=2, runs=["r"])
+        with store.begin("r") as txn:
+            txn["once"] = {"v": 2}
+        store.snapshot()
+        assert _version_entries(store, "once") == [7]
+        assert store.get("r", "once", at=5) == {"v": 1}
+        assert store.get("r", "once", at=7) == {"v": 2}
+        check_history_counts(store)
+    report = _verify(path)
+    assert report.ok, report.problems

@@ -20,7 +20,10 @@ Databases (keys are bytes; integers big-endian so they sort):
   ref of a list node or (format 3) of a large value's leaf
   (``history.head_entry``: a growing list is not copied whole by every
   fold, and a large value is stored once, in ``objects``; an entry a
-  format-2 fold wrote may still hold a large value inline, read alike)
+  format-2 fold wrote may still hold a large value inline, read alike); or
+  (layout 4) 0xff + CBOR ``[ref, id]`` for a *write-once* key, whose only
+  version is checkpoint ``id`` and which has no ``versions`` entry
+  (``history.head_ref``)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin, outbox_digest]``
   (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
@@ -58,7 +61,9 @@ Databases (keys are bytes; integers big-endian so they sort):
   a checkpoint is, per key, the latest version at or before it, its ref read
   from that checkpoint's delta (or from the nearest manifest at or before
   it, when that is newer). A checkpoint costs the keys it changed, never
-  the whole state. ``meta`` ``history_index`` -> CRC + u64 (the version, 1)
+  the whole state (layout 4: but a write-once key's, whose ``state`` entry
+  names its one version; the fold that changes it again writes that
+  version's entry back). ``meta`` ``history_index`` -> CRC + u64 (the version, 1)
   says it is complete; a store written before has none, is read through
   its regular manifests, and gets it at its first fold or compaction. The
   empty key's entries (length 0, so they sort first) mark the checkpoints

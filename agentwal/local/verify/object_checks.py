@@ -14,7 +14,7 @@ import hashlib
 
 from ... import history
 from ...codec import CodecError
-from ..snapshot.layout import object_split, version_parts
+from ..snapshot.layout import object_split, version_key, version_parts
 from .snapshot_base import _U16, _U64, CheckerBase, _Damaged
 
 __all__ = ["ObjectChecks"]
@@ -50,6 +50,15 @@ class ObjectChecks(CheckerBase):
         """Every ``versions`` entry names a key of its checkpoint's delta (or a block start),
         and every delta key and block start has its entry (layout 3)."""
         extra = 0
+        wanted = set(self.want_versions)
+        for (wn, name), once in self.write_once.items():  # layout 4: no entry for these
+            vk = version_key(wn, name.encode(), once)
+            if vk in wanted:
+                self.want_versions.discard(vk)
+            elif (wn, once) not in self.unread_deltas and once in self.kept.get(wn, ()):
+                self.entry_problem("state", _U64.pack(wn) + name.encode(),
+                                   f"names checkpoint {once} as the key's only version, whose "
+                                   "delta does not hold it")
         for k, raw in self.scan("versions"):
             self.checked["versions"] += 1
             data = self.unseal("versions", k, raw)
@@ -67,7 +76,11 @@ class ObjectChecks(CheckerBase):
                 continue
             if data is not None and data:
                 self.entry_problem("versions", k, f"holds {len(data)} bytes, not none")
-            if k in self.want_versions:
+            only = self.write_once.get((n, key.decode("utf-8", "replace")))
+            if only is not None and only != cid:
+                self.entry_problem("versions", k, f"the key's head entry names checkpoint {only} "
+                                   "as its only version")
+            if k in wanted:  # (a write-once key may have its one entry: salvage writes it)
                 self.want_versions.discard(k)
             elif (n, cid) not in self.unread_deltas:
                 what = (f"checkpoint {cid} does not start a kept block" if not key else

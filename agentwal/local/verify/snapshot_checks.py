@@ -218,6 +218,12 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
                 k[8:].decode("utf-8")
                 value = history.head_value(self.objs, data)
                 decode_value(value)  # a blob (or tree) reference is a value too
+                only = history.head_ref(data)[1]
+                if only is not None:
+                    self.write_once[(n, k[8:].decode("utf-8"))] = only
+                    if only > self.runs[n].head:
+                        self.entry_problem("state", k, f"names checkpoint {only} as the key's "
+                                           "only version, past the run's head")
             except _Damaged:
                 damaged.add(n)
             except (UnicodeDecodeError, CodecError) as exc:
