@@ -51,7 +51,8 @@ class ObjectChecks(CheckerBase):
         and every delta key and block start has its entry (layout 3)."""
         extra = 0
         wanted = set(self.want_versions)
-        for (wn, name), once in self.write_once.items():  # layout 4: no entry for these
+        for (wn, name), once in (self.write_once if self.indexed else {}).items():
+            # layout 4: these have no entry
             vk = version_key(wn, name.encode(), once)
             if vk in wanted:
                 self.want_versions.discard(vk)
@@ -71,8 +72,7 @@ class ObjectChecks(CheckerBase):
                 extra += 1
                 continue
             if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.entry_problem("versions", k, f"belongs to no run (run number #{n})")
+                self.orphan("versions", k, n)  # once per number when a run record is damaged
                 continue
             if data is not None and data:
                 self.entry_problem("versions", k, f"holds {len(data)} bytes, not none")

@@ -122,6 +122,8 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
         seen: dict[bytes, bytes] = {}
         for k, raw in self.scan("meta"):
             data = self.unseal("meta", k, raw)
+            if k == LAYOUT:  # even damaged (reported here): never judge layout-4 objects
+                self.layout4 = True  # by layout 3's rules, a report per object
             if data is None:
                 continue
             want = 8 if k.startswith(b"epoch:") else _META_SIZES.get(k)  # a run id's epoch
@@ -132,7 +134,6 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
             else:
                 seen[k] = data
         self.indexed = HISTORY_INDEX in seen
-        self.layout4 = LAYOUT in seen
         if b"applied_lsn" in seen:
             self.applied = _U64.unpack(seen[b"applied_lsn"])[0]
         if b"next_run" in seen:
