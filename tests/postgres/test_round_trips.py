@@ -193,3 +193,48 @@ def test_a_tree_of_small_files_is_stored_in_a_few_round_trips(
         if path.is_file():
             assert (out / path.relative_to(src)).read_bytes() == path.read_bytes()
     assert store.verify().ok
+
+
+def test_a_commit_behind_the_head_is_refused_by_the_guard_then_rebased(
+        wire: Wire, open_pg: Callable[..., PostgresStore]) -> None:
+    """The one-round-trip commit assumes the head did not move; when it did, its guard
+    aborts it before any write and the checked path rebases it: the refused pipeline and
+    its ROLLBACK, then the lock, the commit rule's query, and the writes with COMMIT."""
+    store = open_pg(worker_id="w1")
+    with store.begin("run") as txn:
+        txn["a"], txn["b"] = 0, 0
+    late = store.begin("run", prefetch=["a"])
+    with store.begin("run") as txn:  # the head moves under `late`
+        txn["b"] = 1
+    late["a"] = late["a"] + 1
+    before = wire.count()
+    late.commit()
+    assert wire.count() - before >= 5  # (one more if the pool checks an idle session)
+    assert store.state("run") == {"a": 1, "b": 1}
+    assert [c.id for c in store.history("run")][:1] == [3]
+    assert store.verify().ok
+
+
+def test_a_refused_guard_applies_nothing_on_a_conflict_or_a_lost_lease(
+        open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str) -> None:
+    from agentwal import ConflictError, LeaseLostError
+
+    store = open_pg(worker_id="w1")
+    with store.begin("run") as txn:
+        txn["a"] = 0
+    late = store.begin("run", prefetch=["a"])
+    with store.begin("run") as txn:
+        txn["a"] = 1
+    late["a"] = late["a"] + 10
+    with pytest.raises(ConflictError):
+        late.commit()
+    stale = store.begin("run", prefetch=["a"])
+    stale["a"] = 99
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # another worker takes the run
+        conn.execute(f'UPDATE "{pg_schema}".runs SET lease_owner = %s, '
+                     "lease_epoch = lease_epoch + 1 WHERE run = %s", ("w2", "run"))
+    with pytest.raises(LeaseLostError):
+        stale.commit()
+    assert store.get("run", "a") == 1
+    assert store.head("run").id == 2  # type: ignore[union-attr]
+    assert store.verify().ok
