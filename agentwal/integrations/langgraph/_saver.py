@@ -244,18 +244,20 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise
 
-    def _pool_keys(self, slots: Iterable[tuple[str, str, str]], *, linked: bool
-                   ) -> builtins.list[str]:
-        """The keys ``_pooled`` reads for ``slots``, as far as the caches know them: the
-        chunks the pool grows in and (``linked``) the record of the slot's last version."""
+    def _pool_keys(self, slots: Iterable[tuple[tuple[str, str, str], int | None]], *,
+                   linked: bool) -> builtins.list[str]:
+        """The keys ``_pooled`` reads for ``slots`` (``(slot, the list's length)``, None: it
+        grows), as far as the caches know them: the chunks the pool grows in, unless the
+        list is no longer than the pool (it most likely appends nothing: a checkpoint after
+        ``put_writes`` put its messages in), and (``linked``) the slot's last version."""
         out = []
         with self._shared.lock:
-            for slot in slots:
+            for slot, length in slots:
                 prev = self._shared.lists.get(slot) if linked else None
                 if prev is not None:
                     out.append(prev.key)
                 pool = self._shared.pools.get(slot)
-                if pool is not None:
+                if pool is not None and (length is None or length > len(pool.digests)):
                     chunk = len(pool.digests) // L.POOL_CHUNK
                     out += [L.chunk_key(pool.key, chunk), L.chunk_key(pool.key, chunk + 1)]
         return out
@@ -468,7 +470,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         # Keys body reads, fetched with the snapshot (one round trip on PostgreSQL).
         def ahead() -> builtins.list[str]:
             return [L.MARKER, L.ns_key(nsid), L.head_key(nsid),
-                    *self._pool_keys([slot for _k, slot, _p in lists], linked=True)]
+                    *self._pool_keys([(slot, len(p.digests)) for _k, slot, p in lists],
+                                     linked=True)]
 
         def body(txn: agentwal.Transaction) -> bool:
             written.clear()
@@ -680,8 +683,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         grown: builtins.list[_Grown] = []
 
         def ahead() -> builtins.list[str]:
-            slots = [(thread, nsid, str(head["ch"])) for *_, head, _r, elements in prepared
-                     if elements is not None]
+            slots = [((thread, nsid, str(head["ch"])), None)
+                     for *_, head, _r, elements in prepared if elements is not None]
             return [L.MARKER, *(key for key, *_ in prepared),
                     *self._pool_keys(slots, linked=False)]
 
