@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import agentwal
-from agentwal import treeio
+from agentwal import tree_cache, treeio
 from tests.trees import Spec, build, read
 from tests.unit.test_store_trees import SPEC as BASE
 from tests.unit.test_store_trees import age, counting, files_read, put
@@ -20,6 +20,13 @@ __all__ = ["counting"]  # a fixture, used by name
 SPEC: Spec = {k: BASE[k] for k in ("README.md", "src/app.py", "src/pkg/__init__.py",
                                    "src/pkg/mod.py", "bin/run")} | {
     "empty/inner": ("d",), "link": ("l", b"src/app.py")}
+
+
+def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records and entries trusted at once: ``RACY_NS`` 0 in every tree module that
+    reads it."""
+    for module in (tree_cache, treeio):
+        monkeypatch.setattr(module, "RACY_NS", 0)
 
 
 @pytest.fixture
@@ -276,7 +283,7 @@ def test_two_keys_alternating_on_one_directory_each_find_their_records(
 def test_a_snapshot_after_restoring_another_checkpoint_looks_only_where_it_wrote(
         store: agentwal.Store, src: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         lookups: list[tuple[bytes, bytes]], counting: None) -> None:
-    monkeypatch.setattr(treeio, "RACY_NS", 0)  # what the restore writes is trusted at once
+    no_racy_window(monkeypatch)  # what the restore writes is trusted at once
     ws = agentwal.Workspace(store, "r", src, key="ws")
     before = ws.checkpoint()
     Path(src, "src/app.py").write_bytes(b"print('changed')\n")
@@ -293,8 +300,8 @@ def test_a_snapshot_after_restoring_another_checkpoint_looks_only_where_it_wrote
 def test_the_cache_keeps_the_newest_record_sets_only(
         store: agentwal.Store, src: str, monkeypatch: pytest.MonkeyPatch,
         lookups: list[tuple[bytes, bytes]]) -> None:
-    monkeypatch.setattr(treeio, "RACY_NS", 0)  # records trusted at once
-    keys = [f"k{i}" for i in range(treeio._CACHE_SETS + 1)]
+    no_racy_window(monkeypatch)  # records trusted at once
+    keys = [f"k{i}" for i in range(tree_cache._CACHE_SETS + 1)]
     for key in keys:
         Path(src, "README.md").write_bytes(key.encode())  # a tree of its own for each
         put(store, src, key=key)
