@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import agentwal
-from agentwal import tree_cache, tree_snapshot, treeio
+from agentwal import tree_cache, tree_restore, tree_snapshot, treeio
 from tests.trees import Spec, build, read
 from tests.unit.test_store_trees import SPEC as BASE
 from tests.unit.test_store_trees import age, counting, files_read, put
@@ -25,7 +25,7 @@ SPEC: Spec = {k: BASE[k] for k in ("README.md", "src/app.py", "src/pkg/__init__.
 def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """Records and entries trusted at once: ``RACY_NS`` 0 in every tree module that
     reads it."""
-    for module in (tree_cache, tree_snapshot, treeio):
+    for module in (tree_cache, tree_snapshot, tree_restore, treeio):
         monkeypatch.setattr(module, "RACY_NS", 0)
 
 
