@@ -198,7 +198,7 @@ class _Restorer:
             self.cache.carry(key)
             rec = self.cache.dirs[key]  # its counts: no walk of the tree below it to count
             self._counted.setdefault(sha, (rec[5], rec[6]))
-            subdirs = [e for e in entries if e.kind == TREE_DIR]
+            subdirs = self.trees.subdirs(sha, entries)
             self.counts.unchanged += len(entries) - len(subdirs)
             for e in subdirs:
                 name = os.fsdecode(e.name)
@@ -282,10 +282,14 @@ class _Restorer:
         if rec is None or rec[1] - rec[2] < RACY_NS:
             return None
         sigs: list[bytes] = []
-        ruled, pack = bool(rules) or self.gitignore, _FILE_SIG.pack
+        add, pack, is_reg = sigs.append, _FILE_SIG.pack, stat.S_ISREG
+        # _kept, asked only where it can say yes: with rules, for ".git" under GITIGNORE,
+        # or for a directory when the store lives inside dest
+        ruled, gitignore, store_inside = bool(rules), self.gitignore, self._store_rel is not None
         for name, d in present.items():  # (once per entry of the tree: kept lean)
             is_dir = d.is_dir(follow_symlinks=False)
-            if (ruled or is_dir) and self._kept(join(rel, name), name, is_dir, rules):
+            if ((ruled or (gitignore and name == ".git") or (is_dir and store_inside))
+                    and self._kept(join(rel, name), name, is_dir, rules)):
                 continue
             try:
                 st = stats[name] = d.stat(follow_symlinks=False)
@@ -294,9 +298,9 @@ class _Restorer:
             except OSError as exc:
                 raise _restore_error(exc, self._abs(join(rel, name))) from None
             bname = name.encode("utf-8", "surrogateescape")
-            if stat.S_ISREG(st.st_mode):  # _file_sig, inline
-                sigs.append(bname + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                                   st.st_ino, st.st_mode))
+            if is_reg(st.st_mode):  # _file_sig, inline
+                add(bname + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                          st.st_mode))
             elif stat.S_ISDIR(st.st_mode):
                 sigs.append(_dir_sig(bname))
             elif stat.S_ISLNK(st.st_mode):

@@ -11,9 +11,11 @@ kept in memory). It runs in four phases:
    stat cache (``tree_cache.py``), and whose subdirectories are unchanged
    too, *is* that record's directory object: nothing in it is looked up,
    encoded or pinned (only when the record's tree is the key's current one,
-   which keeps its objects and files referenced). In any other directory a
-   regular file whose ``(size, mtime, ctime, inode)`` match its cache entry
-   is not read: its hash comes from the cache.
+   which keeps its objects and files referenced). In a directory that
+   changed, a file that is as its directory's trusted record says is taken
+   from the record's object as it is (no lookup, no pin, no new entry). Any
+   other regular file whose ``(size, mtime, ctime, inode)`` match a cache
+   entry is not read: its hash comes from the cache.
 2. *pin* the cache's files that the key's current tree does not already
    reach (a file whose blob is gone is read after all).
 3. *read* the other files, :data:`THREADS` at a time: ``fstat`` before and
@@ -65,6 +67,7 @@ from .tree_cache import (
     StatCache,
     _digest,
     _dir_sig,
+    _entry_matches,
     _file_sig,
     _key,
     _link_sig,
@@ -244,6 +247,8 @@ class _Snapper:
             return node
         node.sigs = other
         node.entries.extend(e for _crel, e in links)
+        if self.reuse:
+            files = self._as_before(node, files)
         lookup, key = self.cache.lookup, node.key
         for name, d, st in files:
             hit = lookup(key, name, st)
@@ -283,6 +288,41 @@ class _Snapper:
         node.blob = rec[7]  # its files' cache entries, unchanged
         self.known.update(e.sha256 for e in node.entries if e.kind == TREE_FILE)
         return True
+
+    def _as_before(self, node: _Node,
+                   files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]]
+                   ) -> list[tuple[bytes, os.DirEntry[bytes], os.stat_result]]:
+        """Take the files of a changed directory that are as its trusted record says
+        straight from the record's directory object, an entry of the key's current tree
+        (so no pin, no lookup, no new entry); returns the other files."""
+        rec = self.cache.get(node.key)
+        if rec is None:
+            return files
+        try:
+            old = {e.name: e for e in self.trees._dir(rec[3].hex(), rec[4], node.rel)}
+        except (CorruptionError, UnsafeTreeError):
+            return files
+        recorded = self.cache.files_of(node.key)
+        seen = self.cache.seen.setdefault(node.key, {})
+        entries, sigs, newest, pack = node.entries, node.sigs, node.newest, _FILE_SIG.pack
+        rest = []
+        for item in files:  # (once per file of a changed directory)
+            name, _d, st = item
+            e = recorded.get(name)
+            o = old.get(name)
+            if (o is not None and e is not None and _entry_matches(e, st)
+                    and e[5] - st.st_mtime_ns >= RACY_NS
+                    and o.kind == TREE_FILE and o.size == st.st_size
+                    and o.perm == st.st_mode & 0o777 and o.sha256 == e[4].hex()):
+                entries.append(o)
+                sigs.append(name + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                  st.st_ino, st.st_mode))
+                newest = max(newest, st.st_mtime_ns)
+                seen[name] = e  # carried over to the directory's new record
+            else:
+                rest.append(item)
+        node.newest = newest
+        return rest
 
     def _gitignore(self, items: list[os.DirEntry[bytes]], rules: IgnoreRules,
                    rel: str) -> IgnoreRules:

@@ -413,6 +413,11 @@ class TreeStore:
             self._objects[sha] = entries
             self._subdirs[sha] = subs
 
+    def subdirs(self, sha: str, entries: list[Entry]) -> list[Entry]:
+        """The directory entries of directory object ``sha`` (its ``entries``), as kept."""
+        got = self._subdirs.get(sha)
+        return [e for e in entries if e.kind == TREE_DIR] if got is None else got
+
     def _path(self, sha: str) -> str:
         return self.blobs.where(sha)
 
