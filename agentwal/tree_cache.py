@@ -277,7 +277,7 @@ class StatCache:
         """Record a directory as just stored (or restored); ``blob``: its files' entries,
         encoded, if they are its old record's."""
         if blob is None:
-            blob = bytes(cbor2.dumps(self.seen.get(rel, {})))
+            blob = _encode_files(self.seen.get(rel, {}))
         self.out[rel] = [digest, recorded, newest, bytes.fromhex(sha), size, files, nbytes,
                          blob]
 
@@ -358,14 +358,56 @@ def _entry_matches(e: object, st: os.stat_result) -> bool:
             and isinstance(e[4], bytes) and len(e[4]) == 32 and isinstance(e[5], int))
 
 
+#: A record's file entries, packed (:func:`_encode_files`): this first byte (no CBOR
+#: map starts with it), then per file ``_ENTRY`` and the name.
+_PACKED = b"\x01"
+#: size, mtime_ns, ctime_ns, inode, recorded_ns, sha256, length of the name.
+_ENTRY = struct.Struct("<qqqqq32sH")
+
+
+def _encode_files(files: dict[bytes, list[Any]]) -> bytes:
+    """A directory's file entries ``{name: [size, mtime, ctime, inode, sha256,
+    recorded]}`` as a record holds them: packed, which encodes and decodes several
+    times faster than CBOR (one directory per changed directory of every snapshot
+    and restore)."""
+    pack = _ENTRY.pack
+    try:
+        return _PACKED + b"".join([pack(e[0], e[1], e[2], e[3], e[5], e[4], len(name)) + name
+                                   for name, e in files.items()])
+    except (struct.error, TypeError, IndexError):  # an entry carried from a damaged set
+        return _PACKED + b"".join([pack(e[0], e[1], e[2], e[3], e[5], e[4], len(name)) + name
+                                   for name, e in files.items() if _well_formed(e)])
+
+
+def _well_formed(e: object) -> bool:
+    return (isinstance(e, list) and len(e) == 6 and all(type(v) is int for v in e[:4])
+            and type(e[5]) is int and isinstance(e[4], bytes) and len(e[4]) == 32
+            and all(-1 << 63 <= v < 1 << 63 for v in (*e[:4], e[5])))
+
+
 def _decode_files(rec: list[Any] | None) -> dict[bytes, list[Any]]:
-    """A directory record's file entries ({} for none, or a damaged one)."""
-    if rec is not None:
+    """A directory record's file entries ({} for none, or a damaged one): packed, or
+    a CBOR map (as sets written before the packed form hold them)."""
+    if rec is None:
+        return {}
+    blob = rec[7]
+    if blob[:1] != _PACKED:
         with contextlib.suppress(CodecError):
-            obj = loads(rec[7])
+            obj = loads(blob)
             if isinstance(obj, dict):
                 return obj
-    return {}
+        return {}
+    out: dict[bytes, list[Any]] = {}
+    unpack, fixed, end, off = _ENTRY.unpack_from, _ENTRY.size, len(blob), 1
+    try:
+        while off < end:  # (once per file of a changed directory)
+            size, mtime, ctime, ino, recorded, sha, n = unpack(blob, off)
+            off += fixed
+            out[blob[off:off + n]] = [size, mtime, ctime, ino, sha, recorded]
+            off += n
+    except struct.error:
+        return {}
+    return out if off == end else {}
 
 
 def _valid_record(rel: object, rec: object) -> bool:

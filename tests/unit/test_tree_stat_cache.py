@@ -3,10 +3,12 @@ every change its digest covers is seen (snapshots and restores)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cbor2
 import pytest
 
 import agentwal
@@ -335,3 +337,33 @@ def test_a_rehash_drops_every_other_record_set(store: agentwal.Store, src: str) 
     assert len(_set_files(store)) == 2
     put(store, src, key="a", rehash=True)  # no entry of any set survives a rehash
     assert len(_set_files(store)) == 1
+
+
+def test_file_entries_written_as_cbor_by_earlier_releases_are_still_read(
+        store: agentwal.Store, src: str, counting: None) -> None:
+    put(store, src)
+    for f in Path(store.path, "cache").iterdir():  # every record's file entries as CBOR
+        data = f.read_bytes()
+        obj = cbor2.loads(data[16:])
+        for rec in obj[4].values():
+            rec[7] = cbor2.dumps(tree_cache._decode_files(rec))
+        body = cbor2.dumps(obj)
+        f.write_bytes(hashlib.sha256(body).digest()[:16] + body)
+    first = files_read()
+    Path(src, "src/pkg/mod.py").write_bytes(b"x = 4\n" * 100)
+    put(store, src)
+    assert files_read() == first + 1  # __init__.py's CBOR entry vouched for it
+
+
+def test_packed_file_entries_round_trip_and_a_damaged_one_is_empty() -> None:
+    entries = {f"f{i}".encode(): [i, 10**18 + i, 10**18 - i, 2**40 + i,
+                                   hashlib.sha256(b"%d" % i).digest(), 10**18 + 5]
+               for i in range(20)}
+    blob = tree_cache._encode_files(entries)
+    record = [b"", 0, 0, b"", 0, 0, 0]
+    assert tree_cache._decode_files([*record, blob]) == entries
+    assert tree_cache._decode_files([*record, tree_cache._encode_files({})]) == {}
+    assert tree_cache._decode_files([*record, blob[:-1]]) == {}  # torn: costs reads only
+    # an entry a damaged set carried over is left out, the others kept
+    bad = {**entries, b"bad": ["not", "an", "entry"]}
+    assert tree_cache._decode_files([*record, tree_cache._encode_files(bad)]) == entries
