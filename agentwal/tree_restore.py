@@ -179,8 +179,7 @@ class _Restorer:
     def directory(self, fd: int, rel: str, sha: str, size: int, rules: IgnoreRules) -> None:
         entries = self.dirs[sha]
         if self.gitignore:
-            gi = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
-                      None)
+            gi = self.trees.gitignore_entry(sha, entries)
             if gi is not None:
                 rules = rules.extended(_read_lines(self.trees.read_object(gi.sha256, gi.size)),
                                        rel)

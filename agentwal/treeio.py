@@ -201,6 +201,7 @@ class TreeStore:
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
         self._subdirs: dict[str, list[Entry]] = {}  # the directory entries of each of them
+        self._gitignores: dict[str, Entry | None] = {}  # the .gitignore file of each of them
         self._objects_lock = threading.Lock()
         self._set_memo = _SetMemo()  # decoded stat-cache record sets, by file
 
@@ -417,6 +418,20 @@ class TreeStore:
         """The directory entries of directory object ``sha`` (its ``entries``), as kept."""
         got = self._subdirs.get(sha)
         return [e for e in entries if e.kind == TREE_DIR] if got is None else got
+
+    def gitignore_entry(self, sha: str, entries: list[Entry]) -> Entry | None:
+        """The ``.gitignore`` file of directory object ``sha`` (its ``entries``), if it
+        has one (looked for once per object: a restore asks in every directory)."""
+        try:
+            return self._gitignores[sha]
+        except KeyError:
+            pass
+        got = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
+                   None)
+        if len(self._gitignores) >= _OBJECT_CACHE:
+            self._gitignores.clear()
+        self._gitignores[sha] = got
+        return got
 
     def _path(self, sha: str) -> str:
         return self.blobs.where(sha)
