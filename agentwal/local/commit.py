@@ -519,14 +519,38 @@ class CommitPipeline:
         failpoints.hit("after_publish")
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every written record is published or failed; call under ``flush_lock``.
+        """Settle every written record (published or failed); call under ``flush_lock``.
 
-        With ``flush_lock`` held nothing new is written, and every written
-        batch has a committer on its way to sync it, so this ends. Returns
-        False if ``timeout`` passed first.
+        With ``flush_lock`` held nothing new is written. A written record
+        need not have a committer on its way to sync it (``sync()`` writes
+        other committers' queued records, which may then wait for the very
+        ``flush_lock`` held here; an interrupted committer leaves its record
+        written), so when no one is syncing, this thread runs the sync stage
+        itself instead of waiting for one. Returns False if ``timeout``
+        passed while another thread's sync stage was still running.
         """
-        with self.lock:
-            return self._done.wait_for(lambda: not self._inflight, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if not self._inflight:
+                    return True
+                if self._syncing:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._done.wait(left)
+                    continue
+                self._syncing = True
+                first = self._inflight[0]
+            try:
+                self._sync_written_batches()
+            finally:
+                with self.lock:
+                    self._syncing = False
+                    self._done.notify_all()
+            with self.lock:
+                if self._inflight and self._inflight[0] is first:
+                    return False  # a sync stage settled nothing: never spin
 
     def _fail_from(self, first: Pending, exc: BaseException) -> None:
         """Fail ``first`` and every record after it, written or queued; put LSNs back.

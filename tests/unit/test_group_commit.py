@@ -192,3 +192,41 @@ def test_no_room_for_the_commit_written_during_an_fsync_fails_only_it(
         assert again.verify().ok
     finally:
         again.close()
+
+
+def test_a_backup_settles_a_record_that_sync_wrote_for_a_committer_still_on_its_way(
+        tmp_path: Any, store: agentwal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # store.sync() writes every queued record, other committers' too, and only
+    # fsyncs; a committer still on its way to flush_lock then finds its record
+    # written. A backup that takes flush_lock first must settle that record
+    # itself: waiting for the committer (who waits for flush_lock) hung forever.
+    pipe = pipe_of(store)
+    real = CommitPipeline._drive
+    on_its_way, go_on = threading.Event(), threading.Event()
+
+    def late_drive(self: CommitPipeline, pc: Any) -> None:
+        if threading.current_thread().name == "late-committer":
+            on_its_way.set()
+            assert go_on.wait(30)
+        real(self, pc)
+
+    monkeypatch.setattr(CommitPipeline, "_drive", late_drive)
+    out: list[Any] = []
+    late = threading.Thread(target=lambda: out.append(put(store, "late", 7)()),
+                            name="late-committer")
+    late.start()
+    assert on_its_way.wait(30)  # its record is queued; it has not reached flush_lock
+    store.sync()  # writes the queued record (and fsyncs it), publishes nothing
+    assert pipe.writer.written_lsn > (store.head("warm") or pytest.fail()).lsn
+    tb, rb = in_thread(lambda: store.backup(str(tmp_path / "copy")))
+    tb.join(20)
+    hung = tb.is_alive()
+    go_on.set()
+    late.join(30)
+    tb.join(30)
+    assert not hung, "backup waited for a committer that waits for it"
+    assert not isinstance(rb[0], BaseException), rb
+    assert isinstance(out[0], agentwal.Checkpoint), out
+    assert store.get("late", "k") == 7
+    with agentwal.open(str(tmp_path / "copy"), readonly=True) as copy:
+        assert copy.get("late", "k") == 7  # the backup holds the settled record
