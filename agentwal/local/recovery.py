@@ -54,6 +54,7 @@ from ..format import (
     FLAG_APPENDS,
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
+    SPARE_NAME,
     TMP_SUFFIX,
 )
 from ..io import FileSystem, write_all
@@ -310,7 +311,10 @@ def recover(fs: FileSystem, wal_dir: str, applied_lsn: int, store_id: object, *,
         p.lost = Lost(applied_lsn + 1, None, wal_dir, "no log segment remains")
     if fs.exists(wal_dir):
         for name in fs.listdir(wal_dir):
-            if name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX):
+            if name == SPARE_NAME:  # the next segment made ahead (writer.py): not damage,
+                if not readonly:    # nothing to report; a writer makes a fresh one
+                    p.remove.append(os.path.join(wal_dir, name))
+            elif name.endswith(SEGMENT_SUFFIX + TMP_SUFFIX):
                 p.remove.append(os.path.join(wal_dir, name))
                 p.notes.append(f"removed unfinished segment {name}")
     failpoints.hit("recovery_after_replay")

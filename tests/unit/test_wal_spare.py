@@ -151,8 +151,12 @@ def test_a_store_prepares_spares_in_the_background_and_recovery_removes_a_left_o
     # A process that dies leaves its spare: the next open removes it and reads everything.
     crash(s)
     assert os.path.exists(spare)
+    with agentwal.open(path, readonly=True) as ro:  # a reader neither removes nor reports it
+        assert ro.stats()["recovery"]["actions"] == [] and os.path.exists(spare)
     s2 = agentwal.open(path, durability="sync", segment_bytes=16 * KIB, wal_max_bytes=1 << 20)
     try:
+        # not damage: gone, and not reported as a crash leftover (an operator reads actions)
+        assert s2.stats()["recovery"]["actions"] == []
         assert {k: s2.get("r", k) for k in values} == values
         with s2.begin("r") as txn:
             txn.put("after", 1)
