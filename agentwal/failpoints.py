@@ -186,6 +186,12 @@ def arm(
         _armed[name] = _Arm(callback, nth, times)
 
 
+def armed(name: str) -> bool:
+    """True if failpoint ``name`` is armed (code whose window exists only on a slower path
+    takes that path while it is)."""
+    return name in _armed
+
+
 def disarm(name: str | None = None) -> None:
     """Disarm one failpoint, or all of them (and stop counting hits)."""
     global _counting

@@ -9,16 +9,27 @@ transaction) and stores the records it gets back; tests supply a dict.
 *Refs.* Every value a checkpoint's state holds is recorded as a *ref*:
 
 - ``bytes``: the value's CBOR, inline, when it is shorter than
-  :data:`LARGE` bytes;
-- ``(VALUE, addr)``: a large value stored once as a leaf object, shared by
-  every checkpoint, key and run holding the same bytes;
+  :data:`LEAF_MIN` bytes, or shorter than :data:`LARGE` and an array;
+- ``(VALUE, addr)``: a value stored once as a leaf object: a large one
+  (:data:`LARGE` bytes or more) shared by every checkpoint, key and run
+  holding the same bytes, a mid-size one (a plain leaf) by the checkpoints
+  and head of the key that wrote it;
 - ``(LIST, addr)``: a large CBOR array stored as a *list node*.
 
-*Content addressing.* An object's record is a kind byte (leaf or node) and
-its body; its id is ``sha256(record)``. Storage finds an object by id before
-adding it, so identical content is stored once. Objects are *addressed* by
-a small integer allocated in increasing order (so LMDB appends them and packs
-its pages), and refs, nodes and manifests name that address.
+*Content addressing.* An object's record is a kind byte (leaf, node or
+plain leaf) and its body; its id is ``sha256(record)``. A large value (at
+least :data:`LARGE` bytes, not a list) is a *leaf*: storage finds it by id
+before adding it, so identical content is stored once. Everything else is
+added without a lookup and never indexed by content (layout 4): list nodes
+and list segments (a list's versions already share them through ``prev``,
+and a content index of random SHA-256 keys made every fold touch, and
+copy, every page of it), and values of :data:`LEAF_MIN` bytes up to
+:data:`LARGE` that are not arrays, which become *plain leaves* (kind 2,
+the body of a leaf) so the head's ``state`` entry and the delta name one
+copy instead of holding two. Objects are *addressed* by a small integer
+allocated in increasing order (so LMDB appends them and packs its pages),
+and refs, nodes and manifests name that address. Snapshots of layout 3
+hold nodes and segment leaves that are indexed (kind 0); they read alike.
 
 *List nodes* share the elements of a list that grows by appending (the usual
 ``messages`` list). A node is ``[count, nbytes, body_sha256, depth, prev,
@@ -81,6 +92,7 @@ __all__ = [
     "rollback_delta",
     "HEAD_REF",
     "LARGE",
+    "LEAF_MIN",
     "LIST",
     "MANIFEST_EVERY",
     "MAX_CHAIN",
@@ -92,6 +104,7 @@ __all__ = [
     "decode_refs",
     "encode_refs",
     "head_entry",
+    "head_ref",
     "head_value",
     "is_manifest",
     "manifest_base",
@@ -103,6 +116,7 @@ __all__ = [
     "children",
     "check_node",
     "is_node",
+    "indexed",
 ]
 
 #: Stores of format 2 (before the versions index) hold a full manifest at every
@@ -120,6 +134,13 @@ LIST = 2
 #: Object kinds (the first byte of an object record).
 _LEAF = 0
 _NODE = 1
+#: A leaf not indexed by content (layout 4): list segments and mid-size values.
+_PLAIN = 2
+_LEAVES = (bytes([_LEAF]), bytes([_PLAIN]))
+
+#: Values at least this long (and shorter than :data:`LARGE`) that are not CBOR
+#: arrays are stored once as plain leaves instead of inline twice (head and delta).
+LEAF_MIN = 256
 
 #: List tails (and runs of small tails merged by a re-base) at least this long
 #: become leaf objects; shorter ones stay inline in their node.
@@ -155,11 +176,14 @@ class Objects(ObjectReader, Protocol):
     def get(self, addr: int) -> bytes | None:
         """The object's record (kind byte + body), or None."""
 
-    def add(self, oid: bytes, record: bytes) -> int:
-        """Store a new object with reference count 0; returns its address."""
+    def add(self, oid: bytes | None, record: bytes) -> int:
+        """Store a new object with reference count 0; returns its address.
+
+        With ``oid`` None the object is not indexed by content (never found).
+        """
 
     def delete(self, addr: int, oid: bytes) -> None:
-        """Remove an object, its count and its id."""
+        """Remove an object, its count and its id (if the id names this address)."""
 
     def count(self, addr: int) -> int:
         """The object's reference count."""
@@ -249,10 +273,11 @@ def _load(objs: ObjectReader, addr: int) -> bytes:
 
 
 def _seg(objs: Objects, data: bytes) -> bytes | int:
-    """A segment for ``data``: inline if short, else a leaf's address (no count taken)."""
+    """A segment for ``data``: inline if short, else a new plain leaf's address (no count
+    taken; not found by content: a list's versions share segments through ``prev``)."""
     if len(data) < SEGMENT_LEAF:
         return data
-    return _intern(objs, bytes([_LEAF]) + data)[0]
+    return objs.add(None, bytes([_PLAIN]) + data)
 
 
 def _flatten(objs: ObjectReader, node: list[Any]) -> list[bytes | int]:
@@ -285,13 +310,16 @@ def _coalesce(objs: Objects, segs: Iterable[bytes | int]) -> list[bytes | int]:
 
 
 def _make_node(objs: Objects, node: list[Any]) -> int:
-    """Intern a list node and count one reference to it (and, if new, to its children)."""
+    """Add a list node with one reference counted, and one to each of its children.
+
+    Not found by content: the same list again reuses the previous version's
+    node (:func:`store_value`), and an equal node reached another way is rare.
+    """
     record = bytes([_NODE]) + cbor2.dumps(node)
-    addr, created = _intern(objs, record)
-    if created:
-        for child in _children(record):
-            _incref(objs, child)
-    objs.set_count(addr, objs.count(addr) + 1)
+    addr = objs.add(None, record)
+    for child in _children(record):
+        _incref(objs, child)
+    objs.set_count(addr, 1)
     return addr
 
 
@@ -311,7 +339,11 @@ def store_value(objs: Objects, value: bytes, prev: Ref | None) -> Ref:
         CodecError: an object ``prev`` names is missing or malformed.
     """
     if len(value) < LARGE:
-        return value
+        if len(value) < LEAF_MIN or value[0] >> 5 == 4:  # short, or an array
+            return value
+        addr = objs.add(None, bytes([_PLAIN]) + value)
+        objs.set_count(addr, 1)
+        return (VALUE, addr)
     head = _array_header(value)
     if head is None:
         addr, _created = _intern(objs, bytes([_LEAF]) + value)
@@ -381,7 +413,7 @@ def resolve(objs: ObjectReader, ref: Ref) -> bytes:
     kind, addr = ref
     record = _load(objs, addr)
     if kind == VALUE:
-        if record[:1] != bytes([_LEAF]):
+        if record[:1] not in _LEAVES:
             raise CodecError(f"object @{addr} is not a value")
         return record[1:]
     node = _node(record)
@@ -391,7 +423,7 @@ def resolve(objs: ObjectReader, ref: Ref) -> bytes:
             parts.append(s)
         else:
             leaf = _load(objs, s)
-            if leaf[:1] != bytes([_LEAF]):
+            if leaf[:1] not in _LEAVES:
                 raise CodecError(f"object @{s} is not a leaf")
             parts.append(leaf[1:])
     body = b"".join(parts)
@@ -400,24 +432,43 @@ def resolve(objs: ObjectReader, ref: Ref) -> bytes:
     return _header(node[0]) + body
 
 
-def head_entry(value: bytes, ref: Ref | None) -> bytes:
+def head_entry(value: bytes, ref: Ref | None, sole: int | None = None) -> bytes:
     """What the ``state`` database stores for a head value: the value, or an object's ref.
 
     A value stored as an object (a large value's leaf, a list node) is named
     by its ref instead of copied: a list node is rebuilt on read instead of
     rewritten whole by every fold, and a large value is kept once, in
-    ``objects``, not a second time in ``state``.
+    ``objects``, not a second time in ``state``. With ``sole`` (layout 4) the
+    key has exactly one version in the run's history, at checkpoint ``sole``,
+    and no ``versions`` entry: the entry is ``0xff`` + CBOR ``[ref, sole]``
+    (the ref inline bytes or ``[kind, address]``).
     """
+    if sole is not None:
+        return bytes([HEAD_REF]) + cbor2.dumps([_ref_to_cbor(value if ref is None else ref),
+                                                sole])
     if isinstance(ref, tuple):
         return bytes([HEAD_REF]) + cbor2.dumps(list(ref))
     return value
+
+
+def head_ref(stored: bytes) -> tuple[Ref | None, int | None]:
+    """``(ref, sole version)`` of a ``state`` entry: ``(None, None)`` for a value held
+    inline, ``(ref, None)`` for a head ref, ``(ref, id)`` for a key whose only version is
+    checkpoint ``id`` (:func:`head_entry`). :class:`CodecError` if malformed."""
+    if not stored or stored[0] != HEAD_REF:
+        return None, None
+    obj = loads(stored[1:])
+    if (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], (bytes, list))
+            and isinstance(obj[1], int) and not isinstance(obj[1], bool) and obj[1] > 0):
+        return _ref_from_cbor(obj[0], allow_none=False), obj[1]
+    return _ref_from_cbor(obj, allow_none=False), None
 
 
 def head_value(objs: ObjectReader, stored: bytes) -> bytes:
     """The value bytes of a ``state`` entry written by :func:`head_entry`."""
     if not stored or stored[0] != HEAD_REF:
         return stored
-    ref = _ref_from_cbor(loads(stored[1:]), allow_none=False)
+    ref, _sole = head_ref(stored)
     assert ref is not None
     return resolve(objs, ref)
 
@@ -490,9 +541,19 @@ def children(record: bytes) -> list[int]:
     Each is one reference counted for the child. :class:`CodecError` if the
     record is neither a leaf nor a well-formed node.
     """
-    if record[:1] not in (bytes([_LEAF]), bytes([_NODE])):
+    if record[:1] not in (*_LEAVES, bytes([_NODE])):
         raise CodecError(f"object kind {record[:1].hex() or 'missing'} is neither leaf nor node")
     return _children(record)
+
+
+def indexed(record: bytes) -> bool:
+    """True if an object is found by content, so its id must be in the content index.
+
+    Leaves of kind 0 are; plain leaves never are; list nodes are not from
+    layout 4 on (one a layout-3 fold wrote may still be, and then its id
+    names it).
+    """
+    return record[:1] == bytes([_LEAF])
 
 
 def check_node(objs: ObjectReader, addr: int) -> bytes:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .codec import DecodedValues
@@ -199,7 +200,8 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
 
     # -- transactions ---------------------------------------------------------------
 
-    def begin(self, run: str, *, retry_of: Transaction | None = None) -> Transaction:
+    def begin(self, run: str, *, retry_of: Transaction | None = None,
+              prefetch: Iterable[str] = ()) -> Transaction:
         """Begin a write transaction on ``run`` (created by its first commit).
 
         The transaction reads a consistent snapshot taken now; use it as a
@@ -214,9 +216,12 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
                 effects are positioned where that attempt's were, so they meet
                 what it recorded (results reused, never a second call under a
                 new key). ``store.transact`` does this for you.
+            prefetch: keys the transaction will read, fetched with its snapshot
+                (as ``txn.prefetch(keys=...)``; on PostgreSQL in the same round
+                trip as the snapshot itself). A hint: the local engine ignores it.
 
         Raises:
-            InvalidKeyError: ``run`` is not a valid id.
+            InvalidKeyError: ``run`` or a ``prefetch`` key is not a valid id.
             ValueError: ``retry_of`` is still active, committed, of another
                 run or of another store. TypeError: it is not a Transaction.
             ReadOnlyError: the store is read-only.
@@ -234,6 +239,8 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
                     txn = store.begin("run-42", retry_of=txn)
         """
         check_key(run, "run id")
+        for key in prefetch:
+            check_key(key)
         self._engine.check_open()
         if self.readonly:
             raise ReadOnlyError(self.path)

@@ -23,7 +23,7 @@ import asyncio
 import inspect
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from . import aio, failpoints
@@ -77,7 +77,8 @@ class StepsAPI(abc.ABC):
     """``transact``/``atransact``/``abegin`` over a store's ``begin``."""
 
     @abc.abstractmethod
-    def begin(self, run: str, *, retry_of: Transaction | None = None) -> Transaction:
+    def begin(self, run: str, *, retry_of: Transaction | None = None,
+              prefetch: Iterable[str] = ()) -> Transaction:
         """Each store's own (``Store.begin``, ``PostgresStore.begin``)."""
 
     @abc.abstractmethod

@@ -1,43 +1,31 @@
 """Snapshotting and restoring directory trees on top of the blob store.
 
-Theory of operation: :class:`TreeStore` is the I/O half of ``tree.py``. It
-is the one module that touches the *user's* directories (``io.py`` owns the
-store's own files); every file it stores or reads goes through
-:class:`~agentwal.local.blobs.BlobStore`, so trees share the blobs' durability,
-pins, sweeps, verification and backups.
+Theory of operation: :class:`TreeStore` is the I/O half of ``tree.py`` and
+the one entry point of the engines (``local/engine.py``,
+``postgres/trees.py``) into trees. With its parts it is the only code that
+touches the *user's* directories (``io.py`` owns the store's own files);
+every file it stores or reads goes through the blob store
+(:class:`TreeBlobs`: :class:`~agentwal.local.blobs.BlobStore`, or
+PostgreSQL's), so trees share the blobs' durability, pins, sweeps,
+verification and backups. The work is split by concern:
 
-*Snapshot* (``txn.put_tree``): walk the directory (never following links),
-skip excluded paths and the store's own directory, and build the tree
-bottom-up. The *stat cache* (``<store>/cache/stat-<hash of the directory's
-path>.<root>``, :class:`StatCache`) keeps, per directory, a record of its
-last snapshot (or restore) of each of the last few trees it held: a digest
-of its entries' signatures, its object and its files' entries. A directory
-whose entries hash to a trusted record (see :class:`_Snapper`) is that
-record's object, not looked into, when the record's tree is the key's
-current one; its files need no pin, since that tree keeps them
-referenced. ``status`` stands on the same records, and diffs only the
-directories whose objects differ. No directory's own mtime is relied on:
-a file rewritten in place does not change it. In any other directory, a regular file whose
-``(size, mtime, ctime, inode)`` match its cache entry is not read: its
-hash comes from the cache and its blob is pinned if it is still present.
-Every other file is read with ``fstat`` before and after (a small one into
-memory, then stored only if its content is missing; a large one streamed
-into the blob store); a file whose stat changed, or (when its mtime is
-within :data:`RACY_NS` of now, where one clock tick could hide a write)
-whose content hashes differently on a second read, is read again, up to
-:data:`READ_ATTEMPTS` times, then :class:`~agentwal.errors.TreeSourceError`.
-A cache entry (or record) is trusted only when its mtime (its newest
-file's) was :data:`RACY_NS` older than the moment it was recorded (git's
-"racy clean" rule), so a write in the same clock tick as a snapshot is
-never missed. Directory objects, the root object and the small files read
-are stored together with ``put_many`` (nothing is written for one already
-present; the fsyncs of all of them overlap). Everything
-the tree holds is pinned for the transaction, except what the key's
-current tree (as the transaction sees it) already reaches: that stays
-referenced by the run's state, and a commit that replaced it would make
-this transaction's commit conflict, so no sweep can leave the new tree
-dangling. If the walk fails, the pins are dropped and nothing is
-committed. ``put_tree`` of a :class:`~agentwal.types.TreeRef`
+- ``tree_cache.py``: the stat cache (entry signatures, directory digests,
+  one record set per tree, the racy-clean rule :data:`RACY_NS`);
+- ``tree_snapshot.py``: a snapshot's walk, reads and stores (``status``
+  runs it without storing);
+- ``tree_restore.py``: a restore's writes into ``dest``;
+- here: what ties them to a store and a key, and the reads of stored trees.
+
+*Snapshot* (``txn.put_tree``, :meth:`TreeStore.snapshot`): open the stat
+cache of the directory with the record set of the key's current tree
+(``base``) if it has one; the walk may then take a directory whose entries
+are as recorded for that tree's object. Everything the new tree holds is
+pinned for the transaction, except what the key's current tree (as the
+transaction sees it) already reaches: that stays referenced by the run's
+state, and a commit that replaced it would make this transaction's commit
+conflict, so no sweep can leave the new tree dangling. If the walk fails,
+the pins are dropped and nothing is committed; else the cache is saved as
+the new tree's set. ``put_tree`` of a :class:`~agentwal.types.TreeRef`
 (:meth:`TreeStore.copy`) pins what that tree reaches instead of walking.
 
 Crash windows of a snapshot (failpoints in brackets): before the commit is
@@ -45,68 +33,49 @@ durable, every blob it wrote is garbage (``blobs.py``) and the store is at
 its *before* [``tree_after_file``, ``tree_after_dirs``]; the cache file is
 replaced by rename and is only a hint (a torn or stale one costs reads).
 
-*Restore* (``store.restore_tree``), its caller holding the blob gate shared
-from reading the key's reference on (no sweep removes a blob of the tree
-meanwhile): load and check every directory
+*Restore* (``store.restore_tree``, :meth:`TreeStore.restore`), its caller
+holding the blob gate shared from reading the key's reference on (no sweep
+removes a blob of the tree meanwhile): load and check every directory
 object first (an unsafe name raises ``UnsafeTreeError`` before anything is
-written), then make ``dest`` equal to it, directory by directory through
-directory file descriptors opened with ``O_NOFOLLOW`` (so no link on disk,
-planted or stale, is ever followed). A directory whose entries hash to a
-trusted record naming the tree's object is left alone (only its
-subdirectories are visited); in one whose record names another object,
-only the entries differing from that object are looked at. A file whose
-stat-cache entry or content already matches is left alone; entries the
-tree lacks are removed unless excluded [``restore_after_remove``]; the
-other files are queued and
-written in the thread pool, each to ``.awtmp-<random>`` in its directory,
-fsynced, and renamed over the name [``restore_after_write``,
-``restore_after_rename``]; then each changed directory is fsynced. A crash
-leaves every file whole (its old or its new content) and temp files that
-the next restore removes: running the restore again finishes it.
+written), then let the restorer make ``dest`` equal to it, with the newest
+record set of ``dest`` (what the last snapshot or restore left there). A
+crash leaves every file whole: running the restore again finishes it.
 
-Snapshots read files, and restores write them, :data:`THREADS` at a time:
-concurrent fsyncs share the file system's journal commits, which is what
-makes a durable snapshot of thousands of small files as fast as git's
-unsynced one (``docs/benchmarks.md``).
+*Reads* of stored trees (``load``, ``listing``, ``files``, ``diff``,
+``reachable``, ``expand``, ``open_file``): directory objects are
+hash-checked when first read and kept decoded (:data:`_OBJECT_CACHE` of
+them; they are immutable). Diffs look only into directories whose objects
+differ.
+
+Snapshots read files, and restores write them,
+:data:`~agentwal.tree_snapshot.THREADS` at a time: concurrent fsyncs share
+the file system's journal commits, which is what makes a durable snapshot
+of thousands of small files as fast as git's unsynced one
+(``docs/benchmarks.md``).
 
 It must not decide what is committed, nor touch LMDB or the WAL.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import errno
 import hashlib
-import io
 import os
-import stat
-import struct
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
-
-import cbor2
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from . import failpoints
-from .codec import CodecError, decode_blob_ref, is_blob_ref, loads
+from .codec import CodecError, decode_blob_ref, is_blob_ref
 from .errors import (
-    BlobSourceError,
     CorruptionError,
-    DiskFullError,
-    Error,
     RestoreError,
     TreePathError,
     TreeSourceError,
-    UnsafeTreeError,
 )
 from .format import CACHE_DIR, TREE_DIR, TREE_FILE, TREE_LINK, TREE_MEDIA_TYPE
-from .io import DISK_FULL_ERRNOS
-from .local.blobs import CHUNK, BlobMissing, BlobReader
+from .local.blobs import BlobMissing, BlobReader
 from .tree import (
     Entry,
     IgnoreRules,
@@ -115,7 +84,6 @@ from .tree import (
     decode_dir,
     decode_root,
     diff_listings,
-    encode_dir,
     encode_root,
     exclude_spec,
     join,
@@ -123,366 +91,24 @@ from .tree import (
     split_relpath,
     walk_entries,
 )
+from .tree_cache import (
+    RACY_NS,
+    StatCache,
+    _SetMemo,
+)
+from .tree_restore import TMP_PREFIX, _Counts, _restore_error, _Restorer
+from .tree_snapshot import (
+    READ_ATTEMPTS,
+    THREADS,
+    _Snapper,
+)
 from .types import BlobRef, TreeDiff, TreeFile, TreeRef
 
 __all__ = ["READ_ATTEMPTS", "RACY_NS", "THREADS", "TMP_PREFIX", "RestoreReport", "SnapshotResult",
            "TreeBlobs", "TreeStore"]
 
-#: A file modified less than this before it was looked at may change again
-#: within the same timestamp tick (2 s covers the coarsest file systems).
-RACY_NS = 2_000_000_000
-#: Reads of a file that keeps changing before put_tree gives up.
-READ_ATTEMPTS = 3
-#: Files read (and fsynced) at once by a snapshot: their fsyncs share journal commits,
-#: and memory stays under THREADS blob chunks.
-THREADS = 16
-#: Bytes of small files a snapshot holds in memory to store them in one batch with
-#: its directory objects (their fsyncs then overlap); beyond it, each is stored when read.
-_DEFER_BYTES = 32 << 20
 #: Decoded directory objects a store keeps in memory (a few hundred bytes each).
 _OBJECT_CACHE = 8192
-#: A restore writes its queued files once this many directories (or files) wait.
-_QUEUED_DIRS, _QUEUED_FILES = 256, 1024
-#: Name prefix of restore's temp files (removed by the next restore).
-TMP_PREFIX = ".awtmp-"
-_CACHE_MAGIC = "awstat"
-_CACHE_VERSION = 3
-#: Record sets (trees) a stat cache file keeps, newest first.
-_CACHE_SETS = 4
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(
-    os, "O_NOCTTY", 0)
-
-
-def _key(rel: str) -> bytes:
-    """A stat-cache key: the path's bytes (as ``os.fsencode`` gives them on POSIX, faster)."""
-    return rel.encode("utf-8", "surrogateescape")
-
-
-def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-
-_FILE_SIG = struct.Struct("<qqqqq")
-
-
-def _file_sig(name: bytes, st: os.stat_result) -> bytes:
-    """What a directory's digest holds of one regular file: its name, size, mtime,
-    ctime, inode and mode. Names hold no NUL and the rest is of fixed length (a
-    link's target holds no NUL either), so a list of signatures names one set of
-    entries."""
-    return name + b"\0f" + _FILE_SIG.pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                           st.st_ino, st.st_mode)
-
-
-def _link_sig(name: bytes, target: bytes) -> bytes:
-    return name + b"\0l" + target + b"\0"
-
-
-def _dir_sig(name: bytes) -> bytes:
-    return name + b"\0d"
-
-
-def _digest(sigs: list[bytes]) -> bytes:
-    """A directory's digest: the first 16 bytes of SHA-256 over its entries'
-    signatures, sorted."""
-    return hashlib.sha256(b"".join(sorted(sigs))).digest()[:16]
-
-
-# -- the stat cache --------------------------------------------------------------------
-
-
-class StatCache:
-    """What one directory tree looked like when it was last snapshotted (or restored),
-    for each of the last :data:`_CACHE_SETS` trees it held.
-
-    A *record set* belongs to one tree (its root object's hash, ``root``): per
-    directory (``dirs[relpath bytes]``, ``b""`` for the top) a record
-    ``[digest, recorded, newest, sha256, size, files, bytes, entries]``:
-    the digest of the signatures of its entries as stored (see
-    :func:`_digest`), when the walk that made it began, the newest mtime
-    among its files, its directory object's hash and size, the files and
-    bytes below it, and its files' entries, CBOR
-    ``{name: [size, mtime, ctime, inode, sha256, recorded]}``, decoded only
-    for a directory that changed. The set loaded is the one of tree
-    ``prefer`` if there is one (the key's current tree: its records may
-    then stand for directories), else the newest; a file lookup that
-    misses in it tries the sets newer than it (a file entry names a
-    content hash whatever tree it came from). So two keys (or a restore of
-    another checkpoint) alternating on one directory each find their own
-    set, and the files the other one read or wrote.
-
-    Each set is a file of its own, ``<path>.<root hash>``: ``sha256(body)[:16] +
-    body`` (CBOR), written by rename; a snapshot reads one and writes one (none
-    if nothing in it changed), and the oldest beyond :data:`_CACHE_SETS` are
-    removed. A hint, never state: a missing, torn or stale file is an empty set.
-    """
-
-    def __init__(self, path: str | None, top: str, *, load: bool = True,
-                 prefer: str | None = None, memo: _SetMemo | None = None) -> None:
-        self.path = path
-        self.top = top
-        self._memo = memo
-        self.root: str | None = None
-        self.dirs: dict[bytes, list[Any]] = {}  # the loaded set (read records with get)
-        self._valid: set[bytes] = set()  # directories whose record get checked
-        self._files: dict[bytes, dict[bytes, list[Any]]] = {}
-        self.seen: dict[bytes, dict[bytes, list[Any]]] = {}  # file entries to save, by dir
-        self.out: dict[bytes, list[Any]] = {}  # directory records to save
-        # the other record sets, newest first: (root bytes or None, body) as read, and
-        # their decoded directory records (once a lookup needs them)
-        self._loaded: dict[bytes, list[Any]] = {}  # the loaded set, as read
-        self._sets: list[str] = []  # the files of the sets newer than the loaded one
-        self._others: list[dict[bytes, list[Any]]] | None = None
-        self._other_files: dict[bytes, list[dict[bytes, list[Any]]]] = {}
-        self._keep = _CACHE_SETS - 1 if load else 0  # other sets kept by save (rehash: none)
-        if path is not None and load:
-            self._load(prefer)
-
-    def _set_files(self) -> list[str]:
-        """This directory's record-set files, newest first."""
-        assert self.path is not None
-        folder, base = os.path.split(self.path)
-        try:
-            names = [n for n in os.listdir(folder) if n.startswith(base + ".")
-                     and len(n) == len(base) + 65 and not n.endswith(".tmp")]
-        except OSError:
-            return []
-        dated = []
-        for n in names:
-            with contextlib.suppress(OSError):
-                dated.append((os.stat(os.path.join(folder, n)).st_mtime_ns, n))
-        return [os.path.join(folder, n) for _t, n in sorted(dated, reverse=True)]
-
-    def _load(self, prefer: str | None) -> None:
-        assert self.path is not None
-        files = self._set_files()
-        want = None if prefer is None else f"{self.path}.{prefer}"
-        pick = want if want in files else (files[0] if files else None)
-        if pick is None:
-            return
-        self._sets = files[:files.index(pick)]  # the newer sets: where a lookup may go on
-        got = self._read_set(pick)
-        if got is not None:
-            self.root, self.dirs = got
-            self._loaded = self.dirs
-
-    def _read_set(self, path: str) -> tuple[str, dict[bytes, list[Any]]] | None:
-        """``(root, records)`` of one record-set file, or None if it is missing or damaged
-        (from the memo if the file is the one it holds)."""
-        try:
-            with open(path, "rb") as f:
-                sig = _sig(os.fstat(f.fileno()))
-                got = None if self._memo is None else self._memo.get(path, sig)
-                if got is not None:
-                    return got
-                data = f.read()
-        except OSError:
-            return None
-        got = self._parse_set(path, data)
-        if got is not None and self._memo is not None:
-            self._memo.put(path, sig, got)
-        return got
-
-    def _parse_set(self, path: str, data: bytes) -> tuple[str, dict[bytes, list[Any]]] | None:
-        body = data[16:]
-        if hashlib.sha256(body).digest()[:16] != data[:16]:
-            return None
-        try:
-            obj = loads(body)
-        except CodecError:
-            return None
-        if not (isinstance(obj, list) and len(obj) == 5 and obj[0] == _CACHE_MAGIC
-                and obj[1] == _CACHE_VERSION and obj[2] == self.top
-                and isinstance(obj[3], bytes) and len(obj[3]) == 32
-                and isinstance(obj[4], dict) and path.endswith(obj[3].hex())):
-            return None
-        return obj[3].hex(), obj[4]  # each record is checked when first used (get)
-
-    def get(self, rel: bytes) -> list[Any] | None:
-        """The directory's record in the loaded set, if it has a well-formed one."""
-        rec = self.dirs.get(rel)
-        if rec is None or rel in self._valid:
-            return rec
-        if not _valid_record(rel, rec):
-            del self.dirs[rel]
-            return None
-        self._valid.add(rel)
-        return rec
-
-    def reusable(self, rel: bytes, digest: bytes) -> list[Any] | None:
-        """The directory's record if its entries are exactly as recorded (same digest)
-        and it is trusted: its newest mtime was :data:`RACY_NS` older than the walk
-        that recorded it. The record is carried over to the next save."""
-        rec = self.matches(rel, digest)
-        if rec is not None:
-            self.out[rel] = rec
-        return rec
-
-    def matches(self, rel: bytes, digest: bytes) -> list[Any] | None:
-        """As :meth:`reusable`, without carrying the record over."""
-        rec = self.get(rel)
-        if rec is None or rec[0] != digest or rec[1] - rec[2] < RACY_NS:
-            return None
-        return rec
-
-    def carry(self, rel: bytes) -> None:
-        """Carry the directory's record over to the next save as it is."""
-        self.out[rel] = self.dirs[rel]
-
-    def carry_file(self, rel: bytes, name: bytes) -> None:
-        """Carry a file's entry over to the directory's next record."""
-        e = self.files_of(rel).get(name)
-        if e is not None:
-            self.seen.setdefault(rel, {})[name] = e
-
-    def files_of(self, rel: bytes) -> dict[bytes, list[Any]]:
-        """The directory's recorded file entries (decoded once)."""
-        got = self._files.get(rel)
-        if got is None:
-            got = self._files[rel] = _decode_files(self.get(rel))
-        return got
-
-    def _others_of(self, rel: bytes) -> list[dict[bytes, list[Any]]]:
-        """The directory's file entries in the other record sets (decoded once)."""
-        got = self._other_files.get(rel)
-        if got is None:
-            if self._others is None:
-                self._others = [read[1] for read in map(self._read_set, self._sets)
-                                if read is not None]
-            got = self._other_files[rel] = [f for f in (
-                _decode_files(d[rel]) for d in self._others
-                if _valid_record(rel, d.get(rel))) if f]
-        return got
-
-    def lookup(self, rel: bytes, name: bytes, st: os.stat_result) -> tuple[str, bool] | None:
-        """``(sha256, trusted)`` if file ``name`` of directory ``rel`` matches ``st``
-        (trusted: not racy), in the loaded record set or else in another. A trusted
-        entry is carried over to the next save as it is."""
-        e: list[Any] | None = self.files_of(rel).get(name)
-        if not _entry_matches(e, st):
-            e = next((o[name] for o in self._others_of(rel)
-                      if _entry_matches(o.get(name), st)), None) if self._sets else None
-        if e is None:
-            return None
-        trusted = e[5] - st.st_mtime_ns >= RACY_NS
-        if trusted:
-            self.seen.setdefault(rel, {})[name] = e
-        return e[4].hex(), trusted
-
-    def record(self, rel: bytes, name: bytes, st: os.stat_result, sha: str, now: int) -> None:
-        self.seen.setdefault(rel, {})[name] = [*_sig(st), bytes.fromhex(sha), now]
-
-    def forget(self, rel: bytes, name: bytes) -> None:
-        self.seen.get(rel, {}).pop(name, None)
-
-    def close_dir(self, rel: bytes, digest: bytes, recorded: int, newest: int, sha: str,
-                  size: int, files: int, nbytes: int, blob: bytes | None = None) -> None:
-        """Record a directory as just stored (or restored); ``blob``: its files' entries,
-        encoded, if they are its old record's."""
-        if blob is None:
-            blob = bytes(cbor2.dumps(self.seen.get(rel, {})))
-        self.out[rel] = [digest, recorded, newest, bytes.fromhex(sha), size, files, nbytes,
-                         blob]
-
-    def save(self, root: str | None) -> None:
-        """Write the records closed or carried as the set of tree ``root`` (nothing if
-        that set is the one loaded, unchanged), and remove the oldest sets beyond
-        :data:`_CACHE_SETS` (a cache made with ``load=False``, a rehash's: every other
-        set, since any set's file entries may be looked up); errors are ignored."""
-        if self.path is None or root is None:
-            return
-        path = f"{self.path}.{root}"
-        try:
-            if (root == self.root and len(self.out) == len(self._loaded)
-                    and all(self._loaded.get(k) is v for k, v in self.out.items())):
-                os.utime(path)  # the same records: only marked as the newest
-                if self._memo is not None:
-                    self._memo.put(path, _sig(os.stat(path)), (root, self._loaded))
-            else:
-                body = bytes(cbor2.dumps([_CACHE_MAGIC, _CACHE_VERSION, self.top,
-                                          bytes.fromhex(root), self.out]))
-                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-                try:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    with open(tmp, "wb") as f:
-                        f.write(hashlib.sha256(body).digest()[:16] + body)
-                    # Not os.replace: a rename over an existing file makes ext4
-                    # (auto_da_alloc) allocate and start writing the new one at once,
-                    # which waits behind the journal commits of the restore or snapshot
-                    # just made (measured: up to 300 ms). The file is only a hint, so
-                    # a moment without it costs nothing but reads.
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                    os.rename(tmp, path)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-                if self._memo is not None:  # the next snapshot of this tree reads no file
-                    self._memo.put(path, _sig(os.stat(path)), (root, dict(self.out)))
-            for old in [f for f in self._set_files() if f != path][self._keep:]:
-                os.unlink(old)
-            if os.path.exists(self.path):
-                os.unlink(self.path)  # a version-2 file (one set, no suffix)
-        except OSError:
-            pass
-
-
-class _SetMemo:
-    """The record sets a store read or wrote last, decoded, by file path and the file's
-    stat signature (a file replaced or touched since is read again). Sets are only
-    read from it (a record found damaged may be dropped, as it would be anyway)."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._size = size
-        self._sets: dict[str, tuple[tuple[int, int, int, int], tuple[str, dict[bytes,
-                                                                             list[Any]]]]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, path: str, sig: tuple[int, int, int, int]
-            ) -> tuple[str, dict[bytes, list[Any]]] | None:
-        with self._lock:
-            got = self._sets.get(path)
-        return got[1] if got is not None and got[0] == sig else None
-
-    def put(self, path: str, sig: tuple[int, int, int, int],
-            got: tuple[str, dict[bytes, list[Any]]]) -> None:
-        with self._lock:
-            self._sets.pop(path, None)
-            if len(self._sets) >= self._size:
-                self._sets.pop(next(iter(self._sets)))  # the oldest
-            self._sets[path] = (sig, got)
-
-
-def _entry_matches(e: object, st: os.stat_result) -> bool:
-    """Whether a file's cache entry has its stat signature (and is well formed)."""
-    return (isinstance(e, list) and len(e) == 6 and e[0] == st.st_size
-            and e[1] == st.st_mtime_ns and e[2] == st.st_ctime_ns and e[3] == st.st_ino
-            and isinstance(e[4], bytes) and len(e[4]) == 32 and isinstance(e[5], int))
-
-
-def _decode_files(rec: list[Any] | None) -> dict[bytes, list[Any]]:
-    """A directory record's file entries ({} for none, or a damaged one)."""
-    if rec is not None:
-        with contextlib.suppress(CodecError):
-            obj = loads(rec[7])
-            if isinstance(obj, dict):
-                return obj
-    return {}
-
-
-def _valid_record(rel: object, rec: object) -> bool:
-    # (once per directory of a walk: plain type checks, no generator)
-    if not (type(rel) is bytes and type(rec) is list and len(rec) == 8):
-        return False
-    digest, recorded, newest, sha, size, files, nbytes, blob = rec
-    return (type(digest) is bytes and type(recorded) is int and type(newest) is int
-            and type(sha) is bytes and len(sha) == 32 and type(size) is int
-            and type(files) is int and type(nbytes) is int and size >= 0 and files >= 0
-            and nbytes >= 0 and type(blob) is bytes)
 
 
 # -- results ---------------------------------------------------------------------------
@@ -514,13 +140,6 @@ class RestoreReport:
     removed: int
     unchanged: int
     files: int
-
-
-@dataclass(slots=True)
-class _Counts:
-    written: int = 0
-    removed: int = 0
-    unchanged: int = 0
 
 
 # -- the engine ------------------------------------------------------------------------
@@ -582,6 +201,7 @@ class TreeStore:
         # Decoded directory objects by hash: immutable, checked when first read.
         self._objects: dict[str, list[Entry]] = {}
         self._subdirs: dict[str, list[Entry]] = {}  # the directory entries of each of them
+        self._gitignores: dict[str, Entry | None] = {}  # the .gitignore file of each of them
         self._objects_lock = threading.Lock()
         self._set_memo = _SetMemo()  # decoded stat-cache record sets, by file
 
@@ -793,6 +413,25 @@ class TreeStore:
                 self._subdirs.pop(oldest, None)
             self._objects[sha] = entries
             self._subdirs[sha] = subs
+
+    def subdirs(self, sha: str, entries: list[Entry]) -> list[Entry]:
+        """The directory entries of directory object ``sha`` (its ``entries``), as kept."""
+        got = self._subdirs.get(sha)
+        return [e for e in entries if e.kind == TREE_DIR] if got is None else got
+
+    def gitignore_entry(self, sha: str, entries: list[Entry]) -> Entry | None:
+        """The ``.gitignore`` file of directory object ``sha`` (its ``entries``), if it
+        has one (looked for once per object: a restore asks in every directory)."""
+        try:
+            return self._gitignores[sha]
+        except KeyError:
+            pass
+        got = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
+                   None)
+        if len(self._gitignores) >= _OBJECT_CACHE:
+            self._gitignores.clear()
+        self._gitignores[sha] = got
+        return got
 
     def _path(self, sha: str) -> str:
         return self.blobs.where(sha)
@@ -1043,858 +682,3 @@ def _make_dest(dest: str | os.PathLike[str], store_dir: str) -> str:
     except OSError as exc:
         raise _restore_error(exc, os.fspath(dest)) from None
     return top
-
-
-def _restore_error(exc: OSError, path: str) -> Error:
-    if exc.errno in DISK_FULL_ERRNOS:
-        return DiskFullError(path, f"no room to restore {path!r} ({exc.strerror or exc}); the "
-                             "files written so far are whole. Free some space and run "
-                             "restore_tree again.")
-    return RestoreError(path, exc.strerror or str(exc))
-
-
-def _read_lines(data: bytes) -> list[str]:
-    return data.decode("utf-8", "surrogateescape").splitlines()
-
-
-# -- walking a directory (snapshot and status) -----------------------------------------
-
-
-@dataclass(slots=True)
-class _Node:
-    """One directory of a snapshot's walk, its entries filled in as the phases run."""
-
-    rel: str
-    key: bytes  # rel as the stat cache keys it
-    depth: int
-    entries: list[Entry] = field(default_factory=list)
-    subdirs: list[tuple[bytes, _Node]] = field(default_factory=list)
-    pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # name, path
-    cached: list[tuple[bytes, bytes, os.stat_result, str, bool]] = field(
-        default_factory=list)  # name, path, stat, sha256, trusted
-    sigs: list[bytes] = field(default_factory=list)  # of the entries as stored
-    newest: int = 0  # the newest mtime among its files as stored
-    blob: bytes | None = None  # its files' cache entries, if all are as recorded
-    reused: bool = False  # unchanged since the cache's record: sha, size, counts from it
-    sha: str = ""
-    size: int = 0
-    files: int = 0  # files and links at or below it
-    nbytes: int = 0
-
-
-class _Snapper:
-    """A snapshot in four phases: walk (stat, links, unchanged directories, cache
-    lookups), pin the cache's files, read the others (in a thread pool: their fsyncs
-    overlap), then encode every changed directory's object deepest first and store
-    them all at once (in the pool).
-
-    A directory whose entries' signatures (name, kind, and a file's size, mtime,
-    ctime, inode and mode, or a link's target) hash to its cache record's digest,
-    whose record is trusted (its newest mtime was :data:`RACY_NS` older than the
-    walk that made it) and whose subdirectories are all unchanged too, is the
-    record's directory object: nothing in it is looked up, encoded or pinned.
-    This is only done when the record's tree is the key's current one (``reuse``).
-    """
-
-    def __init__(self, trees: TreeStore, top: str, cache: StatCache, rules: IgnoreRules,
-                 gitignore: bool, *, store: bool = True, known: set[str] | None = None,
-                 reuse: bool = False) -> None:
-        self.trees = trees
-        self.known = set() if known is None else known  # reached by the key's tree: no pin
-        self.reuse = reuse
-        self.blobs = trees.blobs
-        self.top = top
-        self.cache = cache
-        self.rules = rules
-        self.gitignore = gitignore
-        self.store = store  # False: only hash (status), keep the objects in memory
-        self.pins: list[str] = []
-        self.objects: dict[str, list[Entry]] = {}  # (not storing) the changed directories'
-        self.files_read = self.bytes_read = 0
-        self.root: Root | None = None
-        self.began = time.time_ns()  # before any stat: the directory records' "recorded"
-        self._lock = threading.Lock()
-        # small files read and checked, stored with the objects (one batch of fsyncs)
-        self._deferred: list[bytes] = []
-        self._deferred_bytes = 0
-
-    def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
-        """Store the tree at ``top`` with its root object; returns the root."""
-        self.directory(top, "", self.rules, patterns)
-        assert self.root is not None
-        return self.root
-
-    def directory(self, path: str, rel: str, rules: IgnoreRules,
-                  patterns: tuple[str, ...] = ()) -> tuple[str, int]:
-        """Walk, read and store the directory ``path`` (and, storing, the root object
-        naming it, in the same batch); returns its object's ``(sha256, size)``."""
-        nodes: list[_Node] = []
-        top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
-        changed = [n for n in nodes if not n.reused]
-        if self.reuse and self.store:
-            self._old_known(changed)
-        self._pin_cached(changed)
-        jobs = [(node, item) for node in changed for item in node.pending]
-        with ThreadPoolExecutor(THREADS) as pool:
-            for (node, (name, _p)), got in zip(
-                    jobs, _map(pool, lambda j: self._file(j[0], *j[1]), jobs), strict=True):
-                if got is not None:
-                    node.entries.append(got[0])
-                    node.sigs.append(_file_sig(name, got[1]))
-                    node.newest = max(node.newest, got[1].st_mtime_ns)
-            # Every object's hash is known from its children's: encode them all, deepest
-            # first, in memory, then store them at once (their fsyncs overlap too).
-            objects = [self._encode_dir(n) for n in sorted(changed, key=lambda n: -n.depth)]
-            if self.store:
-                self.root = Root(top.sha, top.size, top.files, top.nbytes, patterns,
-                                 self.gitignore)
-                objects.append(encode_root(self.root))
-                self._put_objects(pool, objects + self._deferred)
-        return top.sha, top.size
-
-    def _walk(self, path: bytes, rel: str, rules: IgnoreRules, depth: int,
-              nodes: list[_Node]) -> _Node:
-        """One directory (``path`` as bytes: names come back as bytes, no decoding)."""
-        node = _Node(rel, _key(rel), depth)
-        nodes.append(node)
-        try:
-            with os.scandir(path) as it:
-                items = list(it)
-        except OSError as exc:
-            raise TreeSourceError(os.fsdecode(path), f"cannot list it: {exc.strerror or exc}"
-                                  ) from None
-        if self.gitignore:
-            rules = self._gitignore(items, rules, rel)
-        files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]] = []
-        links: list[tuple[str, Entry]] = []
-        is_dir_, is_reg, gitignore, store_dir = stat.S_ISDIR, stat.S_ISREG, self.gitignore, \
-            self.trees.store_dir_b
-        ruled, add = bool(rules), files.append  # (the loop runs once per file of the tree)
-        for d in items:
-            try:
-                st = d.stat(follow_symlinks=False)  # the one syscall per entry (fstatat)
-            except FileNotFoundError:
-                continue  # removed meanwhile: not in this snapshot
-            except OSError as exc:
-                raise TreeSourceError(os.fsdecode(d.path), f"cannot stat it: "
-                                      f"{exc.strerror or exc}") from None
-            name = d.name
-            if is_reg(st.st_mode):
-                if not ((gitignore and name == b".git")
-                        or (ruled and rules.ignored(join(rel, name), False))):
-                    add((name, d, st))
-                continue
-            is_dir = is_dir_(st.st_mode)
-            if ((gitignore and name == b".git") or (ruled and rules.ignored(join(rel, name),
-                                                                             is_dir))
-                    or (is_dir and d.path == store_dir)):
-                continue
-            if is_dir:
-                sub = self._walk(d.path, join(rel, name), rules, depth + 1, nodes)
-                node.subdirs.append((name, sub))
-            elif stat.S_ISLNK(st.st_mode):
-                try:
-                    target = os.readlink(d.path)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise TreeSourceError(os.fsdecode(d.path), f"cannot read the link: "
-                                          f"{exc.strerror or exc}") from None
-                links.append((join(rel, name), Entry(name, TREE_LINK, 0, "", len(target),
-                                                     target)))
-            # sockets, FIFOs and devices are not stored
-        other = [_link_sig(e.name, e.target) for _crel, e in links] + [
-            _dir_sig(name) for name, _sub in node.subdirs]
-        if self.reuse and self._as_recorded(node, files, other):
-            return node
-        node.sigs = other
-        node.entries.extend(e for _crel, e in links)
-        lookup, key = self.cache.lookup, node.key
-        for name, d, st in files:
-            hit = lookup(key, name, st)
-            if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
-                node.cached.append((name, d.path, st, hit[0], hit[1]))
-            else:
-                node.pending.append((name, d.path))
-        return node
-
-    def _as_recorded(self, node: _Node,
-                     files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]],
-                     other: list[bytes]) -> bool:
-        """Whether the directory's own entries are as its trusted record says: then it
-        is the record's object if its subdirectories are unchanged too, else its files
-        and links are the old object's (only its subdirectories' entries are new)."""
-        pack = _FILE_SIG.pack  # _file_sig, inline: this runs for every file of the tree
-        sigs = [name + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                      st.st_mode) for name, _d, st in files] + other
-        digest = _digest(sigs)
-        if all(sub.reused for _name, sub in node.subdirs):
-            rec = self.cache.reusable(node.key, digest)
-            if rec is not None:
-                node.reused = True
-                node.sha, node.size, node.files, node.nbytes = rec[3].hex(), *rec[4:7]
-                return True
-            return False
-        rec = self.cache.matches(node.key, digest)
-        if rec is None:
-            return False
-        try:
-            old = self.trees._dir(rec[3].hex(), rec[4], node.rel)
-        except (CorruptionError, UnsafeTreeError):
-            return False
-        node.entries = [e for e in old if e.kind != TREE_DIR]
-        node.sigs = sigs
-        node.newest = max((st.st_mtime_ns for _n, _d, st in files), default=0)
-        node.blob = rec[7]  # its files' cache entries, unchanged
-        self.known.update(e.sha256 for e in node.entries if e.kind == TREE_FILE)
-        return True
-
-    def _gitignore(self, items: list[os.DirEntry[bytes]], rules: IgnoreRules,
-                   rel: str) -> IgnoreRules:
-        gi = next((d for d in items if d.name == b".gitignore"), None)
-        if gi is None or not gi.is_file(follow_symlinks=False):
-            return rules
-        try:
-            with open(gi.path, "rb") as f:
-                return rules.extended(_read_lines(f.read()), rel)
-        except OSError as exc:
-            raise TreeSourceError(os.fsdecode(gi.path), f"cannot read it: "
-                                  f"{exc.strerror or exc}") from None
-
-    def _old_known(self, changed: list[_Node]) -> None:
-        """Add what the key's tree held in each changed directory (its old object, as the
-        cache records it, is in that tree) to ``known``: those need no pin."""
-        for node in changed:
-            rec = self.cache.get(node.key)
-            if rec is None:
-                continue
-            try:
-                entries = self.trees._dir(rec[3].hex(), rec[4], node.rel)
-            except (CorruptionError, UnsafeTreeError):
-                continue
-            self.known.update(e.sha256 for e in entries if e.kind != TREE_LINK)
-
-    def _pin_cached(self, nodes: list[_Node]) -> None:
-        """Entries of the files the cache vouched for (to be read if their blob is gone)."""
-        cached = [(node, item) for node in nodes for item in node.cached]
-        if not cached:
-            return
-        present = [True] * len(cached)
-        if self.store:  # pin what the key's current tree does not already hold
-            known = self.known
-            ask = [i for i, (_n, item) in enumerate(cached) if item[3] not in known]
-            got = self.blobs.pin_present([(cached[i][1][3], cached[i][1][2].st_size)
-                                          for i in ask])
-            for i, ok in zip(ask, got, strict=True):
-                present[i] = ok
-        now = time.time_ns()
-        for (node, (name, path, st, sha, trusted)), ok in zip(cached, present, strict=True):
-            if not ok:
-                node.pending.append((name, path))
-                self.cache.forget(node.key, name)
-                continue
-            if self.store and sha not in self.known:
-                self.pins.append(sha)
-            e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            if not trusted:  # a racy entry, hashed again just now
-                self.cache.record(node.key, name, st, sha, now)
-            node.entries.append(e)
-            node.sigs.append(_file_sig(name, st))
-            node.newest = max(node.newest, st.st_mtime_ns)
-
-    def _put_objects(self, pool: ThreadPoolExecutor, objects: list[bytes]) -> None:
-        """Pin the objects (and deferred small files) already stored, write the others."""
-        refs = [(hashlib.sha256(data).hexdigest(), len(data)) for data in objects]
-        ask = [i for i, (sha, _n) in enumerate(refs) if sha not in self.known]
-        present = [True] * len(refs)
-        for i, ok in zip(ask, self.blobs.pin_present([refs[i] for i in ask]), strict=True):
-            present[i] = ok
-        with self._lock:
-            self.pins.extend(refs[i][0] for i in ask if present[i])
-        missing = {sha: data for (sha, _n), data, ok in zip(refs, objects, present, strict=True)
-                   if not ok}
-        # (their absence was just seen; a blob named meanwhile by another writer is still
-        # stored once, by put_many's own check) Written in phases: all files fsynced, then
-        # named, then each fan-out directory fsynced once, the fsyncs of each phase at once.
-        self.blobs.put_many(list(missing.items()), lambda fn, *its: _run_all(pool, fn, *its))
-        with self._lock:
-            self.pins.extend(missing)
-
-    def _encode_dir(self, node: _Node) -> bytes:
-        """The node's directory object (its subdirectories' are encoded already); records
-        the directory in the stat cache."""
-        subs = [Entry(name, TREE_DIR, 0, sub.sha, sub.size) for name, sub in node.subdirs]
-        entries = sorted(node.entries + subs, key=lambda e: e.name)
-        data = encode_dir(entries)
-        node.sha, node.size = hashlib.sha256(data).hexdigest(), len(data)
-        node.files = len(node.entries) + sum(sub.files for _name, sub in node.subdirs)
-        node.nbytes = sum(e.size for e in node.entries if e.kind == TREE_FILE) + sum(
-            sub.nbytes for _name, sub in node.subdirs)
-        if self.store:
-            self.trees.remember(node.sha, entries)  # what a restore or a listing reads next
-            self.cache.close_dir(node.key, _digest(node.sigs), self.began, node.newest, node.sha,
-                                 node.size, node.files, node.nbytes, node.blob)
-        else:
-            self.objects[node.sha] = entries
-        return data
-
-    def _file(self, node: _Node, name: bytes, bpath: bytes
-              ) -> tuple[Entry, os.stat_result] | None:
-        """Read one file into the blob store (or only hash it), consistently; None if gone."""
-        path = os.fsdecode(bpath)
-        for _attempt in range(READ_ATTEMPTS):
-            try:
-                fd = os.open(bpath, _READ_FLAGS)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    return None  # became a link meanwhile: seen at the next snapshot
-                raise TreeSourceError(path, f"cannot open it: {exc.strerror or exc}") from None
-            try:
-                got = self._read_once(fd, path)
-            finally:
-                os.close(fd)
-            if got is None:
-                continue
-            sha, st = got
-            self.cache.record(node.key, name, st, sha, time.time_ns())
-            e = Entry(name, TREE_FILE, st.st_mode & 0o777, sha, st.st_size)
-            with self._lock:
-                self.files_read += 1
-                self.bytes_read += st.st_size
-            failpoints.hit("tree_after_file")
-            return e, st
-        raise TreeSourceError(path, f"it kept changing while it was read ({READ_ATTEMPTS} "
-                              "attempts)")
-
-
-    def _read_once(self, fd: int, path: str) -> tuple[str, os.stat_result] | None:
-        """``(sha256, stat)`` of one consistent read (pinned if stored), or None if it changed.
-
-        A file of at most one chunk is read into memory, checked, and then stored
-        (nothing is written if its content is stored already); a larger one is
-        streamed into the blob store and checked after.
-        """
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise TreeSourceError(path, "it is no longer a regular file")
-        small = before.st_size <= CHUNK
-        data = b""
-        try:
-            if small:
-                data = _read_fd(fd)
-                sha, size = hashlib.sha256(data).hexdigest(), len(data)
-            elif self.store:
-                sha, size = self._put(io.FileIO(fd, closefd=False), path)
-            else:
-                sha, size = _hash_fd(fd)
-        except OSError as exc:
-            raise TreeSourceError(path, f"cannot read it: {exc.strerror or exc}") from None
-        failpoints.hit("tree_after_read")
-        after = os.fstat(fd)
-        ok = _sig(before) == _sig(after) and size == after.st_size
-        if ok and time.time_ns() - after.st_mtime_ns < RACY_NS:
-            ok = _hash_fd(fd)[0] == sha  # a write in the same clock tick hides from stat
-        if small and ok and self.store:
-            with self._lock:  # stored with the directory objects, in one batch
-                defer = self._deferred_bytes + size <= _DEFER_BYTES
-                if defer:
-                    self._deferred.append(data)
-                    self._deferred_bytes += size
-            if not defer:
-                self.blobs.put_bytes(data)  # pinned, written only if missing
-                with self._lock:
-                    self.pins.append(sha)
-        elif not small and not ok and self.store:  # a streamed read that did not hold
-            with self._lock:
-                self.pins.remove(sha)
-            self.blobs.unpin([sha])
-        return (sha, after) if ok else None
-
-    def _put(self, stream: io.FileIO, path: str) -> tuple[str, int]:
-        try:
-            ref = self.blobs.put(stream)
-        except BlobSourceError as exc:
-            raise TreeSourceError(path, exc.reason) from None
-        with self._lock:
-            self.pins.append(ref.sha256)  # dropped by _read_once if the read was inconsistent
-        return ref.sha256, ref.size
-
-
-def _map(pool: ThreadPoolExecutor, fn: Callable[[_T], _R], items: list[_T]) -> Iterator[_R]:
-    """``pool.map``, or in this thread for one item (no thread is started for it: a
-    status or one-file snapshot reads one file)."""
-    return map(fn, items) if len(items) <= 1 else pool.map(fn, items)
-
-
-def _run_all(pool: ThreadPoolExecutor, fn: Callable[..., _R], *iterables: Iterable[Any]
-             ) -> Iterator[_R]:
-    """``fn`` over the items in the pool (in this thread for one), all of them finished
-    before the first error (if any) is raised: nothing is left running behind it."""
-    args = list(zip(*iterables, strict=True))
-    if len(args) <= 1:
-        return iter([fn(*a) for a in args])
-    futures = [pool.submit(fn, *a) for a in args]
-    concurrent.futures.wait(futures)
-    return iter([f.result() for f in futures])
-
-
-def _hash_fd(fd: int) -> tuple[str, int]:
-    h = hashlib.sha256()
-    offset = 0
-    while True:
-        chunk = os.pread(fd, CHUNK, offset)
-        if not chunk:
-            return h.hexdigest(), offset
-        h.update(chunk)
-        offset += len(chunk)
-
-
-def _read_fd(fd: int) -> bytes:
-    """The whole content of a (small) file, from offset 0."""
-    parts: list[bytes] = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, CHUNK, offset)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-        offset += len(chunk)
-
-
-def _hashes_to(path: bytes, sha: str) -> bool:
-    """Whether the file at ``path`` has content hash ``sha`` (a racy cache entry's check)."""
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
-        return False
-    try:
-        return _hash_fd(fd)[0] == sha
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-# -- restoring a directory -------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Closing:
-    """A directory a restore changed (or could not vouch for): its record to be."""
-
-    key: bytes
-    sha: str
-    size: int  # of its directory object
-    sigs: list[bytes] = field(default_factory=list)
-    newest: int = 0
-    broken: bool = False  # an entry's final stat is unknown: no record
-
-    def add(self, name: bytes, st: os.stat_result) -> None:
-        self.sigs.append(_file_sig(name, st))
-        self.newest = max(self.newest, st.st_mtime_ns)
-
-
-class _Restorer:
-    def __init__(self, trees: TreeStore, top: str, cache: StatCache,
-                 dirs: dict[str, list[Entry]], root: Root, counts: _Counts) -> None:
-        self.trees = trees
-        self.top = top
-        self.cache = cache
-        self.dirs = dirs
-        self.gitignore = root.gitignore
-        self.counts = counts
-        self._lock = threading.Lock()
-        self.began = time.time_ns()  # before any stat: the directory records' "recorded"
-        self.closing: list[_Closing] = []  # directories to record in the stat cache
-        # directories with files still to write: (their own fd, rel, [(name, rel, entry)],
-        # their record)
-        self._queue: list[tuple[int, str, list[tuple[str, str, Entry]], _Closing]] = []
-        self._queued = 0  # files in the queue
-        inside = os.path.relpath(trees.store_dir, top)  # the store's path in dest, if inside
-        self._store_rel = None if inside == os.pardir or inside.startswith(
-            os.pardir + os.sep) else inside.replace(os.sep, "/")
-        self._counted: dict[str, tuple[int, int]] = {}
-
-    def flush(self) -> None:
-        """Write the queued files (in a thread pool), then fsync their directories."""
-        queue, self._queue, self._queued = self._queue, [], 0
-        try:
-            jobs = [(dfd, closing, name, crel, e) for dfd, _rel, writes, closing in queue
-                    for name, crel, e in writes]
-            with ThreadPoolExecutor(THREADS) as pool:
-                futures = [pool.submit(self._write, *job) for job in jobs]
-                errors = [exc for f in futures if (exc := f.exception()) is not None]
-                if not errors:
-                    futures = [pool.submit(self._fsync_dir, dfd, rel)
-                               for dfd, rel, _w, _c in queue]
-                    errors = [exc for f in futures if (exc := f.exception()) is not None]
-            if errors:
-                raise errors[0]
-        finally:
-            for dfd, *_rest in queue:
-                os.close(dfd)
-
-    def close(self) -> None:
-        """Close what a failed restore left queued (nothing is written)."""
-        queue, self._queue, self._queued = self._queue, [], 0
-        for dfd, *_rest in queue:
-            os.close(dfd)
-
-    def close_dirs(self) -> None:
-        """Record every directory the restore looked into (and did not carry over)."""
-        for c in self.closing:
-            if c.broken:
-                continue
-            files, nbytes = self._count(c.sha)
-            self.cache.close_dir(c.key, _digest(c.sigs), self.began, c.newest, c.sha,
-                                 c.size, files, nbytes)
-
-    def _count(self, sha: str) -> tuple[int, int]:
-        """Files (and links) and bytes at or below directory object ``sha``."""
-        got = self._counted.get(sha)
-        if got is None:
-            files = nbytes = 0
-            for e in self.dirs[sha]:
-                if e.kind == TREE_DIR:
-                    f, b = self._count(e.sha256)
-                    files, nbytes = files + f, nbytes + b
-                else:
-                    files, nbytes = files + 1, nbytes + (e.size if e.kind == TREE_FILE else 0)
-            got = self._counted[sha] = (files, nbytes)
-        return got
-
-    def _fsync_dir(self, fd: int, rel: str) -> None:
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-
-    def directory(self, fd: int, rel: str, sha: str, size: int, rules: IgnoreRules) -> None:
-        entries = self.dirs[sha]
-        if self.gitignore:
-            gi = next((e for e in entries if e.name == b".gitignore" and e.kind == TREE_FILE),
-                      None)
-            if gi is not None:
-                rules = rules.extended(_read_lines(self.trees.read_object(gi.sha256, gi.size)),
-                                       rel)
-        try:
-            with os.scandir(fd) as it:
-                present = {d.name: d for d in it}
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-        key = _key(rel)
-        stats: dict[str, os.stat_result | None] = {}
-        old = self._recorded(fd, rel, key, sha, present, rules, stats)
-        if old is not None and old[0] == sha:
-            # Exactly the directory the cache recorded, and already the tree's: only
-            # the subdirectories are left to look at.
-            self.cache.carry(key)
-            rec = self.cache.dirs[key]  # its counts: no walk of the tree below it to count
-            self._counted.setdefault(sha, (rec[5], rec[6]))
-            subdirs = [e for e in entries if e.kind == TREE_DIR]
-            self.counts.unchanged += len(entries) - len(subdirs)
-            for e in subdirs:
-                name = os.fsdecode(e.name)
-                self._dir(fd, name, join(rel, name), e, stats.get(name), rules)
-            return
-        known = {} if old is None else old[1]
-        closing = _Closing(key, sha, size)
-        self.closing.append(closing)
-        changed = False
-        wanted = {os.fsdecode(e.name) for e in entries}
-        for name, d in present.items():
-            if name in wanted:
-                continue
-            crel = join(rel, name)
-            if name.startswith(TMP_PREFIX):
-                changed |= self._remove(fd, name, crel, None)
-                continue
-            is_dir = d.is_dir(follow_symlinks=False)
-            if self._kept(crel, name, is_dir, rules):
-                continue
-            changed |= self._remove(fd, name, crel, rules)
-        writes: list[tuple[str, str, Entry]] = []
-        for e in entries:
-            name = os.fsdecode(e.name)
-            crel = join(rel, name)
-            if crel == self._store_rel:
-                raise RestoreError(self._abs(crel), "the tree has an entry where the store "
-                                   "itself lives; restore it somewhere else")
-            st = stats[name] if name in stats else self._lstat(fd, name, crel, present)
-            if e.kind == TREE_DIR:
-                closing.sigs.append(_dir_sig(e.name))
-                changed |= self._dir(fd, name, crel, e, st, rules)
-            elif e.kind == TREE_LINK:
-                closing.sigs.append(_link_sig(e.name, e.target))
-                k = known.get(e.name)
-                if k is not None and k.kind == TREE_LINK and k.target == e.target:
-                    self.counts.unchanged += 1
-                else:
-                    changed |= self._link(fd, name, crel, e, st)
-            elif ((k := known.get(e.name)) is not None and k.sha256 == e.sha256
-                  and k.kind == TREE_FILE and k.perm == e.perm and k.size == e.size
-                  and st is not None):  # on disk as recorded (Entry ==, field by field)
-                self.cache.carry_file(key, e.name)
-                closing.add(e.name, st)
-                self.counts.unchanged += 1
-            else:
-                final = self._file(fd, key, name, crel, e, st)
-                if final is None:
-                    writes.append((name, crel, e))
-                else:
-                    closing.add(e.name, final)
-        if writes:  # written later, many at once; the directory is fsynced after them
-            self._queue.append((os.dup(fd), rel, writes, closing))
-            self._queued += len(writes)
-            if len(self._queue) >= _QUEUED_DIRS or self._queued >= _QUEUED_FILES:
-                self.flush()
-        elif changed:
-            self._fsync_dir(fd, rel)
-
-    def _lstat(self, fd: int, name: str, rel: str, present: dict[str, os.DirEntry[str]]
-               ) -> os.stat_result | None:
-        d = present.get(name)
-        if d is None:
-            return None
-        try:
-            return d.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-
-    def _recorded(self, fd: int, rel: str, key: bytes, sha: str,
-                  present: dict[str, os.DirEntry[str]], rules: IgnoreRules,
-                  stats: dict[str, os.stat_result | None]
-                  ) -> tuple[str, dict[bytes, Entry]] | None:
-        """``(object hash, {name: entry})`` of the directory object the cache says the
-        directory holds now (its entries' signatures hash to a trusted record's
-        digest), or None; the entries only if that is not ``sha``, the tree's own.
-        Fills ``stats`` with the entries' lstat results."""
-        rec = self.cache.get(key)
-        if rec is None or rec[1] - rec[2] < RACY_NS:
-            return None
-        sigs: list[bytes] = []
-        ruled, pack = bool(rules) or self.gitignore, _FILE_SIG.pack
-        for name, d in present.items():  # (once per entry of the tree: kept lean)
-            is_dir = d.is_dir(follow_symlinks=False)
-            if (ruled or is_dir) and self._kept(join(rel, name), name, is_dir, rules):
-                continue
-            try:
-                st = stats[name] = d.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                return None  # removed meanwhile
-            except OSError as exc:
-                raise _restore_error(exc, self._abs(join(rel, name))) from None
-            bname = name.encode("utf-8", "surrogateescape")
-            if stat.S_ISREG(st.st_mode):  # _file_sig, inline
-                sigs.append(bname + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                                   st.st_ino, st.st_mode))
-            elif stat.S_ISDIR(st.st_mode):
-                sigs.append(_dir_sig(bname))
-            elif stat.S_ISLNK(st.st_mode):
-                try:
-                    sigs.append(_link_sig(bname, os.readlink(bname, dir_fd=fd)))
-                except OSError:
-                    return None
-        if self.cache.matches(key, _digest(sigs)) is None:
-            return None
-        held = rec[3].hex()
-        if held == sha:
-            return held, {}
-        try:
-            entries = self.trees._dir(held, rec[4], rel)
-        except (CorruptionError, UnsafeTreeError):
-            return None
-        return held, {e.name: e for e in entries}
-
-    def _abs(self, rel: str) -> str:
-        return os.path.join(self.top, rel) if rel else self.top
-
-    def _kept(self, rel: str, name: str, is_dir: bool, rules: IgnoreRules) -> bool:
-        """An entry the tree lacks that the restore leaves alone (excluded, or the store)."""
-        if (self.gitignore and name == ".git") or (rules and rules.ignored(rel, is_dir)):
-            return True
-        return is_dir and rel == self._store_rel
-
-    def _dir(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None,
-             rules: IgnoreRules) -> bool:
-        changed = False
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            changed |= self._remove(fd, name, rel, None)
-            st = None
-        try:
-            if st is None:
-                os.mkdir(name, 0o777, dir_fd=fd)
-                changed = True
-            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-        try:
-            self.directory(sub, rel, e.sha256, e.size, rules)
-        finally:
-            os.close(sub)
-        return changed
-
-    def _link(self, fd: int, name: str, rel: str, e: Entry, st: os.stat_result | None) -> bool:
-        bname = os.fsencode(name)
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            with contextlib.suppress(OSError):
-                if os.readlink(bname, dir_fd=fd) == e.target:
-                    self.counts.unchanged += 1
-                    return False
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            self._remove(fd, name, rel, None)
-        tmp = TMP_PREFIX + uuid.uuid4().hex
-        try:
-            os.symlink(e.target, os.fsencode(tmp), dir_fd=fd)
-            failpoints.hit("restore_after_write")
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd)
-            raise _restore_error(exc, self._abs(rel)) from None
-        failpoints.hit("restore_after_rename")
-        self.counts.written += 1
-        return True
-
-    def _file(self, fd: int, key: bytes, name: str, rel: str, e: Entry,
-              st: os.stat_result | None) -> os.stat_result | None:
-        """The stat of file ``name`` if it is right (a mode fixed here), or None if it must
-        be written (a directory in its place is removed here)."""
-        same = self._same(fd, key, name, e, st) if st is not None and stat.S_ISREG(
-            st.st_mode) else None
-        if same is not None and st is not None:
-            if st.st_mode & 0o777 != e.perm:
-                self._chmod(fd, name, rel, e.perm)
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                same = "hash"  # the ctime moved: record it again
-            if same == "hash":  # (a trusted cache entry is carried over as it is)
-                self.cache.record(key, e.name, st, e.sha256, time.time_ns())
-            self.counts.unchanged += 1
-            return st
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            self._remove(fd, name, rel, None)
-        return None
-
-    def _write(self, fd: int, closing: _Closing, name: str, rel: str, e: Entry) -> None:
-        """Write one file atomically: a temp file, its content and mode, fsync, rename."""
-        tmp = TMP_PREFIX + uuid.uuid4().hex
-        try:
-            wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                          | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=fd)
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-        try:
-            try:
-                self._copy_into(wfd, e)
-                failpoints.hit("restore_after_write")
-                os.fchmod(wfd, e.perm)
-                os.fsync(wfd)
-            finally:
-                os.close(wfd)
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd)
-            if isinstance(exc, OSError):
-                raise _restore_error(exc, self._abs(rel)) from None
-            raise
-        failpoints.hit("restore_after_rename")
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            closing.broken = True  # not recorded: the next snapshot reads it
-        else:
-            self.cache.record(closing.key, e.name, st, e.sha256, time.time_ns())
-            with self._lock:
-                closing.add(e.name, st)
-        with self._lock:
-            self.counts.written += 1
-
-    def _copy_into(self, wfd: int, e: Entry) -> None:
-        try:
-            reader = self.trees.blobs.open(BlobRef(e.sha256, e.size))
-        except BlobMissing as exc:
-            raise CorruptionError(exc.path, None, "a file blob of the tree is missing") from None
-        with reader:
-            while True:
-                chunk = reader.read(CHUNK)  # CorruptionError at the end if damaged
-                if not chunk:
-                    return
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(wfd, view):]
-
-    def _same(self, fd: int, key: bytes, name: str, e: Entry, st: os.stat_result
-              ) -> str | None:
-        """How the file on disk is known to have the entry's content ("cache" or "hash"),
-        or None if it has not."""
-        if st.st_size != e.size:
-            return None
-        hit = self.cache.lookup(key, e.name, st)
-        if hit is not None and hit[1]:
-            if hit[0] == e.sha256:
-                return "cache"
-            self.cache.forget(key, e.name)  # about to be rewritten
-            return None
-        try:
-            rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
-        except OSError:
-            return None
-        try:
-            return "hash" if _hash_fd(rfd)[0] == e.sha256 else None
-        except OSError:
-            return None
-        finally:
-            os.close(rfd)
-
-    def _chmod(self, fd: int, name: str, rel: str, perm: int) -> None:
-        try:
-            rfd = os.open(name, _READ_FLAGS, dir_fd=fd)
-            try:
-                os.fchmod(rfd, perm)
-            finally:
-                os.close(rfd)
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-
-    def _remove(self, fd: int, name: str, rel: str, rules: IgnoreRules | None) -> bool:
-        """Remove ``name`` (a directory: what it holds that is not excluded, then itself)."""
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                os.unlink(name, dir_fd=fd)
-                failpoints.hit("restore_after_remove")
-                self.counts.removed += 1
-                return True
-            if os.path.join(self.top, rel) == self.trees.store_dir:
-                return False  # the store itself is never removed
-            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            try:
-                with os.scandir(sub) as it:
-                    inner = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
-                kept = False
-                for child, is_dir in inner:
-                    crel = join(rel, child)
-                    if rules is not None and self._kept(crel, child, is_dir, rules):
-                        kept = True
-                    else:
-                        self._remove(sub, child, crel, rules)
-                if inner:
-                    os.fsync(sub)
-            finally:
-                os.close(sub)
-            if kept:
-                return False
-            os.rmdir(name, dir_fd=fd)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
-        failpoints.hit("restore_after_remove")
-        self.counts.removed += 1
-        return True
-

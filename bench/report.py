@@ -1182,7 +1182,8 @@ FULL = {
     "workspace": {"files": [250, 1_000, 4_000], "repeat": 5},
     "blobs": {"mib": [1, 16, 128], "rounds": 3},
     "postgres": {"workers": [1, 2, 4], "seconds": 3.0, "rounds": 3},
-    "langgraph_postgres": {"threads": [1, 4], "steps": 100, "message_bytes": 1024,
+    # 200 steps: the goals (puts/s, bytes per checkpoint) are at step 200
+    "langgraph_postgres": {"threads": [1, 4], "steps": 200, "message_bytes": 1024,
                            "rounds": 3},
     "failover": {"ttls": [0.5, 1.0, 2.0, 5.0], "samples": 5, "takers": 2, "poll": 0.05},
 }

@@ -47,8 +47,8 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
 
     Each object's count must equal the delta entries, manifest entries and
     list nodes naming it (and be > 0: nothing unreferenced is left behind),
-    nothing may name a missing object, and the content index must map each
-    object's SHA-256 to its address. Returns entry counts per database.
+    nothing may name a missing object, and the content index must map the
+    SHA-256 of each object found by content to its address. Returns entry counts per database.
     """
     import collections
     import struct
@@ -76,7 +76,11 @@ def check_history_counts(store: agentwal.Store) -> dict[str, int]:
         assert set(want) <= set(objects), f"missing objects: {set(want) - set(objects)}"
         assert counts == {a: want[a] for a in objects}
         assert all(n > 0 for n in counts.values()), "an unreferenced object was left"
-        assert oids == {history.object_id(rec): a for a, rec in objects.items()}
+        # every id names its object; every leaf found by content has its id (layout 4:
+        # nodes and plain leaves need none, and a layout-3 node may still have one)
+        assert all(history.object_id(objects[a]) == oid for oid, a in oids.items())
+        assert {history.object_id(rec): a for a, rec in objects.items()
+                if history.indexed(rec)}.items() <= oids.items()
         sizes["objects"] = len(objects)
         return sizes
 

@@ -12,6 +12,7 @@ like a careful forger), for tests that need damage the CRC cannot see.
 from __future__ import annotations
 
 import os
+import random
 import struct
 import zlib
 from collections.abc import Iterator
@@ -54,7 +55,8 @@ def build(path: str, *, tail: int = 0, steps: int = 45) -> Built:
             txn["messages"] = msgs
             txn["step"] = i
             if i % 5 == 0:
-                txn["blob"] = bytes([i]) * 2000  # a large value: a leaf object
+                # a large value that zstd cannot shrink: a leaf object found by content
+                txn["blob"] = random.Random(i).randbytes(1500)
             if i % 9 == 0:
                 txn.delete("scratch")
             else:

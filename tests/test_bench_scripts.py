@@ -33,6 +33,7 @@ SCRIPTS = [
     ("profile_commit.py", ["--commits", "40"], "instrumented:"),
     ("langgraph_compare.py", ["--threads", "1", "--steps", "3", "--rounds", "1"],
      "agentwal / sqlite"),
+    ("langgraph_pages.py", ["--threads", "1", "--steps", "3"], "bytes on disk per checkpoint"),
     ("bench_logmark.py", ["--rounds", "1", "--commits", "10"], "with the slot write"),
     ("bench_footprint.py", ["--stores", "5", "--steps", "5"], "empty store:"),
     ("value_pages.py", ["--count", "3"], "disk / value"),

@@ -71,10 +71,12 @@ from .snapshot.layout import (
     DATA,
     HISTORY_INDEX,
     HISTORY_INDEX_VERSION,
+    LAYOUT,
+    LAYOUT_VERSION,
     U64,
+    implied_versions,
     seal,
     unseal,
-    version_key,
 )
 from .snapshot.rescue import rescue
 from .wal import list_segments
@@ -281,9 +283,7 @@ def _rebuild_versions(records: dict[str, list[tuple[bytes, bytes]]],
             refs = history.decode_refs(data, manifest=False)
         except (CodecError, ValueError, TypeError):
             continue
-        number, cid = U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0]
-        for key in refs:
-            vk = version_key(number, key.encode(), cid)
+        for vk in implied_versions(k, refs):
             out[vk] = seal(vk, b"")
     for k, raw in records.get("ckpt", []):
         data = unseal(k, raw)
@@ -293,12 +293,13 @@ def _rebuild_versions(records: dict[str, list[tuple[bytes, bytes]]],
             rec = cbor2.loads(data)
         except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError):
             continue
-        if isinstance(rec, list) and len(rec) >= 9 and rec[8] is not None:
-            vk = version_key(U64.unpack_from(k)[0], b"", U64.unpack_from(k, 8)[0])
-            out[vk] = seal(vk, b"")  # a block start: its parent was compacted away
+        for vk in implied_versions(k, (), rec):  # a block start: its parent was compacted away
+            out[vk] = seal(vk, b"")
     records["versions"] = sorted(out.items())
     if HISTORY_INDEX not in meta:
         meta[HISTORY_INDEX] = seal(HISTORY_INDEX, U64.pack(HISTORY_INDEX_VERSION))
+    if LAYOUT not in meta:  # nodes that lost their oids entry are not damage from now on
+        meta[LAYOUT] = seal(LAYOUT, U64.pack(LAYOUT_VERSION))
 
 
 def _store_id(records: dict[str, list[tuple[bytes, bytes]]], wal: str) -> uuid.UUID | None:

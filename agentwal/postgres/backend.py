@@ -33,6 +33,23 @@ change, so a view needs no snapshot on the server.
     mark the step's effects committed_in; insert its outbox entries
     COMMIT
 
+That is the *checked path*: two round trips (the lock and what is read under
+it, then the writes and COMMIT in one pipeline). A plain step (no effects to
+mark, no outbox, not a fork's first commit) takes the *one-round-trip commit*
+first: the view knows the head's hash and the live rows of the keys it read
+(``begin`` reads them with the head, in one statement), so the client builds
+the whole checkpoint assuming the head has not moved and sends BEGIN, the row
+lock, a guard and the writes and COMMIT as one pipeline. The guard, evaluated
+under the lock, checks the head, the run epoch and the lease (owner, epoch,
+not expired) and aborts the transaction, before any write, when one of them
+is not as assumed; the commit then takes the checked path, which raises the
+right error or rebases. Fencing and OCC are the same on both paths: every
+write is in the transaction that checked the lease epoch under the row lock.
+
+A view's ``begin`` is one round trip, with the keys the caller names
+(``store.begin(run, prefetch=...)``) fetched in the same statement, append
+chains included; so a step that reads only those keys costs two round trips.
+
 Anything refused rolls back, so nothing is applied. The checkpoint hash is
 ``codec.checkpoint_hash`` over the parent's hash and the delta with keys in
 sorted order, as ``verify`` recomputes it from the rows. A session lost
@@ -135,6 +152,23 @@ def _compacted(view: PgView) -> ConflictError:
         "after it began; nothing was applied. Begin again (from the run's head)."))
 
 
+class _Slow(Exception):
+    """The one-round-trip commit was refused by its guard: take the checked path."""
+
+
+#: The one-round-trip commit's guard, under the row lock: a new commit sequence number if the
+#: run is as the view saw it and the lease is live, else an error that aborts the pipelined
+#: transaction (the cast of a column value fails at execution, never when planned).
+_GUARD = """
+SELECT CASE WHEN r.head = %(base)s AND r.run_epoch = %(repoch)s AND r.lease_owner = %(me)s
+             AND r.lease_epoch = %(lepoch)s AND r.lease_expires > clock_timestamp()
+       THEN nextval('commit_seq')
+       ELSE ('agentwal-refused: ' || coalesce(r.run, 'no run'))::bigint END
+  FROM (SELECT 1) AS one LEFT JOIN runs r ON r.run = %(run)s
+"""
+_REFUSED = "agentwal-refused: "
+
+
 class _Retry(Exception):
     """The server aborted a commit as a serialization failure or deadlock: run it again."""
 
@@ -151,6 +185,11 @@ class PgView:
     ahead: dict[str, dict[str, bytes]] = field(default_factory=dict)
     #: ``{key: stored bytes or None}`` of the single keys it fetched
     known: dict[str, bytes | None] = field(default_factory=dict)
+    #: the hash of checkpoint ``base`` (empty: none), read with it by ``begin``
+    head_hash: bytes = b""
+    #: ``{key: (checkpoint, depth, value length)}`` of the delta rows its reads met: at the
+    #: head, those are the live rows a one-round-trip commit extends with append rows
+    rows: dict[str, tuple[int, int, int | None]] = field(default_factory=dict)
 
     def fetched(self, key: str) -> dict[str, bytes] | None:
         """The prefetched keys of a prefix ``key`` is under, or None."""
@@ -193,27 +232,41 @@ def _appends(change: Change, live: dict[str, tuple[int, int, int | None]]
     return out
 
 
-def chain_values(conn: psycopg.Connection[Any], run: str, starts: list[tuple[str, int]],
-                 where: str) -> dict[str, bytes]:
-    """``{key: value}`` of the delta rows ``starts`` (``(key, checkpoint)``, at most one per
-    key) whose values are append chains: every row of each chain in one query, then
-    each list rebuilt from the whole value at its bottom, joining the tails in order.
+#: One statement (one snapshot): the run's head, its run epoch and hash, and the live rows of
+#: the keys ``%(keys)s`` with every row of the append chains behind them (``top`` marks the
+#: live row). A run without a row gives no row; a run with no such key, one row of NULLs.
+#: Every row is found by a lookup on a whole unique index (``LATERAL ... OFFSET 0``: a
+#: subquery per key the planner cannot flatten into a scan of the run's rows, as it did for
+#: ``key = ANY(...)`` on a table whose statistics lagged its growth: a cost per step linear
+#: in the run's live keys).
+_AT_HEAD = """
+WITH RECURSIVE h AS (SELECT head, run_epoch, head_hash FROM runs WHERE run = %(run)s),
+s AS (
+  SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest, d.depth, d.vlen,
+         true AS top
+    FROM h, unnest(%(keys)s::text[]) AS k(key),
+         LATERAL (SELECT * FROM deltas WHERE run = %(run)s AND key = k.key AND until IS NULL
+                  OFFSET 0) d
+  UNION ALL
+  SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest, d.depth, d.vlen,
+         false
+    FROM s, LATERAL (SELECT * FROM deltas WHERE run = %(run)s AND ckpt = s.base
+                       AND key = s.key OFFSET 0) d)
+SELECT h.head, h.run_epoch, h.head_hash, s.key, s.ckpt, s.base, s.base_count, s.base_len,
+       s.inline, v.data, s.depth, s.vlen, s.top
+  FROM h LEFT JOIN s ON true
+  LEFT JOIN LATERAL (SELECT data FROM vals WHERE digest = s.digest OFFSET 0) v ON true
+"""
+
+def rebuild(run: str, rows: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]],
+            starts: list[tuple[str, int]], where: str) -> dict[str, bytes]:
+    """``{key: value}`` of the append chains that start at ``starts`` (``(key, checkpoint)``),
+    from ``rows`` (``{(key, checkpoint): (base, base count, base length, stored)}``, every row
+    of each chain): each list rebuilt from the whole value at its bottom, tails joined in order.
 
     Raises:
         CorruptionError: a row of a chain is missing, or a tail does not fit its base.
     """
-    rows = {(str(k), int(c)): (b, bc, bl, _value(inline, data)) for k, c, b, bc, bl, inline, data
-            in conn.execute(
-        "WITH RECURSIVE c AS ("
-        " SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest"
-        "   FROM unnest(%(keys)s::text[], %(ckpts)s::bigint[]) AS s(key, ckpt)"
-        "   JOIN deltas d ON d.run = %(run)s AND d.ckpt = s.ckpt AND d.key = s.key"
-        " UNION ALL"
-        " SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest"
-        "   FROM c JOIN deltas d ON d.run = %(run)s AND d.ckpt = c.base AND d.key = c.key)"
-        " SELECT c.key, c.ckpt, c.base, c.base_count, c.base_len, c.inline, v.data"
-        "   FROM c LEFT JOIN vals v ON v.digest = c.digest",
-        {"run": run, "keys": [k for k, _c in starts], "ckpts": [c for _k, c in starts]})}
     out = {}
     for key, ckpt in starts:
         tails: list[tuple[int, int, bytes]] = []
@@ -238,6 +291,30 @@ def chain_values(conn: psycopg.Connection[Any], run: str, starts: list[tuple[str
             value = joined
         out[key] = value.whole() if isinstance(value, Joined) else value  # joined once, at the end
     return out
+
+
+def chain_values(conn: psycopg.Connection[Any], run: str, starts: list[tuple[str, int]],
+                 where: str) -> dict[str, bytes]:
+    """``{key: value}`` of the delta rows ``starts`` (``(key, checkpoint)``, at most one per
+    key) whose values are append chains: every row of each chain in one query, then
+    :func:`rebuild`.
+
+    Raises:
+        CorruptionError: a row of a chain is missing, or a tail does not fit its base.
+    """
+    rows = {(str(k), int(c)): (b, bc, bl, _value(inline, data)) for k, c, b, bc, bl, inline, data
+            in conn.execute(
+        "WITH RECURSIVE c AS ("
+        " SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest"
+        "   FROM unnest(%(keys)s::text[], %(ckpts)s::bigint[]) AS s(key, ckpt)"
+        "   JOIN deltas d ON d.run = %(run)s AND d.ckpt = s.ckpt AND d.key = s.key"
+        " UNION ALL"
+        " SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest"
+        "   FROM c JOIN deltas d ON d.run = %(run)s AND d.ckpt = c.base AND d.key = c.key)"
+        " SELECT c.key, c.ckpt, c.base, c.base_count, c.base_len, c.inline, v.data"
+        "   FROM c LEFT JOIN vals v ON v.digest = c.digest",
+        {"run": run, "keys": [k for k, _c in starts], "ckpts": [c for _k, c in starts]})}
+    return rebuild(run, rows, starts, where)
 
 
 class PostgresBackend:
@@ -282,8 +359,11 @@ class PostgresBackend:
 
     # -- views and reads -------------------------------------------------------------
 
-    def begin(self, run: str, *, lease: bool = True) -> PgView:
+    def begin(self, run: str, *, lease: bool = True, keys: tuple[str, ...] = ()) -> PgView:
         """A view of ``run`` as of now; with ``lease`` (writers) this worker's lease on it.
+
+        ``keys`` are fetched at the view in the same round trip (as
+        :meth:`prefetch` would, one statement with the head, so one snapshot).
 
         Raises:
             LeaseHeldError: another worker holds the run's lease.
@@ -294,10 +374,34 @@ class PostgresBackend:
             self._writable()
             fence = self.leases.ensure(run)
         with self._conn() as conn:
-            row = conn.execute("SELECT head, run_epoch FROM runs WHERE run = %s",
-                               (run,)).fetchone()
-        base, epoch = (int(row[0]), int(row[1])) if row is not None else (0, 0)
-        return PgView(run, base, epoch, fence)
+            if not keys:
+                row = conn.execute("SELECT head, run_epoch, head_hash FROM runs WHERE run = %s",
+                                   (run,)).fetchone()
+                base, epoch, hsh = (int(row[0]), int(row[1]), bytes(row[2] or b"")
+                                    ) if row is not None else (0, 0, b"")
+                return PgView(run, base, epoch, fence, head_hash=hsh)
+            rows = conn.execute(_AT_HEAD, {"run": run, "keys": sorted(set(keys))}).fetchall()
+        if not rows:
+            return PgView(run, 0, 0, fence, known=dict.fromkeys(keys))
+        view = PgView(run, int(rows[0][0]), int(rows[0][1]), fence,
+                      head_hash=bytes(rows[0][2] or b""))
+        chains: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]] = {}
+        appended: list[tuple[str, int]] = []
+        view.known.update(dict.fromkeys(keys))
+        for _h, _e, _x, k, ckpt, base, count, length, inline, data, depth, vlen, top in rows:
+            if k is None:
+                continue
+            value = _value(inline, data)
+            chains[(str(k), int(ckpt))] = (base, count, length, value)
+            if not top:
+                continue
+            view.rows[k] = (int(ckpt), int(depth), None if vlen is None else int(vlen))
+            if base is None:
+                view.known[k] = value
+            else:
+                appended.append((k, int(ckpt)))
+        view.known.update(rebuild(run, chains, appended, self.name))
+        return view
 
     def read_value(self, view: PgView, key: str) -> bytes | None:
         """:meth:`read`: this backend stores whole values (never a ``codec.Joined``)."""
@@ -314,7 +418,7 @@ class PostgresBackend:
         wanted = sorted({k for k in keys if k not in view.known and view.fetched(k) is None})
         if wanted and view.base:
             try:
-                got = self._state(view.run, view.base, keys=wanted)
+                got = self._state(view.run, view.base, keys=wanted, seen=view.rows)
             except _Dropped:
                 raise _compacted(view) from None
             view.known.update((k, got.get(k)) for k in wanted)
@@ -330,15 +434,18 @@ class PostgresBackend:
             return got.get(key)
         with self._conn() as conn:
             row = conn.execute(
-                "SELECT c.dropped, d.inline, v.data, d.ckpt, d.base FROM checkpoints c "
-                "LEFT JOIN LATERAL (SELECT inline, digest, ckpt, base FROM deltas "
-                "WHERE run = c.run AND key = %s AND ckpt <= c.id ORDER BY ckpt DESC LIMIT 1) d "
+                "SELECT c.dropped, d.inline, v.data, d.ckpt, d.base, d.depth, d.vlen "
+                "FROM checkpoints c LEFT JOIN LATERAL (SELECT inline, digest, ckpt, base, depth, "
+                "vlen FROM deltas WHERE run = c.run AND key = %s AND ckpt <= c.id "
+                "ORDER BY ckpt DESC LIMIT 1) d "
                 "ON true LEFT JOIN vals v ON v.digest = d.digest WHERE c.run = %s AND c.id = %s",
                 (key, view.run, view.base)).fetchone()
             if row is None:
                 return None  # the run was deleted since the view: its commit will say so
             if row[0]:
                 raise _compacted(view)
+            if row[3] is not None:
+                view.rows[key] = (int(row[3]), int(row[5]), None if row[6] is None else int(row[6]))
             if row[4] is not None:  # an append row: the list is rebuilt from its chain
                 return chain_values(conn, view.run, [(key, int(row[3]))], self.name)[key]
         return _value(row[1], row[2])
@@ -357,9 +464,11 @@ class PostgresBackend:
         except _Dropped:
             raise _compacted(view) from None
 
-    def _state(self, run: str, upto: int, *, prefix: str = "",
-               key: str | None = None, keys: list[str] | None = None) -> dict[str, bytes]:
-        """The values live at checkpoint ``upto`` (module doc: the intervals of delta rows)."""
+    def _state(self, run: str, upto: int, *, prefix: str = "", key: str | None = None,
+               keys: list[str] | None = None,
+               seen: dict[str, tuple[int, int, int | None]] | None = None) -> dict[str, bytes]:
+        """The values live at checkpoint ``upto`` (module doc: the intervals of delta rows);
+        ``seen`` gets ``{key: (checkpoint, depth, value length)}`` of the rows read."""
         if upto == 0:
             return {}
         args: dict[str, Any] = {"run": run, "upto": upto, "key": key, "p": prefix,
@@ -376,21 +485,23 @@ class PostgresBackend:
             where = "d.key >= %(p)s AND d.key < %(hi)s"
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT d.key, d.inline, v.data, d.ckpt, d.base FROM deltas d LEFT JOIN vals v "
-                "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until IS NULL "
-                "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
-                "SELECT d.key, d.inline, v.data, d.ckpt, d.base FROM deltas d LEFT JOIN vals v "
-                "ON v.digest = d.digest WHERE d.run = %(run)s AND d.until > %(upto)s "
-                "AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
+                "SELECT d.key, d.inline, v.data, d.ckpt, d.base, d.depth, d.vlen FROM deltas d "
+                "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %(run)s "
+                "AND d.until IS NULL AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
+                "SELECT d.key, d.inline, v.data, d.ckpt, d.base, d.depth, d.vlen FROM deltas d "
+                "LEFT JOIN vals v ON v.digest = d.digest WHERE d.run = %(run)s "
+                "AND d.until > %(upto)s AND d.ckpt <= %(upto)s AND " + where + " UNION ALL "
                 # A marker row (no key) when a compaction dropped the checkpoint: its rows
                 # are gone in part, so what was read above is not its state.
-                "SELECT NULL, NULL, NULL, NULL, NULL FROM checkpoints WHERE run = %(run)s "
-                "AND id = %(upto)s AND dropped ORDER BY 1", args).fetchall()
+                "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM checkpoints "
+                "WHERE run = %(run)s AND id = %(upto)s AND dropped ORDER BY 1", args).fetchall()
             out: dict[str, bytes] = {}
             appended: list[tuple[str, int]] = []
-            for k, inline, data, ckpt, base in rows:
+            for k, inline, data, ckpt, base, depth, vlen in rows:
                 if k is None:
                     raise _Dropped
+                if seen is not None:
+                    seen[k] = (int(ckpt), int(depth), None if vlen is None else int(vlen))
                 if base is not None:
                     appended.append((k, int(ckpt)))
                     continue
@@ -438,10 +549,14 @@ class PostgresBackend:
         meta_raw = encode_meta(dict(change.meta))
         deferred = list(change.deferred)
         token = uuid.uuid4()
+        fast = self._fast(view, change)
         for attempt in range(_RETRIES + 1):
             try:
                 return self._commit_once(view, lease, change, delta, digest, meta_raw,
-                                         deferred, token, created)
+                                         deferred, token, created, fast=fast)
+            except _Slow:
+                fast = False
+                continue
             except _Retry:
                 if attempt == _RETRIES:
                     raise ConflictError(view.run, reason=(
@@ -449,14 +564,61 @@ class PostgresBackend:
                         "nothing was applied. Retry the step.")) from None
         raise AssertionError("unreachable")  # the loop returns or raises
 
+    @staticmethod
+    def _fast(view: PgView, change: Change) -> bool:
+        """Whether ``change`` may take the one-round-trip commit (:meth:`_commit_fast`):
+        a plain step (no effects to mark, no outbox, not a fork's first commit) on a view
+        that knows its head's hash."""
+        return (not change.effects and not change.deferred and change.origin is None
+                and (view.base == 0 or bool(view.head_hash))
+                and not failpoints.armed("pg_commit_before_commit"))
+
+    def _commit_fast(self, conn: psycopg.Connection[Any], view: PgView, lease: Lease,
+                     change: Change, delta: dict[str, bytes | None], digest: bytes,
+                     meta_raw: bytes, token: uuid.UUID, created: float
+                     ) -> tuple[int, int | None, int, bytes]:
+        """The whole commit as one pipelined transaction, sent at once (one round trip):
+        BEGIN, the run's row locked, the guard (:data:`_GUARD`: the head is still the
+        view's, the run was not deleted, the lease is this worker's, live and of the
+        view's epoch, all read under the lock), the rows, COMMIT. The checkpoint is
+        built from what the view read (the head's hash, the live rows its appends
+        extend), which the guard proves current. A refused guard aborts the
+        transaction before any write: nothing is applied and the caller takes the
+        checked path, which says why (or rebases). Returns ``(id, parent, seq, hash)``.
+        """
+        run = view.run
+        cid, parent = view.base + 1, (view.base or None)
+        hsh = checkpoint_hash(view.head_hash or _ZERO_HASH, run, cid, parent, created,
+                              meta_raw, None, digest, None)
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            conn.execute("SELECT 1 FROM runs WHERE run = %s FOR UPDATE", (run,))
+            guard = conn.execute(_GUARD, {"base": view.base, "repoch": view.epoch,
+                                          "me": self.worker_id, "lepoch": lease.epoch,
+                                          "run": run})
+            self._insert(conn, run, cid, parent, None, created, meta_raw, hsh, digest, None,
+                         None, lease.epoch, token, delta, _appends(change, view.rows))
+            conn.execute("COMMIT")
+        got = guard.fetchone()
+        assert got is not None
+        return cid, parent, int(got[0]), hsh
+
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
                      delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
                      deferred: list[Deferred], token: uuid.UUID,
-                     created_at: float | None) -> Checkpoint:
+                     created_at: float | None, *, fast: bool = False) -> Checkpoint:
         run = view.run
         committing = False
         with self._conn() as conn:
             try:
+                if fast:
+                    created = time.time() if created_at is None else created_at
+                    committing = True  # everything is sent at once
+                    cid, parent, seq, hsh = self._commit_fast(conn, view, lease, change, delta,
+                                                              digest, meta_raw, token, created)
+                    failpoints.hit("pg_commit_after_commit")
+                    return Checkpoint(run, cid, parent, seq, created, decode_meta(meta_raw),
+                                      hsh.hex(), None)
                 with conn.pipeline():  # BEGIN, the row lock (and live rows): one round trip
                     conn.execute("BEGIN")
                     row, live = self._lock_fenced(conn, run, lease, seq=True,
@@ -497,6 +659,9 @@ class PostgresBackend:
                 if not conn.closed:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
+                if fast and isinstance(exc, psycopg.errors.InvalidTextRepresentation) and (
+                        _REFUSED in str(exc)):
+                    raise _Slow from None  # the guard refused: nothing was applied
                 if isinstance(exc, LeaseLostError):
                     self.leases.forget(lease, "the server refused the lease")
                 if isinstance(exc, (psycopg.errors.SerializationFailure,
@@ -635,7 +800,7 @@ class PostgresBackend:
             raise ConflictError(run, key if key in keys else None)
 
     def _insert(self, conn: psycopg.Connection[Any], run: str, cid: int, parent: int | None,
-                seq: int, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
+                seq: int | None, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
                 outbox: bytes | None, origin: tuple[str, int] | None, epoch: int,
                 token: uuid.UUID, delta: dict[str, bytes | None],
                 appends: dict[str, tuple[int, int, int, bytes, int]]) -> None:
@@ -661,15 +826,18 @@ class PostgresBackend:
             if vals:  # in digest order: two commits never lock vals rows in opposite orders
                 cur.executemany("INSERT INTO vals (digest, data) VALUES (%s, %s) "
                                 "ON CONFLICT (digest) DO NOTHING", sorted(vals.items()))
-            cur.execute(
+            cur.execute(  # seq None: the number the guard just took, in this session
                 "INSERT INTO checkpoints (run, id, parent, seq, created_at, meta, hash, "
                 "delta_digest, outbox, origin_run, origin_id, lease_epoch, commit_token) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (run, cid, parent, seq, created, meta_raw, hsh, digest, outbox,
-                 origin[0] if origin else None, origin[1] if origin else None, epoch, token))
-            if rows:  # the keys' previous rows stop being live at this checkpoint
-                cur.execute("UPDATE deltas SET until = %s WHERE run = %s AND until IS NULL "
-                            "AND key = ANY(%s)", (cid, run, [r[2] for r in rows]))
+                "VALUES (%s, %s, %s, " + ("currval('commit_seq')" if seq is None else "%s")
+                + ", %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (run, cid, parent, *(() if seq is None else (seq,)), created, meta_raw, hsh,
+                 digest, outbox, origin[0] if origin else None, origin[1] if origin else None,
+                 epoch, token))
+            if rows:  # the keys' previous rows stop being live at this checkpoint (a
+                # statement per key: a lookup in deltas_live each, never a scan of the run)
+                cur.executemany("UPDATE deltas SET until = %s WHERE run = %s AND key = %s "
+                                "AND until IS NULL", [(cid, run, r[2]) for r in rows])
                 cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest, base, "
                                 "base_count, base_len, depth, vlen) "
                                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)

@@ -117,6 +117,28 @@ class PgBlobs:
         self.touch(digest.hex())
         return digest.hex(), size
 
+    def put_small(self, items: Iterable[bytes]) -> None:
+        """Store small blobs (each at most ``CHUNK`` bytes: one chunk row) in one transaction
+        per batch of about :data:`_BATCH` bytes, its statements pipelined: each blob row and
+        its chunk inserted unless its hash is stored (``ON CONFLICT DO NOTHING``: an equal
+        blob stored meanwhile, by anyone, is kept instead), then every blob of the batch
+        touched (collection keeps it the grace period, as :meth:`put` does). Rows go in
+        hash order, so two writers of overlapping batches wait for each other, never
+        deadlock. A failure leaves the batch out whole (its transaction rolls back)."""
+        rows = sorted({hashlib.sha256(data).digest(): data for data in items}.items())
+        at = 0
+        while at < len(rows):
+            end, size = at, 0
+            while end < len(rows) and (end == at or size + len(rows[end][1]) <= _BATCH):
+                size += len(rows[end][1])
+                end += 1
+            batch = rows[at:end]
+            with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
+                cur.executemany(_PUT_SMALL, [(d, len(data), data, len(data)) for d, data in batch])
+                cur.execute("UPDATE blobs SET touched_at = now() WHERE sha256 = ANY(%s)",
+                            ([d for d, _data in batch],))
+            at = end
+
     def touch(self, sha: str) -> bool:
         """Mark the blob ``sha`` as just put (collection keeps it); True if it is stored."""
         with self.db.connection() as conn:
@@ -182,6 +204,16 @@ b.touched_at < now() - make_interval(secs => %s)
 AND NOT EXISTS (SELECT 1 FROM delta_blobs d WHERE d.sha256 = b.sha256)
 AND NOT EXISTS (SELECT 1 FROM tree_edges e WHERE e.child = b.sha256)
 """
+
+
+# One small blob: its row and its one chunk (none when empty), unless the hash is stored.
+_PUT_SMALL = """
+WITH b AS (INSERT INTO blobs (sha256, size) VALUES (%s, %s) ON CONFLICT (sha256) DO NOTHING
+           RETURNING id)
+INSERT INTO blob_chunks (blob, n, data) SELECT id, 0, %s FROM b WHERE %s > 0
+"""
+#: bytes of small blobs stored per transaction by ``put_small``
+_BATCH = 8 << 20
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from psycopg import pq as psycopg_pq
@@ -257,8 +257,10 @@ class PostgresStore(StepsAPI, StandaloneEffects):
         if self.readonly:
             raise ReadOnlyError(self.path)
 
-    def begin(self, run: str, *, retry_of: Transaction | None = None) -> Transaction:
-        """Begin a write transaction on ``run``, taking its lease for this worker if needed.
+    def begin(self, run: str, *, retry_of: Transaction | None = None,
+              prefetch: Iterable[str] = ()) -> Transaction:
+        """Begin a write transaction on ``run``, taking its lease for this worker if needed;
+        the ``prefetch`` keys come with the snapshot, in one round trip.
 
         Raises:
             LeaseHeldError: another worker holds the run's lease.
@@ -266,10 +268,11 @@ class PostgresStore(StepsAPI, StandaloneEffects):
             ValueError / TypeError: a bad ``retry_of`` (as ``agentwal.Store.begin``).
         """
         check_key(run, "run id")
+        keys = tuple(check_key(k) for k in prefetch)
         self._writable()
         if retry_of is not None:
             check_retry_of(retry_of, self._b, run)
-        return Transaction(self._b, self._b.begin(run), self, retry_of=retry_of)
+        return Transaction(self._b, self._b.begin(run, keys=keys), self, retry_of=retry_of)
 
     def _count_retry(self) -> None:
         self._retries += 1

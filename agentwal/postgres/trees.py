@@ -39,6 +39,7 @@ import psycopg
 
 from ..errors import TreeSourceError
 from ..format import TREE_DIR, TREE_LINK
+from ..local.blobs import CHUNK
 from ..tree import join
 from ..treeio import TreeStore
 from ..types import BlobRef
@@ -64,10 +65,13 @@ class PgTreeBlobs:
 
     def put_many(self, items: list[tuple[str, bytes]],
                  map_: Callable[..., Iterator[Any]] = map) -> None:
-        """Each blob through :meth:`put_bytes`, one after another (each upload is its own
-        database transaction; ``map_`` is not used: the pool's sessions are few)."""
+        """The blobs of one chunk or less in batched transactions (``PgBlobs.put_small``:
+        a few round trips for a whole snapshot's small files), any larger one through
+        :meth:`put_bytes`; ``map_`` is not used (the pool's sessions are few)."""
+        self._b.put_small(data for _sha, data in items if len(data) <= CHUNK)
         for _sha, data in items:
-            self.put_bytes(data)
+            if len(data) > CHUNK:
+                self.put_bytes(data)
 
     def pin_present(self, refs: Iterable[tuple[str, int]]) -> list[bool]:
         """Touch each stored blob of ``refs`` (kept a grace hour); which ones are stored."""

@@ -340,3 +340,15 @@ def test_kill_on_the_nth_hit_with_the_default_code() -> None:
     proc = run_child("nth=3")
     assert proc.returncode == 137
     assert proc.stdout.split() == ["hit", "0", "hit", "1", "hit", "2"]
+
+
+def test_armed_says_whether_a_point_is_armed_until_it_fired() -> None:
+    assert not failpoints.armed(P)
+    arm(P, "raise", nth=1)
+    assert failpoints.armed(P)
+    with pytest.raises(FailpointFired):
+        hit(P)
+    assert not failpoints.armed(P)  # fired its one time
+    arm(P, "raise")
+    disarm(P)
+    assert not failpoints.armed(P)

@@ -215,7 +215,9 @@ def test_the_agentwal_before_the_bump_refuses_a_version_2_store(tmp_path: Path) 
     assert ctl is not None
     create_control(FS, str(tmp_path / "control1"), ctl.store_id, PLAIN_VERSION)
     assert _old_open(old, plain, appended, tmp_path / "crashed", tmp_path / "control1") == [
-        "read ['a']",  # a version-1 store stays readable by it
+        # a version-1 store's log stays acceptable to it, but a layout-4 fold wrote the
+        # snapshot (format.md, section 7): its write-once entry is damage to it, not a value
+        "refused value of key 'messages': malformed ref",
         # a version-2 store is refused at CONTROL, folded or not ...
         "refused store format 2, this agentwal reads format 1",
         "refused store format 2, this agentwal reads format 1",

@@ -34,14 +34,19 @@ class DictObjects:
     def get(self, addr: int) -> bytes | None:
         return self.records.get(addr)
 
-    def add(self, oid: bytes, record: bytes) -> int:
-        assert oid not in self.ids and oid == history.object_id(record)
+    def add(self, oid: bytes | None, record: bytes) -> int:
+        assert oid is None or (oid not in self.ids and oid == history.object_id(record))
+        assert (oid is not None) == history.indexed(record)  # only kind-0 leaves are found
         addr, self.next = self.next, self.next + 1
-        self.records[addr], self.counts[addr], self.ids[oid] = record, 0, addr
+        self.records[addr], self.counts[addr] = record, 0
+        if oid is not None:
+            self.ids[oid] = addr
         return addr
 
     def delete(self, addr: int, oid: bytes) -> None:
-        del self.records[addr], self.counts[addr], self.ids[oid]
+        del self.records[addr], self.counts[addr]
+        if self.ids.get(oid) == addr:
+            del self.ids[oid]
 
     def count(self, addr: int) -> int:
         return self.counts.get(addr, 0)
@@ -186,7 +191,7 @@ def test_a_missing_object_is_a_codec_error() -> None:
     objs = DictObjects()
     ref = history.store_value(objs, enc([msg(1), msg(2)]), None)
     assert isinstance(ref, tuple)
-    leaf = next(a for a, r in objs.records.items() if r[0] == 0)
+    leaf = next(a for a, r in objs.records.items() if r[0] in (0, 2))
     saved = objs.records.pop(leaf)
     with pytest.raises(CodecError):
         history.resolve(objs, ref)
@@ -349,3 +354,29 @@ def test_rollback_delta_turns_one_state_into_the_other(current: dict[str, bytes]
     after = {**current, **delta}
     assert {k: v for k, v in after.items() if v is not None} == target
     assert all(current.get(k) != v for k, v in delta.items())  # only what changes
+
+
+def test_layout_4_finds_only_large_values_by_content() -> None:
+    """A large value is found by content (stored once for every key); list nodes and
+    segments are not (a list's versions share them through ``prev``); a mid-size map is a
+    plain leaf, one per version, while short values and short arrays stay inline."""
+    objs = DictObjects()
+    big = cbor2.dumps({"blob": "x" * 2000})
+    a, b = history.store_value(objs, big, None), history.store_value(objs, big, None)
+    assert a == b and isinstance(a, tuple) and objs.counts[a[1]] == 2
+    mid = cbor2.dumps({"note": "y" * 300})
+    m1, m2 = history.store_value(objs, mid, None), history.store_value(objs, mid, None)
+    assert isinstance(m1, tuple) and isinstance(m2, tuple) and m1[0] == history.VALUE
+    assert m1 != m2 and objs.records[m1[1]][:1] == b"\x02"
+    assert history.resolve(objs, m1) == mid
+    assert history.store_value(objs, cbor2.dumps({"s": "z" * 100}), None) == cbor2.dumps(
+        {"s": "z" * 100})
+    assert history.store_value(objs, enc(["w" * 200, "v" * 200]), None) == enc(
+        ["w" * 200, "v" * 200])
+    first = history.store_value(objs, enc([msg(1), msg(2)]), None)
+    second = history.store_value(objs, enc([msg(1), msg(2), msg(3)]), first)
+    assert history.resolve(objs, second) == enc([msg(1), msg(2), msg(3)])
+    assert set(objs.ids.values()) == {a[1]}  # only the large value is indexed
+    for ref in (a, b, m1, m2, first, second):
+        history.release(objs, ref)
+    assert not objs.records and not objs.ids

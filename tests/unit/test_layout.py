@@ -25,7 +25,8 @@ RANK = {
     "types": 1, "codec": 1, "handout": 1, "history": 1, "retention": 1, "tree": 1, "leases": 1,
     "io": 2, "aio": 2,
     "local.control": 3, "local.wal": 3, "local.blobs": 3, "local.blobread": 3,
-    "local.blobgate": 3, "treeio": 3,
+    "local.blobgate": 3, "treeio": 3, "tree_cache": 3, "tree_snapshot": 3,
+    "tree_restore": 3,
     "local.logmark": 3, "local.opening": 3, "local.background": 3, "local.healthfile": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
@@ -216,14 +217,16 @@ def test_only_the_snapshot_env_imports_lmdb() -> None:
 def test_only_io_and_snapshot_touch_files() -> None:
     """os-level file calls live in io.py (and LMDB's files in local/snapshot/).
 
-    treeio.py is the one module that reads and writes the *user's* directories
-    (put_tree, restore_tree): through directory descriptors and O_NOFOLLOW, which
-    the store's FileSystem seam does not model. The store's own files still go
+    treeio.py and its parts (tree_*.py) are the modules that read and write the
+    *user's* directories (put_tree, restore_tree; and the stat cache's hint files):
+    through directory descriptors and O_NOFOLLOW, which the store's FileSystem seam
+    does not model. The store's own files still go
     through io.py (local/blobs.py) there.
     """
     calls = ("os.open(", "os.pwrite(", "os.fsync(", "os.fdatasync(", "os.unlink(",
              "os.replace(", "os.rename(", "os.ftruncate(")
-    allowed = {"io.py", "local/snapshot/__init__.py", "local/snapshot/env.py", "treeio.py"}
+    allowed = {"io.py", "local/snapshot/__init__.py", "local/snapshot/env.py", "treeio.py",
+               "tree_cache.py", "tree_snapshot.py", "tree_restore.py"}
     offenders = []
     for path in PKG.rglob("*.py"):
         rel = str(path.relative_to(PKG))

@@ -3,14 +3,16 @@ every change its digest covers is seen (snapshots and restores)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cbor2
 import pytest
 
 import agentwal
-from agentwal import treeio
+from agentwal import tree_cache, tree_restore, tree_snapshot, treeio
 from tests.trees import Spec, build, read
 from tests.unit.test_store_trees import SPEC as BASE
 from tests.unit.test_store_trees import age, counting, files_read, put
@@ -20,6 +22,13 @@ __all__ = ["counting"]  # a fixture, used by name
 SPEC: Spec = {k: BASE[k] for k in ("README.md", "src/app.py", "src/pkg/__init__.py",
                                    "src/pkg/mod.py", "bin/run")} | {
     "empty/inner": ("d",), "link": ("l", b"src/app.py")}
+
+
+def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records and entries trusted at once: ``RACY_NS`` 0 in every tree module that
+    reads it."""
+    for module in (tree_cache, tree_snapshot, tree_restore, treeio):
+        monkeypatch.setattr(module, "RACY_NS", 0)
 
 
 @pytest.fixture
@@ -65,8 +74,9 @@ def test_an_unchanged_directory_is_not_looked_into(store: agentwal.Store, src: s
     Path(src, "src/pkg/mod.py").write_bytes(b"x = 2\n" * 100)
     with store.begin("r") as txn:
         txn.put_tree("ws", src)
-    # only the changed directory's files are looked up; only the changed file is read
-    assert sorted(lookups) == [(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")]
+    # only the changed file is looked up (its unchanged neighbour is taken from the
+    # directory's old object, as its record vouches for it), and only it is read
+    assert lookups == [(b"src/pkg", b"mod.py")]
     assert files_read() == first + 1
     assert txn.checkpoint is not None
 
@@ -165,7 +175,7 @@ def test_a_restore_records_the_tree_for_the_next_snapshot(store: agentwal.Store,
     lookups.clear()
     Path(src, "src/pkg/mod.py").write_bytes(b"y = 1\n")
     ws.checkpoint()
-    assert sorted(lookups) == [(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")]
+    assert lookups == [(b"src/pkg", b"mod.py")]  # __init__.py: as the restore recorded it
     assert restored(store, tmp_path, "out") == read(src)
 
 
@@ -246,7 +256,7 @@ def test_status_looks_only_into_the_changed_directory(store: agentwal.Store, src
     first = files_read()
     got = ws.status()
     assert list(got.modified) == ["src/pkg/mod.py"] and not got.added and not got.removed
-    assert sorted(lookups) == [(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")]
+    assert lookups == [(b"src/pkg", b"mod.py")]  # __init__.py: from the head's object
     assert files_read() == first + 1  # the changed file is hashed, nothing else is read
 
 
@@ -263,7 +273,7 @@ def test_two_keys_alternating_on_one_directory_each_find_their_records(
     first = files_read()
     put(store, src, key="a")
     put(store, src, key="b")
-    assert sorted(lookups) == sorted([(b"src/pkg", b"__init__.py"), (b"src/pkg", b"mod.py")] * 2)
+    assert lookups == [(b"src/pkg", b"mod.py")] * 2  # __init__.py: from each key's object
     assert files_read() == first + 1  # b found the file a read in a's record set
     assert store.get("r", "a") == store.get("r", "b")
     with store.begin("r") as txn:  # key a goes; b's tree keeps every file
@@ -276,7 +286,7 @@ def test_two_keys_alternating_on_one_directory_each_find_their_records(
 def test_a_snapshot_after_restoring_another_checkpoint_looks_only_where_it_wrote(
         store: agentwal.Store, src: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         lookups: list[tuple[bytes, bytes]], counting: None) -> None:
-    monkeypatch.setattr(treeio, "RACY_NS", 0)  # what the restore writes is trusted at once
+    no_racy_window(monkeypatch)  # what the restore writes is trusted at once
     ws = agentwal.Workspace(store, "r", src, key="ws")
     before = ws.checkpoint()
     Path(src, "src/app.py").write_bytes(b"print('changed')\n")
@@ -293,8 +303,8 @@ def test_a_snapshot_after_restoring_another_checkpoint_looks_only_where_it_wrote
 def test_the_cache_keeps_the_newest_record_sets_only(
         store: agentwal.Store, src: str, monkeypatch: pytest.MonkeyPatch,
         lookups: list[tuple[bytes, bytes]]) -> None:
-    monkeypatch.setattr(treeio, "RACY_NS", 0)  # records trusted at once
-    keys = [f"k{i}" for i in range(treeio._CACHE_SETS + 1)]
+    no_racy_window(monkeypatch)  # records trusted at once
+    keys = [f"k{i}" for i in range(tree_cache._CACHE_SETS + 1)]
     for key in keys:
         Path(src, "README.md").write_bytes(key.encode())  # a tree of its own for each
         put(store, src, key=key)
@@ -327,3 +337,33 @@ def test_a_rehash_drops_every_other_record_set(store: agentwal.Store, src: str) 
     assert len(_set_files(store)) == 2
     put(store, src, key="a", rehash=True)  # no entry of any set survives a rehash
     assert len(_set_files(store)) == 1
+
+
+def test_file_entries_written_as_cbor_by_earlier_releases_are_still_read(
+        store: agentwal.Store, src: str, counting: None) -> None:
+    put(store, src)
+    for f in Path(store.path, "cache").iterdir():  # every record's file entries as CBOR
+        data = f.read_bytes()
+        obj = cbor2.loads(data[16:])
+        for rec in obj[4].values():
+            rec[7] = cbor2.dumps(tree_cache._decode_files(rec))
+        body = cbor2.dumps(obj)
+        f.write_bytes(hashlib.sha256(body).digest()[:16] + body)
+    first = files_read()
+    Path(src, "src/pkg/mod.py").write_bytes(b"x = 4\n" * 100)
+    put(store, src)
+    assert files_read() == first + 1  # __init__.py's CBOR entry vouched for it
+
+
+def test_packed_file_entries_round_trip_and_a_damaged_one_is_empty() -> None:
+    entries = {f"f{i}".encode(): [i, 10**18 + i, 10**18 - i, 2**40 + i,
+                                   hashlib.sha256(b"%d" % i).digest(), 10**18 + 5]
+               for i in range(20)}
+    blob = tree_cache._encode_files(entries)
+    record = [b"", 0, 0, b"", 0, 0, 0]
+    assert tree_cache._decode_files([*record, blob]) == entries
+    assert tree_cache._decode_files([*record, tree_cache._encode_files({})]) == {}
+    assert tree_cache._decode_files([*record, blob[:-1]]) == {}  # torn: costs reads only
+    # an entry a damaged set carried over is left out, the others kept
+    bad = {**entries, b"bad": ["not", "an", "entry"]}
+    assert tree_cache._decode_files([*record, tree_cache._encode_files(bad)]) == entries

@@ -347,9 +347,8 @@ def test_a_changed_list_node_is_found(base: Built, tmp_path: Path) -> None:
         new = b"\x01" + cbor2.dumps(node)
         raw.put("objects", k, new)
         addr.append(U64.unpack(k)[0])
-        old_oid = hashlib.sha256(record).digest()
-        raw.delete("oids", old_oid)
-        raw.put("oids", hashlib.sha256(new).digest(), k)  # a forger keeps the index right
+        assert raw.txn.get(hashlib.sha256(record).digest(), db=raw.dbs["oids"]) is None
+        raw.put("oids", hashlib.sha256(new).digest(), k)  # a forger even indexes it
 
     report = damaged(base, tmp_path, edit)
     found(report, "objects", f"@{addr[0]}", "rebuilds to")
@@ -654,3 +653,15 @@ def test_folded_blob_references_verify_clean(store: agentwal.Store) -> None:
     assert store.verify().ok
     store.compact(keep_last=1)
     assert store.verify().ok
+
+
+def test_unindexed_objects_need_the_layout_4_marker(base: Built, tmp_path: Path) -> None:
+    """Without ``meta`` ``layout`` (a snapshot only layout-3 folds wrote), every object
+    must be indexed: a plain leaf or a list node without its id is reported."""
+    from agentwal.local.snapshot.layout import LAYOUT
+
+    assert verify(base.path).ok
+    report = damaged(base, tmp_path, lambda raw: raw.delete("meta", LAYOUT))
+    assert any(p.db == "objects" and "plain leaf (layout 4)" in p.what
+               for p in report.problems), report.problems
+    assert any(p.db == "objects" and "no entry in oids" in p.what for p in report.problems)

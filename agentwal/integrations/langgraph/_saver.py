@@ -36,7 +36,7 @@ import builtins
 import contextlib
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -214,10 +214,15 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         finally:
             txn.rollback()
 
-    def _commit(self, thread: str, body: Callable[[agentwal.Transaction], bool]) -> None:
-        """Run ``body(txn)`` and commit if it returns True; re-run it on a conflict."""
+    def _commit(self, thread: str, body: Callable[[agentwal.Transaction], bool],
+                ahead: Callable[[], builtins.list[str]] | None = None) -> None:
+        """Run ``body(txn)`` and commit if it returns True; re-run it on a conflict.
+
+        ``ahead()``: the keys ``body`` will read, fetched with the snapshot (on
+        PostgreSQL in the same round trip: ``store.begin(prefetch=)``).
+        """
         for attempt in range(_COMMIT_ATTEMPTS):
-            txn = self.store.begin(thread)
+            txn = self.store.begin(thread, prefetch=ahead() if ahead else ())
             try:
                 wanted = body(txn)
             except _StalePool as stale:
@@ -238,6 +243,24 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             except ConflictError:
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise
+
+    def _pool_keys(self, slots: Iterable[tuple[tuple[str, str, str], int | None]], *,
+                   linked: bool) -> builtins.list[str]:
+        """The keys ``_pooled`` reads for ``slots`` (``(slot, the list's length)``, None: it
+        grows), as far as the caches know them: the chunks the pool grows in, unless the
+        list is no longer than the pool (it most likely appends nothing: a checkpoint after
+        ``put_writes`` put its messages in), and (``linked``) the slot's last version."""
+        out = []
+        with self._shared.lock:
+            for slot, length in slots:
+                prev = self._shared.lists.get(slot) if linked else None
+                if prev is not None:
+                    out.append(prev.key)
+                pool = self._shared.pools.get(slot)
+                if pool is not None and (length is None or length > len(pool.digests)):
+                    chunk = len(pool.digests) // L.POOL_CHUNK
+                    out += [L.chunk_key(pool.key, chunk), L.chunk_key(pool.key, chunk + 1)]
+        return out
 
     def _put_value(self, txn: agentwal.Transaction, key: str, rec: dict[str, Any]) -> None:
         try:
@@ -444,13 +467,15 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         written: dict[tuple[str, str, str], Listed] = {}
         grown: builtins.list[_Grown] = []
 
-        # Keys body reads, fetched in one round trip on PostgreSQL (txn.prefetch).
-        ahead = [L.MARKER, L.ns_key(nsid), L.head_key(nsid)]
+        # Keys body reads, fetched with the snapshot (one round trip on PostgreSQL).
+        def ahead() -> builtins.list[str]:
+            return [L.MARKER, L.ns_key(nsid), L.head_key(nsid),
+                    *self._pool_keys([(slot, len(p.digests)) for _k, slot, p in lists],
+                                     linked=True)]
 
         def body(txn: agentwal.Transaction) -> bool:
             written.clear()
             grown.clear()
-            txn.prefetch(keys=ahead)
             self._mark(txn, new_thread=True)
             if L.ns_key(nsid) not in txn:
                 txn.put(L.ns_key(nsid), ns)
@@ -480,7 +505,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
 
         self._shared.forget_values(thread, [vkey for vkey, _ in plain] +
                                    [vkey for vkey, _, _ in lists])
-        self._commit(thread, body)
+        self._commit(thread, body, ahead)
         self._grown(grown)
         with self._shared.saved:
             self._shared.lists.update(written)
@@ -657,12 +682,15 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         self._shared.forget_values(thread, [key for key, *_ in prepared])
         grown: builtins.list[_Grown] = []
 
-        ahead = [key for key, *_ in prepared]
+        def ahead() -> builtins.list[str]:
+            slots = [((thread, nsid, str(head["ch"])), None)
+                     for *_, head, _r, elements in prepared if elements is not None]
+            return [L.MARKER, *(key for key, *_ in prepared),
+                    *self._pool_keys(slots, linked=False)]
 
         def body(txn: agentwal.Transaction) -> bool:
             grown.clear()
             wrote = False
-            txn.prefetch(keys=ahead)
             for key, widx, head, rec, elements in prepared:
                 if widx >= 0 and key in txn:
                     continue
@@ -681,7 +709,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                          task_id=task_id, channels=[c for c, _ in writes])
             return wrote
 
-        self._commit(thread, body)
+        self._commit(thread, body, ahead)
         self._grown(grown)
 
     def _write_elements(self, value: Any) -> builtins.list[tuple[str, tuple[str, bytes]]] | None:

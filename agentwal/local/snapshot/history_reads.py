@@ -102,7 +102,32 @@ class HistoryReads(ReaderBase):
                 refs.pop(key, None)
             else:
                 refs[key] = ref
+        for key, ref, only in self._write_once(number):
+            if base < only <= cid:
+                refs[key] = ref
         return refs
+
+    def _write_once(self, number: int) -> Iterator[tuple[str, history.Ref, int]]:
+        """``(key, ref, id)`` of each key of run ``number`` whose only version is checkpoint
+        ``id`` (its head entry says so, layout 4; it has no ``versions`` entry)."""
+        prefix = U64.pack(number)
+        with self._txn.cursor(db=self._state) as cur:
+            found = cur.set_range(prefix)
+            while found:
+                k, v = bytes(cur.key()), cur.value()
+                if not k.startswith(prefix):
+                    return
+                if len(v) > 4 and v[4] == history.HEAD_REF:
+                    key = k[8:].decode("utf-8", "replace")
+                    data = self._open(k, v, f"value of key {key!r}")
+                    assert data is not None
+                    try:
+                        ref, only = history.head_ref(data)
+                    except CodecError as exc:
+                        raise self._corrupt(f"value of key {key!r}: {exc}") from None
+                    if only is not None and ref is not None:
+                        yield key, ref, only
+                found = cur.next()
 
     def _base_of(self, run: str, number: int, cid: int) -> int:
         """The manifest a read at ``cid`` starts from (0: none): the nearest at or before it,
@@ -158,6 +183,15 @@ class HistoryReads(ReaderBase):
         """The ref of ``key`` in a run's state at folded checkpoint ``cid`` (None: absent)."""
         if not self.history_indexed():
             return self._refs_at_manifests(run, number, cid).get(key)
+        k = U64.pack(number) + key.encode()
+        data = self._open(k, self._txn.get(k, db=self._state), f"value of key {key!r}")
+        if data is not None:
+            try:
+                ref, only = history.head_ref(data)
+            except CodecError as exc:
+                raise self._corrupt(f"value of key {key!r}: {exc}") from None
+            if only is not None:  # its one version (layout 4)
+                return ref if only <= cid else None
         base = self._base_of(run, number, cid)
         vid = self._version_of(number, key.encode(), cid)
         if vid is not None and vid > base:

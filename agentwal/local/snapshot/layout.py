@@ -9,7 +9,8 @@ Databases (keys are bytes; integers big-endian so they sort):
 
 - ``meta``:  ``applied_lsn`` -> CRC + u64, ``store_id`` -> CRC + 16 bytes,
   ``next_run`` -> CRC + u64, ``epoch:`` + run id -> CRC + u64 (the LSN of the
-  run id's last deletion: its effect keys' epoch)
+  run id's last deletion: its effect keys' epoch), ``layout`` -> CRC + u64 (4:
+  a fold of layout 4 wrote here, :data:`LAYOUT`)
 - ``runs``:  run (UTF-8) -> CRC + CBOR ``[run_no, head_id, head_hash, count,
   keys, digest]``, plus ``origin`` (``[run, id]``) once compaction dropped
   the first checkpoint of a fork (it still protects the origin); ``count``
@@ -19,7 +20,10 @@ Databases (keys are bytes; integers big-endian so they sort):
   ref of a list node or (format 3) of a large value's leaf
   (``history.head_entry``: a growing list is not copied whole by every
   fold, and a large value is stored once, in ``objects``; an entry a
-  format-2 fold wrote may still hold a large value inline, read alike)
+  format-2 fold wrote may still hold a large value inline, read alike); or
+  (layout 4) 0xff + CBOR ``[ref, id]`` for a *write-once* key, whose only
+  version is checkpoint ``id`` and which has no ``versions`` entry
+  (``history.head_ref``)
 - ``ckpt``:  run_no (u64) + id (u64) -> CRC + CBOR
   ``[id, parent, lsn, created_at, meta, hash, origin, outbox_digest]``
   (``outbox_digest``: SHA-256 of the commit's outbox field, or null; records
@@ -57,7 +61,9 @@ Databases (keys are bytes; integers big-endian so they sort):
   a checkpoint is, per key, the latest version at or before it, its ref read
   from that checkpoint's delta (or from the nearest manifest at or before
   it, when that is newer). A checkpoint costs the keys it changed, never
-  the whole state. ``meta`` ``history_index`` -> CRC + u64 (the version, 1)
+  the whole state (layout 4: but a write-once key's, whose ``state`` entry
+  names its one version; the fold that changes it again writes that
+  version's entry back). ``meta`` ``history_index`` -> CRC + u64 (the version, 1)
   says it is complete; a store written before has none, is read through
   its regular manifests, and gets it at its first fold or compaction. The
   empty key's entries (length 0, so they sort first) mark the checkpoints
@@ -78,7 +84,11 @@ Databases (keys are bytes; integers big-endian so they sort):
   meaning stay those of the record itself
 - ``refs``: address (u64) -> CRC + u64 reference count
 - ``oids``: object id (SHA-256 of the record) -> CRC + u64 address: finds
-  an object by content, so identical content is stored once
+  a large value's leaf by content, so identical content is stored once.
+  From layout 4 (``meta`` :data:`LAYOUT`) list nodes, list segments and
+  mid-size values (plain leaves, kind 2) are added without an entry: a
+  fold then inserts no random SHA-256 keys (each touched, and so copied,
+  a page of this database) for the objects a growing list makes
 
 The ``state`` database is the fast path for each run's folded head.
 
@@ -92,6 +102,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -102,11 +113,13 @@ from ...format import FLAG_ZSTD
 from ...types import Checkpoint
 
 __all__ = ["DATA", "DB_NAMES", "EFFECTS_INDEX", "EFFECTS_INDEX_VERSION", "EPOCH",
-           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LOCK", "OPTIONAL_DBS", "VACUUM",
+           "HISTORY_INDEX", "HISTORY_INDEX_VERSION", "LAYOUT", "LAYOUT_VERSION", "LOCK",
+           "OPTIONAL_DBS", "VACUUM",
            "CheckpointRecord", "Dbs", "FoldRun", "OBJECT_PART", "OBJECT_WHOLE", "RunInfo",
-           "appends_field", "crc", "index_keys", "object_entries", "object_form",
-           "object_record", "object_split",
-           "pos_key", "run_index_prefix", "run_part", "seal", "status_index_prefix", "unseal",
+           "appends_field", "crc", "implied_versions", "index_keys", "object_entries",
+           "object_form", "object_record", "object_split",
+           "pos_key", "run_index_prefix", "run_part", "seal", "starts_block", "status_index_prefix",
+           "unseal",
            "version_key", "version_parts"]
 
 U64 = struct.Struct(">Q")
@@ -284,6 +297,14 @@ HISTORY_INDEX = b"history_index"
 HISTORY_INDEX_VERSION = 1
 
 
+#: ``meta`` key whose presence says a fold of layout 4 or later wrote this snapshot: its
+#: list nodes, list segments and mid-size values may be objects no ``oids`` entry names
+#: (``history.indexed``; plain leaves, kind 2); its value is the layout (4). A snapshot
+#: without it (layout 3 or older) indexes every object it holds.
+LAYOUT = b"layout"
+LAYOUT_VERSION = 4
+
+
 def version_key(run_no: int, key: bytes, cid: int) -> bytes:
     """The ``versions`` entry of ``key`` (UTF-8) changed at checkpoint ``cid`` of run ``run_no``.
 
@@ -291,6 +312,36 @@ def version_key(run_no: int, key: bytes, cid: int) -> bytes:
     order (no key's entries sort among another's).
     """
     return U64.pack(run_no) + U16.pack(len(key)) + key + U64.pack(cid)
+
+
+def starts_block(record: Any) -> bool:
+    """True if a decoded ``ckpt`` record starts a kept block: compaction dropped its parent.
+
+    Its 9th field then holds the parent's hash, whether or not a 10th (the
+    appends of a form-2 commit) follows; a record with appends and its parent
+    kept has null there.
+    """
+    return isinstance(record, list) and len(record) >= 9 and isinstance(record[8], bytes)
+
+
+def implied_versions(k: bytes, delta_keys: Iterable[str] = (),
+                     record: Any = None) -> list[bytes]:
+    """The ``versions`` entries that what is stored under ``k`` implies (pure).
+
+    ``k`` is a ``delta``/``ckpt`` key (run number + checkpoint id, 16 bytes);
+    ``delta_keys`` the keys its delta holds, ``record`` its decoded checkpoint
+    record (or None). One entry per delta key, and the block start entry (the
+    empty key) when the record starts a kept block (:func:`starts_block`). The
+    one derivation of the index, used by the fold writer when it builds the
+    index of an older snapshot and by salvage when it rebuilds it.
+    """
+    if len(k) != 16:
+        return []
+    number, cid = U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0]
+    out = [version_key(number, key.encode(), cid) for key in delta_keys]
+    if starts_block(record):
+        out.append(version_key(number, b"", cid))
+    return out
 
 
 def version_parts(k: bytes) -> tuple[int, bytes, int] | None:

@@ -87,7 +87,7 @@ class TxnObjects:
         count = split[1] if split is not None and split[1] > 0 else 0
         return [k] + [k + U16.pack(i) for i in range(1, count + 1)]
 
-    def add(self, oid: bytes, record: bytes) -> int:
+    def add(self, oid: bytes | None, record: bytes) -> int:
         if self._next is None:
             with self._txn.cursor(db=self._reader._objects) as cur:
                 self._next = U64.unpack_from(cur.key())[0] + 1 if cur.last() else 1
@@ -96,7 +96,8 @@ class TxnObjects:
             self._txn.put(k, seal(k, data), db=self._reader._objects, append=True)
         a = U64.pack(addr)
         self._txn.put(a, seal(a, U64.pack(0)), db=self._reader._refs, append=True)
-        self._txn.put(oid, seal(oid, a), db=self._reader._oids)
+        if oid is not None:  # found by content (a large value's leaf)
+            self._txn.put(oid, seal(oid, a), db=self._reader._oids)
         return addr
 
     def delete(self, addr: int, oid: bytes) -> None:
@@ -104,7 +105,8 @@ class TxnObjects:
             self._txn.delete(k, db=self._reader._objects)
         k = U64.pack(addr)
         self._txn.delete(k, db=self._reader._refs)
-        self._txn.delete(oid, db=self._reader._oids)
+        if self.find(oid) == addr:  # an unindexed object's equal may be indexed elsewhere
+            self._txn.delete(oid, db=self._reader._oids)
 
     def count(self, addr: int) -> int:
         k = U64.pack(addr)
@@ -127,7 +129,7 @@ class CountingObjects(TxnObjects):
         k = U64.pack(addr)
         r = self._reader
         for key, db in ([(p, r._objects) for p in self._keys(addr)]
-                        + [(k, r._refs), (oid, r._oids)]):
+                        + [(k, r._refs)] + ([(oid, r._oids)] if self.find(oid) == addr else [])):
             raw = self._txn.get(key, db=db)
             self._tally.bytes_freed += 0 if raw is None else len(raw)
         self._tally.objects_freed += 1

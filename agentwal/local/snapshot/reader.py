@@ -47,7 +47,6 @@ from .objects import TxnObjects
 __all__ = ["HeadLists", "RawEntries", "SnapshotReader", "read_value"]
 
 _HEAD_REF_BYTE = bytes([HEAD_REF])
-_LEAF_REF = bytes([0x82, history.VALUE])  # CBOR [1, ...]: a head ref to a large value's leaf
 _pack_u64 = U64.pack
 _unpack_crc = CRC.unpack_from
 
@@ -71,18 +70,27 @@ def read_value(directory: str, dbs: Dbs, txn: Any, run_no: int, key: str,
     if len(raw) < 4 or _unpack_crc(raw)[0] != zlib.crc32(data, zlib.crc32(k)):
         return SnapshotReader(directory, dbs, txn, lists).get(run_no, key)  # damage
     if data and data[0] == HEAD_REF:
-        # a large value by ref, read here when it is one whole leaf; anything else (a list,
-        # parts, damage) takes the reader's path
-        leaf = _leaf_value(dbs, txn, data) if data[1:3] == _LEAF_REF else None
+        # a value by ref, read here when it is one whole leaf, or a write-once key's value
+        # held inline (layout 4); anything else (a list, parts, damage) takes the reader's
+        # path
+        leaf = _leaf_value(dbs, txn, data) if data[1] == 0x82 else None
         return leaf if leaf is not None else SnapshotReader(directory, dbs, txn, lists).get(
             run_no, key)
     return data
 
 
 def _leaf_value(dbs: Dbs, txn: Any, entry: bytes) -> bytes | None:
-    """The value a head entry ``0xff + [1, addr]`` names, if its leaf is one sound entry."""
+    """The value a head entry ``0xff + [1, addr]`` names, if its leaf is one sound entry;
+    of a write-once entry ``0xff + [ref, id]``, the ref's (inline, or such a leaf)."""
     try:
-        addr = loads(entry[1:])[1]
+        obj = loads(entry[1:])
+        if type(obj[1]) is int and type(obj[0]) is bytes:  # write-once, inline
+            return obj[0]
+        if type(obj[0]) is list:  # write-once, by ref
+            obj = obj[0]
+        if obj[0] != history.VALUE:
+            return None
+        addr = obj[1]
         k = _pack_u64(addr)
         raw = txn.get(k, db=dbs.objects)
     except (CodecError, Error, IndexError, TypeError, OverflowError, struct.error):
@@ -96,7 +104,7 @@ def _leaf_value(dbs: Dbs, txn: Any, entry: bytes) -> bytes | None:
         record = object_record(form)
     except CodecError:
         return None
-    return record[1:] if record[:1] == b"\x00" else None
+    return record[1:] if record[:1] in (b"\x00", b"\x02") else None  # a leaf, plain or not
 
 
 class HeadLists:

@@ -36,10 +36,13 @@ from .layout import (
     EPOCH,
     HISTORY_INDEX,
     HISTORY_INDEX_VERSION,
+    LAYOUT,
+    LAYOUT_VERSION,
     U32,
     U64,
     FoldRun,
     RunInfo,
+    implied_versions,
     index_keys,
     pos_key,
     seal,
@@ -49,6 +52,8 @@ from .objects import TxnObjects, maybe_list
 from .reader import SnapshotReader
 
 __all__ = ["FoldWriter"]
+
+_NEWEST = (1 << 64) - 2  # a checkpoint id past every other (the seek adds one)
 
 
 class FoldWriter(SnapshotReader):
@@ -61,6 +66,8 @@ class FoldWriter(SnapshotReader):
         """Write the runs, then the ledger entries, then expire settled entries."""
         if not self.history_indexed():
             self._index_history()
+        if self._txn.get(LAYOUT, db=self._meta) is None:  # objects may be unindexed now
+            self._txn.put(LAYOUT, seal(LAYOUT, U64.pack(LAYOUT_VERSION)), db=self._meta)
         self._fold_into(applied_lsn, store_id, runs, log_pos)
         if not self.effects_indexed():
             self._index_effects()
@@ -92,7 +99,7 @@ class FoldWriter(SnapshotReader):
             else:
                 number, count, nkeys, digest = info.number, info.count, info.keys, info.digest
             base = U64.pack(number)
-            heads = self._fold_history(number, fr, info.head if info is not None else 0)
+            heads, sole = self._fold_history(number, fr, info.head if info is not None else 0)
             for key, value in fr.writes.items():
                 k = base + key.encode()
                 old = self._txn.get(k, db=self._state)
@@ -103,7 +110,7 @@ class FoldWriter(SnapshotReader):
                 if value is None:
                     self._txn.delete(k, db=self._state)
                 else:
-                    sealed = seal(k, history.head_entry(value, heads.get(key)))
+                    sealed = seal(k, history.head_entry(value, heads.get(key), sole.get(key)))
                     self._txn.put(k, sealed, db=self._state)
                     nkeys += 1
                     digest ^= CRC.unpack_from(sealed)[0]
@@ -132,11 +139,14 @@ class FoldWriter(SnapshotReader):
         else:
             self._txn.delete(b"log_pos", db=self._meta)
 
-    def _fold_history(self, number: int, fr: FoldRun,
-                      head: int) -> dict[str, history.Ref | None]:
-        """Write each new checkpoint's delta, with its objects and a version per key.
+    def _fold_history(self, number: int, fr: FoldRun, head: int
+                      ) -> tuple[dict[str, history.Ref | None], dict[str, int]]:
+        """Write each new checkpoint's delta, with its objects and the keys' versions.
 
-        Returns each written key's ref at the last checkpoint (for ``state``).
+        Returns each written key's ref at the last checkpoint (for ``state``),
+        and the keys whose only version ever is the one this fold wrote (the
+        checkpoint's id: its ``state`` entry says so, and ``versions`` has no
+        entry for it; :meth:`_put_key_versions`).
         """
         objs = TxnObjects(self)
         deltas = fr.deltas
@@ -146,6 +156,7 @@ class FoldWriter(SnapshotReader):
         # A list value extends the key's previous ref: from this fold if it wrote
         # the key already, else the folded head's (one seek in the versions).
         last: dict[str, history.Ref | None] = {}
+        changed: dict[str, list[int]] = {}
         try:
             for (c, _h, _m), delta in zip(fr.checkpoints, deltas, strict=True):
                 dref: dict[str, history.Ref | None] = {}
@@ -166,11 +177,43 @@ class FoldWriter(SnapshotReader):
                     self._drop_history(objs, self._manifest, fr.run, number, c.id, True)
                     self._txn.delete(dk, db=self._manifest)
                 self._txn.put(dk, seal(dk, history.encode_refs(dref)), db=self._delta)
-                self._put_versions(number, c.id, dref)
+                for key in dref:
+                    changed.setdefault(key, []).append(c.id)
                 last.update(dref)
+            sole = self._put_key_versions(number, changed, last)
         except CodecError as exc:
             raise self._corrupt(f"history of {fr.run!r}: {exc}") from None
-        return last
+        return last, sole
+
+    def _put_key_versions(self, number: int, changed: dict[str, list[int]],
+                          last: dict[str, history.Ref | None]) -> dict[str, int]:
+        """The ``versions`` entries of the keys a fold changed, except write-once keys.
+
+        A key the run never had (no ``state`` entry, no version) that this
+        fold wrote once and did not delete gets no entry: its head entry
+        names its one version instead (layout 4), so a thread's ever-new
+        keys (a checkpoint, a pending write) cost no index entry and no page
+        of the index is touched for them. A key whose head entry named its
+        one version gets that version's entry back when it changes again.
+        """
+        sole: dict[str, int] = {}
+        for key, cids in changed.items():
+            k = U64.pack(number) + key.encode()
+            data = self._open(k, self._txn.get(k, db=self._state), f"value of key {key!r}")
+            if data is not None:
+                _ref, only = history.head_ref(data)
+                if only is not None and self._txn.get(
+                        U64.pack(number) + U64.pack(only), db=self._delta) is not None:
+                    # no longer its only version (unless compaction dropped that one: a
+                    # read then starts from the manifest of a later block start)
+                    self._put_versions(number, only, [key])
+            elif (len(cids) == 1 and last.get(key) is not None
+                  and self._version_of(number, key.encode(), _NEWEST) is None):
+                sole[key] = cids[0]
+                continue
+            for cid in cids:
+                self._put_versions(number, cid, [key])
+        return sole
 
     def _put_versions(self, number: int, cid: int, keys: Iterable[str]) -> None:
         """One ``versions`` entry per key of checkpoint ``cid``'s delta."""
@@ -204,6 +247,7 @@ class FoldWriter(SnapshotReader):
         manifests) gets it at its first fold or compaction, in that
         transaction; its manifests stay (each is a full state, still valid).
         """
+        entries: list[bytes] = []
         with self._txn.cursor(db=self._delta) as cur:
             for k, raw in cur.iternext():
                 k = bytes(k)
@@ -216,14 +260,14 @@ class FoldWriter(SnapshotReader):
                     refs = history.decode_refs(data, manifest=False)
                 except CodecError as exc:
                     raise self._corrupt(f"delta of checkpoint #{number}/{cid}: {exc}") from None
-                self._put_versions(number, cid, refs)
+                entries += implied_versions(k, refs)
         # the block start markers: checkpoints whose parent compaction dropped
         with self._txn.cursor(db=self._ckpt) as cur:
             for k, raw in cur.iternext():
                 k = bytes(k)
-                rec = self._load(k, raw, "a checkpoint record")
-                if isinstance(rec, list) and len(rec) == 9 and len(k) == 16:
-                    self._put_versions(U64.unpack_from(k)[0], U64.unpack_from(k, 8)[0], [""])
+                entries += implied_versions(k, (), self._load(k, raw, "a checkpoint record"))
+        for vk in entries:
+            self._txn.put(vk, seal(vk, b""), db=self._versions)
         mk = HISTORY_INDEX
         self._txn.put(mk, seal(mk, U64.pack(HISTORY_INDEX_VERSION)), db=self._meta)
         self._indexed = True

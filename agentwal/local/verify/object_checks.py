@@ -14,7 +14,7 @@ import hashlib
 
 from ... import history
 from ...codec import CodecError
-from ..snapshot.layout import object_split, version_parts
+from ..snapshot.layout import object_split, version_key, version_parts
 from .snapshot_base import _U16, _U64, CheckerBase, _Damaged
 
 __all__ = ["ObjectChecks"]
@@ -50,6 +50,16 @@ class ObjectChecks(CheckerBase):
         """Every ``versions`` entry names a key of its checkpoint's delta (or a block start),
         and every delta key and block start has its entry (layout 3)."""
         extra = 0
+        wanted = set(self.want_versions)
+        for (wn, name), once in (self.write_once if self.indexed else {}).items():
+            # layout 4: these have no entry
+            vk = version_key(wn, name.encode(), once)
+            if vk in wanted:
+                self.want_versions.discard(vk)
+            elif (wn, once) not in self.unread_deltas and once in self.kept.get(wn, ()):
+                self.entry_problem("state", _U64.pack(wn) + name.encode(),
+                                   f"names checkpoint {once} as the key's only version, whose "
+                                   "delta does not hold it")
         for k, raw in self.scan("versions"):
             self.checked["versions"] += 1
             data = self.unseal("versions", k, raw)
@@ -62,12 +72,15 @@ class ObjectChecks(CheckerBase):
                 extra += 1
                 continue
             if n not in self.runs:
-                if n not in self.damaged_runs:
-                    self.entry_problem("versions", k, f"belongs to no run (run number #{n})")
+                self.orphan("versions", k, n)  # once per number when a run record is damaged
                 continue
             if data is not None and data:
                 self.entry_problem("versions", k, f"holds {len(data)} bytes, not none")
-            if k in self.want_versions:
+            only = self.write_once.get((n, key.decode("utf-8", "replace")))
+            if only is not None and only != cid:
+                self.entry_problem("versions", k, f"the key's head entry names checkpoint {only} "
+                                   "as its only version")
+            if k in wanted:  # (a write-once key may have its one entry: salvage writes it)
                 self.want_versions.discard(k)
             elif (n, cid) not in self.unread_deltas:
                 what = (f"checkpoint {cid} does not start a kept block" if not key else
@@ -118,7 +131,10 @@ class ObjectChecks(CheckerBase):
                 self.found_refs[child] += 1
             oid = hashlib.sha256(data).digest()
             present, found = self.fetch("oids", oid)
-            if not present:
+            if not self.layout4 and not history.is_node(data) and not history.indexed(data):
+                self.entry_problem("objects", k, "is a plain leaf (layout 4) in a snapshot no "
+                                   "layout-4 fold wrote")
+            elif not present and (history.indexed(data) or not self.layout4):
                 self.entry_problem("objects", k, "its SHA-256 has no entry in oids (the record "
                                    "changed, or its id was lost)")
             elif found is not None and found != k:

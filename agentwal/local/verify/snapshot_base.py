@@ -80,8 +80,13 @@ class CheckerBase(Findings, abc.ABC):
         self.block_starts: dict[int, set[int]] = {}
         #: the store has the versions index (layout 3): its marker is in meta
         self.indexed = False
+        #: a layout-4 fold wrote here: nodes and plain leaves need no ``oids`` entry
+        self.layout4 = False
         #: the ``versions`` keys the deltas and block starts call for (layout 3)
         self.want_versions: set[bytes] = set()
+        #: (run number, key) -> the checkpoint its head entry names as its only version
+        #: (layout 4: such a key has no ``versions`` entry)
+        self.write_once: dict[tuple[int, str], int] = {}
         #: (run number, id) of deltas that could not be read: their versions are not judged
         self.unread_deltas: set[tuple[int, int]] = set()
 

@@ -36,7 +36,7 @@ from ... import history
 from ...codec import CodecError, decode_value, loads
 from ...effects import STATUSES, EffectRecord, decode_entry
 from ...types import Progress
-from ..snapshot.layout import EFFECTS_INDEX, HISTORY_INDEX, RunInfo, index_keys
+from ..snapshot.layout import EFFECTS_INDEX, HISTORY_INDEX, LAYOUT, RunInfo, index_keys
 from .chain_checks import ChainChecks
 from .object_checks import ObjectChecks
 from .snapshot_base import _U32, _U64, _Damaged, _int, _Run
@@ -49,7 +49,7 @@ SNAPSHOT_PARTS = ("meta", "runs", "state", "checkpoints (hash chains)", "deltas"
 
 
 _META_SIZES = {b"applied_lsn": 8, b"store_id": 16, b"next_run": 8, b"log_pos": 16,
-               EFFECTS_INDEX: 8, HISTORY_INDEX: 8}
+               EFFECTS_INDEX: 8, HISTORY_INDEX: 8, LAYOUT: 8}
 #: Object records kept in memory while verifying (read again when evicted).
 CACHE_BYTES = 64 << 20
 
@@ -122,6 +122,8 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
         seen: dict[bytes, bytes] = {}
         for k, raw in self.scan("meta"):
             data = self.unseal("meta", k, raw)
+            if k == LAYOUT:  # even damaged (reported here): never judge layout-4 objects
+                self.layout4 = True  # by layout 3's rules, a report per object
             if data is None:
                 continue
             want = 8 if k.startswith(b"epoch:") else _META_SIZES.get(k)  # a run id's epoch
@@ -217,6 +219,12 @@ class SnapshotChecker(ChainChecks, ObjectChecks):
                 k[8:].decode("utf-8")
                 value = history.head_value(self.objs, data)
                 decode_value(value)  # a blob (or tree) reference is a value too
+                only = history.head_ref(data)[1]
+                if only is not None:
+                    self.write_once[(n, k[8:].decode("utf-8"))] = only
+                    if only > self.runs[n].head:
+                        self.entry_problem("state", k, f"names checkpoint {only} as the key's "
+                                           "only version, past the run's head")
             except _Damaged:
                 damaged.add(n)
             except (UnicodeDecodeError, CodecError) as exc:
