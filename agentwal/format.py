@@ -6,10 +6,14 @@ golden files in ``tests/data/`` pin them: a change here must bump
 
 Format versions (the segment header's version field and CONTROL's ``format``):
 1 is a log of form-1 commit records only; 2 is a log that may hold form-2
-records (``FLAG_APPENDS``, docs/format.md section 5a). An agentwal that reads
-only version 1 refuses a version-2 store or segment instead of taking the
-first form-2 frame for the end of the log. A store is written in version 1
-until its first form-2 record, so it stays openable by such an agentwal.
+records (``FLAG_APPENDS``, docs/format.md section 5a); 3 is a store whose
+snapshot a layout-4 fold may have written (docs/format.md section 7), its log
+read as version 2. An agentwal that reads only version 1 refuses a version-2
+store or segment instead of taking the first form-2 frame for the end of the
+log; one that reads only 1 and 2 refuses a version-3 store instead of reading
+a layout-4 snapshot's history wrong. A store is written in version 1 until
+its first form-2 record or its first fold, so it stays openable by such an
+agentwal until then.
 
 Segment header (``SEGMENT_HEADER_SIZE`` bytes, little-endian)::
 
@@ -42,15 +46,19 @@ from __future__ import annotations
 
 import struct
 
-#: The newest format version: what a store that logs a form-2 record is written in.
-FORMAT_VERSION = 2
+#: The newest format version: what a store this agentwal has folded is written in.
+FORMAT_VERSION = 3
 #: Every format version this agentwal reads.
-READ_VERSIONS = frozenset({1, 2})
+READ_VERSIONS = frozenset({1, 2, 3})
 #: The version a store (its CONTROL and its segments) is written in until its log holds
 #: a form-2 record.
 PLAIN_VERSION = 1
 #: The first version whose segments may hold form-2 commit records.
 APPENDS_VERSION = 2
+#: The first version whose snapshot a layout-4 fold may have written (write-once keys
+#: without a ``versions`` entry, plain leaves): CONTROL says it before the first fold
+#: that writes the snapshot's ``layout`` marker. Its log reads as version 2.
+LAYOUT4_VERSION = 3
 
 SEGMENT_MAGIC = b"AWALSEG\x00"
 SEGMENT_HEADER = struct.Struct("<8sHHI16sQQI8s")  # without the trailing CRC

@@ -3,9 +3,10 @@
 Theory of operation: ``<store>/CONTROL`` is written when the store is
 created, as ``magic + CRC-32 + CBOR {"format", "store_id", "created_at"}``
 through a temporary file, fsync, rename and directory fsync, so it is either
-absent or whole. It is rewritten the same way once, when the store's log
-takes its first form-2 record (:func:`raise_format`: format 1 to 2), so an
-agentwal that reads only format 1 refuses the store. Its store id is
+absent or whole. It is rewritten the same way when the store's log
+takes its first form-2 record (:func:`raise_format`: format 1 to 2) and
+before the first fold that writes snapshot layout 4 (to 3), so an agentwal
+that reads only the older formats refuses the store. It is never lowered. Its store id is
 stamped into every WAL segment header and into LMDB, which is how a foreign
 segment or snapshot is recognised. It goes through the I/O seam like the WAL.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -99,17 +101,24 @@ def raise_format(fs: FileSystem, directory: str, ctl: Control, version: int) -> 
 class ControlFile:
     """The CONTROL of an open writer: what it said at open, raised in place later.
 
-    Holds no engine (the WAL writer keeps :meth:`raise_to` as its ``upgrade``).
+    Holds no engine (the WAL writer keeps :meth:`raise_to` as its ``upgrade``, the
+    snapshot calls it before its first layout-4 fold: two threads).
     """
 
     def __init__(self, fs: FileSystem, directory: str, control: Control) -> None:
         self.fs = fs
         self.directory = directory
         self.control = control
+        self._lock = threading.Lock()
 
     def raise_to(self, version: int) -> None:
-        """CONTROL says ``version`` from now on (atomic and durable; raises OSError)."""
-        self.control = raise_format(self.fs, self.directory, self.control, version)
+        """CONTROL says at least ``version`` from now on (atomic and durable; raises OSError).
+
+        A version at or below the current one changes nothing: the format is never lowered.
+        """
+        with self._lock:
+            if version > self.control.format:
+                self.control = raise_format(self.fs, self.directory, self.control, version)
 
 
 def _write(fs: FileSystem, directory: str, ctl: Control) -> None:

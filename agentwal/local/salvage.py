@@ -59,11 +59,11 @@ import cbor2
 from .. import history
 from ..codec import CodecError, decode_value, is_blob_ref
 from ..errors import CorruptionError, Error, PathExistsError, StoreNotFoundError
-from ..format import BLOBS_DIR, CONTROL_FILE, SNAPSHOT_DIR, WAL_DIR
+from ..format import BLOBS_DIR, CONTROL_FILE, LAYOUT4_VERSION, SNAPSHOT_DIR, WAL_DIR
 from ..io import OsFileSystem
 from ..transfer import _origins_first
 from ..types import BlobRef, Checkpoint, TreeRef
-from .control import Control, create_control, read_control
+from .control import Control, create_control, raise_format, read_control
 from .logmark import LOGMARK_FILE, read_mark
 from .recovery import Lost, _lost_after
 from .snapshot import env as snapshot_env
@@ -207,12 +207,14 @@ def _build_shadow(src: str, shadow: str, control: Control | None,
         sid = _store_id(found.records, os.path.join(src, WAL_DIR))
         if sid is None:
             raise damaged_control
-        create_control(OsFileSystem(), shadow, sid)
+        create_control(OsFileSystem(), shadow, sid, LAYOUT4_VERSION)  # the snapshot is layout 4
         report.skipped.append(f"CONTROL is damaged ({damaged_control.reason}): the store id "
                               "was taken from the snapshot or the log's segment headers")
     else:
         sid = control.store_id
         shutil.copyfile(os.path.join(src, CONTROL_FILE), os.path.join(shadow, CONTROL_FILE))
+        # the rebuilt snapshot is marked layout 4: CONTROL must say so
+        raise_format(OsFileSystem(), shadow, control, max(control.format, LAYOUT4_VERSION))
     store_id = sid.bytes
     if os.path.isfile(os.path.join(src, LOGMARK_FILE)):
         try:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptionError, DurabilityError
-from ..format import APPENDS_VERSION, SNAPSHOT_DIR, WAL_DIR
+from ..format import APPENDS_VERSION, LAYOUT4_VERSION, SNAPSHOT_DIR, WAL_DIR
 from ..io import WriterLock, io_error
 from ..types import Durability
 from .apply import replay
@@ -209,8 +209,12 @@ class Startup:
         """The engine's LMDB snapshot, opened (with its map size, if one was given)."""
         e = self._e
         snap_dir = os.path.join(e.path, SNAPSHOT_DIR)
-        return (Snapshot(snap_dir, readonly=e.readonly) if e._map_size is None else
+        snap = (Snapshot(snap_dir, readonly=e.readonly) if e._map_size is None else
                 Snapshot(snap_dir, readonly=e.readonly, map_size=e._map_size))
+        ctl = self._control
+        if not e.readonly and ctl is not None:
+            snap.before_layout4 = lambda: ctl.raise_to(LAYOUT4_VERSION)
+        return snap
 
     def start_threads(self) -> None:
         """Set up the fold thread (and async mode's flusher); each starts when kicked."""

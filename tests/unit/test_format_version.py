@@ -1,12 +1,16 @@
-"""Format versions: a store is version 1 until its log takes a form-2 record, then 2.
+"""Format versions: a store is version 1 until its log takes a form-2 record (then 2)
+and until its first fold (then 3: the snapshot holds layout 4).
 
 An agentwal that reads only version 1 would take the first form-2 frame
 (``FLAG_APPENDS``) for the end of the log and drop what follows. So the
 first form-2 record raises CONTROL to format 2 and goes into a new segment
-whose header says 2: such an agentwal refuses the store instead. A store
-that never logs one stays version 1, openable by it. The last test runs the
-reader of the commit before the bump (``git archive``) on stores this one
-wrote.
+whose header says 2: such an agentwal refuses the store instead. An agentwal
+that reads only versions 1 and 2 would read a layout-4 snapshot's history
+wrong (a write-once key has no ``versions`` entry: missing from ``state(at=)``
+and lost by ``rollback_to``), so the first fold raises CONTROL to 3 before it
+writes the snapshot. A store that does neither stays version 1. The last tests
+run the reader of the commit before each bump (``git archive``) on stores this
+one wrote.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from agentwal.errors import DiskFullError
 from agentwal.format import (
     APPENDS_VERSION,
     FLAG_APPENDS,
+    LAYOUT4_VERSION,
     PLAIN_VERSION,
     REC_COMMIT,
     WAL_DIR,
@@ -39,6 +44,8 @@ FS = OsFileSystem()
 STORE = uuid.UUID("5e9b3c1d-7a2f-4d6e-8b10-0c4d2e6f8a13")
 #: The last commit whose reader accepts only format 1 (form-2 records, no version bump).
 BEFORE_BUMP = "a819d6e^"
+#: The last commit whose reader accepts formats 1 and 2 only (it wrote snapshot layout 3).
+BEFORE_LAYOUT4 = "48cb553"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -128,18 +135,60 @@ def test_a_failed_version_raise_writes_nothing(tmp_path: Path) -> None:
 # -- the store -------------------------------------------------------------------------------
 
 
-def test_a_store_without_appends_stays_version_1(tmp_path: Path) -> None:
-    with agentwal.open(str(tmp_path), durability="none", wal_max_bytes=1 << 30) as store:
+def test_a_store_without_appends_or_folds_stays_version_1(tmp_path: Path) -> None:
+    with agentwal.open(str(tmp_path / "s"), durability="none", wal_max_bytes=1 << 30) as store:
         for i in range(30):
             with store.begin("r") as txn:
                 txn.put("messages", [{"n": j, "text": "x" * 100} for j in range(i)])
-        store.snapshot()
+        shutil.copytree(tmp_path / "s", tmp_path / "crashed")  # as a crash leaves it: unfolded
+    crashed = tmp_path / "crashed"
+    assert _control_format(crashed) == PLAIN_VERSION
+    assert set(_versions(crashed / WAL_DIR).values()) == {PLAIN_VERSION}
+    with agentwal.open(str(crashed), readonly=True) as store:  # a read-only open writes nothing
+        assert store.get("r", "messages")[-1]["n"] == 28
+    assert _control_format(crashed) == PLAIN_VERSION
+    assert _control_format(tmp_path / "s") == LAYOUT4_VERSION  # close folded
+
+
+def test_the_first_fold_raises_the_store_to_version_3_before_it_writes(tmp_path: Path) -> None:
+    with agentwal.open(str(tmp_path), durability="none", wal_max_bytes=1 << 30) as store:
         with store.begin("r") as txn:
-            txn.put("step", 31)
+            txn.put("step", 1)
+        assert _control_format(tmp_path) == PLAIN_VERSION
+        store.snapshot()
+        assert _control_format(tmp_path) == LAYOUT4_VERSION
+        with store.begin("r") as txn:
+            txn.put("messages", ["a"])
+        with store.begin("r") as txn:
+            txn.append("messages", "b")  # form 2 in a version-3 store: never lowered to 2
+        assert _control_format(tmp_path) == LAYOUT4_VERSION
+        assert store.get("r", "messages") == ["a", "b"]
     with agentwal.open(str(tmp_path), durability="none") as store:
-        assert store.get("r", "step") == 31
-    assert _control_format(tmp_path) == PLAIN_VERSION
-    assert set(_versions(tmp_path / WAL_DIR).values()) == {PLAIN_VERSION}
+        with store.begin("r") as txn:
+            txn.append("messages", "c")
+        assert store.get("r", "messages") == ["a", "b", "c"] and store.verify().ok
+    assert _control_format(tmp_path) == LAYOUT4_VERSION
+    assert set(_versions(tmp_path / WAL_DIR).values()) <= {PLAIN_VERSION, APPENDS_VERSION,
+                                                           LAYOUT4_VERSION}
+
+
+def test_a_failed_raise_to_version_3_folds_nothing(tmp_path: Path) -> None:
+    with agentwal.open(str(tmp_path), durability="none") as store:
+        with store.begin("r") as txn:
+            txn.put("step", 1)
+        snap = store._engine._snap  # type: ignore[attr-defined]
+        raise_to = snap.before_layout4
+
+        def full() -> None:
+            raise OSError(28, "No space left on device")
+        snap.before_layout4 = full
+        with pytest.raises(DiskFullError):
+            store.snapshot()
+        assert _control_format(tmp_path) == PLAIN_VERSION
+        assert store.stats()["folds"] == 0 and store.get("r", "step") == 1
+        snap.before_layout4 = raise_to
+        store.snapshot()
+        assert _control_format(tmp_path) == LAYOUT4_VERSION
 
 
 def test_the_first_append_raises_the_store_to_version_2(tmp_path: Path) -> None:
@@ -160,7 +209,7 @@ def test_the_first_append_raises_the_store_to_version_2(tmp_path: Path) -> None:
         with store.begin("r") as txn:
             txn.append("messages", "d")
     crashed = tmp_path.parent / "crashed"
-    assert _control_format(crashed) == APPENDS_VERSION
+    assert _control_format(crashed) == LAYOUT4_VERSION  # close folded: layout 4
     assert set(_versions(crashed / WAL_DIR).values()) == {APPENDS_VERSION}  # sticky
     shutil.rmtree(crashed)
 
@@ -178,14 +227,14 @@ for path in sys.argv[1:]:
 """
 
 
-def _old_agentwal(dest: Path) -> Path:
-    """The package as of ``BEFORE_BUMP``, unpacked under ``dest``."""
+def _old_agentwal(dest: Path, commit: str = BEFORE_BUMP) -> Path:
+    """The package as of ``commit``, unpacked under ``dest``."""
     archive = dest / "old.tar"
     try:
-        subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), BEFORE_BUMP,
+        subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), commit,
                         "agentwal"], check=True, capture_output=True, timeout=60)
     except (OSError, subprocess.CalledProcessError) as exc:  # a checkout without history
-        pytest.skip(f"git cannot give {BEFORE_BUMP}: {exc}")
+        pytest.skip(f"git cannot give {commit}: {exc}")
     with tarfile.open(archive) as tar:
         tar.extractall(dest / "old", filter="data")
     return dest / "old"
@@ -215,12 +264,32 @@ def test_the_agentwal_before_the_bump_refuses_a_version_2_store(tmp_path: Path) 
     assert ctl is not None
     create_control(FS, str(tmp_path / "control1"), ctl.store_id, PLAIN_VERSION)
     assert _old_open(old, plain, appended, tmp_path / "crashed", tmp_path / "control1") == [
-        # a version-1 store's log stays acceptable to it, but a layout-4 fold wrote the
-        # snapshot (format.md, section 7): its write-once entry is damage to it, not a value
-        "refused value of key 'messages': malformed ref",
-        # a version-2 store is refused at CONTROL, folded or not ...
-        "refused store format 2, this agentwal reads format 1",
+        # a store closed by this agentwal was folded into layout 4: version 3
+        "refused store format 3, this agentwal reads format 1",
+        # ... and so is one whose log took an append: closed (folded: 3) or not (2) ...
+        "refused store format 3, this agentwal reads format 1",
         "refused store format 2, this agentwal reads format 1",
         # ... and, were CONTROL to say 1, at the segment holding the form-2 record
         "refused segment format version 2, this agentwal reads 1",
+    ]
+
+
+def test_the_agentwal_before_layout_4_refuses_a_folded_store_and_reads_an_unfolded_one(
+        tmp_path: Path) -> None:
+    """The agentwal of 48cb553 reads formats 1 and 2 and snapshot layout 3. Given a layout-4
+    snapshot it would miss every write-once key in ``state(at=)`` and delete it in
+    ``rollback_to``; CONTROL's format 3 makes it refuse the store instead."""
+    old = _old_agentwal(tmp_path, BEFORE_LAYOUT4)
+    folded, unfolded = tmp_path / "folded", tmp_path / "unfolded"
+    with agentwal.open(str(folded), durability="none", wal_max_bytes=1 << 30) as store:
+        with store.begin("r") as txn:
+            txn.put("messages", ["a"])
+        with store.begin("r") as txn:
+            txn.append("messages", "b")
+        shutil.copytree(folded, unfolded)  # a crash copy: CONTROL 2, the log unfolded
+    assert (_control_format(folded), _control_format(unfolded)) == (LAYOUT4_VERSION,
+                                                                    APPENDS_VERSION)
+    assert _old_open(old, folded, unfolded) == [
+        "refused store format 3, this agentwal reads formats 1 to 2",
+        "read ['a', 'b']",
     ]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import pytest
 
 from agentwal.codec import encode_meta
@@ -284,8 +285,11 @@ def test_a_read_keeps_its_view_across_a_fold(snap: Snapshot) -> None:
 def test_values_are_sealed_with_a_crc_of_key_and_bytes(snap: Snapshot) -> None:
     fold_basic(snap)
     k = U64.pack(1) + b"msg/1"
-    assert raw_get(snap, b"state", k) == seal(k, b"one")
+    # written once (layout 4): 0xff + CBOR [the value's CBOR, the checkpoint that wrote it]
+    assert raw_get(snap, b"state", k) == seal(k, b"\xff" + cbor2.dumps([b"one", 3]))
     assert raw_get(snap, b"meta", b"applied_lsn") == seal(b"applied_lsn", U64.pack(4))
+    snap.fold(9, SID, [FoldRun("a", {"msg/1": b"uno"}, [entry("a", 4, 9)])])
+    assert raw_get(snap, b"state", k) == seal(k, b"uno")  # a second version: the value itself
 
 
 def test_stats(snap: Snapshot) -> None:

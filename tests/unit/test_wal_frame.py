@@ -141,7 +141,7 @@ def test_header_flipped_byte_fails_crc(offset: int) -> None:
 def test_header_wrong_version(version: int) -> None:
     why = parse_header(_raw_header(version=version))
     assert isinstance(why, str)
-    assert f"format version {version}, this agentwal reads versions 1 to 2" in why
+    assert f"format version {version}, this agentwal reads versions 1 to 3" in why
 
 
 @pytest.mark.parametrize("version", [PLAIN_VERSION, APPENDS_VERSION])

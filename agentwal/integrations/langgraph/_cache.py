@@ -85,6 +85,8 @@ class Shared:
         self.saved = threading.Condition(self.lock)  # notified after every put
         self.lists: dict[tuple[str, str, str], Listed] = {}
         self.pools: dict[tuple[str, str, str], Pool] = {}  # (thread, nsid, channel) -> pool
+        #: slot -> the key of the pool its cache lost to a concurrent commit (read it again)
+        self.stale_pools: dict[tuple[str, str, str], str] = {}
         # (thread, pool key) -> the pool's first elements as read or written
         self.pooled: OrderedDict[tuple[str, str], list[tuple[str, bytes]]] = OrderedDict()
         self.pooled_bytes = 0
@@ -168,9 +170,13 @@ class Shared:
                 _, old = self.pooled.popitem(last=False)
                 self.pooled_bytes -= _size(old)
 
-    def forget_pool(self, slot: tuple[str, str, str]) -> None:
+    def forget_pool(self, slot: tuple[str, str, str], key: str | None = None) -> None:
+        """Drop the slot's cached pool; ``key``: the pool to read again from the store the
+        next time the slot needs one (it grew under another commit), instead of a new one."""
         with self.lock:
             self.pools.pop(slot, None)
+            if key is not None:
+                self.stale_pools[slot] = key
 
     def forget_thread(self, thread: str) -> None:
         with self.lock:
@@ -178,6 +184,8 @@ class Shared:
                 del self.lists[k]
             for k in [k for k in self.pools if k[0] == thread]:
                 del self.pools[k]
+            for k in [k for k in self.stale_pools if k[0] == thread]:
+                del self.stale_pools[k]
             for p in [p for p in self.pooled if p[0] == thread]:
                 self.pooled_bytes -= _size(self.pooled.pop(p))
             for r in [r for r in self.resolved if r[0] == thread]:

@@ -97,9 +97,10 @@ def _typed(rec: dict[str, Any]) -> tuple[str, bytes]:
 class _StalePool(Exception):
     """A slot's cached pool is not what the store holds: forget it and run the commit again."""
 
-    def __init__(self, slot: tuple[str, str, str]) -> None:
+    def __init__(self, slot: tuple[str, str, str], key: str) -> None:
         super().__init__(slot)
         self.slot = slot
+        self.key = key  # the pool, longer in the store than in the cache
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                 wanted = body(txn)
             except _StalePool as stale:
                 txn.rollback()
-                self._shared.forget_pool(stale.slot)
+                self._shared.forget_pool(stale.slot, stale.key)
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise RuntimeError(f"the pool of {stale.slot} kept changing") from None
                 continue
@@ -564,7 +565,7 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
             mark = txn.savepoint()
             if not self._append(txn, key, before, elements):
                 txn.rollback_to(mark)
-                raise _StalePool(slot)
+                raise _StalePool(slot, key)
             grown.append(_Grown(slot, key, before, [digests[i] for i in new], elements))
         return record, positions
 
@@ -623,6 +624,15 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
         """The slot's pool: cached, or learned from the version ``hint`` holds (read once)."""
         with self._shared.lock:
             pool = self._shared.pools.get(slot)
+            stale = self._shared.stale_pools.pop(slot, None) if pool is None else None
+        if stale is not None:  # another commit grew it: read it as it is now, keep growing it
+            grown = self._read_pool(txn, stale, (), 0)
+            if grown is not None:
+                pool = Pool(stale, [L.digest(e) for e in grown])
+                with self._shared.lock:
+                    pool = self._shared.pools.setdefault(slot, pool)
+                self._shared.remember_pool_elements(txn.run, stale, grown)
+                return pool
         if pool is not None or hint is None:
             return pool
         _thread, nsid, channel = slot

@@ -28,13 +28,13 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import retention
 from ...effects import EffectRecord
 from ...errors import CorruptionError, DiskFullError, DurabilityError, ReadOnlyError
-from ...io import DISK_FULL_ERRNOS
+from ...io import DISK_FULL_ERRNOS, io_error
 from ...types import Progress
 from . import env
 from .compact import Compactor
@@ -79,6 +79,9 @@ class Snapshot:
     def __init__(self, directory: str, *, readonly: bool, map_size: int | None = None) -> None:
         self.directory = directory
         self.readonly = readonly
+        #: called (raising OSError) before the first fold writes the ``layout`` marker:
+        #: the store's CONTROL must say ``format.LAYOUT4_VERSION`` before it holds layout 4
+        self.before_layout4: Callable[[], None] | None = None
         self._write_lock = threading.Lock()
         data = os.path.join(directory, DATA)
         if readonly and not os.path.exists(data):
@@ -263,6 +266,12 @@ class Snapshot:
         """
         writer: FoldWriter
         with self._writing("fold failed") as writer:
+            if self.before_layout4 is not None and not writer.layout_marked():
+                try:  # CONTROL says so first: an older agentwal refuses, never misreads
+                    self.before_layout4()
+                except OSError as exc:
+                    raise io_error(exc, self.directory,
+                                   "cannot raise the store's format version") from None
             writer.fold(applied_lsn, store_id, runs, log_pos, effects, expire_before)
 
     def compact(self, runs: list[str] | None, *, keep_last: int | None, cutoff: float | None,

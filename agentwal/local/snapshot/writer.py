@@ -59,6 +59,10 @@ _NEWEST = (1 << 64) - 2  # a checkpoint id past every other (the seek adds one)
 class FoldWriter(SnapshotReader):
     """A reader over a write transaction that also writes what a fold or compaction changes."""
 
+    def layout_marked(self) -> bool:
+        """True if a layout-4 fold (or salvage) wrote this snapshot before."""
+        return self._txn.get(LAYOUT, db=self._meta) is not None
+
     def fold(self, applied_lsn: int, store_id: uuid.UUID, runs: list[FoldRun],
              log_pos: tuple[int, int] | None,
              effects: list[tuple[EffectRecord, bytes]] | None,
@@ -66,7 +70,7 @@ class FoldWriter(SnapshotReader):
         """Write the runs, then the ledger entries, then expire settled entries."""
         if not self.history_indexed():
             self._index_history()
-        if self._txn.get(LAYOUT, db=self._meta) is None:  # objects may be unindexed now
+        if not self.layout_marked():  # objects may be unindexed now
             self._txn.put(LAYOUT, seal(LAYOUT, U64.pack(LAYOUT_VERSION)), db=self._meta)
         self._fold_into(applied_lsn, store_id, runs, log_pos)
         if not self.effects_indexed():
