@@ -59,7 +59,7 @@ import cbor2
 from .. import history
 from ..codec import CodecError, decode_value, is_blob_ref
 from ..errors import CorruptionError, Error, PathExistsError, StoreNotFoundError
-from ..format import BLOBS_DIR, CONTROL_FILE, LAYOUT4_VERSION, SNAPSHOT_DIR, SPARE_NAME, WAL_DIR
+from ..format import BLOBS_DIR, LAYOUT4_VERSION, SNAPSHOT_DIR, SPARE_NAME, WAL_DIR
 from ..io import OsFileSystem
 from ..transfer import _origins_first
 from ..types import BlobRef, Checkpoint, TreeRef
@@ -212,8 +212,7 @@ def _build_shadow(src: str, shadow: str, control: Control | None,
                               "was taken from the snapshot or the log's segment headers")
     else:
         sid = control.store_id
-        shutil.copyfile(os.path.join(src, CONTROL_FILE), os.path.join(shadow, CONTROL_FILE))
-        # the rebuilt snapshot is marked layout 4: CONTROL must say so
+        # the same identity; the rebuilt snapshot is marked layout 4, so CONTROL says so
         raise_format(OsFileSystem(), shadow, control, max(control.format, LAYOUT4_VERSION))
     store_id = sid.bytes
     if os.path.isfile(os.path.join(src, LOGMARK_FILE)):
