@@ -22,8 +22,8 @@ Every statement is true when it is made: the list names only segments
 already durably named, a slot only an LSN already synced. The mark is
 therefore a lower bound, and the checks (:func:`mark_problems`) are:
 
-- a marked segment whose records may be needed (the last marked one, or one
-  the next marked one starts after ``applied_lsn + 1``) must exist and be at
+- a marked segment whose records may be needed (no later segment, marked or
+  on disk, starts at or before ``applied_lsn + 1``) must exist and be at
   least as long as marked (segments are preallocated and never shrink);
 - the log must reach the acknowledged LSN (or LMDB must).
 
@@ -164,9 +164,15 @@ def mark_problems(mark: LogMark, found: dict[int, int], applied: int, log_last: 
     """
     out = []
     segs = mark.segments
-    for i, (first, size) in enumerate(segs):
-        if i + 1 < len(segs) and segs[i + 1][0] <= applied + 1:
-            continue  # every record in it was folded: a fold may remove it
+    # Where a later segment starts at or before ``applied + 1``, every record of the
+    # ones before it was folded and a fold or recovery may remove them. The later
+    # segment may be one the mark does not name yet: a process that died between
+    # naming a new segment and rewriting the mark, whose recovery then removed the
+    # stale segment the mark still named last and died before the writer's mark.
+    starts = sorted({s[0] for s in segs} | set(found))
+    for first, size in segs:
+        if any(first < s <= applied + 1 for s in starts):
+            continue  # every record in it was folded
         name = segment_name(first)
         have = found.get(first)
         if have is None:

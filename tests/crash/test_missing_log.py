@@ -241,3 +241,51 @@ def test_what_a_power_cut_hides_is_only_the_last_mark_interval(
     image, path = _power_cut_then_older_log(tmp_path, steps, copy_at=writer.MARK_SYNC_EVERY + 5)
     with agentwal.open(path, fs=image, readonly=True) as store:
         assert store.get("chat", "step") == writer.MARK_SYNC_EVERY + 5
+
+
+_ROTATE_AFTER_FOLD = """
+import sys
+import agentwal
+from agentwal.testing import failpoints
+store = agentwal.open(sys.argv[1], segment_bytes=4096, wal_max_bytes=1 << 20)
+for i in range(1, 6):
+    with store.begin("chat") as txn:
+        txn["step"] = i
+store.snapshot()  # the fold covers every record: the current segment is now stale
+# The next segment is made and named; the process dies before the log mark names it.
+failpoints.arm("after_segment_create", "kill", exit_code=137)
+with store.begin("chat") as txn:
+    txn["step"] = 6
+    txn["big"] = "x" * 6000
+"""
+
+_OPEN_AND_DIE = """
+import sys
+import agentwal
+from agentwal.testing import failpoints
+failpoints.arm(sys.argv[2], "kill", exit_code=137)
+agentwal.open(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("point", ["recovery_after_repair", "recovery_after_replay"])
+def test_a_recovery_killed_after_removing_stale_segments_is_no_missing_log(
+        tmp_path: Path, point: str) -> None:
+    """Regression: recovery removed the stale segment the log mark still named last.
+
+    A fold covered every record, then the next segment was named but the
+    process died before the mark said so. Recovery removes the stale segment;
+    if it died before the writer rewrote the mark, the next open refused the
+    store ("segment ... is missing") although every record is in LMDB or in
+    the newer segment.
+    """
+    path = tmp_path / "s"
+    done = subprocess.run([sys.executable, "-c", _ROTATE_AFTER_FOLD, str(path)], timeout=120)
+    assert done.returncode == 137
+    before = _segments(path)
+    assert len(before) == 2, before  # the stale segment and the new one
+    done = subprocess.run([sys.executable, "-c", _OPEN_AND_DIE, str(path), point], timeout=120)
+    assert done.returncode == 137
+    with agentwal.open(str(path)) as store:
+        assert store.get("chat", "step") == 5  # step 6 was never acknowledged
+        assert store.verify().ok
