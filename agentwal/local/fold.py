@@ -62,7 +62,8 @@ class Folder:
             if e._stop:
                 return STOP
             spare = e._pipe is not None and e._pipe.writer.spare_wanted
-            fold = e._fold_wanted or e._retain_wanted
+            asked = (e._fold_wanted, e._retain_wanted)
+            fold = any(asked)
             if not fold and not spare:
                 return IDLE
             e._fold_wanted = e._retain_wanted = False
@@ -70,7 +71,11 @@ class Folder:
             assert e._pipe is not None
             try:
                 e._pipe.writer.prepare_spare()  # best effort: OSError means no spare
-            except BaseException:  # a simulated power cut: stop, as after a fold
+            except BaseException as exc:  # a simulated power cut: stop, as after a fold
+                with e._lock:  # a fold asked for is still owed, and says why it is not done
+                    e._fold_wanted = e._fold_wanted or asked[0]
+                    e._retain_wanted = e._retain_wanted or asked[1]
+                    e._fold_error = exc
                 return STOP
             if not fold:
                 return BUSY

@@ -140,8 +140,10 @@ class Writer:
         self._mark_synced_at = time.monotonic()
         #: whether a background thread calls :meth:`prepare_spare` when ``spare_wanted``
         self.prepare_ahead = prepare_ahead
-        #: the next segment's file should be prepared (set at each rotation)
+        #: the next segment's file should be prepared (set once the current one is
+        #: half full, so a small store that never rotates never makes one)
         self.spare_wanted = False
+        self._spare_at = 1 << 62  # the current segment's offset that wants a spare
         self._spare: tuple[int, int] | None = None  # (descriptor, size) of a ready spare
         self._spare_lock = threading.Lock()  # held while a spare is made or taken
 
@@ -161,6 +163,7 @@ class Writer:
         self.position = (seg.first_lsn, offset)
         self.synced_lsn = self.written_lsn = last_lsn
         self.end = self.synced_end = (last_lsn, self.position)
+        self._spare_at = seg.size // 2
         self.write_mark()
 
     def start(self, first_lsn: int, number: int = 0, earlier: list[Segment] | None = None) -> None:
@@ -211,6 +214,9 @@ class Writer:
         self.written_lsn = records[-1].lsn
         self.position = (self.segments[-1].first_lsn, self._offset)
         self.end = (self.written_lsn, self.position)
+        if self._offset >= self._spare_at:
+            self._spare_at = 1 << 62
+            self.spare_wanted = self.prepare_ahead
 
     def _raise_version(self) -> None:
         """Make the store's version ``APPENDS_VERSION`` (durable) before any segment says so."""
@@ -345,7 +351,7 @@ class Writer:
         self._seg_version = header.version
         self._offset = SEGMENT_HEADER_SIZE
         self.write_mark()
-        self.spare_wanted = self.prepare_ahead
+        self._spare_at = size // 2
 
     def _next_size(self, need: int = 0) -> int:
         """The size of the segment after the current one."""
