@@ -553,10 +553,11 @@ def growth(seed: int = 5, *, append: bool = False) -> dict[str, Any]:
 LEDGER_RUNS, LEDGER_PER_RUN = 200, 100
 
 
-def ledger_queries(repeats: int) -> dict[str, Any]:
+def ledger_queries(repeats: int, runs: int = LEDGER_RUNS) -> dict[str, Any]:
     """``store.effects(run=...)`` and ``(run=..., status=...)`` among 20,000 folded entries.
 
-    200 runs each commit 100 deferred effects (outbox entries, ``pending``),
+    200 runs (``runs``: fewer for a quick check of the code path) each commit
+    100 deferred effects (outbox entries, ``pending``),
     then ``snapshot()`` folds them. Each query is timed (wall, best of
     ``repeats``) and its Python allocation peak traced (``tracemalloc``),
     beside the unfiltered ``store.effects()`` that reads the whole ledger.
@@ -567,13 +568,13 @@ def ledger_queries(repeats: int) -> dict[str, Any]:
     with scratch_dir() as d:
         store = agentwal.open(os.path.join(d, "ledger.awal"), durability="none")
         try:
-            for r in range(LEDGER_RUNS):
+            for r in range(runs):
                 with store.begin(f"run-{r}") as txn:
                     for i in range(LEDGER_PER_RUN):
                         txn.defer("notify", mode="at_least_once", args={"i": i})
             store.snapshot()
             queries: list[tuple[str, Callable[[], list[Any]], int]] = [
-                ("ledger_all", store.effects, LEDGER_RUNS * LEDGER_PER_RUN),
+                ("ledger_all", store.effects, runs * LEDGER_PER_RUN),
                 ("ledger_run", lambda: store.effects(run="run-7"), LEDGER_PER_RUN),
                 ("ledger_run_status",
                  lambda: store.effects(run="run-7", status="pending"), LEDGER_PER_RUN),
@@ -724,7 +725,10 @@ def run(
     do_ledger: bool = True,
     read_repeats: int = 7,
     growth_runs: int = 3,
+    quick: bool = False,
 ) -> dict[str, Any]:
+    """Every figure of the comparison; ``quick`` shrinks the reads and the ledger to a check
+    of the code path (``bench/report.py --quick``: its figures mean nothing)."""
     load_before = os.getloadavg()
     samples: dict[str, list[float]] = {k: [] for k, _, _ in THROUGHPUT}
     extras: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in THROUGHPUT}
@@ -771,13 +775,14 @@ def run(
                 "many": {**b2, "open_s": oh["many"]},
             }
     if do_reads:
-        rs = reads(read_repeats)
+        rs = reads(1, calls=200) if quick else reads(read_repeats)
         samples.update(rs)
         figures.update({k: min(v) for k, v in rs.items()})
         log("reads (µs per call, min of repeats): " +
             ", ".join(f"{k} {min(v):.2f}" for k, v in rs.items()))
     if do_ledger:
-        lq = ledger_queries(3 if read_repeats < 7 else 5)
+        lq = (ledger_queries(1, runs=10) if quick else
+              ledger_queries(3 if read_repeats < 7 else 5))
         figures.update(lq)
         detail["ledger"] = lq
         log("effects ledger of 20,000 entries: " + ", ".join(

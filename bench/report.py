@@ -1217,7 +1217,7 @@ def measure(quick: bool, log: Log, pg_dsn: str | None = None,
     t0 = time.perf_counter()
     c = cfg["compare"]
     res: dict[str, Any] = {"quick": quick, "config": cfg, "machine": machine()}
-    cmp = compare.run(c["seconds"], c["rounds"], False, 0, 0, 0, log)
+    cmp = compare.run(c["seconds"], c["rounds"], False, 0, 0, 0, log, quick=quick)
     res["compare"] = {k: cmp[k] for k in ("figures", "goals", "reference", "seconds", "rounds")}
     res["compare"]["samples"] = cmp["detail"]["samples"]
     res["compare"]["commits_per_sync_8t"] = statistics.median(

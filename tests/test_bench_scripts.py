@@ -20,8 +20,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 # script, tiny arguments, a line its report always prints
 SCRIPTS = [
-    ("compare.py", ["--quick", "--seconds", "0.02", "--rounds", "1", "--no-open"],
-     "1-thread sync vs"),
+    # (its reads and ledger run shrunk in tests/test_bench_report.py's quick report)
+    ("compare.py", ["--quick", "--seconds", "0.02", "--rounds", "1", "--no-open", "--no-reads",
+                    "--no-ledger"], "1-thread sync vs"),
     ("commit_cpu.py", ["agent", "20"], '"kind": "agent"'),
     ("commit_cpu.py", ["grow", "5"], '"kind": "grow"'),
     ("bench_loop_lag.py", ["--rounds", "1", "--seconds", "0.1"], "| acommit |"),

@@ -86,11 +86,14 @@ __all__ = [
 KILL_KINDS = ("ack", "commit", "random", "recovery")
 
 #: Failpoints a ``commit`` kill arms: the commit, group-commit, rotation and fold paths.
-# The kill workload makes commits only: effect, recovery, delete_run, compact and
-# vacuum points are never hit by it (tests/crash/test_effects_kill.py,
-# tests/crash/test_retention_kill.py and the recovery rounds cover those).
+# The kill workload makes commits only; the points of other paths are never hit by it
+# and have their own kill tests: effects (tests/crash/test_effects_kill.py), blobs
+# (test_blob_crash.py), deletion, compaction and vacuum (test_retention_kill.py),
+# trees and restores (test_tree_crash.py), the PostgreSQL backend's commit and the
+# LangGraph step (tests/postgres, test_conflict_kill.py); recovery has its own rounds.
 KILL_POINTS = tuple(sorted(p for p in failpoints.POINTS
-                           if not p.startswith(("recovery", "delete_run", "compact", "vacuum"))
+                           if not p.startswith(("recovery", "delete_run", "compact", "vacuum",
+                                                "blob", "tree", "restore", "pg_", "step_"))
                            and "effect" not in p))
 #: Failpoints a ``recovery`` kill arms in a child that only opens the store.
 RECOVERY_POINTS = tuple(sorted(p for p in failpoints.POINTS if p.startswith("recovery")))

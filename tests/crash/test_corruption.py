@@ -83,6 +83,9 @@ def test_seeded_damage_is_detected_or_harmless(tmp_path: Path) -> None:
     assert outcomes["detected"] and outcomes["exact"] and outcomes["prefix"], outcomes
 
 
+# A known limitation, tracked rather than asserted (it cannot fail the run): in the long
+# runs only (`make test-all`, `make torture`), not in CI's `make test`.
+@pytest.mark.slow
 @pytest.mark.xfail(strict=False, reason="KNOWN: LMDB structural damage (a flipped bit in a "
                    "B-tree or meta page) can kill the interpreter (SIGBUS, abort), silently "
                    "hide keys or checkpoints, or be misreported as DurabilityError")

@@ -20,6 +20,7 @@ import pytest
 
 import agentwal
 from agentwal import failpoints
+from agentwal.testing.proc import KILL_POINTS
 
 ROUNDS = int(os.environ.get("AGENTWAL_KILL_ROUNDS", "8"))
 FAILPOINT_ROUNDS = int(os.environ.get("AGENTWAL_FAILPOINT_ROUNDS", "2"))
@@ -81,7 +82,8 @@ def run_child(path: str, mode: str, kill_after: int, delay: float,
               failpoint: tuple[str, int] | None = None) -> tuple[int, int]:
     """Start a child, let it ack ``kill_after`` commits, kill it; returns (start, last ack).
 
-    With ``failpoint``, the child arms it to kill the process on its n-th hit.
+    With ``failpoint``, the child arms it to kill the process on its n-th hit,
+    and must die there (exit status 137) before it acks ``kill_after`` commits.
     """
     extra = [failpoint[0], str(failpoint[1])] if failpoint else []
     child = subprocess.Popen([sys.executable, "-c", CHILD, path, mode, *extra],
@@ -103,7 +105,9 @@ def run_child(path: str, mode: str, kill_after: int, delay: float,
         time.sleep(delay)
     finally:
         child.send_signal(signal.SIGKILL)
-        child.wait()
+        code = child.wait()
+    if failpoint is not None:  # not killed by us: the failpoint fired
+        assert code == 137, f"the child never reached {failpoint[0]} (hit #{failpoint[1]})"
     for line in child.stdout.read().splitlines(keepends=True):  # printed before the kill
         if line.startswith("ACK ") and line.endswith("\n"):  # a cut line is no ack
             last = int(line.split()[1])
@@ -125,13 +129,9 @@ def test_kill_loop_loses_no_acknowledged_commit(tmp_path: Any, mode: str) -> Non
         acked = total
 
 
-# Points hit while committing, rotating, folding; recovery points are hit by the next open.
-# (Effect, blob, deletion and compaction points are never hit by this child:
-# tests/crash/test_effects_kill.py, tests/crash/test_blob_crash.py and
-# tests/crash/test_retention_kill.py cover them.)
-WORK_POINTS = sorted(p for p in failpoints.POINTS
-                     if not p.startswith(("recovery", "delete_run", "compact", "vacuum"))
-                     and "effect" not in p and "blob" not in p)
+# Points hit while committing, rotating, folding (the kill tier's); recovery points are
+# hit by the next open. run_child asserts the child died at its point.
+WORK_POINTS = list(KILL_POINTS)
 RECOVERY_POINTS = sorted(p for p in failpoints.POINTS if p.startswith("recovery"))
 
 

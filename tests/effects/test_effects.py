@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -550,6 +551,12 @@ def test_results_and_listings_are_copies(store: agentwal.Store) -> None:
 
 def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> None:
     # Regression: listing iterated the live memtable dict: "dictionary changed size".
+    # A 10 µs GIL switch interval: the listing loop is preempted far more often (more
+    # chances to catch the race) and the writer, back from each fsync, gets the GIL in
+    # microseconds instead of waiting out the 5 ms default behind a loop that never
+    # blocks (which made this test take 13-16 s for its 20 commits).
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
     stop = threading.Event()
     errors: list[BaseException] = []
     made: list[int] = []
@@ -576,6 +583,7 @@ def test_effects_listing_while_another_thread_records(store: agentwal.Store) -> 
     finally:
         stop.set()
         t.join()
+        sys.setswitchinterval(old_interval)
     assert errors == [] and len(made) >= 20
 
 
