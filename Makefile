@@ -19,7 +19,7 @@ example: $(STAMP)
 	$(PY) examples/effects_agent.py
 
 # Two pytest-xdist workers, a test file each at a time (module fixtures built once):
-# about 9 minutes instead of 17 on two cores. TEST_WORKERS=0 runs in one process.
+# about 9 minutes on two cores, twice that in one process. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider -rs -n $(TEST_WORKERS) --dist loadfile
