@@ -59,18 +59,28 @@ from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import agentwal
+from agentwal.format import SPARE_NAME
 from agentwal.integrations.langgraph import AgentWALSaver
 
 TAIL = 20
 
 
 def disk_bytes(path: str) -> int:
-    """Bytes allocated on disk under ``path`` (a file or a directory)."""
+    """Bytes allocated on disk under ``path`` (a file or a directory).
+
+    An agentwal store's ``wal/spare.wal.tmp`` is left out: the next log segment's
+    zeros, made ahead of need while the current segment is half full and removed at
+    close; counted, it adds a whole segment (MiBs) to whichever of the two footprints
+    it happens to exist at. SqliteSaver's figure likewise leaves out its ``-wal`` file
+    (``path`` is the database file).
+    """
     if os.path.isfile(path):
         return os.stat(path).st_blocks * 512
     total = 0
     for root, _, files in os.walk(path):
         for f in files:
+            if f == SPARE_NAME:
+                continue
             with contextlib.suppress(FileNotFoundError):  # a WAL segment just removed
                 total += os.stat(os.path.join(root, f)).st_blocks * 512
     return total
