@@ -451,14 +451,8 @@ class CommitPipeline:
                 self._inflight.extend(batch)
             try:
                 self.writer.append([p.record for p in batch])
-            except Error as exc:
-                self._fail_from(batch[0], exc)
-                return
             except BaseException as exc:
-                err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
-                self.writer.broken = err
-                self._fail_from(batch[0], err)
-                raise
+                self._io_failed(batch[0], exc)  # re-raises an exception that is not ours
 
     def _sync_written_batches(self) -> None:
         """Fsync (when the mode or a record asks for it) and publish the written batches.
@@ -483,14 +477,9 @@ class CommitPipeline:
                 covered, pos = self.writer.synced_end
             else:
                 covered, pos = end
-        except Error as exc:
-            self._fail_from(written[0], exc)
-            return
         except BaseException as exc:
-            err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
-            self.writer.broken = err
-            self._fail_from(written[0], err)
-            raise
+            self._io_failed(written[0], exc)  # re-raises an exception that is not ours
+            return
         with self.lock:
             # ``covered`` ends a whole batch (the writer's end moves once per write)
             n = 0
@@ -551,6 +540,23 @@ class CommitPipeline:
             with self.lock:
                 if self._inflight and self._inflight[0] is first:
                     return False  # a sync stage settled nothing: never spin
+
+    def _io_failed(self, first: Pending, exc: BaseException) -> None:
+        """A write or sync failed: fail ``first`` and every record after it.
+
+        Our own error (:class:`Error`: no room, a failed fsync) is the
+        records' error. Anything else (a failpoint, a simulated power cut)
+        leaves the batch's fate unknown: the writer stops with a
+        :class:`DurabilityError`, the records get it, and ``exc`` is raised
+        again.
+        """
+        if isinstance(exc, Error):
+            self._fail_from(first, exc)
+            return
+        err = DurabilityError(self.path, f"commit interrupted by {type(exc).__name__}")
+        self.writer.broken = err
+        self._fail_from(first, err)
+        raise exc
 
     def _fail_from(self, first: Pending, exc: BaseException) -> None:
         """Fail ``first`` and every record after it, written or queued; put LSNs back.
