@@ -429,12 +429,7 @@ class CommitPipeline:
                         continue
                     break
                 self._syncing = True
-            try:
-                self._sync_written_batches()
-            finally:
-                with self.lock:
-                    self._syncing = False
-                    self._done.notify_all()
+            self._sync_stage()
         if pc.state == "failed":
             assert pc.error is not None
             raise pc.error
@@ -453,6 +448,15 @@ class CommitPipeline:
                 self.writer.append([p.record for p in batch])
             except BaseException as exc:
                 self._io_failed(batch[0], exc)  # re-raises an exception that is not ours
+
+    def _sync_stage(self) -> None:
+        """Run the sync stage; the caller set ``_syncing`` (under the lock) to own it."""
+        try:
+            self._sync_written_batches()
+        finally:
+            with self.lock:
+                self._syncing = False
+                self._done.notify_all()
 
     def _sync_written_batches(self) -> None:
         """Fsync (when the mode or a record asks for it) and publish the written batches.
@@ -531,12 +535,7 @@ class CommitPipeline:
                     continue
                 self._syncing = True
                 first = self._inflight[0]
-            try:
-                self._sync_written_batches()
-            finally:
-                with self.lock:
-                    self._syncing = False
-                    self._done.notify_all()
+            self._sync_stage()
             with self.lock:
                 if self._inflight and self._inflight[0] is first:
                     return False  # a sync stage settled nothing: never spin
