@@ -293,3 +293,50 @@ def test_the_agentwal_before_layout_4_refuses_a_folded_store_and_reads_an_unfold
         "refused store format 3, this agentwal reads formats 1 to 2",
         "read ['a', 'b']",
     ]
+
+
+_WRITER_FOLDS = """
+import sys, agentwal
+with agentwal.open(sys.argv[1], durability="none", wal_max_bytes=1 << 30) as store:
+    for i in range(10, 20):
+        with store.begin("r") as txn:
+            txn.put(f"once{i}", i)           # write-once keys (layout 4: no versions entry)
+            txn.put("step", i)
+    store.snapshot()                          # the first layout-4 fold: CONTROL goes to 3
+"""
+
+
+def test_a_read_only_store_open_across_the_first_layout4_fold_reads_every_checkpoint(
+        tmp_path: Path) -> None:
+    """A reader opened on a format-1 store keeps reading right while a writer process
+    makes the store's first layout-4 fold (write-once keys get no ``versions`` entry)."""
+    path = tmp_path / "s"
+    with agentwal.open(str(path), durability="none", wal_max_bytes=1 << 30) as store:
+        for i in range(10):
+            with store.begin("r") as txn:
+                txn.put(f"once{i}", i)
+                txn.put("step", i)
+        shutil.copytree(path, tmp_path / "crashed")  # as a crash leaves it: unfolded
+    crashed = tmp_path / "crashed"
+    assert _control_format(crashed) == PLAIN_VERSION
+
+    def expected(ckpt: int) -> dict[str, int]:  # checkpoint ids count from 1
+        return {"step": ckpt - 1, **{f"once{i}": i for i in range(ckpt)}}
+
+    with agentwal.open(str(crashed), readonly=True) as reader:
+        assert reader.state("r") == expected(10)
+        subprocess.run([sys.executable, "-c", _WRITER_FOLDS, str(crashed)], check=True,
+                       timeout=120, cwd=REPO)
+        assert _control_format(crashed) == LAYOUT4_VERSION
+        head = reader.head("r")  # its view is still the one of its open
+        assert head is not None and head.id == 10
+        assert reader.state("r", at=5) == expected(5) and reader.state("r") == expected(10)
+        reader.refresh()  # now the folded, layout-4 snapshot and the writer's commits
+        head = reader.head("r")
+        assert head is not None and head.id == 20
+        for ckpt in (1, 5, 10, 11, 15, 20):
+            assert reader.state("r", at=ckpt) == expected(ckpt), ckpt
+            assert reader.get("r", "once3", at=ckpt) == (3 if ckpt > 3 else None), ckpt
+        assert reader.diff("r", 10, 20).changed.keys() >= {"step"}
+    with agentwal.open(str(crashed), readonly=True) as again:
+        assert again.state("r") == expected(20) and again.verify().ok
