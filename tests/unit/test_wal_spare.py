@@ -229,3 +229,19 @@ def test_the_next_spare_is_not_made_in_the_file_a_rotation_is_renaming(tmp_path:
     # a new, whole spare, sized for the segment after the 16 KiB one
     assert read_all(fs, os.path.join(d, SPARE_NAME)) == bytes(32 * KIB)
     w.close()
+
+
+def test_a_request_for_a_spare_that_exists_is_settled(tmp_path: Path) -> None:
+    # Regression: a segment made without the spare (the fold thread was busy) asked again
+    # when half full while the late spare (for the segment after it) was ready;
+    # prepare_spare returned True but left spare_wanted set, so every commit woke the
+    # fold thread for nothing and it never went idle.
+    d = wal_dir(tmp_path)
+    w = writer(OsFileSystem(), d)
+    want_spare(w)
+    assert w.prepare_spare()
+    want_spare(w)  # as the next half-full segment asks
+    assert w.prepare_spare() and not w.spare_wanted
+    w.close()
+    want_spare(w)  # a closed writer makes none, and the request is settled too
+    assert not w.prepare_spare() and not w.spare_wanted

@@ -381,12 +381,11 @@ class Writer:
         whether a spare is ready.
         """
         with self._spare_lock:
+            wanted, self.spare_wanted = self.spare_wanted, False  # settled either way
             if self._spare is not None:
                 return True
-            if (not self.spare_wanted or self.closed or self.broken is not None
-                    or not self.segments):
+            if not wanted or self.closed or self.broken is not None or not self.segments:
                 return False
-            self.spare_wanted = False
             size = self._next_size()
             path = os.path.join(self.wal_dir, SPARE_NAME)
             fd: int | None = None
