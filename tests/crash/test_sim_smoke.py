@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import errno
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import agentwal
+from agentwal import failpoints
 from agentwal.testing import FaultPlan, SimulatedCrash, SimulatedDisk
 from agentwal.testing import crash as crash_store
 
 MODELS = ("strict", "prefix", "reorder")
 SEEDS = range(32)  # the log mark's unsynced slot write is one more op a prefix may stop at
+MORE_SEEDS = 400  # P(no kept commit in 400 seeds at 1 in 20) < 1e-8
 
 
 def open_store(path: str, disk: SimulatedDisk) -> agentwal.Store:
@@ -37,8 +41,13 @@ def commit(store: agentwal.Store, run: str, i: int) -> None:
 
 
 def cut_power_at_next_fsync(disk: SimulatedDisk) -> None:
+    """Cut the power at the committing thread's next fsync (the commit's own): not at
+    the fold thread's, which may be making the next segment's spare at that moment
+    when the machine is busy, before the commit's record is even written."""
+    committer = threading.current_thread()
+
     def hook(_index: int, name: str, _path: str) -> None:
-        if name == "fsync":
+        if name == "fsync" and threading.current_thread() is committer:
             disk.crash()
 
     disk.on_op = hook
@@ -48,10 +57,21 @@ def acknowledged_workload(path: str, disk: SimulatedDisk) -> dict[str, int]:
     """Commit 20 transactions, then one that the power cut interrupts."""
     store = open_store(path, disk)
     last: dict[str, int] = {}
-    for i in range(20):
-        run = f"run-{i % 2}"
-        commit(store, run, i)
-        last[run] = i
+    failpoints.count_hits()
+    try:
+        for i in range(20):
+            run = f"run-{i % 2}"
+            commit(store, run, i)
+            last[run] = i
+        # The first segment got half full, so the fold thread makes one spare (the
+        # second holds too little to ask for another): wait for it, so none of its
+        # operations on the disk falls between the commit's write and its fsync.
+        deadline = time.monotonic() + 30
+        while failpoints.hits().get("spare_prepared", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)  # a wait, not a timed assertion
+        assert failpoints.hits().get("spare_prepared", 0) == 1
+    finally:
+        failpoints.count_hits(False)
     cut_power_at_next_fsync(disk)
     with pytest.raises(SimulatedCrash):
         commit(store, "run-0", 20)
@@ -80,8 +100,20 @@ def test_acknowledged_commits_survive(tmp_path: Path, model: str) -> None:
     disk = SimulatedDisk()
     last = acknowledged_workload(path, disk)
     assert len([p for p in disk.files() if "/wal/" in p]) >= 2  # a rotation happened
-    survived = {check_image(path, disk.crash_image(model, seed=seed), last) for seed in SEEDS}
-    assert survived == ({False} if model == "strict" else {False, True})
+    if model == "strict":  # nothing unsynced is kept: every seed gives the same image
+        survived = {check_image(path, disk.crash_image(model, seed=seed), last)
+                    for seed in SEEDS}
+        assert survived == {False}
+        return
+    # A prefix or a reordering keeps the cut-off commit only when it reaches the commit's
+    # write among the ~20 unsynced operations before it (the log mark's slot writes): in
+    # about 1 seed of 20. Seeds until both outcomes are seen, up to MORE_SEEDS.
+    survived: set[bool] = set()
+    for seed in range(MORE_SEEDS):
+        survived.add(check_image(path, disk.crash_image(model, seed=seed), last))
+        if survived == {False, True}:
+            break
+    assert survived == {False, True}
 
 
 def test_clean_close_is_durable_under_strict(tmp_path: Path) -> None:
