@@ -245,3 +245,18 @@ def test_a_request_for_a_spare_that_exists_is_settled(tmp_path: Path) -> None:
     w.close()
     want_spare(w)  # a closed writer makes none, and the request is settled too
     assert not w.prepare_spare() and not w.spare_wanted
+
+
+def test_a_spare_removed_by_an_operator_is_not_used_and_nothing_breaks(tmp_path: Path) -> None:
+    # An operator's cleanup of *.tmp files under a live writer: the rotation renamed the
+    # deleted spare by name, failed, and stopped the writer (DurabilityError).
+    d = wal_dir(tmp_path)
+    fs = OsFileSystem()
+    w = writer(fs, d)
+    want_spare(w)
+    assert w.prepare_spare()
+    os.remove(os.path.join(d, SPARE_NAME))
+    nxt = fill(w, 1, 12)  # rotates: the segment is made in place instead
+    assert w.broken is None and w.synced_lsn == nxt - 1
+    assert [f.lsn for s in list_segments(fs, d) for f in s.scan().frames] == list(range(1, nxt))
+    w.close()

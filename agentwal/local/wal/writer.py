@@ -403,11 +403,15 @@ class Writer:
 
     def _take_spare(self, size: int) -> int | None:
         """The spare's descriptor if one of ``size`` bytes is ready, else None (a spare
-        of another size is removed). Call with ``_spare_lock`` held."""
+        of another size, or one whose name is gone, is dropped). Call with
+        ``_spare_lock`` held."""
         spare, self._spare = self._spare, None
         if spare is None:
             return None
-        if spare[1] != size:  # made for another rotation (a record larger than it came)
+        # Made for another rotation (a record larger than it came), or removed from
+        # under the writer (an operator's cleanup of *.tmp files): the rotation would
+        # rename a name that is gone, so the segment is made in place instead.
+        if spare[1] != size or not self.fs.exists(os.path.join(self.wal_dir, SPARE_NAME)):
             self._drop_spare_file(spare[0])
             return None
         return spare[0]
