@@ -93,6 +93,9 @@ class Segment:
     size: int
 
 
+#: ``Writer._spare_at`` when no spare is to be asked for (past any segment's end)
+_NEVER = 1 << 62
+
 class Writer:
     """Owns the tail of the log: the current segment and where the next frame goes."""
 
@@ -143,7 +146,7 @@ class Writer:
         #: the next segment's file should be prepared (set once the current one is
         #: half full, so a small store that never rotates never makes one)
         self.spare_wanted = False
-        self._spare_at = 1 << 62  # the current segment's offset that wants a spare
+        self._spare_at = _NEVER  # the current segment's offset that wants a spare
         self._spare: tuple[int, int] | None = None  # (descriptor, size) of a ready spare
         self._spare_lock = threading.Lock()  # held while a spare is made or taken
 
@@ -215,7 +218,7 @@ class Writer:
         self.position = (self.segments[-1].first_lsn, self._offset)
         self.end = (self.written_lsn, self.position)
         if self._offset >= self._spare_at:
-            self._spare_at = 1 << 62
+            self._spare_at = _NEVER  # asked once per segment
             self.spare_wanted = self.prepare_ahead
 
     def _raise_version(self) -> None:
