@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from typing import Any
 
 import lmdb
@@ -45,17 +46,34 @@ def test_state_at_every_checkpoint_of_a_500_commit_run(path: str) -> None:
     rng = random.Random(500)
     model: dict[str, Any] = {}
     want: dict[int, dict[str, Any]] = {}
+    # The messages list outgrows MEMTABLE_PER_LOG * wal_max_bytes, so every late commit
+    # asks for a fold, and whether the fold thread has caught up when the loop ends is
+    # timing. Hold one fold after its freeze so the last commit is unfolded for certain.
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_name: str) -> None:
+        held.set()
+        release.wait(60)
+
     store = agentwal.open(path, **SMALL)
-    for i in range(1, 501):
-        _step(store, model, i, rng)
-        want[i] = _snap(model)
-        if i == 250:  # the second half starts after a crash (WAL replayed)
-            crash_store(store)
-            store = agentwal.open(path, **SMALL)
-    stats = store.stats()
-    assert stats["folds"] >= 3 and stats["memtable_commits"] > 0  # folded and unfolded
-    for i in range(1, 501):
-        assert store.state("r", at=i) == want[i], i
+    try:
+        for i in range(1, 501):
+            if i == 499:  # commit 499 asks for a fold, which freezes it and waits
+                failpoints.arm("fold_after_freeze", "call", fn=hold)
+            if i == 500:
+                assert held.wait(60), "no fold froze the memtable"
+            _step(store, model, i, rng)
+            want[i] = _snap(model)
+            if i == 250:  # the second half starts after a crash (WAL replayed)
+                crash_store(store)
+                store = agentwal.open(path, **SMALL)
+        stats = store.stats()
+        assert stats["folds"] >= 3 and stats["memtable_commits"] > 0  # folded and unfolded
+        for i in range(1, 501):  # LMDB, the held fold's frozen memtable, the active one
+            assert store.state("r", at=i) == want[i], i
+    finally:
+        release.set()
+        failpoints.disarm()
     store.close()
     with agentwal.open(path, **SMALL) as store:
         assert store.stats()["memtable_commits"] == 0
