@@ -141,7 +141,8 @@ class StoreLockedError(Error):
         self.path = path
         self.pid = pid
         if pid is not None and pid == os.getpid():
-            holder = f"this process (pid {pid}, another Store object)"
+            holder = (f"this process (pid {pid}, another Store object, or a transaction of "
+                      "one that the program still holds)")
         else:
             holder = f"process {pid}" if pid else "another process"
         super().__init__(

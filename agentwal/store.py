@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -174,6 +175,7 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
 
     def __init__(self, engine: Engine, worker_id: str | None = None) -> None:
         self._engine = engine
+        engine.facade = weakref.ref(self)
         self.worker_id = default_worker_id() if worker_id is None else worker_id
         self._leases = LocalLeases(self.worker_id)
         self.path = engine.path

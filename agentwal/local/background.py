@@ -46,6 +46,10 @@ class Worker:
         self._idle_rounds = idle_rounds
         self.thread: threading.Thread | None = None
         self._kicked = False
+        #: set while no step runs (cleared before the thread takes the store strongly)
+        self._between = threading.Event()
+        self._between.set()
+        self._halted = False
 
     def kick(self) -> None:
         """There is work: start the thread, or wake it. Call with the store's lock held."""
@@ -64,6 +68,21 @@ class Worker:
         """Whether the thread exists now (for stats and tests)."""
         return self.thread is not None
 
+    def halt(self) -> None:
+        """End the thread after its step in progress (a dropped store's, so it can go); a
+        later :meth:`kick` starts a new one."""
+        with self._wake:
+            if self.thread is not None:
+                self._halted = True
+                self._wake.notify_all()
+
+    def wait_step(self, timeout: float) -> bool:
+        """Wait until no step runs (False on timeout). A step holds the store strongly,
+        so a store dropped without ``close()`` lives until its step in progress ends."""
+        if self.thread is threading.current_thread():
+            return True
+        return self._between.wait(timeout)
+
     def join(self, timeout: float) -> None:
         """Wait for the thread to end (the store set its stop flag and notified)."""
         t = self.thread
@@ -74,9 +93,14 @@ class Worker:
         idle = 0
         while True:
             with self._wake:
-                if not self._kicked:
+                if not self._kicked and not self._halted:
                     self._wake.wait(self._interval)
                 self._kicked = False
+                if self._halted:
+                    self._halted = False
+                    self.thread = None
+                    return
+                self._between.clear()
             store = self._ref()
             try:
                 answer = STOP if store is None else self._step(store)
@@ -86,6 +110,7 @@ class Worker:
                 raise
             finally:
                 del store
+                self._between.set()
             idle = idle + 1 if answer == IDLE else 0
             with self._wake:
                 if answer == STOP or (idle >= self._idle_rounds and not self._kicked):

@@ -186,6 +186,9 @@ class Engine:
         self._snap: Snapshot | None = None
         self._pipe: CommitPipeline | None = None
         self._workers: list[Worker] = []
+        #: the ``Store`` in front of this engine (weakly): an open of the same directory
+        #: in this process waits for a dropped one (``startup._settle_dropped``)
+        self.facade: weakref.ref[Any] | None = None
         self._folder: Worker | None = None  # the fold thread (started when a fold is wanted)
         self._flusher: Worker | None = None  # async mode's flush thread (while writes are unsynced)
         self._active = Memtable()

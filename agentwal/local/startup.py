@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CorruptionError, DurabilityError
+from ..errors import CorruptionError, DurabilityError, StoreLockedError
 from ..format import APPENDS_VERSION, LAYOUT4_VERSION, SNAPSHOT_DIR, WAL_DIR
 from ..io import WriterLock, io_error
 from ..types import Durability
@@ -71,6 +71,38 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
 
 
 
+#: The writer engine of each store directory open in this process (by real path), so that
+#: an open that finds the writer lock held by this process can tell a dropped one.
+_WRITERS: weakref.WeakValueDictionary[str, Engine] = weakref.WeakValueDictionary()
+
+#: Seconds an open waits for a dropped store's background step (a fold) to end.
+SETTLE_SECONDS = 60.0
+
+
+def _settle_dropped(path: str) -> bool:
+    """Let a writer store of this process whose ``Store`` was dropped without ``close()``
+    let go of the writer lock; False if that store's ``Store`` is still in use.
+
+    A dropped store lives on while its background threads run a step (a step holds it)
+    and then until the cyclic garbage collector frees it (its parts refer to each
+    other); its finalizer releases the lock. So: ask its threads to end after the step
+    in progress, wait for that step, and collect.
+    """
+    engine = _WRITERS.get(os.path.realpath(path))
+    if engine is not None:
+        facade = engine.facade() if engine.facade is not None else None
+        if facade is not None:
+            return False  # open, and the program holds it: the lock error is right
+        workers = list(engine._workers)
+        del engine  # only the registry's weak reference is left here: the engine may go
+        for w in workers:
+            w.halt()
+        for w in workers:
+            w.wait_step(SETTLE_SECONDS)
+    gc.collect()
+    return True
+
+
 def _folded_value(reader: Any, run: str, key: str) -> bytes | None:
     """The value bytes LMDB holds for ``key`` of ``run`` (replay's base of an append)."""
     info = reader.run_info(run)
@@ -91,7 +123,13 @@ class Startup:
         prepare(fs, path, readonly=e.readonly)
         if not e.readonly:
             e._writer_lock = WriterLock(path)
-            e._writer_lock.acquire()
+            try:
+                e._writer_lock.acquire()
+            except StoreLockedError as exc:
+                if exc.pid != os.getpid() or not _settle_dropped(path):
+                    raise
+                e._writer_lock.acquire()  # still held: something still holds that store
+            _WRITERS[os.path.realpath(path)] = e
         ctl = read_control(fs, path)
         if ctl is None:
             if e.readonly:
@@ -115,6 +153,10 @@ class Startup:
         e._finalizer = weakref.finalize(
             e, _release_handles, e._writer_lock, e._snap,
             e._pipe.writer if e._pipe is not None else None)
+        # Not at interpreter exit: the fold thread may be folding then (a store left open
+        # when the program ends), and closing LMDB under it hung the exit. The process's
+        # end releases the lock and the files as a crash would, and recovery is for that.
+        e._finalizer.atexit = False
         if not e.readonly:
             self.start_threads()
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import errors
+from agentwal import errors, failpoints
 from agentwal.io import OsFileSystem
 from agentwal.testing import crash as crash_store
 from tests.helpers import commit, increment_in_threads
@@ -529,6 +529,67 @@ def test_store_dropped_without_close_releases_its_lock(path: str) -> None:
     gc.collect()
     with agentwal.open(path) as again:  # not StoreLockedError
         assert again.get("r", "a") == 1
+
+
+_EXIT_WHILE_FOLDING = """
+import os, sys
+import agentwal
+s = agentwal.open(sys.argv[1], durability="none", wal_max_bytes=1 << 20)
+value = os.urandom(20000)  # incompressible: the log fills and folds follow one another
+for i in range(60):
+    with s.begin("r") as txn:
+        txn[f"k{i % 10}"] = value
+        txn["i"] = i
+print("EXITING", flush=True)
+# no close(): the program ends with the store open, its fold thread most likely folding
+"""
+
+
+def test_a_program_that_ends_with_the_store_open_while_folding_exits(path: str) -> None:
+    # Regression: the dropped-store finalizer also ran at interpreter exit, closing LMDB
+    # under the fold thread, and the process hung for ever (9 exits in 10 hung).
+    for attempt in range(3):
+        out = subprocess.run([sys.executable, "-c", _EXIT_WHILE_FOLDING, path],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["EXITING"]
+        with agentwal.open(path) as s:  # every commit, as after a crash of the process
+            assert s.get("r", "i") == 59
+            assert s.head("r").id == 60 * (attempt + 1)
+
+
+def test_a_store_dropped_mid_fold_can_be_opened_again_at_once(path: str) -> None:
+    # Regression: the fold thread held the dropped store until its fold ended, and the
+    # store's reference cycles kept it until the next cyclic collection: a new open
+    # in the same process raised StoreLockedError "(another Store object)".
+    folding, release = threading.Event(), threading.Event()
+
+    def slow(_name: str) -> None:
+        folding.set()
+        release.wait(30)
+
+    failpoints.arm("fold_after_freeze", "call", fn=slow)
+    try:
+        s = agentwal.open(path, wal_max_bytes=64 << 10)
+        for i in range(40):
+            commit(s, "r", v=bytes(4000), i=i)
+        assert folding.wait(30)
+        del s
+        threading.Timer(0.3, release.set).start()  # the fold ends while open() waits
+        with agentwal.open(path) as again:  # not StoreLockedError
+            assert again.get("r", "i") == 39
+    finally:
+        release.set()
+        failpoints.disarm()
+
+
+def test_a_second_writer_in_the_process_is_still_refused(path: str) -> None:
+    # What open() waits for is a dropped store only: a live one is a clear error.
+    with agentwal.open(path) as s:
+        commit(s, "r", a=1)
+        with pytest.raises(errors.StoreLockedError, match="another Store object"):
+            agentwal.open(path)
+        assert s.get("r", "a") == 1
 
 
 def test_open_skips_the_frames_a_fold_covers(path: str) -> None:
