@@ -304,11 +304,18 @@ class Transaction(EffectSteps):
             DiskFullError: not acknowledged, nothing applied; commit again later.
             DurabilityError: the store stopped accepting commits; reopen it.
             TransactionClosedError: already committed or rolled back.
+            KeyboardInterrupt: Ctrl-C, held until a local commit has ended; ``state``
+                says whether it landed (``"committed"``, ``checkpoint`` set).
         """
         self._check()
         try:
             self.checkpoint = self._store.commit(self._view, self._change())
         except BaseException as exc:
+            landed = getattr(exc, "agentwal_checkpoint", None)
+            if isinstance(exc, KeyboardInterrupt) and landed is not None:
+                self.checkpoint = landed  # Ctrl-C, held until the commit had landed
+                self._finish("committed")
+                raise
             if not isinstance(exc, _NOT_APPLIED):
                 self._blobs_in_doubt = True  # the log may hold the commit: keep its blobs
             self._finish("rolled_back")

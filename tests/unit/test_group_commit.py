@@ -11,6 +11,8 @@ its LSN).
 from __future__ import annotations
 
 import errno
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,10 +21,11 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import errors
+from agentwal import errors, failpoints
 from agentwal.format import SPARE_NAME
 from agentwal.io import OsFileSystem
 from agentwal.local.commit import CommitPipeline
+from tests.helpers import commit
 
 
 class GateFs(OsFileSystem):
@@ -230,3 +233,29 @@ def test_a_backup_settles_a_record_that_sync_wrote_for_a_committer_still_on_its_
     assert store.get("late", "k") == 7
     with agentwal.open(str(tmp_path / "copy"), readonly=True) as copy:
         assert copy.get("late", "k") == 7  # the backup holds the settled record
+
+
+@pytest.mark.parametrize("point", ["after_wal_append", "before_fsync", "after_fsync"])
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_ctrl_c_inside_the_write_or_sync_stage_ends_the_commit_first(
+        path: str, point: str, durability: str) -> None:
+    # Regression: a KeyboardInterrupt (Ctrl-C, a notebook's "interrupt") that landed
+    # between the write and the publish stopped the writer ("commit interrupted by
+    # KeyboardInterrupt; the store accepts no more commits. Check the disk"). The
+    # commit now ends first, then the interrupt is raised; the store goes on.
+    if point != "after_wal_append" and durability == "async":
+        pytest.skip("an async commit does not fsync")
+    with agentwal.open(path, durability=durability) as s:
+        commit(s, "r", n=1)
+        failpoints.arm(point, "call", fn=lambda _n: os.kill(os.getpid(), signal.SIGINT))
+        try:
+            with pytest.raises(KeyboardInterrupt), s.begin("r") as txn:
+                txn["n"] = 2
+        finally:
+            failpoints.disarm()
+        assert txn.state == "committed" and txn.checkpoint is not None
+        assert s.get("r", "n") == 2
+        commit(s, "r", n=3)  # not DurabilityError
+        assert s.head("r").id == 3
+    with agentwal.open(path) as s:
+        assert s.get("r", "n") == 3
