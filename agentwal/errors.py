@@ -168,9 +168,10 @@ class StoreClosedError(Error):
 
     code = "store_closed"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, why: str | None = None) -> None:
         self.path = path
-        super().__init__(f"store {path!r} is closed. Open it again with agentwal.open().")
+        super().__init__(f"store {path!r} is closed. Open it again with agentwal.open()."
+                         if why is None else f"store {path!r} is closed in this process: {why}")
 
 
 class TransactionClosedError(Error):

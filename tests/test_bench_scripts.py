@@ -35,6 +35,7 @@ SCRIPTS = [
     ("langgraph_compare.py", ["--threads", "1", "--steps", "3", "--rounds", "1"],
      "agentwal / sqlite"),
     ("langgraph_pages.py", ["--threads", "1", "--steps", "3"], "bytes on disk per checkpoint"),
+    ("saver_cpu.py", ["--threads", "2", "--steps", "3", "--warm", "2"], "SqliteSaver "),
     ("bench_logmark.py", ["--rounds", "1", "--commits", "10"], "with the slot write"),
     ("bench_footprint.py", ["--stores", "5", "--steps", "5"], "empty store:"),
     ("value_pages.py", ["--count", "3"], "disk / value"),
@@ -49,13 +50,19 @@ PG_SCRIPTS = [
      "kill -9 to next commit"),
     ("langgraph_postgres_compare.py", ["--threads", "1", "--steps", "3", "--rounds", "1"],
      "agentwal / PostgresSaver"),
+    ("saver_cpu.py", ["--threads", "2", "--steps", "3", "--warm", "2", "--postgres"],
+     "AgentWALSaver (PostgreSQL) "),
 ]
+
+#: the scripts that need the langgraph extra
+_LANGGRAPH = {"langgraph_compare.py", "langgraph_pages.py", "langgraph_postgres_compare.py",
+              "saver_cpu.py"}
 
 
 @pytest.mark.parametrize(("script", "args", "says"), SCRIPTS, ids=[s[0] for s in SCRIPTS])
 def test_the_benchmark_script_runs_on_a_tiny_size(script: str, args: list[str], says: str,
                                                   tmp_path: Path) -> None:
-    if script == "langgraph_compare.py" and importlib.util.find_spec("langgraph") is None:
+    if script in _LANGGRAPH and importlib.util.find_spec("langgraph") is None:
         pytest.skip("the langgraph extra is not installed")
     env = {**os.environ, "AGENTWAL_BENCH_DIR": str(tmp_path / "stores"),
            "TMPDIR": str(tmp_path)}
@@ -72,7 +79,7 @@ def test_the_postgres_benchmark_script_runs_on_a_tiny_size(
         script: str, args: list[str], says: str, tmp_path: Path, pg_dsn: str) -> None:
     import psycopg
 
-    if script.startswith("langgraph") and importlib.util.find_spec("langgraph") is None:
+    if script in _LANGGRAPH and importlib.util.find_spec("langgraph") is None:
         pytest.skip("the langgraph extra is not installed")
     env = {**os.environ, "AGENTWAL_BENCH_DIR": str(tmp_path / "stores"),
            "TMPDIR": str(tmp_path), "AGENTWAL_PG": "dsn", "AGENTWAL_PG_DSN": pg_dsn}
@@ -85,8 +92,8 @@ def test_the_postgres_benchmark_script_runs_on_a_tiny_size(
             for schema in ("bench", "fleet", "reads"):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             conn.execute("DROP TABLE IF EXISTS public.pgbench_one")
-            left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lg_%'"
-                                ).fetchall()
+            left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lg_%' "
+                                "OR nspname LIKE 'cpu_%'").fetchall()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert says in done.stdout, done.stdout
     assert left == []  # langgraph_postgres_compare.py drops its schemas itself

@@ -186,6 +186,8 @@ class Engine:
         self._snap: Snapshot | None = None
         self._pipe: CommitPipeline | None = None
         self._workers: list[Worker] = []
+        #: why the engine is closed when it is not by close() (``startup.forked_child``)
+        self.closed_why: str | None = None
         #: the ``Store`` in front of this engine (weakly): an open of the same directory
         #: in this process waits for a dropped one (``startup._settle_dropped``)
         self.facade: weakref.ref[Any] | None = None
@@ -256,7 +258,7 @@ class Engine:
     def check_open(self) -> None:
         """Raise ``StoreClosedError`` if the engine is closed."""
         if self.closed:
-            raise StoreClosedError(self.path)
+            raise StoreClosedError(self.path, self.closed_why)
 
     def _writable(self) -> CommitPipeline:
         self.check_open()

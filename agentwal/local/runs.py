@@ -68,7 +68,7 @@ class Runs:
         """
         e = self._e
         if e.closed:
-            raise StoreClosedError(e.path)
+            raise StoreClosedError(e.path, e.closed_why)
         if not e.readonly:
             with e._lock:
                 if not e._swapping:
