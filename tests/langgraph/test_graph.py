@@ -244,6 +244,9 @@ def test_a_conversation_logs_the_same_bytes_at_turn_50_as_at_turn_5(path: str) -
     # a turn logs two ~1 KiB messages (with their readable views; the question twice, as
     # the task wrote it and with the id add_messages gave it), the input, three checkpoint
     # records and the metadata: ~15 KiB, at every turn. Logging the whole list would add
-    # ~2.3 KiB per message so far: ~100 KiB more at turn 50 than at turn 5.
-    assert late <= early + 1024, logged
+    # ~2.3 KiB per message so far: ~100 KiB more at turn 50 than at turn 5. LangGraph's
+    # default durability ("async") saves checkpoints in the background, and as those
+    # saves fall a turn logs the 2.3 KiB input once more or less: 12.3, 14.7 or 17.1 KiB
+    # (seen with the machine loaded), so the margin is 8 KiB, far below whole-list growth.
+    assert late <= early + 8 * 1024, logged
     assert late < 24 * 1024, logged
