@@ -67,8 +67,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -317,6 +319,29 @@ def chain_values(conn: psycopg.Connection[Any], run: str, starts: list[tuple[str
     return rebuild(run, rows, starts, where)
 
 
+#: Every backend open in this process, ``{id: (weak reference, pid that opened it)}``.
+_OPEN: dict[int, tuple[weakref.ref[PostgresBackend], int]] = {}
+
+
+def _forked_child() -> None:
+    """In a child process just forked: close every inherited backend without a word to the
+    server. Its sessions are the parent's (the same sockets: requests and replies of both
+    processes would interleave on them), and so are its leases; the child's ``close()``
+    then does nothing, and the child opens its own store."""
+    for ref, opener in list(_OPEN.values()):
+        b = ref()
+        if b is None or b.closed:
+            continue
+        b.closed_why = (f"it was opened by process {opener}, which this process was forked "
+                        "from; its sessions and leases are that process's. Open the store "
+                        "in this process (agentwal.open(dsn, ...)).")
+        b.closed = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
+
 class PostgresBackend:
     """A store in one PostgreSQL schema, seen by one worker (``worker_id``)."""
 
@@ -341,10 +366,14 @@ class PostgresBackend:
         self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
         self.blobs = PgBlobs(self.db, self.name)
         self.closed = False
+        #: why it is closed when not by close() (a forked child: :func:`_forked_child`)
+        self.closed_why: str | None = None
+        _OPEN[id(self)] = (weakref.ref(self), os.getpid())
+        weakref.finalize(self, _OPEN.pop, id(self), None).atexit = False
 
     def _check_open(self) -> None:
         if self.closed:
-            raise StoreClosedError(self.name)
+            raise StoreClosedError(self.name, self.closed_why)
 
     def _writable(self) -> None:
         self._check_open()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from agentwal import (
     ConflictError,
     RunExistsError,
     RunNotFoundError,
+    errors,
     failpoints,
 )
 from agentwal.codec import checkpoint_hash
@@ -294,3 +296,41 @@ def test_prefix_reads_are_index_ranges_that_miss_nothing(pgstore: PostgresStore)
         assert sorted(txn.items("a/")) == [(k, k) for k in sorted(keys) if k.startswith("a/")]
         assert sorted(k for k, _ in txn.items("a\U0010ffff")) == ["a\U0010ffff/x"]
         assert len(list(txn.items(""))) == len(keys)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_postgres_store_does_not_cross_a_fork(pgstore: PostgresStore) -> None:
+    # A child forked after the open must not talk through the parent's sessions (their
+    # protocol streams would interleave): it is refused, says why, and its close() leaves
+    # the parent's sessions and leases alone.
+    with pgstore.begin("r") as txn:
+        txn["n"] = 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said, code = [], 1
+        try:
+            os.close(r)
+            for call in (lambda: pgstore.begin("r"), lambda: pgstore.get("r", "n")):
+                try:
+                    call()
+                    said.append("ALLOWED")
+                except errors.StoreClosedError as exc:
+                    said.append("fork" if "forked" in str(exc) else str(exc))
+            pgstore.close()
+            code = 0
+        except BaseException as exc:
+            said.append(repr(exc))
+        finally:  # never back into pytest in the child
+            os.write(w, " ".join(said).encode())
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(r) as f:
+        said = f.read()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, said
+    assert said == "fork fork"
+    for n in range(2, 6):  # the parent's sessions and lease still work
+        with pgstore.begin("r") as txn:
+            txn["n"] = n
+    assert pgstore.get("r", "n") == 5
