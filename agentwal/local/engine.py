@@ -71,7 +71,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import failpoints
+from .. import failpoints, forks
 from ..backend import Change
 from ..codec import Value
 from ..effects import (
@@ -186,7 +186,7 @@ class Engine:
         self._snap: Snapshot | None = None
         self._pipe: CommitPipeline | None = None
         self._workers: list[Worker] = []
-        #: why the engine is closed when it is not by close() (``startup.forked_child``)
+        #: why the engine is closed when it is not by close() (a forked child's)
         self.closed_why: str | None = None
         #: the ``Store`` in front of this engine (weakly): an open of the same directory
         #: in this process waits for a dropped one (``startup._settle_dropped``)
@@ -254,6 +254,23 @@ class Engine:
             self.startup.load(os.path.join(self.path, WAL_DIR))
 
     # -- views ----------------------------------------------------------------------
+
+    def close_in_forked_child(self, opener: int) -> None:
+        """In a child forked while this engine was open (``agentwal.forks``): closed, with
+        the reason its errors give, and its handles left alone. LMDB's environment, the
+        log's offsets and the writer lock are the parent's: a child's commits were
+        overwritten by the parent's (acknowledged, then lost, and a torn record in its
+        log), and closing the environment here would clear the parent's reader slots."""
+        if self.closed:
+            return
+        self.closed_why = forks.why(opener, "Open it in this process (readonly=True while "
+                                    "the other one writes), or start processes with the "
+                                    "'spawn' method.")
+        self.closed = True
+        if self._pipe is not None:
+            self._pipe.closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     def check_open(self) -> None:
         """Raise ``StoreClosedError`` if the engine is closed."""

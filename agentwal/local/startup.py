@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import forks
 from ..errors import CorruptionError, DurabilityError, StoreLockedError
 from ..format import APPENDS_VERSION, LAYOUT4_VERSION, SNAPSHOT_DIR, WAL_DIR
 from ..io import WriterLock, io_error
@@ -74,40 +75,6 @@ def _release_handles(lock: WriterLock | None, snap: Snapshot | None,
 #: The writer engine of each store directory open in this process (by real path), so that
 #: an open that finds the writer lock held by this process can tell a dropped one.
 _WRITERS: weakref.WeakValueDictionary[str, Engine] = weakref.WeakValueDictionary()
-
-#: Every engine open in this process, ``{id: (weak reference, pid that opened it)}``:
-#: a child process forked from this one refuses them (:func:`forked_child`).
-_OPEN: dict[int, tuple[weakref.ref[Engine], int]] = {}
-
-
-def forked_child() -> None:
-    """In a child process just forked: close every inherited engine without touching it.
-
-    LMDB's environment, the WAL writer's offsets and the writer lock belong to the
-    process that opened them: a child that committed through them wrote records the
-    parent overwrote (acknowledged, then lost, and a torn record in the parent's log),
-    and closing them would clear the parent's LMDB reader slots or fold into its files.
-    So each engine is only marked closed, with the reason its errors give, and its
-    finalizer is dropped; the child's exit closes the descriptors.
-    """
-    for ref, opener in list(_OPEN.values()):
-        e = ref()
-        if e is None or e.closed:
-            continue
-        e.closed_why = (f"it was opened by process {opener}, which this process was forked "
-                        "from, and a store does not cross a fork. Open it in this process "
-                        "(readonly=True while the other one writes), or start processes "
-                        "with the 'spawn' method.")
-        e.closed = True
-        if e._pipe is not None:
-            e._pipe.closed = True
-        if e._finalizer is not None:
-            e._finalizer.detach()
-    _WRITERS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=forked_child)
 
 #: Seconds an open waits for a dropped store's background step (a fold) to end.
 SETTLE_SECONDS = 60.0
@@ -191,8 +158,7 @@ class Startup:
         # when the program ends), and closing LMDB under it hung the exit. The process's
         # end releases the lock and the files as a crash would, and recovery is for that.
         e._finalizer.atexit = False
-        _OPEN[id(e)] = (weakref.ref(e), os.getpid())
-        weakref.finalize(e, _OPEN.pop, id(e), None).atexit = False
+        forks.register(e, type(e).close_in_forked_child)
         if not e.readonly:
             self.start_threads()
 

@@ -67,10 +67,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import time
 import uuid
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -78,7 +76,7 @@ from typing import Any, overload
 import cbor2
 import psycopg
 
-from .. import failpoints
+from .. import failpoints, forks
 from ..backend import Change, EffectRace
 from ..codec import (
     Joined,
@@ -319,29 +317,6 @@ def chain_values(conn: psycopg.Connection[Any], run: str, starts: list[tuple[str
     return rebuild(run, rows, starts, where)
 
 
-#: Every backend open in this process, ``{id: (weak reference, pid that opened it)}``.
-_OPEN: dict[int, tuple[weakref.ref[PostgresBackend], int]] = {}
-
-
-def _forked_child() -> None:
-    """In a child process just forked: close every inherited backend without a word to the
-    server. Its sessions are the parent's (the same sockets: requests and replies of both
-    processes would interleave on them), and so are its leases; the child's ``close()``
-    then does nothing, and the child opens its own store."""
-    for ref, opener in list(_OPEN.values()):
-        b = ref()
-        if b is None or b.closed:
-            continue
-        b.closed_why = (f"it was opened by process {opener}, which this process was forked "
-                        "from; its sessions and leases are that process's. Open the store "
-                        "in this process (agentwal.open(dsn, ...)).")
-        b.closed = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked_child)
-
-
 class PostgresBackend:
     """A store in one PostgreSQL schema, seen by one worker (``worker_id``)."""
 
@@ -366,10 +341,19 @@ class PostgresBackend:
         self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
         self.blobs = PgBlobs(self.db, self.name)
         self.closed = False
-        #: why it is closed when not by close() (a forked child: :func:`_forked_child`)
+        #: why it is closed when not by close() (a forked child's)
         self.closed_why: str | None = None
-        _OPEN[id(self)] = (weakref.ref(self), os.getpid())
-        weakref.finalize(self, _OPEN.pop, id(self), None).atexit = False
+        forks.register(self, type(self).close_in_forked_child)
+
+    def close_in_forked_child(self, opener: int) -> None:
+        """In a child forked while this backend was open (``agentwal.forks``): closed
+        without a word to the server. Its sessions are the parent's (requests and replies
+        of both processes would interleave on the same sockets), and so are its leases;
+        the child's ``close()`` then does nothing."""
+        if not self.closed:
+            self.closed_why = forks.why(opener, "Its sessions and leases are that "
+                                        "process's: open the store in this process.")
+            self.closed = True
 
     def _check_open(self) -> None:
         if self.closed:
