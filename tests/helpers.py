@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import random
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import agentwal
@@ -165,3 +167,39 @@ class Generated(io.RawIOBase):
         while g.read(1 << 20):
             pass
         return g.sha256
+
+
+def in_forked_child(child: Callable[[list[str]], None]) -> str:
+    """Run ``child(said)`` in a child process forked now; what it appended to ``said``,
+    space-separated. The child never returns into the test (it ends with ``os._exit``);
+    an exception in it is its last word and fails the test here."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said: list[str] = []
+        code = 1
+        try:
+            os.close(r)
+            child(said)
+            code = 0
+        except BaseException as exc:
+            said.append(repr(exc))
+        finally:  # never back into pytest in the child
+            os.write(w, " ".join(said).encode())
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(r) as f:
+        said_there = f.read()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, said_there
+    return said_there
+
+
+def refused_after_fork(call: Callable[[], Any]) -> str:
+    """In a forked child: "fork" if ``call()`` raises StoreClosedError naming the fork,
+    "ALLOWED" if it works, else the error's text."""
+    try:
+        call()
+    except agentwal.StoreClosedError as exc:
+        return "fork" if "forked" in str(exc) else str(exc)
+    return "ALLOWED"

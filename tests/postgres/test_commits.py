@@ -17,11 +17,11 @@ from agentwal import (
     ConflictError,
     RunExistsError,
     RunNotFoundError,
-    errors,
     failpoints,
 )
 from agentwal.codec import checkpoint_hash
 from agentwal.postgres import PostgresStore
+from tests.helpers import in_forked_child, refused_after_fork
 
 
 def _recompute_chain(dsn: str, schema: str, run: str) -> list[tuple[int, bool]]:
@@ -305,30 +305,12 @@ def test_a_postgres_store_does_not_cross_a_fork(pgstore: PostgresStore) -> None:
     # the parent's sessions and leases alone.
     with pgstore.begin("r") as txn:
         txn["n"] = 1
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        said, code = [], 1
-        try:
-            os.close(r)
-            for call in (lambda: pgstore.begin("r"), lambda: pgstore.get("r", "n")):
-                try:
-                    call()
-                    said.append("ALLOWED")
-                except errors.StoreClosedError as exc:
-                    said.append("fork" if "forked" in str(exc) else str(exc))
-            pgstore.close()
-            code = 0
-        except BaseException as exc:
-            said.append(repr(exc))
-        finally:  # never back into pytest in the child
-            os.write(w, " ".join(said).encode())
-            os._exit(code)
-    os.close(w)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(r) as f:
-        said = f.read()
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, said
+    def child(said: list[str]) -> None:
+        said += [refused_after_fork(call) for call in (
+            lambda: pgstore.begin("r"), lambda: pgstore.get("r", "n"))]
+        pgstore.close()
+
+    said = in_forked_child(child)
     assert said == "fork fork"
     for n in range(2, 6):  # the parent's sessions and lease still work
         with pgstore.begin("r") as txn:

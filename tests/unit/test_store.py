@@ -18,7 +18,7 @@ import agentwal
 from agentwal import errors, failpoints
 from agentwal.io import OsFileSystem
 from agentwal.testing import crash as crash_store
-from tests.helpers import commit, increment_in_threads
+from tests.helpers import commit, in_forked_child, increment_in_threads, refused_after_fork
 
 
 def test_reopen_after_close_keeps_everything(path: str) -> None:
@@ -634,38 +634,21 @@ def test_a_store_does_not_cross_a_fork(path: str) -> None:
     # acknowledged, then lost, and the parent's WAL was left with a torn record.
     s = agentwal.open(path)
     commit(s, "r", n=1)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: every use of the inherited store is refused, and says why
-        said, code = [], 1
+
+    def child(said: list[str]) -> None:  # every use of the inherited store is refused
+        said += [refused_after_fork(call) for call in (
+            lambda: commit(s, "child", n=1), lambda: s.get("r", "n"), lambda: s.state("r"),
+            lambda: s.snapshot())]
+        s.close()  # closes nothing of the parent's (no fold, no LMDB close)
         try:
-            os.close(r)
-            for call in (lambda: commit(s, "child", n=1), lambda: s.get("r", "n"),
-                         lambda: s.state("r"), lambda: s.snapshot()):
-                try:
-                    call()
-                    said.append("ALLOWED")
-                except errors.StoreClosedError as exc:
-                    said.append("fork" if "forked" in str(exc) else str(exc))
-            s.close()  # closes nothing of the parent's (no fold, no LMDB close)
-            try:
-                agentwal.open(path)
-                said.append("OPENED")
-            except errors.StoreLockedError:
-                said.append("locked")
-            with agentwal.open(path, readonly=True) as ro:  # a reader of its own is fine
-                said.append(str(ro.get("r", "n")))
-            code = 0
-        except BaseException as exc:
-            said.append(repr(exc))
-        finally:  # never back into pytest in the child
-            os.write(w, " ".join(said).encode())
-            os._exit(code)
-    os.close(w)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(r) as f:
-        said = f.read()
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            agentwal.open(path)
+            said.append("OPENED")
+        except errors.StoreLockedError:
+            said.append("locked")
+        with agentwal.open(path, readonly=True) as ro:  # a reader of its own is fine
+            said.append(str(ro.get("r", "n")))
+
+    said = in_forked_child(child)
     assert said == "fork fork fork fork locked 1"
     for n in range(2, 30):  # the parent goes on as if nothing happened
         commit(s, "r", n=n)
