@@ -43,6 +43,19 @@ def want_spare(w: Writer) -> None:
     w.spare_wanted = True
 
 
+def with_spare(fs: FileSystem, wal_dir: str) -> Writer:
+    """A writer whose spare for the next segment is ready."""
+    w = writer(fs, wal_dir)
+    want_spare(w)
+    assert w.prepare_spare()
+    return w
+
+
+def logged(fs: FileSystem, wal_dir: str) -> list[int]:
+    """The LSNs of every frame the segments in ``wal_dir`` hold, in order."""
+    return [f.lsn for s in list_segments(fs, wal_dir) for f in s.scan().frames]
+
+
 def fill(w: Writer, lsn: int, n: int, size: int = 1000) -> int:
     """Append ``n`` records of ``size`` bytes from ``lsn``, one batch each; the next LSN."""
     for i in range(n):
@@ -92,23 +105,19 @@ def test_a_spare_of_the_wrong_size_is_removed_and_the_segment_made_in_place(
         tmp_path: Path) -> None:
     d = wal_dir(tmp_path)
     fs = OsFileSystem()
-    w = writer(fs, d)
-    want_spare(w)
-    assert w.prepare_spare()
+    w = with_spare(fs, d)
     big = PendingRecord(1, REC_COMMIT, 0, b"x" * (20 * KIB))  # larger than the 16 KiB spare
     w.append([big])
     w.append([PendingRecord(2, REC_COMMIT, 0, b"y" * (30 * KIB))])
     w.sync()
     assert SPARE_NAME not in os.listdir(d)
-    assert [f.lsn for s in list_segments(fs, d) for f in s.scan().frames] == [1, 2]
+    assert logged(fs, d) == [1, 2]
     w.close()
 
 
 def test_a_clean_close_removes_an_unused_spare(tmp_path: Path) -> None:
     d = wal_dir(tmp_path)
-    w = writer(OsFileSystem(), d)
-    want_spare(w)
-    assert w.prepare_spare()
+    w = with_spare(OsFileSystem(), d)
     w.remove_spare()
     w.close()
     assert SPARE_NAME not in os.listdir(d)
@@ -203,9 +212,7 @@ def test_the_next_spare_is_not_made_in_the_file_a_rotation_is_renaming(tmp_path:
     # zero-filled it, so the segment name got a file without a header.
     d = wal_dir(tmp_path)
     fs = OsFileSystem()
-    w = writer(fs, d)
-    want_spare(w)
-    assert w.prepare_spare()
+    w = with_spare(fs, d)
     made: list[bool] = []
     helper: list[threading.Thread] = []
 
@@ -225,7 +232,7 @@ def test_the_next_spare_is_not_made_in_the_file_a_rotation_is_renaming(tmp_path:
     assert made == [True]
     for seg in list_segments(fs, d):
         assert seg.header is not None, seg.problem
-    assert [f.lsn for s in list_segments(fs, d) for f in s.scan().frames] == list(range(1, nxt))
+    assert logged(fs, d) == list(range(1, nxt))
     # a new, whole spare, sized for the segment after the 16 KiB one
     assert read_all(fs, os.path.join(d, SPARE_NAME)) == bytes(32 * KIB)
     w.close()
@@ -237,9 +244,7 @@ def test_a_request_for_a_spare_that_exists_is_settled(tmp_path: Path) -> None:
     # prepare_spare returned True but left spare_wanted set, so every commit woke the
     # fold thread for nothing and it never went idle.
     d = wal_dir(tmp_path)
-    w = writer(OsFileSystem(), d)
-    want_spare(w)
-    assert w.prepare_spare()
+    w = with_spare(OsFileSystem(), d)
     want_spare(w)  # as the next half-full segment asks
     assert w.prepare_spare() and not w.spare_wanted
     w.close()
@@ -252,11 +257,9 @@ def test_a_spare_removed_by_an_operator_is_not_used_and_nothing_breaks(tmp_path:
     # deleted spare by name, failed, and stopped the writer (DurabilityError).
     d = wal_dir(tmp_path)
     fs = OsFileSystem()
-    w = writer(fs, d)
-    want_spare(w)
-    assert w.prepare_spare()
+    w = with_spare(fs, d)
     os.remove(os.path.join(d, SPARE_NAME))
     nxt = fill(w, 1, 12)  # rotates: the segment is made in place instead
     assert w.broken is None and w.synced_lsn == nxt - 1
-    assert [f.lsn for s in list_segments(fs, d) for f in s.scan().frames] == list(range(1, nxt))
+    assert logged(fs, d) == list(range(1, nxt))
     w.close()
