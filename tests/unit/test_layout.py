@@ -21,7 +21,7 @@ PKG = Path(agentwal.__file__).parent
 # one ("local.snapshot" covers the package); every other package as a whole.
 # docs/development.md shows this table (test_the_docs_show_this_table).
 RANK = {
-    "errors": 0, "format": 0, "failpoints": 0,
+    "errors": 0, "format": 0, "failpoints": 0, "forks": 0,
     "types": 1, "codec": 1, "handout": 1, "history": 1, "retention": 1, "tree": 1, "leases": 1,
     "io": 2, "aio": 2,
     "local.control": 3, "local.wal": 3, "local.blobs": 3, "local.blobread": 3,
