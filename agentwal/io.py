@@ -125,7 +125,14 @@ class OsFileSystem:
     def read(self, fd: int, offset: int = 0, n: int | None = None) -> bytes:
         if n is None:
             n = max(0, os.fstat(fd).st_size - offset)
-        parts: list[bytes] = []
+        # One pread for the whole range (a 16 MiB segment in one allocation, no join copy);
+        # a short read goes on in pieces.
+        first = os.pread(fd, n, offset) if n > 0 else b""
+        if len(first) == n or not first:
+            return first
+        parts: list[bytes] = [first]
+        offset += len(first)
+        n -= len(first)
         while n > 0:
             chunk = os.pread(fd, min(n, _READ_CHUNK), offset)
             if not chunk:

@@ -173,8 +173,8 @@ def test_read_of_an_empty_file(fs: OsFileSystem, fd: int) -> None:
     assert fs.read(fd, 0, 10) == b""
 
 
-def test_read_loops_over_chunks(fs: OsFileSystem, fd: int,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_asks_for_the_whole_range_once_then_goes_on_in_chunks(
+        fs: OsFileSystem, fd: int, monkeypatch: pytest.MonkeyPatch) -> None:
     data = bytes(range(256)) * 4
     fs.pwrite(fd, 0, data)
     monkeypatch.setattr(io, "_READ_CHUNK", 100)
@@ -187,8 +187,18 @@ def test_read_loops_over_chunks(fs: OsFileSystem, fd: int,
 
     monkeypatch.setattr(os, "pread", pread)
     assert fs.read(fd, 24) == data[24:]
-    assert all(n <= 100 for n, _ in calls)
-    assert [off for _, off in calls] == list(range(24, len(data), 100))
+    assert calls == [(len(data) - 24, 24)]  # a segment image in one allocation, no join
+    calls.clear()
+
+    def short(f: int, n: int, off: int) -> bytes:  # the OS gives at most 150 bytes a call
+        calls.append((n, off))
+        return real(f, min(n, 150), off)
+
+    monkeypatch.setattr(os, "pread", short)
+    assert fs.read(fd, 24) == data[24:]
+    assert calls[0] == (len(data) - 24, 24)
+    assert all(n <= 100 for n, _ in calls[1:])
+    assert [off for _, off in calls] == [24, *range(174, len(data), 100)]
 
 
 def test_read_retries_short_reads(fs: OsFileSystem, fd: int,

@@ -233,6 +233,23 @@ def test_zero_filled_tail_is_clean_end(wal: Path) -> None:
     assert s.end == last.offset
 
 
+@pytest.mark.parametrize("where", ["first", "block_end", "block_start", "last"])
+def test_one_stray_byte_anywhere_in_a_long_zero_tail_is_not_a_clean_end(
+        wal: Path, where: str) -> None:
+    # A 16 MiB preallocation is checked a block of zeros at a time: a byte in any block,
+    # on either side of a block's edge or the very last one, is seen.
+    write_log(wal, [[1], [2], [3]])
+    path = only_segment(wal)
+    data = bytearray(path.read_bytes() + bytes((5 << 20) // 2))  # the tail spans 3 blocks
+    end = scan_segment(bytes(data), header_of(path)).end
+    block = 1 << 20
+    at = {"first": end, "block_end": end + block - 1, "block_start": end + block,
+          "last": len(data) - 1}[where]
+    data[at] = 0x5A
+    s = scan_segment(bytes(data), header_of(path))
+    assert s.state == "torn" and s.end == end and s.dirty_end == at + 1
+
+
 # -- scan_segment: torn tails --------------------------------------------------------------
 
 

@@ -107,7 +107,7 @@ def scan_segment(data: bytes, header: SegmentHeader, start: tuple[int, int] | No
         frames.append(f)
         off = f.end
         expected += 1
-    if data.count(0, off) == len(data) - off:  # the zero preallocation (memchr speed, no copy)
+    if _zero_from(data, off):  # the zero preallocation
         return Scan(frames, off, "clean", "", off, start_lsn=first)
     dirty_end = len(data.rstrip(b"\x00"))
     later = _later_frames(data, off + 1, header.salt, expected)
@@ -118,6 +118,24 @@ def scan_segment(data: bytes, header: SegmentHeader, start: tuple[int, int] | No
                     f"{proof.offset} shows it was durable", dirty_end, later, first)
     return Scan(frames, off, "torn", f"torn or damaged record where LSN {expected} belongs",
                 dirty_end, later, first)
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def _zero_from(data: bytes, off: int) -> bool:
+    """True if every byte of ``data`` from ``off`` on is zero.
+
+    ``startswith`` against a block of zeros is a ``memcmp`` with no copy: about
+    ten times the speed of ``data.count(0, off)`` over a 16 MiB preallocation.
+    """
+    end = len(data)
+    while off < end:
+        n = min(end - off, len(_ZEROS))
+        if not data.startswith(_ZEROS if n == len(_ZEROS) else _ZEROS[:n], off):
+            return False
+        off += n
+    return True
 
 
 @dataclass
