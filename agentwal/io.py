@@ -255,14 +255,20 @@ def open_source(path: str | os.PathLike[str]) -> FileIO:
 class WriterLock:
     """The exclusive, process-level writer lock of a store directory.
 
-    ``flock`` on ``<store>/LOCK``; the holder writes its pid into the file so a
-    second writer can be told who holds it. The kernel drops the lock when the
-    holder dies, so a crashed writer never leaves a stale lock.
+    ``flock`` on the store directory itself and on ``<store>/LOCK``; the holder
+    writes its pid into the file so a second writer can be told who holds it.
+    The kernel drops both when the holder dies, so a crashed writer never
+    leaves a stale lock. The directory's lock is the one an operator cannot
+    remove by mistake: with only the file's, deleting ``LOCK`` under a running
+    writer ("a stale lock file") let a second process lock a new ``LOCK`` and
+    write the same log. The file's lock is still taken, for the releases that
+    took only that one.
     """
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, "LOCK")
         self._fd: int | None = None
+        self._dir_fd: int | None = None
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`StoreLockedError` naming the holder.
@@ -270,19 +276,23 @@ class WriterLock:
         The lock and LMDB live in the real directory even when the WAL goes
         through another file system (``fs=``), so it is created if missing.
         """
-        import fcntl
-
-        OsFileSystem().mkdir(os.path.dirname(self.path))
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        directory = os.path.dirname(self.path)
+        OsFileSystem().mkdir(directory)
+        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_CLOEXEC", 0))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_pid(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StoreLockedError(os.path.dirname(self.path), holder) from None
+            if not _try_flock(dir_fd):
+                raise StoreLockedError(directory, _pid_in(self.path))
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                         FILE_MODE)
+            if not _try_flock(fd):
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise StoreLockedError(directory, holder)
+        except BaseException:
+            os.close(dir_fd)
             raise
-        self._fd = fd
+        self._fd, self._dir_fd = fd, dir_fd
         # The pid is for the error message of the next writer: best effort
         # (a full disk must not keep the lock held by a store that failed to open).
         with contextlib.suppress(OSError):
@@ -294,6 +304,34 @@ class WriterLock:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+        if self._dir_fd is not None:
+            fd, self._dir_fd = self._dir_fd, None
+            os.close(fd)
+
+
+def _try_flock(fd: int) -> bool:
+    """Take ``fd``'s exclusive ``flock`` without waiting; False if another holds it."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _pid_in(path: str) -> int | None:
+    """The pid a ``LOCK`` file names, or None (missing, empty, unreadable)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return _read_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_pid(fd: int) -> int | None:
@@ -308,33 +346,44 @@ def writer_holder(directory: str) -> tuple[bool | None, int | None]:
     """Whether a process holds the writer lock of ``directory``, and the pid it wrote.
 
     Read-only and lock-free, so it never disturbs a writer: on Linux the
-    kernel's ``/proc/locks`` says whether the ``LOCK`` file is held (and, should
-    its numbers not match the file's, ``/proc/<pid>/fd`` whether the pid the
-    file names still has it open); elsewhere the answer is None (unknown).
-    The pid is the last holder's (the file keeps it after that process ends),
-    or None when the file has none.
+    kernel's ``/proc/locks`` says whether the ``LOCK`` file or the directory
+    is held (and, should their numbers not match, ``/proc/<pid>/fd`` whether
+    the pid the file names still has it open); elsewhere the answer is None
+    (unknown). The pid is the last holder's (the file keeps it after that
+    process ends), or None when the file has none or is gone.
     """
     path = os.path.join(directory, "LOCK")
+    wanted = []
+    pid = None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        return False, None  # no LOCK file: never opened for writing
+        fd = None  # never opened for writing, or LOCK removed under a writer
+    if fd is not None:
+        try:
+            wanted.append(_lock_id(os.fstat(fd)))
+            pid = _read_pid(fd)
+        finally:
+            os.close(fd)
     try:
-        st = os.fstat(fd)
-        pid = _read_pid(fd)
-    finally:
-        os.close(fd)
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        wanted.append(_lock_id(os.stat(directory)))
+    except OSError:
+        return False, pid
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return None, pid
-    held = any(len(p) > 5 and p[1] == "FLOCK" and p[5] == want
+    held = any(len(p) > 5 and p[1] == "FLOCK" and p[5] in wanted
                for p in (line.split() for line in lines))
     if not held and pid is not None:  # a file system whose locks list other numbers
         held = _keeps_open(pid, os.path.realpath(path))
     return held, pid
+
+
+def _lock_id(st: os.stat_result) -> str:
+    """How ``/proc/locks`` names a file: ``major:minor:inode``."""
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
 
 
 def _keeps_open(pid: int, path: str) -> bool:

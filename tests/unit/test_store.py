@@ -16,7 +16,7 @@ import pytest
 
 import agentwal
 from agentwal import errors, failpoints
-from agentwal.io import OsFileSystem
+from agentwal.io import OsFileSystem, writer_holder
 from agentwal.testing import crash as crash_store
 from tests.helpers import commit, in_forked_child, increment_in_threads, refused_after_fork
 
@@ -203,6 +203,23 @@ def test_second_writer_process_gets_store_locked_error_with_pid(path: str) -> No
         out = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
                              text=True, check=True).stdout.split()
     assert out == ["LOCKED", str(os.getpid())]
+
+
+def test_a_deleted_lock_file_does_not_let_a_second_writer_in(path: str) -> None:
+    # An operator "cleaning a stale lock" removed LOCK under a running writer: a second
+    # process then took a new LOCK file's lock, and both wrote the log (a scratch run:
+    # verify found a damaged record and checkpoints the run record counted but lost).
+    with agentwal.open(path) as s:
+        commit(s, "r", k=1)
+        os.unlink(os.path.join(path, "LOCK"))
+        if sys.platform == "linux":  # `agentwal health` still sees the writer
+            assert writer_holder(path)[0] is True
+        out = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out[0] == "LOCKED"
+        commit(s, "r", k=2)
+    with agentwal.open(path) as s:
+        assert s.get("r", "k") == 2 and s.verify().ok
 
 
 def test_readonly_open_from_another_process_sees_committed_state(path: str) -> None:
