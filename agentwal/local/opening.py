@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import os
 
-from ..errors import NotAStoreError, StoreNotFoundError
-from ..format import BLOBS_DIR, CACHE_DIR, CONTROL_FILE, SNAPSHOT_DIR, TMP_SUFFIX, WAL_DIR
+from ..errors import CorruptionError, NotAStoreError, StoreNotFoundError
+from ..format import (
+    BLOBS_DIR,
+    CACHE_DIR,
+    CONTROL_FILE,
+    SNAPSHOT_DIR,
+    TMP_SUFFIX,
+    WAL_DIR,
+    parse_segment_name,
+)
 from ..io import FileSystem
 from .healthfile import HEALTH_FILE
 from .logmark import LOGMARK_FILE
 
-__all__ = ["prepare", "STORE_NAMES"]
+__all__ = ["prepare", "missing_snapshot", "STORE_NAMES"]
 
 #: Every name agentwal itself puts in a store directory.
 STORE_NAMES = frozenset({
@@ -81,3 +89,34 @@ def no_control(path: str, wal_names: list[str]) -> StoreNotFoundError | None:
     if wal_names:
         return None
     return StoreNotFoundError(path, "no agentwal store here (no CONTROL file)", _READ_ONLY)
+
+
+def missing_snapshot(fs: FileSystem, path: str) -> CorruptionError | None:
+    """The error of an existing store whose LMDB file is gone or empty while its log no
+    longer starts at the first record (the folded records are only in LMDB), else None.
+
+    Checked before LMDB is opened, which would make a new, empty ``data.mdb``
+    (and the log's gap would then be reported as a removed segment). A store
+    whose log still starts at LSN 1 is rebuilt from it by recovery.
+    """
+    data = os.path.join(path, SNAPSHOT_DIR, "data.mdb")
+    try:
+        if os.path.getsize(data) > 0:
+            return None
+        what = "is empty"
+    except FileNotFoundError:
+        what = ("is missing" if os.path.isdir(os.path.join(path, SNAPSHOT_DIR))
+                else f"is missing (no {SNAPSHOT_DIR}/ directory)")
+    except OSError:
+        return None  # unreadable: LMDB's own open says why
+    wal_dir = os.path.join(path, WAL_DIR)
+    firsts = [n for n in map(parse_segment_name, fs.listdir(wal_dir) if fs.exists(wal_dir)
+                             else []) if n is not None]
+    if not firsts or min(firsts) <= 1:
+        return None
+    return CorruptionError(
+        data, None, f"the store's snapshot {what}, and its log starts at LSN {min(firsts)}: "
+        f"records 1..{min(firsts) - 1} were folded into the snapshot and are nowhere else",
+        f"Put back {SNAPSHOT_DIR}/data.mdb from a backup of this store (agentwal backup "
+        "copies it); nothing was changed.")
+

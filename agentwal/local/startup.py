@@ -36,7 +36,7 @@ from .background import Worker
 from .commit import CommitPipeline
 from .control import ControlFile, create_control, read_control
 from .healthfile import HealthFile
-from .opening import no_control, prepare
+from .opening import missing_snapshot, no_control, prepare
 from .reads import Pin
 from .recovery import Plan, recover
 from .snapshot import Snapshot
@@ -140,6 +140,10 @@ class Startup:
             if fs.exists(wal_dir) and fs.listdir(wal_dir):
                 raise CorruptionError(path, None, "the WAL exists but the CONTROL file is missing")
             ctl = create_control(fs, path)
+        else:
+            lost = missing_snapshot(fs, path)
+            if lost is not None:
+                raise lost
         self._control = ControlFile(fs, path, ctl)
         e.store_id = ctl.store_id
         if not e.readonly:

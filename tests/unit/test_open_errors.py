@@ -9,6 +9,8 @@ about the disk or ``CorruptionError``.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,51 @@ def test_a_store_that_lost_its_control_file_is_still_damage(tmp_path: Path) -> N
     for readonly in (True, False):
         with pytest.raises(CorruptionError, match="CONTROL"):
             agentwal.open(path, readonly=readonly)
+
+
+def _folded_past_its_first_segment(path: Path) -> None:
+    """A store whose log was cut after folds: LSN 1.. are only in LMDB."""
+    with agentwal.open(path, wal_max_bytes=1 << 20) as store:
+        for i in range(1500):
+            with store.begin("r") as txn:
+                txn["n"] = i
+                txn["pad"] = bytes(range(256)) * 4
+    assert min(int(n.split(".")[0]) for n in os.listdir(path / "wal")) > 1
+
+
+@pytest.mark.parametrize("damage", ["rm data.mdb", "empty data.mdb", "rm snapshot/"])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_store_whose_snapshot_is_gone_is_damage_not_a_removed_segment(
+        tmp_path: Path, damage: str, readonly: bool) -> None:
+    # It said "log records 1..N are missing (a segment was removed)", after making a new,
+    # empty data.mdb (or snapshot/) in the store it claimed not to have changed.
+    path = tmp_path / "s"
+    _folded_past_its_first_segment(path)
+    data = path / "snapshot" / "data.mdb"
+    if damage == "rm data.mdb":
+        data.unlink()
+    elif damage == "empty data.mdb":
+        os.truncate(data, 0)
+    else:
+        shutil.rmtree(path / "snapshot")
+    before = _tree(path)
+    with pytest.raises(CorruptionError, match=r"snapshot .*(missing|empty).* folded into") as info:
+        agentwal.open(path, readonly=readonly)
+    assert "backup" in str(info.value) and "segment was removed" not in str(info.value)
+    assert sorted(set(_tree(path)) - {"LOCK"}) == sorted(set(before) - {"LOCK"})
+
+
+def test_a_store_whose_log_still_starts_at_lsn_1_is_rebuilt_without_its_snapshot(
+        tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with agentwal.open(path) as store:
+        for i in range(20):
+            with store.begin("r") as txn:
+                txn["n"] = i
+        store.snapshot()
+    (path / "snapshot" / "data.mdb").unlink()
+    with agentwal.open(path) as store:
+        assert store.get("r", "n") == 19 and store.verify().ok
 
 
 def test_the_cli_says_the_same(tmp_path: Path) -> None:
