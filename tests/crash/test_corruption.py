@@ -296,7 +296,9 @@ def test_lost_data_mdb_is_corruption_not_an_empty_store(
 
     ok, detail, first = check(checker, b, damaged(b, tmp_path, how, lose))
     assert ok, detail
-    assert "missing" in corruption_at(first, "open")
+    said = corruption_at(first, "open")
+    assert "folded into the snapshot" in said  # the snapshot named, not a removed segment
+    assert ("is empty" if how == "empty" else "is missing") in said
 
 
 def test_every_kind_applies_to_every_variant(tmp_path: Path) -> None:
