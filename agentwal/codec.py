@@ -37,8 +37,7 @@ import hashlib
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import cbor2
 import zstandard
@@ -625,8 +624,7 @@ def decode_delta_entries(data: bytes, flags: int) -> dict[str, bytes | Append | 
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class CommitRecord:
+class CommitRecord(NamedTuple):
     """A decoded commit payload (before the delta is decompressed)."""
 
     run: str

@@ -25,6 +25,8 @@ SCRIPTS = [
                     "--no-ledger"], "1-thread sync vs"),
     ("commit_cpu.py", ["agent", "20"], '"kind": "agent"'),
     ("commit_cpu.py", ["grow", "5"], '"kind": "grow"'),
+    ("open_cpu.py", ["wal", "1", "--opens", "1"], '"kind": "wal"'),
+    ("open_cpu.py", ["history", "30", "--opens", "1"], '"kind": "history"'),
     ("bench_loop_lag.py", ["--rounds", "1", "--seconds", "0.1"], "| acommit |"),
     ("bench_retention.py", ["12", "4"], "the 4 kept checkpoints read back unchanged"),
     ("test_bench_blobs.py", ["--mib", "1", "--rounds", "1"], "put_blob"),

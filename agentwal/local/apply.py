@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from ..codec import CodecError, Value, append_base, join_append, whole
 from ..effects import (
@@ -48,8 +47,7 @@ from .recovery import Plan
 __all__ = ["Applied", "Commit", "apply_record", "from_pending", "replay"]
 
 
-@dataclass(frozen=True, slots=True)
-class Commit:
+class Commit(NamedTuple):
     """A commit as it is applied: its checkpoint and what comes with it."""
 
     lsn: int

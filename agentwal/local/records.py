@@ -24,8 +24,7 @@ values out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import cbor2
 
@@ -46,8 +45,7 @@ __all__ = ["Record", "Replayed", "ReplayedDelete", "ReplayedEffect", "decode_del
            "decode_record", "encode_delete_run"]
 
 
-@dataclass(frozen=True, slots=True)
-class Replayed:
+class Replayed(NamedTuple):
     """One commit read back from the log."""
 
     lsn: int
@@ -60,8 +58,7 @@ class Replayed:
     raw_delta: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayedEffect:
+class ReplayedEffect(NamedTuple):
     """One effects-ledger entry read back from the log."""
 
     lsn: int
@@ -69,8 +66,7 @@ class ReplayedEffect:
     raw: bytes  # the entry's CBOR map, uncompressed
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayedDelete:
+class ReplayedDelete(NamedTuple):
     """One run deletion (``store.delete_run``) read back from the log."""
 
     lsn: int

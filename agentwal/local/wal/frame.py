@@ -13,6 +13,7 @@ import struct
 import uuid
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...format import (
     FLAG_APPENDS,
@@ -44,8 +45,7 @@ class SegmentHeader:
     version: int = PLAIN_VERSION
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     """One decoded record frame and where it sits in its segment."""
 
     offset: int
