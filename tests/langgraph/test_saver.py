@@ -332,7 +332,6 @@ def test_a_pool_longer_than_a_chunk_reads_back_and_a_cold_saver_continues_it(
     assert cold.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
 
 
-@pytest.mark.xfail(strict=True, reason="issue #13: the write starts a new pool")
 @pytest.mark.parametrize("unknown", ["a new saver", "the cached pool dropped"])
 def test_a_write_saved_before_its_checkpoint_by_a_saver_not_knowing_the_pool_keeps_it(
         saver: AgentWALSaver, unknown: str) -> None:
