@@ -212,9 +212,12 @@ def test_async_graph_with_ainvoke(saver: AgentWALSaver) -> None:
     assert out["approved"] == "fine" and len(out["messages"]) == 2
 
 
-def test_a_conversation_logs_the_same_bytes_at_turn_50_as_at_turn_5(path: str) -> None:
+@pytest.mark.parametrize("saver_per", ["conversation", "turn"])
+def test_a_conversation_logs_the_same_bytes_at_turn_50_as_at_turn_5(
+        path: str, saver_per: str) -> None:
     """Each turn of an add_messages conversation logs its new messages, not the history:
-    the messages channel grows through txn.append (a pool), whatever its length."""
+    the messages channel grows through txn.append (a pool), whatever its length; also
+    when every turn starts with a new saver (a new process, nothing cached)."""
 
     class State(TypedDict):
         messages: Annotated[list[Any], add_messages]
@@ -234,6 +237,8 @@ def test_a_conversation_logs_the_same_bytes_at_turn_50_as_at_turn_5(path: str) -
         conf = {"configurable": {"thread_id": "t"}}
         logged = []
         for turn in range(50):
+            if saver_per == "turn":
+                graph = b.compile(checkpointer=AgentWALSaver(saver.store))
             before = saver.store.stats()
             graph.invoke({"messages": [HumanMessage(f"question {text(turn)}")]}, conf)
             after = saver.store.stats()
@@ -248,9 +253,8 @@ def test_a_conversation_logs_the_same_bytes_at_turn_50_as_at_turn_5(path: str) -
     # default durability ("async") saves checkpoints in the background, and as those
     # saves fall a turn logs the 2.3 KiB input once more or less: 12.3, 14.7 or 17.1 KiB
     # (seen with the machine loaded), so the margin is 8 KiB, far below whole-list growth.
-    # Under the full suite's load, one late turn in some runs logs ~63 KiB, about one
-    # 64-message pool chunk written whole (not yet explained; see the session 10 note on
-    # issue #13): at most one such turn is let through, every other late turn must fit.
-    over = [x for x in logged[40:] if x > early + 8 * 1024 or x >= 24 * 1024]
-    assert len(over) <= 1, logged
-    assert all(x < 80 * 1024 for x in over), logged  # a chunk, never the whole list
+    # A turn whose task's write landed before its checkpoint, through a saver that did not
+    # know the pool, once logged the whole list again (~60 KiB at turn 45; issue #13).
+    late = max(logged[40:])
+    assert late <= early + 8 * 1024, logged
+    assert late < 24 * 1024, logged

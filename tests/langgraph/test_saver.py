@@ -332,6 +332,43 @@ def test_a_pool_longer_than_a_chunk_reads_back_and_a_cold_saver_continues_it(
     assert cold.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"] == chat.messages
 
 
+@pytest.mark.parametrize("unknown", ["a new saver", "the cached pool dropped"])
+def test_a_write_saved_before_its_checkpoint_by_a_saver_not_knowing_the_pool_keeps_it(
+        saver: AgentWALSaver, unknown: str) -> None:
+    """Under LangGraph's default durability ("async") a step's checkpoint is saved in the
+    background while its task runs, so the task's write can land first. A saver that does
+    not know the thread's pool then (a new process; or a warm one, after a commit that met
+    a grown pool dropped it and another commit is reading it again) learns it from the
+    namespace's newest checkpoint: it must not start a new pool, which the next checkpoint
+    would fill with the whole conversation again (issue #13: a late turn of ~60 KiB)."""
+    chat = Chat(saver, "t")
+    for i in range(80):
+        chat.step(big(i), step=i)
+    store = saver.store
+    if unknown == "a new saver":
+        saver = AgentWALSaver(store)
+    else:  # the state _StalePool leaves while another commit reads the pool again
+        saver._shared.forget_pool(("t", L.ROOT, "messages"))
+    # the next step: its checkpoint (the last task's message added) is still being saved
+    # in the background when the step's task saves its write, a new message
+    version = saver.get_next_version(chat.version, None)
+    messages = [*chat.messages, big(80)]
+    cp = checkpoint({"messages": messages}, {"messages": version})
+    at = cfg("t", "", cp["id"])
+    saver.put_writes(at, [("messages", [big(81)])], "task")
+    saver.put(chat.config, cp, {"source": "loop", "step": 80}, {"messages": version})
+    after = saver.get_next_version(version, None)
+    cp = checkpoint({"messages": [*messages, big(81)]}, {"messages": after})
+    saver.put(at, cp, {"source": "loop", "step": 81}, {"messages": after})
+    found = pools(store, "t")
+    assert [len(p) for p in found.values()] == [82]  # one pool, each message in it once
+    (pool,) = found.values()
+    assert sorted(saver.serde.loads_typed((e["t"], e["b"])).id for e in pool) == sorted(
+        f"m{i}" for i in range(82))
+    got = saver.get_tuple(cfg("t")).checkpoint["channel_values"]["messages"]
+    assert [m.id for m in got] == [f"m{i}" for i in range(82)]
+
+
 def test_a_message_replaced_in_the_middle_is_stored_and_read_back(saver: AgentWALSaver) -> None:
     chat = Chat(saver, "t")
     for i in range(6):

@@ -20,10 +20,14 @@ Caches (``_cache.py``; shared by shallow copies, which LangGraph makes in
 channel) with its element objects, so the next put serializes only new
 elements; each slot's pool (its key and element digests), so a put knows
 what the pool holds without reading it; the first elements of pools and
-each list version read. A cold slot (a new process) learns its pool from the
-version its checkpoint's parent holds, reading the pool once; a cached pool
-whose stored length differs (another process appended) is dropped and the
-commit re-run.
+each list version read. A cold slot (a new process, or a pool a concurrent
+commit dropped) learns its pool from the version its checkpoint's parent (a
+write: its checkpoint) holds, or, when that one is not saved yet (a task's
+write can land before its checkpoint, which LangGraph saves in the
+background), from the namespace's newest checkpoint, reading the pool once;
+starting a new pool there instead would make the next checkpoint append its
+whole list to it. A cached pool whose stored length differs (another process
+appended) is dropped and the commit re-run.
 
 The async methods run the sync ones in a worker thread (``asyncio.to_thread``):
 no disk I/O or fsync on the event loop.
@@ -621,7 +625,8 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
 
     def _pool_of(self, txn: agentwal.Transaction, slot: tuple[str, str, str],
                  hint: str | None) -> Pool | None:
-        """The slot's pool: cached, or learned from the version ``hint`` holds (read once)."""
+        """The slot's pool: cached, or learned from the version checkpoint ``hint`` holds
+        (read once), or failing that from the namespace's newest checkpoint's version."""
         with self._shared.lock:
             pool = self._shared.pools.get(slot)
             stale = self._shared.stale_pools.pop(slot, None) if pool is None else None
@@ -633,10 +638,26 @@ class AgentWALSaver(BaseCheckpointSaver[str]):
                     pool = self._shared.pools.setdefault(slot, pool)
                 self._shared.remember_pool_elements(txn.run, stale, grown)
                 return pool
-        if pool is not None or hint is None:
+        if pool is not None:
             return pool
+        # A task's write is often saved before the checkpoint it names (LangGraph saves
+        # that in the background): the newest saved checkpoint knows the pool then. A new
+        # pool here would get the next checkpoint's whole list appended to it.
+        if hint is not None:
+            pool = self._learn_pool(txn, slot, hint)
+        if pool is None:
+            head = txn.get(L.head_key(slot[1]))
+            if isinstance(head, str) and head != hint:
+                pool = self._learn_pool(txn, slot, head)
+        return pool
+
+    def _learn_pool(self, txn: agentwal.Transaction, slot: tuple[str, str, str], cid: str
+                    ) -> Pool | None:
+        """The pool holding checkpoint ``cid``'s version of the slot's channel, read from
+        the store and cached (with that version as the slot's last, unless the caches have
+        ones); None if ``cid`` is not stored or its version is not pooled."""
         _thread, nsid, channel = slot
-        rec = txn.get(L.checkpoint_key(nsid, hint))
+        rec = txn.get(L.checkpoint_key(nsid, cid))
         if not isinstance(rec, dict) or rec.get("ns") is None:
             return None
         version = self.serde.loads_typed(_typed(rec["cp"])).get(
