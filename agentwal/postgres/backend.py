@@ -34,17 +34,21 @@ change, so a view needs no snapshot on the server.
     COMMIT
 
 That is the *checked path*: two round trips (the lock and what is read under
-it, then the writes and COMMIT in one pipeline). A plain step (no effects to
-mark, no outbox, not a fork's first commit) takes the *one-round-trip commit*
-first: the view knows the head's hash and the live rows of the keys it read
-(``begin`` reads them with the head, in one statement), so the client builds
-the whole checkpoint assuming the head has not moved and sends BEGIN, the row
-lock, a guard and the writes and COMMIT as one pipeline. The guard, evaluated
-under the lock, checks the head, the run epoch and the lease (owner, epoch,
-not expired) and aborts the transaction, before any write, when one of them
-is not as assumed; the commit then takes the checked path, which raises the
-right error or rebases. Fencing and OCC are the same on both paths: every
-write is in the transaction that checked the lease epoch under the row lock.
+it, then the writes and COMMIT in one pipeline; the writes are one call of
+the server-side function ``write_checkpoint``, ``schema.py``). A plain step
+(no effects to mark, no outbox, not a fork's first commit) takes the
+*one-statement commit* first: the view knows the head's hash and the live
+rows of the keys it read (``begin`` reads them with the head, in one
+statement), so the client builds the whole checkpoint assuming the head has
+not moved and sends it as one call of ``commit_step`` (its own transaction).
+Its guard, evaluated under the row lock, checks the head, the run epoch and
+the lease (owner, epoch, not expired) and returns NULL, before any write,
+when one of them is not as assumed; the commit then takes the checked path,
+which raises the right error or rebases. Fencing and OCC are the same on both
+paths: every write is in the transaction that checked the lease epoch under
+the row lock. The rows travel as JSON text (byte strings in hex): psycopg
+spends its per-statement and per-parameter work once per commit, not once
+per row.
 
 A view's ``begin`` is one round trip, with the keys the caller names
 (``store.begin(run, prefetch=...)``) fetched in the same statement, append
@@ -67,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -156,17 +161,40 @@ class _Slow(Exception):
     """The one-round-trip commit was refused by its guard: take the checked path."""
 
 
-#: The one-round-trip commit's guard, under the row lock: a new commit sequence number if the
-#: run is as the view saw it and the lease is live, else an error that aborts the pipelined
-#: transaction (the cast of a column value fails at execution, never when planned).
-_GUARD = """
-SELECT CASE WHEN r.head = %(base)s AND r.run_epoch = %(repoch)s AND r.lease_owner = %(me)s
-             AND r.lease_epoch = %(lepoch)s AND r.lease_expires > clock_timestamp()
-       THEN nextval('commit_seq')
-       ELSE ('agentwal-refused: ' || coalesce(r.run, 'no run'))::bigint END
-  FROM (SELECT 1) AS one LEFT JOIN runs r ON r.run = %(run)s
-"""
-_REFUSED = "agentwal-refused: "
+#: A commit's rows (``write_checkpoint``, ``schema.py``), in the checked path's transaction.
+_WRITE = ("SELECT write_checkpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+          "%s::json, %s::json, %s::json)")
+#: A plain step's whole commit (``commit_step``): its commit sequence number, or NULL when
+#: the guard refused (nothing written).
+_COMMIT_STEP = ("SELECT commit_step(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s::json, %s::json, %s::json)")
+
+
+def _rows(delta: dict[str, bytes | None], appends: dict[str, tuple[int, int, int, bytes, int]]
+          ) -> tuple[str, str, str]:
+    """The JSON of a checkpoint's values, delta rows and blob references, as the
+    functions of ``schema.py`` take them (byte strings in hex): ``appends`` (``{key:
+    (base checkpoint, its depth, base count, tail, base length)}``, :func:`_appends`)
+    become append rows holding their tails; values over ``INLINE_MAX`` bytes are stored
+    once in ``vals`` by SHA-256."""
+    rows: list[list[Any]] = []
+    vals: dict[str, str] = {}
+    blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256).hex() for v in delta.values()
+                    if is_blob_ref(v)})
+    for key, value in delta.items():
+        app = appends.get(key)
+        stored = value if app is None else app[3]
+        vlen = None if value is None else len(value)
+        tail: list[Any] = [None, None, None, 0] if app is None else [
+            app[0], app[2], app[4], app[1] + 1]
+        if stored is None or len(stored) <= schema_mod.INLINE_MAX:
+            rows.append([key, None if stored is None else stored.hex(), None, *tail, vlen])
+        else:
+            d = hashlib.sha256(stored).hexdigest()
+            vals[d] = stored.hex()
+            rows.append([key, None, d, *tail, vlen])
+    return (json.dumps(sorted(vals.items())), json.dumps(rows, ensure_ascii=False),
+            json.dumps(blobs))
 
 
 class _Retry(Exception):
@@ -590,30 +618,24 @@ class PostgresBackend:
                      change: Change, delta: dict[str, bytes | None], digest: bytes,
                      meta_raw: bytes, token: uuid.UUID, created: float
                      ) -> tuple[int, int | None, int, bytes]:
-        """The whole commit as one pipelined transaction, sent at once (one round trip):
-        BEGIN, the run's row locked, the guard (:data:`_GUARD`: the head is still the
-        view's, the run was not deleted, the lease is this worker's, live and of the
-        view's epoch, all read under the lock), the rows, COMMIT. The checkpoint is
-        built from what the view read (the head's hash, the live rows its appends
-        extend), which the guard proves current. A refused guard aborts the
-        transaction before any write: nothing is applied and the caller takes the
-        checked path, which says why (or rebases). Returns ``(id, parent, seq, hash)``.
+        """The whole commit as one statement (one round trip, its own transaction):
+        ``commit_step`` (``schema.py``) locks the run's row, checks the guard (the head
+        is still the view's, the run was not deleted, the lease is this worker's, live
+        and of the view's epoch, all read under the lock) and writes the rows. The
+        checkpoint is built from what the view read (the head's hash, the live rows
+        its appends extend), which the guard proves current. A refused guard writes
+        nothing (``_Slow``): the caller takes the checked path, which says why (or
+        rebases). Returns ``(id, parent, seq, hash)``.
         """
         run = view.run
         cid, parent = view.base + 1, (view.base or None)
         hsh = checkpoint_hash(view.head_hash or _ZERO_HASH, run, cid, parent, created,
                               meta_raw, None, digest, None)
-        with conn.pipeline():
-            conn.execute("BEGIN")
-            conn.execute("SELECT 1 FROM runs WHERE run = %s FOR UPDATE", (run,))
-            guard = conn.execute(_GUARD, {"base": view.base, "repoch": view.epoch,
-                                          "me": self.worker_id, "lepoch": lease.epoch,
-                                          "run": run})
-            self._insert(conn, run, cid, parent, None, created, meta_raw, hsh, digest, None,
-                         None, lease.epoch, token, delta, _appends(change, view.rows))
-            conn.execute("COMMIT")
-        got = guard.fetchone()
-        assert got is not None
+        got = conn.execute(_COMMIT_STEP, (
+            run, view.base, view.epoch, self.worker_id, lease.epoch, created, meta_raw, hsh,
+            digest, token, *_rows(delta, _appends(change, view.rows)))).fetchone()
+        if got is None or got[0] is None:
+            raise _Slow  # the guard refused: nothing was written
         return cid, parent, int(got[0]), hsh
 
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
@@ -672,9 +694,6 @@ class PostgresBackend:
                 if not conn.closed:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
-                if fast and isinstance(exc, psycopg.errors.InvalidTextRepresentation) and (
-                        _REFUSED in str(exc)):
-                    raise _Slow from None  # the guard refused: nothing was applied
                 if isinstance(exc, LeaseLostError):
                     self.leases.forget(lease, "the server refused the lease")
                 if isinstance(exc, (psycopg.errors.SerializationFailure,
@@ -813,52 +832,16 @@ class PostgresBackend:
             raise ConflictError(run, key if key in keys else None)
 
     def _insert(self, conn: psycopg.Connection[Any], run: str, cid: int, parent: int | None,
-                seq: int | None, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
+                seq: int, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
                 outbox: bytes | None, origin: tuple[str, int] | None, epoch: int,
                 token: uuid.UUID, delta: dict[str, bytes | None],
                 appends: dict[str, tuple[int, int, int, bytes, int]]) -> None:
-        """The checkpoint's rows; a key in ``appends`` (``{key: (base checkpoint, depth,
-        base count, tail, base length)}``) gets an append row holding its tail only."""
-        rows: list[tuple[Any, ...]] = []
-        vals: dict[bytes, bytes] = {}
-        blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256) for v in delta.values()
-                        if is_blob_ref(v)})
-        for key, value in delta.items():
-            app = appends.get(key)
-            stored = value if app is None else app[3]
-            row: tuple[Any, ...] = (None, None, None, 0) if app is None else (
-                app[0], app[2], app[4], app[1] + 1)
-            vlen = None if value is None else len(value)
-            if stored is None or len(stored) <= schema_mod.INLINE_MAX:
-                rows.append((run, cid, key, stored, None, *row, vlen))
-            else:
-                d = hashlib.sha256(stored).digest()
-                vals[d] = stored
-                rows.append((run, cid, key, None, d, *row, vlen))
-        with conn.cursor() as cur:
-            if vals:  # in digest order: two commits never lock vals rows in opposite orders
-                cur.executemany("INSERT INTO vals (digest, data) VALUES (%s, %s) "
-                                "ON CONFLICT (digest) DO NOTHING", sorted(vals.items()))
-            cur.execute(  # seq None: the number the guard just took, in this session
-                "INSERT INTO checkpoints (run, id, parent, seq, created_at, meta, hash, "
-                "delta_digest, outbox, origin_run, origin_id, lease_epoch, commit_token) "
-                "VALUES (%s, %s, %s, " + ("currval('commit_seq')" if seq is None else "%s")
-                + ", %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (run, cid, parent, *(() if seq is None else (seq,)), created, meta_raw, hsh,
-                 digest, outbox, origin[0] if origin else None, origin[1] if origin else None,
-                 epoch, token))
-            if rows:  # the keys' previous rows stop being live at this checkpoint (a
-                # statement per key: a lookup in deltas_live each, never a scan of the run)
-                cur.executemany("UPDATE deltas SET until = %s WHERE run = %s AND key = %s "
-                                "AND until IS NULL", [(cid, run, r[2]) for r in rows])
-                cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest, base, "
-                                "base_count, base_len, depth, vlen) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
-            if blobs:  # the foreign key fails the commit if a blob is gone
-                cur.executemany("INSERT INTO delta_blobs (run, ckpt, sha256) "
-                                "VALUES (%s, %s, %s)", [(run, cid, b) for b in blobs])
-            cur.execute("UPDATE runs SET head = %s, head_hash = %s, steals = 0 WHERE run = %s",
-                        (cid, hsh, run))
+        """The checkpoint's rows, in the caller's transaction: one statement
+        (``write_checkpoint``, ``schema.py``); a key in ``appends`` (:func:`_appends`)
+        gets an append row holding its tail only."""
+        conn.execute(_WRITE, (run, cid, parent, seq, created, meta_raw, hsh, digest, outbox,
+                              origin[0] if origin else None, origin[1] if origin else None,
+                              epoch, token, *_rows(delta, appends)))
 
     def _mark_effects(self, conn: psycopg.Connection[Any], keys: tuple[str, ...],
                       cid: int) -> None:
