@@ -53,6 +53,9 @@ per row.
 A view's ``begin`` is one round trip, with the keys the caller names
 (``store.begin(run, prefetch=...)``) fetched in the same statement, append
 chains included; so a step that reads only those keys costs two round trips.
+A list this worker appended to or read at a head (``held.py``) is named in
+that statement with the row it holds, and comes back without its value or
+chain while that row is still the live one.
 
 Anything refused rolls back, so nothing is applied. The checkpoint hash is
 ``codec.checkpoint_hash`` over the parent's hash and the delta with keys in
@@ -123,6 +126,7 @@ from ..types import Checkpoint
 from . import schema as schema_mod
 from .blobs import PgBlobs
 from .db import Db, session_gone
+from .held import Held
 from .leases import Lease, Leases
 
 __all__ = ["Change", "EffectRace", "PgView", "PostgresBackend"]
@@ -131,6 +135,8 @@ _ZERO_HASH = bytes(32)
 _CKPT_COLS = "run, id, parent, seq, created_at, meta, hash, origin_run, origin_id"
 #: Retries of a commit the server aborted as a serialization failure or deadlock.
 _RETRIES = 3
+#: Bytes of values a backend keeps to spare ``begin`` fetching them again (``held.py``).
+_HELD_BYTES = 16 << 20
 
 
 def _successor(prefix: str) -> str | None:
@@ -261,29 +267,34 @@ def _appends(change: Change, live: dict[str, tuple[int, int, int | None]]
 
 
 #: One statement (one snapshot): the run's head, its run epoch and hash, and the live rows of
-#: the keys ``%(keys)s`` with every row of the append chains behind them (``top`` marks the
-#: live row). A run without a row gives no row; a run with no such key, one row of NULLs.
-#: Every row is found by a lookup on a whole unique index (``LATERAL ... OFFSET 0``: a
-#: subquery per key the planner cannot flatten into a scan of the run's rows, as it did for
-#: ``key = ANY(...)`` on a table whose statistics lagged its growth: a cost per step linear
-#: in the run's live keys).
+#: the keys ``%(keys)s`` (JSON: ``[{"key": k, "have": checkpoint, "epoch": run epoch}, ...]``,
+#: ``have`` and ``epoch`` naming the row whose value the client holds, ``held.py``) with
+#: every row of the append chains behind them (``top`` marks the live row). A live row that
+#: is the one the client holds comes without its value and without its chain (``held``). A
+#: run without a row gives no row; a run with no such key, one row of NULLs. Every row is
+#: found by a lookup on a whole unique index (``LATERAL ... OFFSET 0``: a subquery per key
+#: the planner cannot flatten into a scan of the run's rows, as it did for ``key = ANY(...)``
+#: on a table whose statistics lagged its growth: a cost per step linear in the run's live
+#: keys).
 _AT_HEAD = """
 WITH RECURSIVE h AS (SELECT head, run_epoch, head_hash FROM runs WHERE run = %(run)s),
 s AS (
   SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest, d.depth, d.vlen,
-         true AS top
-    FROM h, unnest(%(keys)s::text[]) AS k(key),
+         true AS top, coalesce(d.ckpt = k.have AND h.run_epoch = k.epoch, false) AS held
+    FROM h, json_to_recordset(%(keys)s::json) AS k(key text, have bigint, epoch bigint),
          LATERAL (SELECT * FROM deltas WHERE run = %(run)s AND key = k.key AND until IS NULL
                   OFFSET 0) d
   UNION ALL
   SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest, d.depth, d.vlen,
-         false
+         false, false
     FROM s, LATERAL (SELECT * FROM deltas WHERE run = %(run)s AND ckpt = s.base
-                       AND key = s.key OFFSET 0) d)
+                       AND key = s.key OFFSET 0) d
+   WHERE NOT s.held)
 SELECT h.head, h.run_epoch, h.head_hash, s.key, s.ckpt, s.base, s.base_count, s.base_len,
-       s.inline, v.data, s.depth, s.vlen, s.top
+       CASE WHEN s.held THEN NULL ELSE s.inline END, v.data, s.depth, s.vlen, s.top, s.held
   FROM h LEFT JOIN s ON true
-  LEFT JOIN LATERAL (SELECT data FROM vals WHERE digest = s.digest OFFSET 0) v ON true
+  LEFT JOIN LATERAL (SELECT data FROM vals WHERE digest = s.digest AND NOT s.held OFFSET 0) v
+    ON true
 """
 
 def rebuild(run: str, rows: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]],
@@ -368,6 +379,8 @@ class PostgresBackend:
             raise
         self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
         self.blobs = PgBlobs(self.db, self.name)
+        #: values of append chains this worker wrote or read at a head (``held.py``)
+        self.held = Held(_HELD_BYTES, min_bytes=schema_mod.INLINE_MAX)
         self.closed = False
         #: why it is closed when not by close() (a forked child's)
         self.closed_why: str | None = None
@@ -421,7 +434,11 @@ class PostgresBackend:
                 base, epoch, hsh = (int(row[0]), int(row[1]), bytes(row[2] or b"")
                                     ) if row is not None else (0, 0, b"")
                 return PgView(run, base, epoch, fence, head_hash=hsh)
-            rows = conn.execute(_AT_HEAD, {"run": run, "keys": sorted(set(keys))}).fetchall()
+            wanted = sorted(set(keys))
+            held = self.held.get(run, wanted)
+            rows = conn.execute(_AT_HEAD, {"run": run, "keys": json.dumps(
+                [{"key": k, "have": held[k][1], "epoch": held[k][0]} if k in held else {"key": k}
+                 for k in wanted], ensure_ascii=False)}).fetchall()
         if not rows:
             return PgView(run, 0, 0, fence, known=dict.fromkeys(keys))
         view = PgView(run, int(rows[0][0]), int(rows[0][1]), fence,
@@ -429,19 +446,26 @@ class PostgresBackend:
         chains: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]] = {}
         appended: list[tuple[str, int]] = []
         view.known.update(dict.fromkeys(keys))
-        for _h, _e, _x, k, ckpt, base, count, length, inline, data, depth, vlen, top in rows:
+        for _h, _e, _x, k, ckpt, base, count, length, inline, data, depth, vlen, top, kept in rows:
             if k is None:
+                continue
+            if top:
+                view.rows[k] = (int(ckpt), int(depth), None if vlen is None else int(vlen))
+            if kept:  # the row whose value this worker holds: sent without it
+                view.known[k] = held[k][2]
                 continue
             value = _value(inline, data)
             chains[(str(k), int(ckpt))] = (base, count, length, value)
             if not top:
                 continue
-            view.rows[k] = (int(ckpt), int(depth), None if vlen is None else int(vlen))
             if base is None:
                 view.known[k] = value
             else:
                 appended.append((k, int(ckpt)))
-        view.known.update(rebuild(run, chains, appended, self.name))
+        fetched = rebuild(run, chains, appended, self.name)
+        view.known.update(fetched)
+        for k, ckpt in appended:
+            self.held.put(run, view.epoch, ckpt, {k: fetched[k]})
         return view
 
     def read_value(self, view: PgView, key: str) -> bytes | None:
@@ -593,8 +617,12 @@ class PostgresBackend:
         fast = self._fast(view, change)
         for attempt in range(_RETRIES + 1):
             try:
-                return self._commit_once(view, lease, change, delta, digest, meta_raw,
+                done = self._commit_once(view, lease, change, delta, digest, meta_raw,
                                          deferred, token, created, fast=fast)
+                # The lists it appended to are likely read by the run's next step.
+                self.held.put(view.run, view.epoch, done.id,
+                              {k: delta[k] for k in change.appends if k in delta})
+                return done
             except _Slow:
                 fast = False
                 continue
