@@ -126,7 +126,7 @@ from ..types import Checkpoint
 from . import schema as schema_mod
 from .blobs import PgBlobs
 from .db import Db, session_gone
-from .held import Held
+from .held import Heads, Held
 from .leases import Lease, Leases
 
 __all__ = ["Change", "EffectRace", "PgView", "PostgresBackend"]
@@ -381,6 +381,8 @@ class PostgresBackend:
         self.blobs = PgBlobs(self.db, self.name)
         #: values of append chains this worker wrote or read at a head (``held.py``)
         self.held = Held(_HELD_BYTES, min_bytes=schema_mod.INLINE_MAX)
+        #: the heads of the runs this worker holds the lease of, as it knows them
+        self.heads = Heads()
         self.closed = False
         #: why it is closed when not by close() (a forked child's)
         self.closed_why: str | None = None
@@ -424,28 +426,43 @@ class PostgresBackend:
             ReadOnlyError, StoreClosedError, BackendUnavailableError.
         """
         fence = None
+        wanted = sorted(set(keys))
         if lease:
             self._writable()
             fence = self.leases.ensure(run)
+            known = self.heads.view(run, fence.epoch, wanted)
+            if known is not None:  # no round trip (held.py: the head as this worker knows it)
+                return PgView(run, known.head, known.run_epoch, fence,
+                              known={k: v for k, (v, _row) in known.keys.items()},
+                              head_hash=known.head_hash,
+                              rows={k: row for k, (_v, row) in known.keys.items()
+                                    if row is not None})
+        view = self._begin(run, fence, wanted)
+        if fence is not None and view.base:
+            self.heads.learn(run, fence.epoch, view.epoch, view.base, view.head_hash,
+                             {k: (view.known[k], view.rows.get(k)) for k in wanted})
+        return view
+
+    def _begin(self, run: str, fence: Lease | None, wanted: list[str]) -> PgView:
+        """:meth:`begin`'s view read from the server: the head and the keys ``wanted``."""
         with self._conn() as conn:
-            if not keys:
+            if not wanted:
                 row = conn.execute("SELECT head, run_epoch, head_hash FROM runs WHERE run = %s",
                                    (run,)).fetchone()
                 base, epoch, hsh = (int(row[0]), int(row[1]), bytes(row[2] or b"")
                                     ) if row is not None else (0, 0, b"")
                 return PgView(run, base, epoch, fence, head_hash=hsh)
-            wanted = sorted(set(keys))
             held = self.held.get(run, wanted)
             rows = conn.execute(_AT_HEAD, {"run": run, "keys": json.dumps(
                 [{"key": k, "have": held[k][1], "epoch": held[k][0]} if k in held else {"key": k}
                  for k in wanted], ensure_ascii=False)}).fetchall()
         if not rows:
-            return PgView(run, 0, 0, fence, known=dict.fromkeys(keys))
+            return PgView(run, 0, 0, fence, known=dict.fromkeys(wanted))
         view = PgView(run, int(rows[0][0]), int(rows[0][1]), fence,
                       head_hash=bytes(rows[0][2] or b""))
         chains: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]] = {}
         appended: list[tuple[str, int]] = []
-        view.known.update(dict.fromkeys(keys))
+        view.known.update(dict.fromkeys(wanted))
         for _h, _e, _x, k, ckpt, base, count, length, inline, data, depth, vlen, top, kept in rows:
             if k is None:
                 continue
@@ -617,21 +634,44 @@ class PostgresBackend:
         fast = self._fast(view, change)
         for attempt in range(_RETRIES + 1):
             try:
-                done = self._commit_once(view, lease, change, delta, digest, meta_raw,
-                                         deferred, token, created, fast=fast)
-                # The lists it appended to are likely read by the run's next step.
-                self.held.put(view.run, view.epoch, done.id,
-                              {k: delta[k] for k in change.appends if k in delta})
-                return done
+                done, appends = self._commit_once(view, lease, change, delta, digest,
+                                                  meta_raw, deferred, token, created, fast=fast)
             except _Slow:
                 fast = False
                 continue
             except _Retry:
                 if attempt == _RETRIES:
+                    self.heads.forget(view.run)
                     raise ConflictError(view.run, reason=(
                         "the server kept aborting the commit as a serialization failure; "
                         "nothing was applied. Retry the step.")) from None
+                continue
+            except BaseException:
+                self.heads.forget(view.run)
+                raise
+            self._remember(view, lease, done, delta, appends)
+            return done
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _remember(self, view: PgView, lease: Lease, done: Checkpoint,
+                  delta: dict[str, bytes | None],
+                  appends: dict[str, tuple[int, int, int, bytes, int]] | None) -> None:
+        """After committing ``done``: the lists it appended to (likely read by the run's
+        next step) are held, and the run's known head moves to it (``held.py``); with
+        ``appends`` None (the rows it wrote are not known: a commit resolved after a lost
+        reply) the known head is dropped."""
+        self.held.put(view.run, view.epoch, done.id,
+                      {k: v for k, v in delta.items() if appends and k in appends})
+        if appends is None:
+            self.heads.forget(view.run)
+            return
+        rows: dict[str, tuple[bytes | None, tuple[int, int, int | None] | None]] = {}
+        for key, value in delta.items():
+            app = appends.get(key)
+            rows[key] = (value, (done.id, 0 if app is None else app[1] + 1,
+                                 None if value is None else len(value)))
+        self.heads.advance(view.run, lease.epoch, view.epoch, done.id,
+                           bytes.fromhex(done.hash), rows)
 
     @staticmethod
     def _fast(view: PgView, change: Change) -> bool:
@@ -643,8 +683,9 @@ class PostgresBackend:
                 and not failpoints.armed("pg_commit_before_commit"))
 
     def _commit_fast(self, conn: psycopg.Connection[Any], view: PgView, lease: Lease,
-                     change: Change, delta: dict[str, bytes | None], digest: bytes,
-                     meta_raw: bytes, token: uuid.UUID, created: float
+                     delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
+                     token: uuid.UUID, created: float,
+                     appends: dict[str, tuple[int, int, int, bytes, int]]
                      ) -> tuple[int, int | None, int, bytes]:
         """The whole commit as one statement (one round trip, its own transaction):
         ``commit_step`` (``schema.py``) locks the run's row, checks the guard (the head
@@ -661,7 +702,7 @@ class PostgresBackend:
                               meta_raw, None, digest, None)
         got = conn.execute(_COMMIT_STEP, (
             run, view.base, view.epoch, self.worker_id, lease.epoch, created, meta_raw, hsh,
-            digest, token, *_rows(delta, _appends(change, view.rows)))).fetchone()
+            digest, token, *_rows(delta, appends))).fetchone()
         if got is None or got[0] is None:
             raise _Slow  # the guard refused: nothing was written
         return cid, parent, int(got[0]), hsh
@@ -669,7 +710,10 @@ class PostgresBackend:
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
                      delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
                      deferred: list[Deferred], token: uuid.UUID,
-                     created_at: float | None, *, fast: bool = False) -> Checkpoint:
+                     created_at: float | None, *, fast: bool = False
+                     ) -> tuple[Checkpoint, dict[str, tuple[int, int, int, bytes, int]] | None]:
+        """One attempt at the commit: the checkpoint, and the appends it stored as append
+        rows (None: not known, the commit was resolved after its reply was lost)."""
         run = view.run
         committing = False
         with self._conn() as conn:
@@ -677,11 +721,12 @@ class PostgresBackend:
                 if fast:
                     created = time.time() if created_at is None else created_at
                     committing = True  # everything is sent at once
-                    cid, parent, seq, hsh = self._commit_fast(conn, view, lease, change, delta,
-                                                              digest, meta_raw, token, created)
+                    appends = _appends(change, view.rows)
+                    cid, parent, seq, hsh = self._commit_fast(conn, view, lease, delta, digest,
+                                                              meta_raw, token, created, appends)
                     failpoints.hit("pg_commit_after_commit")
                     return Checkpoint(run, cid, parent, seq, created, decode_meta(meta_raw),
-                                      hsh.hex(), None)
+                                      hsh.hex(), None), appends
                 with conn.pipeline():  # BEGIN, the row lock (and live rows): one round trip
                     conn.execute("BEGIN")
                     row, live = self._lock_fenced(conn, run, lease, seq=True,
@@ -704,10 +749,10 @@ class PostgresBackend:
                 self._mark_effects(conn, change.effects, cid)
                 failpoints.hit("pg_commit_before_commit")
                 committing = True  # from here a lost session leaves the outcome to resolve
+                appends = _appends(change, live)
                 with conn.pipeline():  # the writes and COMMIT: one round trip
                     self._insert(conn, run, cid, parent, seq, created, meta_raw, hsh, digest,
-                                 outbox, change.origin, lease.epoch, token, delta,
-                                 _appends(change, live))
+                                 outbox, change.origin, lease.epoch, token, delta, appends)
                     for entry in outbox_entries(self.store_id, run, cid, created, seq,
                                                 deferred, view.epoch):
                         conn.execute(
@@ -718,7 +763,7 @@ class PostgresBackend:
                 failpoints.hit("pg_commit_after_commit")
             except BaseException as exc:
                 if committing and session_gone(exc, conn):
-                    return self._resolve(run, token, exc)
+                    return self._resolve(run, token, exc), None
                 if not conn.closed:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
@@ -738,7 +783,7 @@ class PostgresBackend:
                         ) from None
                 raise
         meta = decode_meta(meta_raw)
-        return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+        return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin), appends
 
     def _hold_origin(self, conn: psycopg.Connection[Any], run: str, cid: int) -> None:
         """In a fork's commit: keep a compaction of the origin run out, and check the origin.
@@ -972,6 +1017,7 @@ class PostgresBackend:
         """
         self._writable()
         lease = self.leases.ensure(run)
+        self.heads.forget(run)
         with self._conn() as conn:
             try:
                 conn.execute("BEGIN")
@@ -995,6 +1041,8 @@ class PostgresBackend:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
                 raise
+            finally:  # and what a begin learned meanwhile, before the deletion committed
+                self.heads.forget(run)
 
     # -- the effects ledger ----------------------------------------------------------
 

@@ -17,8 +17,24 @@ rarely but are read on every step, above all a list stored as an append
 chain (LangGraph's message pool chunk), whose rows would otherwise be fetched
 and joined on every ``begin``. Only values over ``schema.INLINE_MAX`` bytes
 are kept (smaller ones travel in the row anyway); the whole is bounded by
-bytes, least recently used out first. Thread-safe; nothing here talks to the
-server.
+bytes, least recently used out first.
+
+:class:`Heads` goes further for the runs whose lease the worker holds: while
+it holds a run's lease under one epoch, no other worker can commit to the run
+(every write is fenced by that epoch), so the run's head moves only by this
+worker's own commits, and the worker can know the head (id and hash) and the
+values of the keys it fetched there or wrote since. A ``begin`` that names
+only such keys then needs no round trip: its view is the head as known, a real
+checkpoint whose values are those held. If the worker is wrong about the head
+(two of its threads committing to one run, or a lease that was lost), the
+commit's guard finds the head or the lease not as assumed and the commit
+takes the checked path, which rebases or refuses as for any view behind the
+head: the view was a consistent snapshot of a real checkpoint all along.
+Entries are tied to the lease epoch they were learned under, dropped when a
+commit fails or the run is deleted, and bounded per run (keys, bytes) and in
+number of runs.
+
+Thread-safe; nothing here talks to the server.
 """
 
 from __future__ import annotations
@@ -26,8 +42,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
-__all__ = ["Held"]
+__all__ = ["Heads", "Held", "Row"]
+
+#: A key's live delta row at a head: ``(checkpoint, depth, value length)``, as
+#: ``backend.PgView.rows`` holds it; None for a key that has none.
+Row = tuple[int, int, int | None] | None
 
 
 class Held:
@@ -66,3 +87,99 @@ class Held:
             while self._bytes > self.max_bytes:
                 _, (_e, _c, gone) = self._entries.popitem(last=False)
                 self._bytes -= len(gone)
+
+
+@dataclass(slots=True)
+class _AtHead:
+    """What a worker knows of one run at its head, under lease epoch ``lease_epoch``."""
+
+    lease_epoch: int
+    run_epoch: int
+    head: int
+    head_hash: bytes
+    #: ``{key: (value, live row)}``, oldest first
+    keys: OrderedDict[str, tuple[bytes | None, Row]] = field(default_factory=OrderedDict)
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A run's head as known without asking: ``keys`` is ``{key: (value, live row)}``."""
+
+    run_epoch: int
+    head: int
+    head_hash: bytes
+    keys: dict[str, tuple[bytes | None, Row]]
+
+
+class Heads:
+    """The head of each run this worker holds the lease of, with the values it knows there
+    (module doc), at most ``max_keys`` keys and ``max_bytes`` of values per run and
+    ``max_runs`` runs."""
+
+    def __init__(self, *, max_runs: int = 256, max_keys: int = 512,
+                 max_bytes: int = 8 << 20) -> None:
+        self.max_runs, self.max_keys, self.max_bytes = max_runs, max_keys, max_bytes
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[str, _AtHead] = OrderedDict()
+
+    def view(self, run: str, lease_epoch: int, keys: Iterable[str]) -> Known | None:
+        """The head of ``run`` and the ``keys`` there, if known under ``lease_epoch`` and
+        every one of ``keys`` is known; else None (ask the server)."""
+        with self._lock:
+            at = self._runs.get(run)
+            if at is None or at.lease_epoch != lease_epoch:
+                return None
+            got = {}
+            for key in keys:
+                entry = at.keys.get(key)
+                if entry is None:
+                    return None
+                got[key] = entry
+            self._runs.move_to_end(run)
+            return Known(at.run_epoch, at.head, at.head_hash, got)
+
+    def learn(self, run: str, lease_epoch: int, run_epoch: int, head: int, head_hash: bytes,
+              found: Mapping[str, tuple[bytes | None, Row]]) -> None:
+        """``found`` (``{key: (value, live row)}``) was read from the server at ``head``."""
+        with self._lock:
+            at = self._runs.get(run)
+            if at is None or (at.lease_epoch, at.run_epoch, at.head) != (
+                    lease_epoch, run_epoch, head):
+                at = self._runs[run] = _AtHead(lease_epoch, run_epoch, head, head_hash)
+            self._add(at, found)
+            self._runs.move_to_end(run)
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+
+    def advance(self, run: str, lease_epoch: int, run_epoch: int, head: int, head_hash: bytes,
+                written: Mapping[str, tuple[bytes | None, Row]]) -> None:
+        """This worker committed checkpoint ``head`` writing ``written``; what is known of
+        the run moves with it if it was known at ``head - 1``, and is dropped otherwise."""
+        with self._lock:
+            at = self._runs.get(run)
+            if at is None:
+                return
+            if (at.lease_epoch, at.run_epoch, at.head) != (lease_epoch, run_epoch, head - 1):
+                del self._runs[run]
+                return
+            at.head, at.head_hash = head, head_hash
+            self._add(at, written)
+
+    def forget(self, run: str) -> None:
+        """Drop what is known of ``run`` (a failed commit, a deletion)."""
+        with self._lock:
+            self._runs.pop(run, None)
+
+    def _add(self, at: _AtHead, entries: Mapping[str, tuple[bytes | None, Row]]) -> None:
+        for key, entry in entries.items():
+            old = at.keys.pop(key, None)
+            if old is not None and old[0] is not None:
+                at.size -= len(old[0])
+            at.keys[key] = entry
+            if entry[0] is not None:
+                at.size += len(entry[0])
+        while at.keys and (len(at.keys) > self.max_keys or at.size > self.max_bytes):
+            _key, (value, _row) = at.keys.popitem(last=False)
+            if value is not None:
+                at.size -= len(value)
