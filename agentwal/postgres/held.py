@@ -141,9 +141,13 @@ class Heads:
 
     def learn(self, run: str, lease_epoch: int, run_epoch: int, head: int, head_hash: bytes,
               found: Mapping[str, tuple[bytes | None, Row]]) -> None:
-        """``found`` (``{key: (value, live row)}``) was read from the server at ``head``."""
+        """``found`` (``{key: (value, live row)}``) was read from the server at ``head``
+        (ignored if this worker already knows a later head: its own commit since)."""
         with self._lock:
             at = self._runs.get(run)
+            if at is not None and (at.lease_epoch, at.run_epoch) == (lease_epoch, run_epoch
+                                                                     ) and at.head > head:
+                return
             if at is None or (at.lease_epoch, at.run_epoch, at.head) != (
                     lease_epoch, run_epoch, head):
                 at = self._runs[run] = _AtHead(lease_epoch, run_epoch, head, head_hash)

@@ -224,6 +224,8 @@ def test_heads_know_a_run_under_one_lease_epoch_with_every_key_asked() -> None:
     heads.learn("r", 7, 0, 9, b"h9", {"a": (b"4", _row(9))})
     heads.learn("r", 7, 0, 10, b"h10", {"b": (b"5", _row(10))})  # a new head: "a" unknown
     assert heads.view("r", 7, ["a"]) is None
+    heads.learn("r", 7, 0, 9, b"h9", {"a": (b"4", _row(9))})  # read before 10 committed
+    assert heads.view("r", 7, ["b"]) == Known(0, 10, b"h10", {"b": (b"5", _row(10))})
     heads.forget("r")
     assert heads.view("r", 7, []) is None
 
