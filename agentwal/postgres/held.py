@@ -16,8 +16,8 @@ What it saves is the transfer and the client's work for values that change
 rarely but are read on every step, above all a list stored as an append
 chain (LangGraph's message pool chunk), whose rows would otherwise be fetched
 and joined on every ``begin``. Only values over ``schema.INLINE_MAX`` bytes
-are kept (smaller ones travel in the row anyway); the whole is bounded by
-bytes, least recently used out first.
+are kept (smaller ones travel in the row anyway), and none over a sixteenth
+of the bound; the whole is bounded by bytes, least recently used out first.
 
 :class:`Heads` goes further for the runs whose lease the worker holds: while
 it holds a run's lease under one epoch, no other worker can commit to the run
@@ -32,7 +32,11 @@ takes the checked path, which rebases or refuses as for any view behind the
 head: the view was a consistent snapshot of a real checkpoint all along.
 Entries are tied to the lease epoch they were learned under, dropped when a
 commit fails or the run is deleted, and bounded per run (keys, bytes) and in
-number of runs.
+number of runs. A compaction (any worker's, no lease needed) may store a live
+append row whole meanwhile: its value and checkpoint stay, only its chain
+depth drops to 0, so the depth known here is then too high, which only makes
+the next append start a new chain earlier (``history.MAX_CHAIN``), as for a
+view begun before the compaction.
 
 Thread-safe; nothing here talks to the server.
 """
@@ -44,7 +48,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Heads", "Held", "Row"]
+__all__ = ["Heads", "Held", "Known", "Row"]
 
 #: A key's live delta row at a head: ``(checkpoint, depth, value length)``, as
 #: ``backend.PgView.rows`` holds it; None for a key that has none.
