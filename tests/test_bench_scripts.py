@@ -54,11 +54,16 @@ PG_SCRIPTS = [
      "agentwal / PostgresSaver"),
     ("saver_cpu.py", ["--threads", "2", "--steps", "3", "--warm", "2", "--postgres"],
      "AgentWALSaver (PostgreSQL) "),
+    ("saver_ab.py", [str(BENCH.parent), str(BENCH.parent), "--pairs", "1", "--threads", "2",
+                     "--steps", "2", "--warm", "2", "--postgres-saver"],
+     "B / PostgresSaver steps/s per pair"),
+    ("saver_ab.py", [str(BENCH.parent), str(BENCH.parent), "--pairs", "1", "--steps", "2",
+                     "--warm", "2", "--cpu"], "server_ms: A median"),
 ]
 
 #: the scripts that need the langgraph extra
 _LANGGRAPH = {"langgraph_compare.py", "langgraph_pages.py", "langgraph_postgres_compare.py",
-              "saver_cpu.py"}
+              "saver_cpu.py", "saver_ab.py"}
 
 
 @pytest.mark.parametrize(("script", "args", "says"), SCRIPTS, ids=[s[0] for s in SCRIPTS])

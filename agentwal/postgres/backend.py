@@ -34,21 +34,28 @@ change, so a view needs no snapshot on the server.
     COMMIT
 
 That is the *checked path*: two round trips (the lock and what is read under
-it, then the writes and COMMIT in one pipeline). A plain step (no effects to
-mark, no outbox, not a fork's first commit) takes the *one-round-trip commit*
-first: the view knows the head's hash and the live rows of the keys it read
-(``begin`` reads them with the head, in one statement), so the client builds
-the whole checkpoint assuming the head has not moved and sends BEGIN, the row
-lock, a guard and the writes and COMMIT as one pipeline. The guard, evaluated
-under the lock, checks the head, the run epoch and the lease (owner, epoch,
-not expired) and aborts the transaction, before any write, when one of them
-is not as assumed; the commit then takes the checked path, which raises the
-right error or rebases. Fencing and OCC are the same on both paths: every
-write is in the transaction that checked the lease epoch under the row lock.
+it, then the writes and COMMIT in one pipeline; the writes are one call of
+the server-side function ``write_checkpoint``, ``schema.py``). A plain step
+(no effects to mark, no outbox, not a fork's first commit) takes the
+*one-statement commit* first: the view knows the head's hash and the live
+rows of the keys it read (``begin`` reads them with the head, in one
+statement), so the client builds the whole checkpoint assuming the head has
+not moved and sends it as one call of ``commit_step`` (its own transaction).
+Its guard, evaluated under the row lock, checks the head, the run epoch and
+the lease (owner, epoch, not expired) and returns NULL, before any write,
+when one of them is not as assumed; the commit then takes the checked path,
+which raises the right error or rebases. Fencing and OCC are the same on both
+paths: every write is in the transaction that checked the lease epoch under
+the row lock. The rows travel as JSON text (byte strings in hex): psycopg
+spends its per-statement and per-parameter work once per commit, not once
+per row.
 
 A view's ``begin`` is one round trip, with the keys the caller names
 (``store.begin(run, prefetch=...)``) fetched in the same statement, append
 chains included; so a step that reads only those keys costs two round trips.
+A list this worker appended to or read at a head (``held.py``) is named in
+that statement with the row it holds, and comes back without its value or
+chain while that row is still the live one.
 
 Anything refused rolls back, so nothing is applied. The checkpoint hash is
 ``codec.checkpoint_hash`` over the parent's hash and the delta with keys in
@@ -67,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -118,6 +126,7 @@ from ..types import Checkpoint
 from . import schema as schema_mod
 from .blobs import PgBlobs
 from .db import Db, session_gone
+from .held import Heads, Held
 from .leases import Lease, Leases
 
 __all__ = ["Change", "EffectRace", "PgView", "PostgresBackend"]
@@ -126,6 +135,8 @@ _ZERO_HASH = bytes(32)
 _CKPT_COLS = "run, id, parent, seq, created_at, meta, hash, origin_run, origin_id"
 #: Retries of a commit the server aborted as a serialization failure or deadlock.
 _RETRIES = 3
+#: Bytes of values a backend keeps to spare ``begin`` fetching them again (``held.py``).
+_HELD_BYTES = 16 << 20
 
 
 def _successor(prefix: str) -> str | None:
@@ -156,17 +167,40 @@ class _Slow(Exception):
     """The one-round-trip commit was refused by its guard: take the checked path."""
 
 
-#: The one-round-trip commit's guard, under the row lock: a new commit sequence number if the
-#: run is as the view saw it and the lease is live, else an error that aborts the pipelined
-#: transaction (the cast of a column value fails at execution, never when planned).
-_GUARD = """
-SELECT CASE WHEN r.head = %(base)s AND r.run_epoch = %(repoch)s AND r.lease_owner = %(me)s
-             AND r.lease_epoch = %(lepoch)s AND r.lease_expires > clock_timestamp()
-       THEN nextval('commit_seq')
-       ELSE ('agentwal-refused: ' || coalesce(r.run, 'no run'))::bigint END
-  FROM (SELECT 1) AS one LEFT JOIN runs r ON r.run = %(run)s
-"""
-_REFUSED = "agentwal-refused: "
+#: A commit's rows (``write_checkpoint``, ``schema.py``), in the checked path's transaction.
+_WRITE = ("SELECT write_checkpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+          "%s::json, %s::json, %s::json)")
+#: A plain step's whole commit (``commit_step``): its commit sequence number, or NULL when
+#: the guard refused (nothing written).
+_COMMIT_STEP = ("SELECT commit_step(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s::json, %s::json, %s::json)")
+
+
+def _rows(delta: dict[str, bytes | None], appends: dict[str, tuple[int, int, int, bytes, int]]
+          ) -> tuple[str, str, str]:
+    """The JSON of a checkpoint's values, delta rows and blob references, as the
+    functions of ``schema.py`` take them (byte strings in hex): ``appends`` (``{key:
+    (base checkpoint, its depth, base count, tail, base length)}``, :func:`_appends`)
+    become append rows holding their tails; values over ``INLINE_MAX`` bytes are stored
+    once in ``vals`` by SHA-256."""
+    rows: list[list[Any]] = []
+    vals: dict[str, str] = {}
+    blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256).hex() for v in delta.values()
+                    if is_blob_ref(v)})
+    for key, value in delta.items():
+        app = appends.get(key)
+        stored = value if app is None else app[3]
+        vlen = None if value is None else len(value)
+        tail: list[Any] = [None, None, None, 0] if app is None else [
+            app[0], app[2], app[4], app[1] + 1]
+        if stored is None or len(stored) <= schema_mod.INLINE_MAX:
+            rows.append([key, None if stored is None else stored.hex(), None, *tail, vlen])
+        else:
+            d = hashlib.sha256(stored).hexdigest()
+            vals[d] = stored.hex()
+            rows.append([key, None, d, *tail, vlen])
+    return (json.dumps(sorted(vals.items())), json.dumps(rows, ensure_ascii=False),
+            json.dumps(blobs))
 
 
 class _Retry(Exception):
@@ -233,29 +267,34 @@ def _appends(change: Change, live: dict[str, tuple[int, int, int | None]]
 
 
 #: One statement (one snapshot): the run's head, its run epoch and hash, and the live rows of
-#: the keys ``%(keys)s`` with every row of the append chains behind them (``top`` marks the
-#: live row). A run without a row gives no row; a run with no such key, one row of NULLs.
-#: Every row is found by a lookup on a whole unique index (``LATERAL ... OFFSET 0``: a
-#: subquery per key the planner cannot flatten into a scan of the run's rows, as it did for
-#: ``key = ANY(...)`` on a table whose statistics lagged its growth: a cost per step linear
-#: in the run's live keys).
+#: the keys ``%(keys)s`` (JSON: ``[{"key": k, "have": checkpoint, "epoch": run epoch}, ...]``,
+#: ``have`` and ``epoch`` naming the row whose value the client holds, ``held.py``) with
+#: every row of the append chains behind them (``top`` marks the live row). A live row that
+#: is the one the client holds comes without its value and without its chain (``held``). A
+#: run without a row gives no row; a run with no such key, one row of NULLs. Every row is
+#: found by a lookup on a whole unique index (``LATERAL ... OFFSET 0``: a subquery per key
+#: the planner cannot flatten into a scan of the run's rows, as it did for ``key = ANY(...)``
+#: on a table whose statistics lagged its growth: a cost per step linear in the run's live
+#: keys).
 _AT_HEAD = """
 WITH RECURSIVE h AS (SELECT head, run_epoch, head_hash FROM runs WHERE run = %(run)s),
 s AS (
   SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest, d.depth, d.vlen,
-         true AS top
-    FROM h, unnest(%(keys)s::text[]) AS k(key),
+         true AS top, coalesce(d.ckpt = k.have AND h.run_epoch = k.epoch, false) AS held
+    FROM h, json_to_recordset(%(keys)s::json) AS k(key text, have bigint, epoch bigint),
          LATERAL (SELECT * FROM deltas WHERE run = %(run)s AND key = k.key AND until IS NULL
                   OFFSET 0) d
   UNION ALL
   SELECT d.key, d.ckpt, d.base, d.base_count, d.base_len, d.inline, d.digest, d.depth, d.vlen,
-         false
+         false, false
     FROM s, LATERAL (SELECT * FROM deltas WHERE run = %(run)s AND ckpt = s.base
-                       AND key = s.key OFFSET 0) d)
+                       AND key = s.key OFFSET 0) d
+   WHERE NOT s.held)
 SELECT h.head, h.run_epoch, h.head_hash, s.key, s.ckpt, s.base, s.base_count, s.base_len,
-       s.inline, v.data, s.depth, s.vlen, s.top
+       CASE WHEN s.held THEN NULL ELSE s.inline END, v.data, s.depth, s.vlen, s.top, s.held
   FROM h LEFT JOIN s ON true
-  LEFT JOIN LATERAL (SELECT data FROM vals WHERE digest = s.digest OFFSET 0) v ON true
+  LEFT JOIN LATERAL (SELECT data FROM vals WHERE digest = s.digest AND NOT s.held OFFSET 0) v
+    ON true
 """
 
 def rebuild(run: str, rows: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]],
@@ -340,6 +379,10 @@ class PostgresBackend:
             raise
         self.leases = Leases(self.db, worker_id, lease_ttl, max_steals)
         self.blobs = PgBlobs(self.db, self.name)
+        #: values of append chains this worker wrote or read at a head (``held.py``)
+        self.held = Held(_HELD_BYTES, min_bytes=schema_mod.INLINE_MAX)
+        #: the heads of the runs this worker holds the lease of, as it knows them
+        self.heads = Heads()
         self.closed = False
         #: why it is closed when not by close() (a forked child's)
         self.closed_why: str | None = None
@@ -383,37 +426,63 @@ class PostgresBackend:
             ReadOnlyError, StoreClosedError, BackendUnavailableError.
         """
         fence = None
+        wanted = sorted(set(keys))
         if lease:
             self._writable()
             fence = self.leases.ensure(run)
+            known = self.heads.view(run, fence.epoch, wanted)
+            if known is not None:  # no round trip (held.py: the head as this worker knows it)
+                return PgView(run, known.head, known.run_epoch, fence,
+                              known={k: v for k, (v, _row) in known.keys.items()},
+                              head_hash=known.head_hash,
+                              rows={k: row for k, (_v, row) in known.keys.items()
+                                    if row is not None})
+        view = self._begin(run, fence, wanted)
+        if fence is not None and view.base:
+            self.heads.learn(run, fence.epoch, view.epoch, view.base, view.head_hash,
+                             {k: (view.known[k], view.rows.get(k)) for k in wanted})
+        return view
+
+    def _begin(self, run: str, fence: Lease | None, wanted: list[str]) -> PgView:
+        """:meth:`begin`'s view read from the server: the head and the keys ``wanted``."""
         with self._conn() as conn:
-            if not keys:
+            if not wanted:
                 row = conn.execute("SELECT head, run_epoch, head_hash FROM runs WHERE run = %s",
                                    (run,)).fetchone()
                 base, epoch, hsh = (int(row[0]), int(row[1]), bytes(row[2] or b"")
                                     ) if row is not None else (0, 0, b"")
                 return PgView(run, base, epoch, fence, head_hash=hsh)
-            rows = conn.execute(_AT_HEAD, {"run": run, "keys": sorted(set(keys))}).fetchall()
+            held = self.held.get(run, wanted)
+            rows = conn.execute(_AT_HEAD, {"run": run, "keys": json.dumps(
+                [{"key": k, "have": held[k][1], "epoch": held[k][0]} if k in held else {"key": k}
+                 for k in wanted], ensure_ascii=False)}).fetchall()
         if not rows:
-            return PgView(run, 0, 0, fence, known=dict.fromkeys(keys))
+            return PgView(run, 0, 0, fence, known=dict.fromkeys(wanted))
         view = PgView(run, int(rows[0][0]), int(rows[0][1]), fence,
                       head_hash=bytes(rows[0][2] or b""))
         chains: dict[tuple[str, int], tuple[Any, Any, Any, bytes | None]] = {}
         appended: list[tuple[str, int]] = []
-        view.known.update(dict.fromkeys(keys))
-        for _h, _e, _x, k, ckpt, base, count, length, inline, data, depth, vlen, top in rows:
+        view.known.update(dict.fromkeys(wanted))
+        for _h, _e, _x, k, ckpt, base, count, length, inline, data, depth, vlen, top, kept in rows:
             if k is None:
+                continue
+            if top:
+                view.rows[k] = (int(ckpt), int(depth), None if vlen is None else int(vlen))
+            if kept:  # the row whose value this worker holds: sent without it
+                view.known[k] = held[k][2]
                 continue
             value = _value(inline, data)
             chains[(str(k), int(ckpt))] = (base, count, length, value)
             if not top:
                 continue
-            view.rows[k] = (int(ckpt), int(depth), None if vlen is None else int(vlen))
             if base is None:
                 view.known[k] = value
             else:
                 appended.append((k, int(ckpt)))
-        view.known.update(rebuild(run, chains, appended, self.name))
+        fetched = rebuild(run, chains, appended, self.name)
+        view.known.update(fetched)
+        for k, ckpt in appended:
+            self.held.put(run, view.epoch, ckpt, {k: fetched[k]})
         return view
 
     def read_value(self, view: PgView, key: str) -> bytes | None:
@@ -565,17 +634,44 @@ class PostgresBackend:
         fast = self._fast(view, change)
         for attempt in range(_RETRIES + 1):
             try:
-                return self._commit_once(view, lease, change, delta, digest, meta_raw,
-                                         deferred, token, created, fast=fast)
+                done, appends = self._commit_once(view, lease, change, delta, digest,
+                                                  meta_raw, deferred, token, created, fast=fast)
             except _Slow:
                 fast = False
                 continue
             except _Retry:
                 if attempt == _RETRIES:
+                    self.heads.forget(view.run)
                     raise ConflictError(view.run, reason=(
                         "the server kept aborting the commit as a serialization failure; "
                         "nothing was applied. Retry the step.")) from None
+                continue
+            except BaseException:
+                self.heads.forget(view.run)
+                raise
+            self._remember(view, lease, done, delta, appends)
+            return done
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _remember(self, view: PgView, lease: Lease, done: Checkpoint,
+                  delta: dict[str, bytes | None],
+                  appends: dict[str, tuple[int, int, int, bytes, int]] | None) -> None:
+        """After committing ``done``: the lists it appended to (likely read by the run's
+        next step) are held, and the run's known head moves to it (``held.py``); with
+        ``appends`` None (the rows it wrote are not known: a commit resolved after a lost
+        reply) the known head is dropped."""
+        self.held.put(view.run, view.epoch, done.id,
+                      {k: v for k, v in delta.items() if appends and k in appends})
+        if appends is None:
+            self.heads.forget(view.run)
+            return
+        rows: dict[str, tuple[bytes | None, tuple[int, int, int | None] | None]] = {}
+        for key, value in delta.items():
+            app = appends.get(key)
+            rows[key] = (value, (done.id, 0 if app is None else app[1] + 1,
+                                 None if value is None else len(value)))
+        self.heads.advance(view.run, lease.epoch, view.epoch, done.id,
+                           bytes.fromhex(done.hash), rows)
 
     @staticmethod
     def _fast(view: PgView, change: Change) -> bool:
@@ -587,39 +683,37 @@ class PostgresBackend:
                 and not failpoints.armed("pg_commit_before_commit"))
 
     def _commit_fast(self, conn: psycopg.Connection[Any], view: PgView, lease: Lease,
-                     change: Change, delta: dict[str, bytes | None], digest: bytes,
-                     meta_raw: bytes, token: uuid.UUID, created: float
+                     delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
+                     token: uuid.UUID, created: float,
+                     appends: dict[str, tuple[int, int, int, bytes, int]]
                      ) -> tuple[int, int | None, int, bytes]:
-        """The whole commit as one pipelined transaction, sent at once (one round trip):
-        BEGIN, the run's row locked, the guard (:data:`_GUARD`: the head is still the
-        view's, the run was not deleted, the lease is this worker's, live and of the
-        view's epoch, all read under the lock), the rows, COMMIT. The checkpoint is
-        built from what the view read (the head's hash, the live rows its appends
-        extend), which the guard proves current. A refused guard aborts the
-        transaction before any write: nothing is applied and the caller takes the
-        checked path, which says why (or rebases). Returns ``(id, parent, seq, hash)``.
+        """The whole commit as one statement (one round trip, its own transaction):
+        ``commit_step`` (``schema.py``) locks the run's row, checks the guard (the head
+        is still the view's, the run was not deleted, the lease is this worker's, live
+        and of the view's epoch, all read under the lock) and writes the rows. The
+        checkpoint is built from what the view read (the head's hash, the live rows
+        its appends extend), which the guard proves current. A refused guard writes
+        nothing (``_Slow``): the caller takes the checked path, which says why (or
+        rebases). Returns ``(id, parent, seq, hash)``.
         """
         run = view.run
         cid, parent = view.base + 1, (view.base or None)
         hsh = checkpoint_hash(view.head_hash or _ZERO_HASH, run, cid, parent, created,
                               meta_raw, None, digest, None)
-        with conn.pipeline():
-            conn.execute("BEGIN")
-            conn.execute("SELECT 1 FROM runs WHERE run = %s FOR UPDATE", (run,))
-            guard = conn.execute(_GUARD, {"base": view.base, "repoch": view.epoch,
-                                          "me": self.worker_id, "lepoch": lease.epoch,
-                                          "run": run})
-            self._insert(conn, run, cid, parent, None, created, meta_raw, hsh, digest, None,
-                         None, lease.epoch, token, delta, _appends(change, view.rows))
-            conn.execute("COMMIT")
-        got = guard.fetchone()
-        assert got is not None
+        got = conn.execute(_COMMIT_STEP, (
+            run, view.base, view.epoch, self.worker_id, lease.epoch, created, meta_raw, hsh,
+            digest, token, *_rows(delta, appends))).fetchone()
+        if got is None or got[0] is None:
+            raise _Slow  # the guard refused: nothing was written
         return cid, parent, int(got[0]), hsh
 
     def _commit_once(self, view: PgView, lease: Lease, change: Change,
                      delta: dict[str, bytes | None], digest: bytes, meta_raw: bytes,
                      deferred: list[Deferred], token: uuid.UUID,
-                     created_at: float | None, *, fast: bool = False) -> Checkpoint:
+                     created_at: float | None, *, fast: bool = False
+                     ) -> tuple[Checkpoint, dict[str, tuple[int, int, int, bytes, int]] | None]:
+        """One attempt at the commit: the checkpoint, and the appends it stored as append
+        rows (None: not known, the commit was resolved after its reply was lost)."""
         run = view.run
         committing = False
         with self._conn() as conn:
@@ -627,11 +721,12 @@ class PostgresBackend:
                 if fast:
                     created = time.time() if created_at is None else created_at
                     committing = True  # everything is sent at once
-                    cid, parent, seq, hsh = self._commit_fast(conn, view, lease, change, delta,
-                                                              digest, meta_raw, token, created)
+                    appends = _appends(change, view.rows)
+                    cid, parent, seq, hsh = self._commit_fast(conn, view, lease, delta, digest,
+                                                              meta_raw, token, created, appends)
                     failpoints.hit("pg_commit_after_commit")
                     return Checkpoint(run, cid, parent, seq, created, decode_meta(meta_raw),
-                                      hsh.hex(), None)
+                                      hsh.hex(), None), appends
                 with conn.pipeline():  # BEGIN, the row lock (and live rows): one round trip
                     conn.execute("BEGIN")
                     row, live = self._lock_fenced(conn, run, lease, seq=True,
@@ -654,10 +749,10 @@ class PostgresBackend:
                 self._mark_effects(conn, change.effects, cid)
                 failpoints.hit("pg_commit_before_commit")
                 committing = True  # from here a lost session leaves the outcome to resolve
+                appends = _appends(change, live)
                 with conn.pipeline():  # the writes and COMMIT: one round trip
                     self._insert(conn, run, cid, parent, seq, created, meta_raw, hsh, digest,
-                                 outbox, change.origin, lease.epoch, token, delta,
-                                 _appends(change, live))
+                                 outbox, change.origin, lease.epoch, token, delta, appends)
                     for entry in outbox_entries(self.store_id, run, cid, created, seq,
                                                 deferred, view.epoch):
                         conn.execute(
@@ -668,13 +763,10 @@ class PostgresBackend:
                 failpoints.hit("pg_commit_after_commit")
             except BaseException as exc:
                 if committing and session_gone(exc, conn):
-                    return self._resolve(run, token, exc)
+                    return self._resolve(run, token, exc), None
                 if not conn.closed:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
-                if fast and isinstance(exc, psycopg.errors.InvalidTextRepresentation) and (
-                        _REFUSED in str(exc)):
-                    raise _Slow from None  # the guard refused: nothing was applied
                 if isinstance(exc, LeaseLostError):
                     self.leases.forget(lease, "the server refused the lease")
                 if isinstance(exc, (psycopg.errors.SerializationFailure,
@@ -691,7 +783,7 @@ class PostgresBackend:
                         ) from None
                 raise
         meta = decode_meta(meta_raw)
-        return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin)
+        return Checkpoint(run, cid, parent, seq, created, meta, hsh.hex(), change.origin), appends
 
     def _hold_origin(self, conn: psycopg.Connection[Any], run: str, cid: int) -> None:
         """In a fork's commit: keep a compaction of the origin run out, and check the origin.
@@ -813,52 +905,16 @@ class PostgresBackend:
             raise ConflictError(run, key if key in keys else None)
 
     def _insert(self, conn: psycopg.Connection[Any], run: str, cid: int, parent: int | None,
-                seq: int | None, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
+                seq: int, created: float, meta_raw: bytes, hsh: bytes, digest: bytes,
                 outbox: bytes | None, origin: tuple[str, int] | None, epoch: int,
                 token: uuid.UUID, delta: dict[str, bytes | None],
                 appends: dict[str, tuple[int, int, int, bytes, int]]) -> None:
-        """The checkpoint's rows; a key in ``appends`` (``{key: (base checkpoint, depth,
-        base count, tail, base length)}``) gets an append row holding its tail only."""
-        rows: list[tuple[Any, ...]] = []
-        vals: dict[bytes, bytes] = {}
-        blobs = sorted({bytes.fromhex(decode_blob_ref(v).sha256) for v in delta.values()
-                        if is_blob_ref(v)})
-        for key, value in delta.items():
-            app = appends.get(key)
-            stored = value if app is None else app[3]
-            row: tuple[Any, ...] = (None, None, None, 0) if app is None else (
-                app[0], app[2], app[4], app[1] + 1)
-            vlen = None if value is None else len(value)
-            if stored is None or len(stored) <= schema_mod.INLINE_MAX:
-                rows.append((run, cid, key, stored, None, *row, vlen))
-            else:
-                d = hashlib.sha256(stored).digest()
-                vals[d] = stored
-                rows.append((run, cid, key, None, d, *row, vlen))
-        with conn.cursor() as cur:
-            if vals:  # in digest order: two commits never lock vals rows in opposite orders
-                cur.executemany("INSERT INTO vals (digest, data) VALUES (%s, %s) "
-                                "ON CONFLICT (digest) DO NOTHING", sorted(vals.items()))
-            cur.execute(  # seq None: the number the guard just took, in this session
-                "INSERT INTO checkpoints (run, id, parent, seq, created_at, meta, hash, "
-                "delta_digest, outbox, origin_run, origin_id, lease_epoch, commit_token) "
-                "VALUES (%s, %s, %s, " + ("currval('commit_seq')" if seq is None else "%s")
-                + ", %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (run, cid, parent, *(() if seq is None else (seq,)), created, meta_raw, hsh,
-                 digest, outbox, origin[0] if origin else None, origin[1] if origin else None,
-                 epoch, token))
-            if rows:  # the keys' previous rows stop being live at this checkpoint (a
-                # statement per key: a lookup in deltas_live each, never a scan of the run)
-                cur.executemany("UPDATE deltas SET until = %s WHERE run = %s AND key = %s "
-                                "AND until IS NULL", [(cid, run, r[2]) for r in rows])
-                cur.executemany("INSERT INTO deltas (run, ckpt, key, inline, digest, base, "
-                                "base_count, base_len, depth, vlen) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
-            if blobs:  # the foreign key fails the commit if a blob is gone
-                cur.executemany("INSERT INTO delta_blobs (run, ckpt, sha256) "
-                                "VALUES (%s, %s, %s)", [(run, cid, b) for b in blobs])
-            cur.execute("UPDATE runs SET head = %s, head_hash = %s, steals = 0 WHERE run = %s",
-                        (cid, hsh, run))
+        """The checkpoint's rows, in the caller's transaction: one statement
+        (``write_checkpoint``, ``schema.py``); a key in ``appends`` (:func:`_appends`)
+        gets an append row holding its tail only."""
+        conn.execute(_WRITE, (run, cid, parent, seq, created, meta_raw, hsh, digest, outbox,
+                              origin[0] if origin else None, origin[1] if origin else None,
+                              epoch, token, *_rows(delta, appends)))
 
     def _mark_effects(self, conn: psycopg.Connection[Any], keys: tuple[str, ...],
                       cid: int) -> None:
@@ -961,6 +1017,7 @@ class PostgresBackend:
         """
         self._writable()
         lease = self.leases.ensure(run)
+        self.heads.forget(run)
         with self._conn() as conn:
             try:
                 conn.execute("BEGIN")
@@ -984,6 +1041,8 @@ class PostgresBackend:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
                 raise
+            finally:  # and what a begin learned meanwhile, before the deletion committed
+                self.heads.forget(run)
 
     # -- the effects ledger ----------------------------------------------------------
 

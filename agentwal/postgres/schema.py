@@ -38,6 +38,10 @@ Tables (version 1):
   directory tree object (a tree's root object names its top directory, a
   directory its files and subdirectories), recorded when a tree is put
   (``trees.py``); collection keeps a blob reachable from a referenced one.
+
+Functions (version 8): ``write_checkpoint`` writes a commit's rows and
+``commit_step`` is a plain step's whole commit, guard included (their
+comments below; ``backend`` calls them).
 """
 
 from __future__ import annotations
@@ -185,8 +189,84 @@ ALTER TABLE deltas ADD COLUMN base bigint, ADD COLUMN base_count bigint,
     ADD COLUMN vlen bigint;
 """
 
+# A commit's writes as server-side functions (``backend``), so the client sends
+# one statement per commit instead of one per row.
+#
+# ``write_checkpoint`` writes a checkpoint's rows in the caller's transaction:
+# the values (``p_vals``: ``[[digest, data], ...]``, inserted in digest order so
+# two commits never lock ``vals`` rows in opposite orders), the checkpoint, the
+# end of each written key's live row (one index lookup per key: a join could
+# be planned as a scan of the run's rows), the delta rows (``p_rows``: ``[[key,
+# inline, digest, base, base count, base length, depth, value length], ...]``),
+# the blobs they reference (``p_blobs``: ``[sha256, ...]``; the foreign key
+# fails the commit if one is gone) and the run's new head. Byte strings travel
+# as hex inside the JSON: one text parameter the client encodes in C, where a
+# parameter per row or an array is dumped element by element in Python.
+#
+# ``commit_step`` is the one-statement commit of a plain step: under the run's
+# row lock it checks that the head, the run epoch and the lease (owner, epoch,
+# not expired by the server's clock) are what the client assumed, then takes a
+# commit sequence number and writes; it returns that number, or NULL, having
+# written nothing, when one of them is not as assumed.
+_V8 = """
+CREATE FUNCTION write_checkpoint(
+    p_run text, p_id bigint, p_parent bigint, p_seq bigint, p_created double precision,
+    p_meta bytea, p_hash bytea, p_delta_digest bytea, p_outbox bytea, p_origin_run text,
+    p_origin_id bigint, p_lease_epoch bigint, p_token uuid,
+    p_vals json, p_rows json, p_blobs json) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    k text;
+BEGIN
+    INSERT INTO vals (digest, data)
+    SELECT decode(v->>0, 'hex'), decode(v->>1, 'hex') FROM json_array_elements(p_vals) v
+     ORDER BY 1
+    ON CONFLICT (digest) DO NOTHING;
+    INSERT INTO checkpoints (run, id, parent, seq, created_at, meta, hash, delta_digest,
+                             outbox, origin_run, origin_id, lease_epoch, commit_token)
+    VALUES (p_run, p_id, p_parent, p_seq, p_created, p_meta, p_hash, p_delta_digest,
+            p_outbox, p_origin_run, p_origin_id, p_lease_epoch, p_token);
+    FOR k IN SELECT r->>0 FROM json_array_elements(p_rows) r LOOP
+        UPDATE deltas SET until = p_id WHERE run = p_run AND key = k AND until IS NULL;
+    END LOOP;
+    INSERT INTO deltas (run, ckpt, key, inline, digest, base, base_count, base_len, depth,
+                        vlen)
+    SELECT p_run, p_id, r->>0, decode(r->>1, 'hex'), decode(r->>2, 'hex'),
+           (r->>3)::bigint, (r->>4)::bigint, (r->>5)::bigint, (r->>6)::integer,
+           (r->>7)::bigint
+      FROM json_array_elements(p_rows) r;
+    INSERT INTO delta_blobs (run, ckpt, sha256)
+    SELECT p_run, p_id, decode(b, 'hex') FROM json_array_elements_text(p_blobs) b;
+    UPDATE runs SET head = p_id, head_hash = p_hash, steals = 0 WHERE run = p_run;
+END
+$fn$;
+
+CREATE FUNCTION commit_step(
+    p_run text, p_base bigint, p_run_epoch bigint, p_owner text, p_lease_epoch bigint,
+    p_created double precision, p_meta bytea, p_hash bytea, p_delta_digest bytea,
+    p_token uuid, p_vals json, p_rows json, p_blobs json) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r runs%ROWTYPE;
+    s bigint;
+BEGIN
+    SELECT * INTO r FROM runs WHERE run = p_run FOR UPDATE;
+    IF NOT FOUND OR r.head <> p_base OR r.run_epoch <> p_run_epoch
+            OR r.lease_owner IS DISTINCT FROM p_owner OR r.lease_epoch <> p_lease_epoch
+            OR NOT coalesce(r.lease_expires > clock_timestamp(), false) THEN
+        RETURN NULL;
+    END IF;
+    s := nextval('commit_seq');
+    PERFORM write_checkpoint(p_run, p_base + 1, nullif(p_base, 0), s, p_created, p_meta,
+                             p_hash, p_delta_digest, NULL, NULL, NULL, p_lease_epoch,
+                             p_token, p_vals, p_rows, p_blobs);
+    RETURN s;
+END
+$fn$;
+"""
+
 #: Step ``i`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 #: The newest schema version this code knows.
 VERSION = len(MIGRATIONS)
 

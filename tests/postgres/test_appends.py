@@ -112,6 +112,7 @@ def test_a_version_6_store_appends_after_one_whole_write(
     store.close()
     _sql(pg_dsn, pg_schema, "ALTER TABLE deltas DROP COLUMN base, DROP COLUMN base_count, "
          "DROP COLUMN base_len, DROP COLUMN depth, DROP COLUMN vlen")
+    _sql(pg_dsn, pg_schema, "DROP FUNCTION commit_step, write_checkpoint")
     _sql(pg_dsn, pg_schema, "UPDATE meta SET schema_version = 6")
     again = open_pg(worker_id="w2")
     for i in (1, 2):

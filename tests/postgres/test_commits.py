@@ -17,6 +17,7 @@ from agentwal import (
     ConflictError,
     RunExistsError,
     RunNotFoundError,
+    SchemaVersionError,
     failpoints,
 )
 from agentwal.codec import checkpoint_hash
@@ -269,6 +270,7 @@ def test_a_version_3_store_gets_its_intervals_filled_in(
         conn.execute("DROP TABLE tree_edges")
         conn.execute("ALTER TABLE deltas DROP COLUMN base, DROP COLUMN base_count, "
                      "DROP COLUMN base_len, DROP COLUMN depth, DROP COLUMN vlen")
+        conn.execute("DROP FUNCTION commit_step, write_checkpoint")
         conn.execute("UPDATE meta SET schema_version = 3")
     again = open_pg(worker_id="w2")
     assert _history_states(again, "r") == before
@@ -316,3 +318,110 @@ def test_a_postgres_store_does_not_cross_a_fork(pgstore: PostgresStore) -> None:
         with pgstore.begin("r") as txn:
             txn["n"] = n
     assert pgstore.get("r", "n") == 5
+
+
+def _rows_of(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f'SET search_path = "{schema}"')
+        return conn.execute(
+            "SELECT c.run, c.id, c.parent, c.lease_epoch, d.key, d.inline, d.digest, d.base, "
+            "d.base_count, d.base_len, d.depth, d.vlen, d.until FROM checkpoints c "
+            "LEFT JOIN deltas d ON d.run = c.run AND d.ckpt = c.id ORDER BY 1, 2, 5").fetchall()
+
+
+def _steps(store: PostgresStore, run: str, n: int, *, start: int = 0) -> None:
+    """``n`` commits: a counter, an inline and a ``vals`` value, a growing list, a delete."""
+    for i in range(start, start + n):
+        with store.begin(run) as txn:
+            txn["n"] = i
+            txn["ключ/☃"] = "x" * (40 + 10 * i)  # inline at first, then in vals
+            txn.append("messages", {"i": i, "text": "y" * 100})
+            if i % 3 == 2:
+                del txn["n"]
+
+
+def test_a_version_7_store_is_migrated_and_still_reads(
+        open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str) -> None:
+    """Schema v8 adds the commit functions; a v7 store (without them) reads as before,
+    is refused by a read-only open, and a writable open migrates it and commits on."""
+    store = open_pg(worker_id="w")
+    _steps(store, "r", 5)
+    before = _history_states(store, "r")
+    store.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # back to version 7
+        conn.execute(f'SET search_path = "{pg_schema}"')
+        conn.execute("DROP FUNCTION commit_step, write_checkpoint")
+        conn.execute("UPDATE meta SET schema_version = 7")
+    with pytest.raises(SchemaVersionError):
+        open_pg(readonly=True)
+    again = open_pg(worker_id="w2")
+    assert _history_states(again, "r") == before
+    _steps(again, "r", 2, start=5)  # the one-statement commit
+    with again.begin("r") as txn:  # the checked path (an outbox entry)
+        txn.defer("mail", args={"to": "x"}, mode="at_least_once")
+        txn["n"] = "last"
+    assert again.head("r").id == 8  # type: ignore[union-attr]
+    assert again.get("r", "messages") == [{"i": i, "text": "y" * 100} for i in range(7)]
+    assert again.verify().ok  # the hash chain, the intervals and the append chains
+
+
+def test_the_one_statement_commit_writes_the_rows_the_checked_path_writes(
+        open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str) -> None:
+    store = open_pg(worker_id="w")
+    _steps(store, "fast", 5)
+    failpoints.arm("pg_commit_before_commit", "call", fn=lambda _name: None)  # checked path
+    try:
+        _steps(store, "checked", 5)
+    finally:
+        failpoints.disarm("pg_commit_before_commit")
+    rows = _rows_of(pg_dsn, pg_schema)
+    fast = [r[1:] for r in rows if r[0] == "fast"]
+    checked = [r[1:] for r in rows if r[0] == "checked"]
+    assert len(fast) == 15 and fast == checked  # 5 checkpoints of 3 keys
+    assert store.verify().ok
+
+
+def _call_commit_step(dsn: str, schema: str, **changes: Any) -> Any:
+    """``commit_step`` of checkpoint 2 of run ``r`` (head 1, run epoch 0, worker ``w``, lease
+    epoch 1), with ``changes`` to those arguments."""
+    args: dict[str, Any] = {"run": "r", "base": 1, "run_epoch": 0, "owner": "w",
+                            "lease_epoch": 1}
+    args.update(changes)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path = "{schema}"')
+        got = conn.execute(
+            "SELECT commit_step(%(run)s, %(base)s, %(run_epoch)s, %(owner)s, %(lease_epoch)s, "
+            "0.0, '\\x'::bytea, '\\x00'::bytea, '\\x00'::bytea, gen_random_uuid(), '[]', "
+            "'[[\"k\", \"01\", null, null, null, null, 0, 1]]', '[]')", args).fetchone()
+    return got[0] if got else None
+
+
+@pytest.mark.parametrize("changes", [
+    {"base": 0}, {"base": 2}, {"run_epoch": 1}, {"owner": "v"}, {"lease_epoch": 2},
+    {"run": "nobody"}])
+def test_commit_step_refuses_without_writing_when_its_guard_fails(
+        open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str,
+        changes: dict[str, Any]) -> None:
+    store = open_pg(worker_id="w")
+    with store.begin("r") as txn:
+        txn["k"] = 0
+    before = _rows_of(pg_dsn, pg_schema)
+    assert _call_commit_step(pg_dsn, pg_schema, **changes) is None
+    assert _rows_of(pg_dsn, pg_schema) == before
+    assert store.head("r").id == 1  # type: ignore[union-attr]
+
+
+def test_commit_step_refuses_an_expired_lease(open_pg: Callable[..., PostgresStore],
+                                               pg_dsn: str, pg_schema: str) -> None:
+    store = open_pg(worker_id="w")
+    with store.begin("r") as txn:
+        txn["k"] = 0
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{pg_schema}".runs SET lease_expires = now() - interval \'1s\'')
+    before = _rows_of(pg_dsn, pg_schema)
+    assert _call_commit_step(pg_dsn, pg_schema) is None
+    assert _rows_of(pg_dsn, pg_schema) == before
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{pg_schema}".runs SET lease_expires = now() + interval \'1h\'')
+    assert _call_commit_step(pg_dsn, pg_schema) is not None  # the same call, lease live
+    assert store.get("r", "k") == 1
