@@ -133,9 +133,12 @@ def main() -> None:
     med = statistics.median
     for key in runs["A"][0]:
         a, b = [r[key] for r in runs["A"]], [r[key] for r in runs["B"]]
+        # A pair whose A figure is 0 has no ratio (the server's CPU is read from /proc in
+        # clock ticks: a tiny run can use none).
         ratios = [y / x for x, y in zip(a, b, strict=True) if x]
         print(f"{key}: A median {med(a):.2f}, B median {med(b):.2f}; B/A per pair "
-              + " ".join(f"{r:.2f}" for r in ratios) + f"; median {med(ratios):.3f}")
+              + (" ".join(f"{r:.2f}" for r in ratios) + f"; median {med(ratios):.3f}"
+                 if ratios else "none (A measured 0)"))
     if runs["PostgresSaver"] and "rate" in runs["B"][0]:
         ps = [r["rate"] for r in runs["PostgresSaver"]]
         for name in ("A", "B"):

@@ -157,7 +157,8 @@ class _Dropped(Exception):
     """The checkpoint being read was dropped by a compaction (``_state``'s marker row)."""
 
 
-def _compacted(view: PgView) -> ConflictError:
+def _compacted(view: PgView, heads: Heads) -> ConflictError:
+    heads.forget(view.run)  # the next begin asks the server for the head
     return ConflictError(view.run, reason=(
         f"a compaction dropped checkpoint {view.base}, which this transaction reads at, "
         "after it began; nothing was applied. Begin again (from the run's head)."))
@@ -437,10 +438,11 @@ class PostgresBackend:
                               head_hash=known.head_hash,
                               rows={k: row for k, (_v, row) in known.keys.items()
                                     if row is not None})
+        since = self.heads.stamp()
         view = self._begin(run, fence, wanted)
         if fence is not None and view.base:
             self.heads.learn(run, fence.epoch, view.epoch, view.base, view.head_hash,
-                             {k: (view.known[k], view.rows.get(k)) for k in wanted})
+                             {k: (view.known[k], view.rows.get(k)) for k in wanted}, since)
         return view
 
     def _begin(self, run: str, fence: Lease | None, wanted: list[str]) -> PgView:
@@ -502,7 +504,7 @@ class PostgresBackend:
             try:
                 got = self._state(view.run, view.base, keys=wanted, seen=view.rows)
             except _Dropped:
-                raise _compacted(view) from None
+                raise _compacted(view, self.heads) from None
             view.known.update((k, got.get(k)) for k in wanted)
 
     def read(self, view: PgView, key: str) -> bytes | None:
@@ -525,7 +527,7 @@ class PostgresBackend:
             if row is None:
                 return None  # the run was deleted since the view: its commit will say so
             if row[0]:
-                raise _compacted(view)
+                raise _compacted(view, self.heads)
             if row[3] is not None:
                 view.rows[key] = (int(row[3]), int(row[5]), None if row[6] is None else int(row[6]))
             if row[4] is not None:  # an append row: the list is rebuilt from its chain
@@ -544,7 +546,7 @@ class PostgresBackend:
         try:
             return self._state(view.run, view.base, prefix=prefix)
         except _Dropped:
-            raise _compacted(view) from None
+            raise _compacted(view, self.heads) from None
 
     def _state(self, run: str, upto: int, *, prefix: str = "", key: str | None = None,
                keys: list[str] | None = None,

@@ -31,8 +31,12 @@ commit's guard finds the head or the lease not as assumed and the commit
 takes the checked path, which rebases or refuses as for any view behind the
 head: the view was a consistent snapshot of a real checkpoint all along.
 Entries are tied to the lease epoch they were learned under, dropped when a
-commit fails or the run is deleted, and bounded per run (keys, bytes) and in
-number of runs. A compaction (any worker's, no lease needed) may store a live
+commit fails, the run is deleted or a compaction drops a view's checkpoint,
+and bounded per run (keys, bytes) and in number of runs. A begin's server read
+is learned only if nothing changed the run while it was in flight (a stamp
+taken before it, :meth:`Heads.stamp`): a read from before another thread's
+commit or a deletion would otherwise set the known head back to a checkpoint
+the run has left, and later begins would start there. A compaction (any worker's, no lease needed) may store a live
 append row whole meanwhile: its value and checkpoint stay, only its chain
 depth drops to 0, so the depth known here is then too high, which only makes
 the next append start a new chain earlier (``history.MAX_CHAIN``), as for a
@@ -126,6 +130,28 @@ class Heads:
         self.max_runs, self.max_keys, self.max_bytes = max_runs, max_keys, max_bytes
         self._lock = threading.Lock()
         self._runs: OrderedDict[str, _AtHead] = OrderedDict()
+        # A clock of changes to what is known: each forget and advance stamps its run,
+        # and a begin's server read is learned only if its run was not stamped after
+        # the read started (else a read from before a commit or a deletion would set the
+        # known head back to a checkpoint the run has left). Stamps of at most
+        # 4 * max_runs runs are kept; an older one counts as the newest one dropped.
+        self._clock = 0
+        self._stamps: OrderedDict[str, int] = OrderedDict()
+        self._dropped_stamp = 0
+
+    def stamp(self) -> int:
+        """Now, on the clock :meth:`learn` takes (read it before asking the server)."""
+        with self._lock:
+            return self._clock
+
+    def _touch(self, run: str) -> None:
+        """Stamp ``run`` as changed now (under the lock)."""
+        self._clock += 1
+        self._stamps[run] = self._clock
+        self._stamps.move_to_end(run)
+        while len(self._stamps) > 4 * self.max_runs:
+            _run, old = self._stamps.popitem(last=False)
+            self._dropped_stamp = max(self._dropped_stamp, old)
 
     def view(self, run: str, lease_epoch: int, keys: Iterable[str]) -> Known | None:
         """The head of ``run`` and the ``keys`` there, if known under ``lease_epoch`` and
@@ -144,10 +170,14 @@ class Heads:
             return Known(at.run_epoch, at.head, at.head_hash, got)
 
     def learn(self, run: str, lease_epoch: int, run_epoch: int, head: int, head_hash: bytes,
-              found: Mapping[str, tuple[bytes | None, Row]]) -> None:
+              found: Mapping[str, tuple[bytes | None, Row]], since: int) -> None:
         """``found`` (``{key: (value, live row)}``) was read from the server at ``head``
-        (ignored if this worker already knows a later head: its own commit since)."""
+        by a read that started at :meth:`stamp` ``since``; ignored if the run changed
+        after that (this worker's commit, a failed commit, a deletion) or if this worker
+        already knows a later head."""
         with self._lock:
+            if self._stamps.get(run, self._dropped_stamp) > since:
+                return
             at = self._runs.get(run)
             if at is not None and (at.lease_epoch, at.run_epoch) == (lease_epoch, run_epoch
                                                                      ) and at.head > head:
@@ -165,6 +195,7 @@ class Heads:
         """This worker committed checkpoint ``head`` writing ``written``; what is known of
         the run moves with it if it was known at ``head - 1``, and is dropped otherwise."""
         with self._lock:
+            self._touch(run)
             at = self._runs.get(run)
             if at is None:
                 return
@@ -175,8 +206,10 @@ class Heads:
             self._add(at, written)
 
     def forget(self, run: str) -> None:
-        """Drop what is known of ``run`` (a failed commit, a deletion)."""
+        """Drop what is known of ``run`` (a failed commit, a deletion, a compaction under
+        a view), and have reads begun before now not learned."""
         with self._lock:
+            self._touch(run)
             self._runs.pop(run, None)
 
     def _add(self, at: _AtHead, entries: Mapping[str, tuple[bytes | None, Row]]) -> None:

@@ -3,6 +3,7 @@ begun at without a round trip; never stale."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -211,7 +212,8 @@ def _row(c: int) -> tuple[int, int, int | None]:
 
 def test_heads_know_a_run_under_one_lease_epoch_with_every_key_asked() -> None:
     heads = Heads()
-    heads.learn("r", 7, 0, 5, b"h5", {"a": (b"1", _row(5)), "b": (None, None)})
+    heads.learn("r", 7, 0, 5, b"h5", {"a": (b"1", _row(5)), "b": (None, None)},
+                heads.stamp())
     got = heads.view("r", 7, ["a", "b"])
     assert got == Known(0, 5, b"h5", {"a": (b"1", _row(5)), "b": (None, None)})
     assert heads.view("r", 7, ["a", "c"]) is None  # "c" is not known
@@ -221,10 +223,12 @@ def test_heads_know_a_run_under_one_lease_epoch_with_every_key_asked() -> None:
                                                                  "b": (b"2", _row(6))})
     heads.advance("r", 7, 0, 8, b"h8", {"a": (b"3", _row(8))})  # 7 was not this worker's
     assert heads.view("r", 7, ["a"]) is None
-    heads.learn("r", 7, 0, 9, b"h9", {"a": (b"4", _row(9))})
-    heads.learn("r", 7, 0, 10, b"h10", {"b": (b"5", _row(10))})  # a new head: "a" unknown
+    heads.learn("r", 7, 0, 9, b"h9", {"a": (b"4", _row(9))}, heads.stamp())
+    # a new head: "a" unknown
+    heads.learn("r", 7, 0, 10, b"h10", {"b": (b"5", _row(10))}, heads.stamp())
     assert heads.view("r", 7, ["a"]) is None
-    heads.learn("r", 7, 0, 9, b"h9", {"a": (b"4", _row(9))})  # read before 10 committed
+    # read before 10 committed
+    heads.learn("r", 7, 0, 9, b"h9", {"a": (b"4", _row(9))}, heads.stamp())
     assert heads.view("r", 7, ["b"]) == Known(0, 10, b"h10", {"b": (b"5", _row(10))})
     heads.forget("r")
     assert heads.view("r", 7, []) is None
@@ -232,11 +236,77 @@ def test_heads_know_a_run_under_one_lease_epoch_with_every_key_asked() -> None:
 
 def test_heads_are_bounded() -> None:
     heads = Heads(max_runs=2, max_keys=3, max_bytes=10)
-    heads.learn("r", 1, 0, 1, b"", {k: (b"x", _row(1)) for k in "abcd"})
+    heads.learn("r", 1, 0, 1, b"", {k: (b"x", _row(1)) for k in "abcd"}, heads.stamp())
     assert heads.view("r", 1, ["a"]) is None and heads.view("r", 1, ["bcd"[i] for i in
                                                                      range(3)]) is not None
     heads.advance("r", 1, 0, 2, b"", {"big": (b"y" * 9, _row(2))})  # 3 + 9 bytes > 10
     assert heads.view("r", 1, ["big"]) is not None and heads.view("r", 1, ["c"]) is None
-    heads.learn("s", 1, 0, 1, b"", {})
-    heads.learn("t", 1, 0, 1, b"", {})
+    heads.learn("s", 1, 0, 1, b"", {}, heads.stamp())
+    heads.learn("t", 1, 0, 1, b"", {}, heads.stamp())
     assert heads.view("r", 1, []) is None and heads.view("t", 1, []) is not None
+
+
+def test_a_read_that_started_before_a_commit_is_not_learned() -> None:
+    # Review of session 11: a failed commit forgot the head; thread T2's begin read head 4
+    # from the server; another thread committed 5 (nothing known to advance); T2's learn
+    # then set the known head back to 4, and every later begin started there (after a
+    # compaction dropped 4, every one of them conflicted, for ever).
+    heads = Heads()
+    heads.learn("r", 7, 0, 4, b"h4", {"a": (b"1", _row(4))}, heads.stamp())
+    heads.forget("r")  # a failed commit
+    since = heads.stamp()  # T2 starts its server read: head 4
+    heads.advance("r", 7, 0, 5, b"h5", {"a": (b"2", _row(5))})  # another thread's commit
+    heads.learn("r", 7, 0, 4, b"h4", {"a": (b"1", _row(4))}, since)
+    assert heads.view("r", 7, ["a"]) is None  # ask the server: the head is 5
+    heads.learn("r", 7, 0, 5, b"h5", {"a": (b"2", _row(5))}, heads.stamp())
+    assert heads.view("r", 7, ["a"]) == Known(0, 5, b"h5", {"a": (b"2", _row(5))})
+
+
+def test_a_read_that_started_before_a_deletion_is_not_learned() -> None:
+    heads = Heads()
+    since = heads.stamp()  # a begin reads head 3 of the run
+    heads.forget("r")  # the same worker's delete_run, done meanwhile
+    heads.learn("r", 7, 0, 3, b"h3", {"a": (b"2", _row(3))}, since)
+    assert heads.view("r", 7, ["a"]) is None
+
+
+def test_a_stamp_dropped_from_the_bounded_table_still_refuses_older_reads() -> None:
+    heads = Heads(max_runs=1)  # stamps of 4 runs are kept
+    since = heads.stamp()
+    for run in "rstuvw":
+        heads.forget(run)
+    heads.learn("r", 7, 0, 3, b"h3", {"a": (b"2", _row(3))}, since)
+    assert heads.view("r", 7, ["a"]) is None
+    heads.learn("r", 7, 0, 3, b"h3", {"a": (b"2", _row(3))}, heads.stamp())
+    assert heads.view("r", 7, ["a"]) is not None
+
+
+def test_a_begin_racing_a_delete_run_of_the_same_worker_does_not_see_the_deleted_run(
+        pgstore: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The begin's server read lands before delete_run and its learn after: the next
+    # begin saw the deleted run's "a" beside "b" read as missing (no checkpoint at all).
+    backend = pgstore._b
+    for i in range(3):
+        with pgstore.begin("r") as txn:
+            txn["a"] = i
+            txn["b"] = i
+    backend.heads.forget("r")
+    real = backend._begin
+    read, go = threading.Event(), threading.Event()
+
+    def slow(run: str, fence: Any, wanted: list[str]) -> Any:
+        view = real(run, fence, wanted)
+        if threading.current_thread().name == "racing":
+            read.set()
+            go.wait(30)
+        return view
+
+    monkeypatch.setattr(backend, "_begin", slow)
+    racing = threading.Thread(target=lambda: backend.begin("r", keys=("a",)), name="racing")
+    racing.start()
+    assert read.wait(30)
+    pgstore.delete_run("r")
+    go.set()
+    racing.join(30)
+    view = backend.begin("r", keys=("a",))
+    assert view.base == 0 and view.known.get("a") is None
