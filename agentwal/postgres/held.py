@@ -36,11 +36,12 @@ and bounded per run (keys, bytes) and in number of runs. A begin's server read
 is learned only if nothing changed the run while it was in flight (a stamp
 taken before it, :meth:`Heads.stamp`): a read from before another thread's
 commit or a deletion would otherwise set the known head back to a checkpoint
-the run has left, and later begins would start there. A compaction (any worker's, no lease needed) may store a live
-append row whole meanwhile: its value and checkpoint stay, only its chain
-depth drops to 0, so the depth known here is then too high, which only makes
-the next append start a new chain earlier (``history.MAX_CHAIN``), as for a
-view begun before the compaction.
+the run has left, and later begins would start there. A compaction (any
+worker's, no lease needed) may store a live append row whole meanwhile: its
+value and checkpoint stay, only its chain depth drops to 0, so the depth
+known here is then too high, which only makes the next append start a new
+chain earlier (``history.MAX_CHAIN``), as for a view begun before the
+compaction.
 
 Thread-safe; nothing here talks to the server.
 """
