@@ -248,6 +248,16 @@ def _history_states(store: PostgresStore, run: str) -> list[dict[str, Any]]:
     return [store.state(run, at=i) for i in range(1, head.id + 1)]
 
 
+def _back_to_version(dsn: str, schema: str, version: int, undo: tuple[str, ...]) -> None:
+    """Make the store in ``schema`` look as schema ``version`` left it: run ``undo``
+    (what the later migrations added, dropped) and record the version."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path = "{schema}"')
+        for statement in undo:
+            conn.execute(statement)
+        conn.execute("UPDATE meta SET schema_version = %s", (version,))
+
+
 def test_a_version_3_store_gets_its_intervals_filled_in(
         open_pg: Callable[..., PostgresStore], pg_dsn: str, pg_schema: str) -> None:
     """Schema v4 adds ``deltas.until``; a v3 store's rows get theirs from its history."""
@@ -262,16 +272,14 @@ def test_a_version_3_store_gets_its_intervals_filled_in(
         txn["n"] = "other run"
     before = _history_states(store, "r")
     store.close()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # back to version 3
-        conn.execute(f'SET search_path = "{pg_schema}"')
-        conn.execute("DROP INDEX deltas_live, deltas_superseded, deltas_by_digest")
-        conn.execute("ALTER TABLE deltas DROP COLUMN until")
-        conn.execute("ALTER TABLE checkpoints DROP COLUMN dropped")
-        conn.execute("DROP TABLE tree_edges")
-        conn.execute("ALTER TABLE deltas DROP COLUMN base, DROP COLUMN base_count, "
-                     "DROP COLUMN base_len, DROP COLUMN depth, DROP COLUMN vlen")
-        conn.execute("DROP FUNCTION commit_step, write_checkpoint")
-        conn.execute("UPDATE meta SET schema_version = 3")
+    _back_to_version(pg_dsn, pg_schema, 3, (
+        "DROP INDEX deltas_live, deltas_superseded, deltas_by_digest",
+        "ALTER TABLE deltas DROP COLUMN until",
+        "ALTER TABLE checkpoints DROP COLUMN dropped",
+        "DROP TABLE tree_edges",
+        "ALTER TABLE deltas DROP COLUMN base, DROP COLUMN base_count, DROP COLUMN base_len, "
+        "DROP COLUMN depth, DROP COLUMN vlen",
+        "DROP FUNCTION commit_step, write_checkpoint"))
     again = open_pg(worker_id="w2")
     assert _history_states(again, "r") == before
     assert again.state("s") == {"n": "other run"}
@@ -348,10 +356,7 @@ def test_a_version_7_store_is_migrated_and_still_reads(
     _steps(store, "r", 5)
     before = _history_states(store, "r")
     store.close()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # back to version 7
-        conn.execute(f'SET search_path = "{pg_schema}"')
-        conn.execute("DROP FUNCTION commit_step, write_checkpoint")
-        conn.execute("UPDATE meta SET schema_version = 7")
+    _back_to_version(pg_dsn, pg_schema, 7, ("DROP FUNCTION commit_step, write_checkpoint",))
     with pytest.raises(SchemaVersionError):
         open_pg(readonly=True)
     again = open_pg(worker_id="w2")
