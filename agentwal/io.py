@@ -63,7 +63,7 @@ def io_error(exc: OSError, path: str, what: str) -> Error:
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return StoreLimitError(exc.filename or path, f"{what}: no file descriptor left "
                                f"({exc.strerror})", "Close stores this process no longer uses, "
-                               "or raise the limit (`ulimit -n`; each open store uses about 5).")
+                               "or raise the limit (`ulimit -n`; each open store uses about 6).")
     return DurabilityError(exc.filename or path, f"{what}: {exc.strerror or exc}")
 
 
