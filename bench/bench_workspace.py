@@ -104,6 +104,11 @@ def change(root: str, paths: list[str], n: int, tag: int) -> list[str]:
 CPU: list[float] = []
 
 
+#: Seconds :func:`settle` waits for the files just written to leave both tools' racy
+#: window (2 s for agentwal's stat cache; git's is the index's own timestamp).
+RACY_WAIT = 2.1
+
+
 def _cpu() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN)
@@ -177,6 +182,14 @@ def remove(work: str) -> None:
 
 
 def run(root: str, store_path: str, files: int, rounds: int) -> int:
+    print_results(measure_tree(root, store_path, files, rounds))
+    return 0
+
+
+def measure_tree(root: str, store_path: str, files: int, rounds: int,
+                 wait: float = RACY_WAIT) -> dict[str, Any]:
+    """Generate the tree in ``root``, make it a git repository and measure both tools on it
+    (the store at ``store_path``); returns :func:`measure`'s figures."""
     paths = generate(root, files)
     age(root, 5)
     size = du(root)
@@ -187,7 +200,7 @@ def run(root: str, store_path: str, files: int, rounds: int) -> int:
     git(root, "config", "maintenance.auto", "false")  # only when asked, too)
     store = agentwal.open(store_path)
     try:
-        return measure(root, store, paths, files, size, rounds)
+        return measure(root, store, paths, files, size, rounds, wait)
     finally:
         store.close()
 
@@ -205,26 +218,43 @@ def paired(r: int, fa: Callable[[], Any], fg: Callable[[], Any]) -> tuple[float,
     return ta, tg, out
 
 
-def settle(root: str, ws: agentwal.Workspace) -> None:
+def settle(root: str, ws: agentwal.Workspace, wait: float = RACY_WAIT) -> None:
     """Untimed: both tools refresh their stat cache / index for the files on disk, once
     those are older than the racy window (``ws.checkpoint()`` commits nothing for an
-    unchanged tree)."""
-    time.sleep(2.1)
+    unchanged tree). ``wait=0`` (the report's quick run) skips the wait: the files are then
+    re-hashed by both tools, which changes the timings, never the results."""
+    time.sleep(wait)
     ws.checkpoint()
     git(root, "update-index", "-q", "--refresh")
 
 
+#: The incremental operations, in the order of a round (``{}``: how many files differ).
+OPERATIONS = ("status, 1 file changed (git status)", "snapshot, 1 file changed",
+              "snapshot, 100 files changed", "restore the round's first checkpoint ({} differ)")
+
+
 def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size: int,
-            rounds: int) -> int:
+            rounds: int, wait: float = RACY_WAIT) -> dict[str, Any]:
+    """Both tools on the tree at ``root`` (see the module's docstring); returns the figures:
+    ``first`` (the first snapshot's ``agentwal_s`` and ``git_s``), ``operations`` (for each
+    of :data:`OPERATIONS`, per round: ``agentwal_s``, ``git_s``, ``agentwal_cpu_s``,
+    ``git_cpu_s``), ``differ``, and the bytes the first one-file snapshot added
+    (``added_bytes``, of which the file ``file_bytes``; ``git_added_bytes``)."""
     ws = agentwal.Workspace(store, "agent", root, exclude=agentwal.GITIGNORE)
-    labels = ["status, 1 file changed (git status)", "snapshot, 1 file changed",
-              "snapshot, 100 files changed",
-              "restore the round's first checkpoint ({} differ)"]
-    times: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
-    cpu: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
+    ops: dict[str, dict[str, list[float]]] = {
+        label: {"agentwal_s": [], "git_s": [], "agentwal_cpu_s": [], "git_cpu_s": []}
+        for label in OPERATIONS}
+
+    def note(label: str, ta: float, tg: float, ca: float, cg: float) -> None:
+        op = ops[label]
+        op["agentwal_s"].append(ta)
+        op["git_s"].append(tg)
+        op["agentwal_cpu_s"].append(ca)
+        op["git_cpu_s"].append(cg)
+
     ta, first = timed(lambda: ws.checkpoint(step=0))
     tg, g_first = timed(lambda: git_commit(root, "first"))
-    first_row = ("first snapshot", ta, tg)
+    first_row = {"agentwal_s": ta, "git_s": tg}
     branch = git(root, "rev-parse", "--abbrev-ref", "HEAD")
     added = git_added = changed_size = differ = 0
     start, g_start = first.id, g_first
@@ -232,13 +262,11 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
         one = change(root, paths, 1, tag=3 * r + 1)
         ta, tg, st = paired(r, ws.status, lambda: git(root, "status", "--porcelain"))
         assert list(st.modified) == [one[0].replace(os.sep, "/")], st
-        times[labels[0]].append((ta, tg))
-        cpu[labels[0]].append((CPU[-2], CPU[-1]))
+        note(OPERATIONS[0], ta, tg, CPU[-2], CPU[-1])
         before_blobs, before_wal = blob_bytes(store), store.stats()["wal_bytes_since_fold"]
         before_git = du(os.path.join(root, ".git", "objects"))
         ta, tg, _ = paired(r, lambda: ws.checkpoint(step=1), lambda: git_commit(root, "one"))
-        times[labels[1]].append((ta, tg))
-        cpu[labels[1]].append((CPU[-2], CPU[-1]))
+        note(OPERATIONS[1], ta, tg, CPU[-2], CPU[-1])
         if r == 0:
             added = (blob_bytes(store) - before_blobs + store.stats()["wal_bytes_since_fold"]
                      - before_wal)
@@ -249,46 +277,70 @@ def measure(root: str, store: agentwal.Store, paths: list[str], files: int, size
         ta, tg, head = paired(r, lambda: ws.checkpoint(step=2),
                               lambda: git_commit(root, "hundred"))
         g_head = git(root, "rev-parse", "HEAD")
-        times[labels[2]].append((ta, tg))
-        cpu[labels[2]].append((CPU[-2], CPU[-1]))
+        note(OPERATIONS[2], ta, tg, CPU[-2], CPU[-1])
         # Each restore starts at the head with its tool's cache fresh: git goes to the old
         # commit (timed) and back, then agentwal (whose records the files git rewrote no
         # longer match) refreshes them, untimed, before its own restore.
         tg, _ = timed(lambda c=g_start: git(root, "checkout", "-q", c))
         git(root, "checkout", "-q", branch)
-        settle(root, ws)
+        settle(root, ws, wait)
         ta, report = timed(lambda at=start: store.restore_tree("agent", "workspace", root,
                                                                 at=at))
-        times[labels[3]].append((ta, tg))
-        cpu[labels[3]].append((CPU[-1], CPU[-2]))  # git's checkout ran first
+        note(OPERATIONS[3], ta, tg, CPU[-1], CPU[-2])  # git's checkout ran first
         assert report.written == differ, (report, differ)
         ws.restore()  # untimed: both back at the head, caches refreshed
-        settle(root, ws)
+        settle(root, ws, wait)
         start, g_start = head.id, g_head
+    return {"files": files, "mib": size / 2**20, "directories": files // 20,
+            "rounds": rounds, "git": git(root, "--version").split()[-1],
+            "python": sys.version.split()[0], "load": os.getloadavg()[0],
+            "first": first_row, "operations": ops, "differ": differ,
+            "added_bytes": added, "file_bytes": changed_size, "git_added_bytes": git_added}
 
-    print(f"tree: {files:,} files, {size / 2**20:.1f} MiB, {files // 20} directories; "
-          f"git {git(root, '--version').split()[-1]}, Python {sys.version.split()[0]}; "
-          f"load average {os.getloadavg()[0]:.1f}")
+
+def summary(res: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per operation (the first snapshot included, as ``"first snapshot"``): the medians of
+    ``agentwal_s`` and ``git_s``, their ``ratio``, the median of the rounds' own ratios
+    (``paired``; the first snapshot's is its one ratio) and the CPU medians and their
+    ``cpu_ratio``."""
+    med = statistics.median
+    first = res["first"]
+    out = {"first snapshot": {"agentwal_s": first["agentwal_s"], "git_s": first["git_s"],
+                              "ratio": first["agentwal_s"] / first["git_s"],
+                              "paired": first["agentwal_s"] / first["git_s"]}}
+    for label, op in res["operations"].items():
+        a, g = med(op["agentwal_s"]), med(op["git_s"])
+        ca, cg = med(op["agentwal_cpu_s"]), med(op["git_cpu_s"])
+        out[label.format(res["differ"])] = {
+            "agentwal_s": a, "git_s": g, "ratio": a / g,
+            "paired": med(x / y for x, y in zip(op["agentwal_s"], op["git_s"], strict=True)),
+            "agentwal_cpu_s": ca, "git_cpu_s": cg,
+            "cpu_ratio": ca / cg if cg else float("inf")}
+    return out
+
+
+def print_results(res: dict[str, Any]) -> None:
+    """The figures of :func:`measure` as a table."""
+    rows = summary(res)
+    print(f"tree: {res['files']:,} files, {res['mib']:.1f} MiB, {res['directories']} "
+          f"directories; git {res['git']}, Python {res['python']}; "
+          f"load average {res['load']:.1f}")
     print(f"{'operation':52} {'agentwal':>10} {'git':>10} {'ratio':>7} {'paired':>7}")
-    print(f"{first_row[0]:52} {first_row[1] * 1000:8.0f}ms {first_row[2] * 1000:8.0f}ms "
-          f"{first_row[1] / first_row[2]:7.2f} {'':>7}")
-    for label, pairs in times.items():
-        a = statistics.median(a for a, _g in pairs)
-        g = statistics.median(g for _a, g in pairs)
-        ratio = statistics.median(a / g for a, g in pairs)
-        print(f"{label.format(differ):52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms {a / g:7.2f} "
-              f"{ratio:7.2f}")
+    for label, row in rows.items():
+        paired_col = "" if label == "first snapshot" else f"{row['paired']:7.2f}"
+        print(f"{label:52} {row['agentwal_s'] * 1000:8.0f}ms {row['git_s'] * 1000:8.0f}ms "
+              f"{row['ratio']:7.2f} {paired_col:>7}")
     print(f"{'CPU time (user + system, medians)':52} {'agentwal':>10} {'git':>10} {'ratio':>7}")
-    for label, pairs in cpu.items():
-        a = statistics.median(a for a, _g in pairs)
-        g = statistics.median(g for _a, g in pairs)
-        print(f"{label.format(differ):52} {a * 1000:8.0f}ms {g * 1000:8.0f}ms "
-              f"{a / g if g else float('inf'):7.2f}")
-    print(f"(first snapshot: one run; the others: medians of {rounds} rounds, the two tools "
-          "in turn first; ratio: of the medians; paired: the median of the rounds' ratios)")
+    for label, row in rows.items():
+        if "cpu_ratio" in row:
+            print(f"{label:52} {row['agentwal_cpu_s'] * 1000:8.0f}ms "
+                  f"{row['git_cpu_s'] * 1000:8.0f}ms {row['cpu_ratio']:7.2f}")
+    print(f"(first snapshot: one run; the others: medians of {res['rounds']} rounds, the two "
+          "tools in turn first; ratio: of the medians; paired: the median of the rounds' "
+          "ratios)")
+    added, size = res["added_bytes"], res["file_bytes"]
     print(f"bytes added by the one-file snapshot: agentwal {added:,} "
-          f"(file {changed_size:,} + {added - changed_size:,}), git {git_added:,}")
-    return 0
+          f"(file {size:,} + {added - size:,}), git {res['git_added_bytes']:,}")
 
 
 if __name__ == "__main__":

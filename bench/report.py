@@ -3,21 +3,23 @@
 
 Usage::
 
-    make bench-report                          # the full run (about 15 minutes), then the page
+    make bench-report                          # the full run (about 17 minutes), then the page
     .venv/bin/python bench/report.py --quick   # tiny sizes, a few seconds: checks the code path
     .venv/bin/python bench/report.py --render-only   # page and plots again from bench/report.json
 
 Every figure on the page and in the plots comes from the measurements of one
 run, saved to ``bench/report.json`` first; nothing is typed in by hand. Each
 measurement runs agentwal and its baselines (raw fdatasync loops, SQLite,
-LMDB, LangGraph's SqliteSaver and PostgresSaver, git, plain file copies,
-plain PostgreSQL inserts) in the same run, interleaved round by round where
-the load of a shared machine could move between them; a ratio is the median
-over rounds of the ratio *within* a round. Every PostgreSQL measurement uses
-one server (``--pg-dsn``'s, else a throwaway one started as the tests start
-theirs, made durable). The load average before the run (and at the start of
-each part) is recorded; above ``LOADED`` per CPU the page, every plot and
-stderr say the machine was busy.
+LMDB, LangGraph's SqliteSaver and PostgresSaver, git, plain file copies, plain
+PostgreSQL inserts) in the same run, interleaved round by round where the load
+of a shared machine could move between them; a ratio is the median over rounds
+of the ratio *within* a round. The open issues' own benchmarks run as parts of
+it (issue #13's ``langgraph_compare.py`` workload, issue #15's
+``bench_workspace.py`` tree), so the page's goals table covers every goal.
+Every PostgreSQL measurement uses one server (``--pg-dsn``'s, else a throwaway
+one started as the tests start theirs, made durable). The load average before
+the run (and at the start of each part) is recorded; above ``LOADED`` per CPU
+the page, every plot and stderr say the machine was busy.
 
 ``--quick`` shrinks every size so the whole run takes seconds; its figures
 mean nothing (``tests/test_bench_report.py`` runs it to keep this code
@@ -739,6 +741,56 @@ def workspace_sweep(files: list[int], repeat: int, log: Log) -> dict[str, Any]:
     return out
 
 
+def workspace_goals(files: int, rounds: int, wait: float, log: Log) -> dict[str, Any]:
+    """Issue #15's benchmark (``bench/bench_workspace.py``'s whole run) on one tree of
+    ``files`` files: the first snapshot, status, the one-file and the 100-file snapshots and
+    the restore beside git, and the bytes the one-file snapshot adds."""
+    if shutil.which("git") is None:
+        return {"notes": ["git is not installed: the workspace goals were not measured"]}
+    with scratch_dir() as d:
+        out = wsb.measure_tree(os.path.join(d, "W"), os.path.join(d, "store.awal"), files,
+                               rounds, wait)
+    out["summary"] = wsb.summary(out)
+    for label, row in out["summary"].items():
+        log(f"workspace goals: {label}: agentwal / git {row['paired']:.2f}x")
+    return out
+
+
+LG_LOCAL_SAVERS = ("AgentWALSaver", "SqliteSaver")
+
+
+def langgraph_local(threads: list[int], steps: int, message_bytes: int, rounds: int,
+                    log: Log) -> dict[str, Any]:
+    """Issue #13's benchmark (``bench/langgraph_compare.py``): AgentWALSaver on a local store
+    beside LangGraph's SqliteSaver (WAL, ``synchronous=FULL``), both driven with the Pregel
+    loop's calls for a chat graph, rounds alternating which saver goes first."""
+    out: dict[str, Any] = {"threads": threads, "steps": steps, "message_bytes": message_bytes,
+                           "rounds": rounds, "series": {}, "ratios": {}}
+    try:
+        import langgraph_compare as lgc
+    except ImportError as exc:
+        out["notes"] = [f"LangGraph's SqliteSaver skipped: {exc}"]
+        return out
+    runs = dict(zip(LG_LOCAL_SAVERS, (lgc.run_agentwal, lgc.run_sqlite), strict=True))
+    got: dict[str, list[list[dict[str, Any]]]] = {n: [[] for _ in threads] for n in runs}
+    for i, t in enumerate(threads):
+        args = argparse.Namespace(threads=t, steps=steps, message_bytes=message_bytes,
+                                  no_view=False, fold_every=0)
+        for r in range(rounds):
+            order = list(runs.items())
+            for name, run in order if (r + i) % 2 == 0 else order[::-1]:
+                with scratch_dir("lg-bench-") as d:
+                    got[name][i].append(run(d, args))
+                log(f"langgraph round {r + 1}/{rounds}: {name} x{t}: "
+                    f"{got[name][i][-1]['puts_per_s']:,.0f} puts/s")
+    out["series"] = {n: {c: [spread([x[c] for x in per]) for per in got[n]] for c in LG_COLUMNS}
+                     for n in runs}
+    aw, sq = (got[n] for n in LG_LOCAL_SAVERS)
+    out["ratios"] = {c: [paired([x[c] for x in a], [x[c] for x in q]) if all(
+        x[c] for x in q) else None for a, q in zip(aw, sq, strict=True)] for c in LG_COLUMNS}
+    return out
+
+
 # -- blobs: put_blob and open_blob throughput vs artifact size ------------------------------------
 
 BLOB_OPS = ("copy + fsync", "copy + sha256 + fsync", "put_blob + commit (sync)",
@@ -1180,6 +1232,10 @@ FULL = {
     "get": {"keys": [100, 1_000, 10_000, 50_000], "number": 2000, "repeat": 5},
     "effects": {"sizes": [100, 300, 1_000, 2_000], "runs": 10, "repeat": 7},
     "workspace": {"files": [250, 1_000, 4_000], "repeat": 5},
+    # issue #15's benchmark: its tree (10,000 files, ~100 MiB), 3 rounds
+    "workspace_goals": {"files": 10_000, "rounds": 3, "wait": wsb.RACY_WAIT},
+    # issue #13's benchmark: 4 LangGraph threads x 200 steps, ~1 KiB messages
+    "langgraph": {"threads": [4], "steps": 200, "message_bytes": 1024, "rounds": 3},
     "blobs": {"mib": [1, 16, 128], "rounds": 3},
     "postgres": {"workers": [1, 2, 4], "seconds": 3.0, "rounds": 3},
     # 200 steps: the issue's goals (puts/s, bytes per checkpoint) are at step 200
@@ -1195,6 +1251,8 @@ QUICK = {
     "get": {"keys": [10, 100], "number": 20, "repeat": 2},
     "effects": {"sizes": [5, 10], "runs": 5, "repeat": 2},
     "workspace": {"files": [40, 80], "repeat": 1},
+    "workspace_goals": {"files": 200, "rounds": 1, "wait": 0.0},
+    "langgraph": {"threads": [2], "steps": 4, "message_bytes": 256, "rounds": 1},
     "blobs": {"mib": [0.25, 1], "rounds": 1},
     "postgres": {"workers": [1], "seconds": 0.2, "rounds": 1},
     "langgraph_postgres": {"threads": [1], "steps": 4, "message_bytes": 256, "rounds": 1},
@@ -1227,6 +1285,7 @@ def measure(quick: bool, log: Log, pg_dsn: str | None = None,
     sweeps: dict[str, Callable[..., dict[str, Any]]] = {
         "threads": threads_sweep, "open": open_sweep, "conversation": conversation,
         "get": get_sweep, "effects": effects_sweep, "workspace": workspace_sweep,
+        "workspace_goals": workspace_goals, "langgraph": langgraph_local,
         "blobs": blobs_sweep, "postgres": postgres_sweep,
         "langgraph_postgres": langgraph_postgres_sweep, "failover": failover_sweep}
     pg = PgServer(pg_dsn, postgres, log)

@@ -394,6 +394,11 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
                      "checkpoints", f"{ratio:.2f}x", "<= 1.3x",
                      "yes" if ratio <= 1.3 else "**no**"])
     out += _table(["goal", "value", "target", "met"], rows)
+    issue_rows = _issue_goals(res)
+    if issue_rows:
+        out += ["The other issues' goals, from their own benchmarks in this run (sections "
+                "below):", ""]
+        out += _table(["issue", "goal", "value", "target", "met"], issue_rows)
     rows = []
     for key, label, _ in compare.THROUGHPUT:
         xs = cm["samples"][key]
@@ -558,6 +563,7 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
             for i, n in enumerate(ws["files"][:len(ws["tree_mib"])])]
     out += _table(["files", "MiB", *(f"{s} s" for s in wss), "first: agentwal / git",
                    "1 file: agentwal / git"], rows)
+    out += _workspace_goals(res, cmd)
     p = res.get("postgres") or {}
     out += ["### PostgreSQL: worker processes", ""]
     for note in p.get("notes", []):
@@ -583,13 +589,64 @@ def section(res: dict[str, Any], page_dir: str, images: dict[str, str | None]) -
                 "INSERT loop makes one; the server and the workers share the machine's "
                 f"{m['cpus']} CPUs.", ""]
     out += _blobs(res, page_dir, images, cmd)
+    out += _langgraph_local(res, cmd)
     out += _langgraph_postgres(res, page_dir, images, cmd)
     out += _failover(res, page_dir, images, cmd)
     out += ["The other benchmark scripts (`bench/test_bench_*.py`, `bench_loop_lag.py`, "
             "`bench_retention.py`, `bench_postgres.py`, `bench_postgres_fleet.py`, "
-            "`langgraph_compare.py`, `bench_workspace.py`) keep their own figures in the "
-            "hand-recorded sections below, each with its command and conditions.", "", END]
+            "`open_cpu.py`, `saver_cpu.py`) keep their own figures in the hand-recorded "
+            "sections below, each with its command and conditions.", "", END]
     return out
+
+
+def _yes(met: bool) -> str:
+    return "yes" if met else "**no**"
+
+
+def _ratio_goal(issue: str, goal: str, value: float | None, target: float,
+                at_least: bool, shown: str = "") -> list[str] | None:
+    """A goals row for a ratio (None when it was not measured); ``shown``: the target as
+    the issue words it, when not a plain number."""
+    if value is None:
+        return None
+    met = value >= target if at_least else value <= target
+    return [issue, goal, f"{value:.3g}x" if value < 0.1 else f"{value:.2f}x",
+            f"{'>=' if at_least else '<='} {shown or f'{target:g}x'}", _yes(met)]
+
+
+def _issue_goals(res: dict[str, Any]) -> list[list[str]]:
+    """Rows of the goals issues #12, #13 and #15 name, from their parts of the run."""
+    rows: list[list[str] | None] = []
+    for key, issue, name, baseline, speed in (
+            ("langgraph", "#13", "LangGraph", "SqliteSaver", 4.0),
+            ("langgraph_postgres", "#12", "LangGraph on PostgreSQL", "PostgresSaver", 2.0)):
+        lg = res.get(key) or {}
+        r = lg.get("ratios") or {}
+        if not r.get("puts_per_s"):
+            continue
+        i = len(lg["threads"]) - 1  # the most threads measured
+        at = f"{name}, {lg['threads'][i]} threads x {lg['steps']} steps"
+        rows.append(_ratio_goal(issue, f"{at}: checkpoints/s vs {baseline}",
+                                r["puts_per_s"][i], speed, True))
+        if issue == "#13":
+            rows.append(_ratio_goal(issue, f"{at}: get_tuple p50 vs {baseline}",
+                                    r["get_tuple_p50_ms"][i], 1.0, False))
+        rows.append(_ratio_goal(issue, f"{at}: bytes per checkpoint at the end vs {baseline}",
+                                r["bytes_per_checkpoint_at_end"][i], 1 / 30, False,
+                                "1/30 (0.0333x)"))
+    wg = res.get("workspace_goals") or {}
+    if wg.get("summary"):
+        tree = f"{wg['files']:,} files"
+        for label, row in wg["summary"].items():
+            if label.startswith("status"):
+                continue  # measured beside git, but the issue sets it no goal
+            rows.append(_ratio_goal("#15", f"workspace, {tree}: {label} vs git (wall)",
+                                    row["paired"], 1.0, False))
+        over = wg["added_bytes"] - wg["file_bytes"]
+        rows.append(["#15", f"workspace, {tree}: bytes the one-file snapshot adds beyond "
+                     f"the file ({wg['file_bytes']:,} B)", f"{over:,}", "<= 4,096",
+                     _yes(over <= 4096)])
+    return [r for r in rows if r is not None]
 
 
 BLOB_WRITES = ("put_blob + commit (sync)", "copy + fsync", "copy + sha256 + fsync")
@@ -639,6 +696,63 @@ def _blobs(res: dict[str, Any], page_dir: str, images: dict[str, str | None],
 
 _OLDER = ("not measured in this run: its `bench/report.json` predates this part of "
           "`bench/report.py`; the next `make bench-report` measures it")
+
+
+def _workspace_goals(res: dict[str, Any], cmd: str) -> list[str]:
+    wg, out = _part(res, "workspace_goals", "Workspace checkpoints: issue #15's benchmark")
+    if not wg.get("summary"):
+        return out
+    out += [f"`bench/bench_workspace.py`'s run on its tree ({wg['files']:,} files, "
+            f"{wg['mib']:.1f} MiB in {wg['directories']:,} directories): the first snapshot "
+            f"once, then {_n(wg['rounds'], 'round')} of: `ws.status()` after one file changed "
+            f"beside `git status`, a snapshot of that change, a snapshot after 100 more files "
+            f"changed (each beside `git add -A && git commit`, the two tools taking turns "
+            f"going first), and a restore of the round's first checkpoint "
+            f"({wg['differ']} files differ) beside `git checkout`. agentwal runs with its "
+            f"default durability (`sync`: every file and tree object fsynced before the "
+            f"commit; a restore writes each file to a temporary file, fsyncs and renames it), "
+            f"git with its defaults (no fsync). The page cache's dirty pages are written back "
+            f"(`sync`, untimed) before each timed operation. {cmd}.", ""]
+    rows = []
+    for label, r in wg["summary"].items():
+        cpu = (f"{r['agentwal_cpu_s'] * 1e3:,.0f} / {r['git_cpu_s'] * 1e3:,.0f} ms "
+               f"({r['cpu_ratio']:.2f}x)" if "cpu_ratio" in r else "")
+        rows.append([label, f"{r['agentwal_s'] * 1e3:,.0f}", f"{r['git_s'] * 1e3:,.0f}",
+                     f"{r['paired']:.2f}x", cpu])
+    out += _table(["operation", "agentwal ms", "git ms", "agentwal / git",
+                   "CPU agentwal / git (user + system)"], rows)
+    over = wg["added_bytes"] - wg["file_bytes"]
+    out += [f"Medians (the first snapshot: one run); agentwal / git is the median of the "
+            f"rounds' own ratios. The first one-file snapshot added {wg['added_bytes']:,} "
+            f"bytes to the store: the file ({wg['file_bytes']:,}) and {over:,} of tree "
+            f"objects and log record (git: {wg['git_added_bytes']:,}).", ""]
+    return out
+
+
+def _langgraph_local(res: dict[str, Any], cmd: str) -> list[str]:
+    lg, out = _part(res, "langgraph", "LangGraph savers on a local disk: issue #13's benchmark")
+    if not lg.get("series"):
+        return out
+    out += [f"`bench/langgraph_compare.py`'s measurement: `AgentWALSaver` on a local store "
+            f"(`durability=\"sync\"`) beside LangGraph's `SqliteSaver` (WAL mode, "
+            f"`synchronous=FULL`: durable when a call returns, as agentwal's), one saver "
+            f"shared by the threads, driven with the Pregel loop's calls for a one-node chat "
+            f"graph ({lg['steps']} steps per thread, a {lg['message_bytes']:,} B message each); "
+            f"{_n(lg['rounds'], 'round')}, alternating which saver goes first. Bytes per "
+            f"checkpoint: the files' growth over the last 20 steps of every thread, both "
+            f"logs folded first. {cmd}.", ""]
+    cols = {"puts_per_s": "checkpoints/s", "get_tuple_p50_ms": "get_tuple ms",
+            "list_all_s": "list s", "bytes_per_checkpoint_at_end": "B per checkpoint"}
+    rows = []
+    for i, t in enumerate(lg["threads"]):
+        for name, sr in lg["series"].items():
+            rows.append([str(t), name, *(_num(sr[c][i]["median"]) for c in cols)])
+        rows.append([str(t), "**AgentWALSaver / SqliteSaver**", *(
+            f"{r:.3g}x" if (r := lg["ratios"][c][i]) is not None else "n/a" for c in cols)])
+    out += _table(["threads", "saver", *cols.values()], rows)
+    out += ["Ratios are medians of per-round ratios; `list` reads all of one thread's "
+            "checkpoints.", ""]
+    return out
 
 
 def _langgraph_postgres(res: dict[str, Any], page_dir: str, images: dict[str, str | None],

@@ -73,8 +73,17 @@ def test_a_quick_report_measures_draws_and_rewrites_only_its_section(
     res = json.loads(data.read_text())
     assert res["quick"] is True
     for name in ("compare", "threads", "open", "conversation", "get", "effects", "workspace",
-                 "blobs", "postgres", "langgraph_postgres", "failover"):
+                 "workspace_goals", "langgraph", "blobs", "postgres", "langgraph_postgres",
+                 "failover"):
         assert name in res, name
+    # the open issues' own benchmarks run as parts, and their goals join the goals table
+    assert set(res["langgraph"]["series"]) == {"AgentWALSaver", "SqliteSaver"}
+    assert "LangGraph savers on a local disk: issue #13's benchmark" in section
+    assert "| #13 | LangGraph, 2 threads x 4 steps: checkpoints/s vs SqliteSaver |" in section
+    if res["machine"]["git"]:
+        assert "Workspace checkpoints: issue #15's benchmark" in section
+        assert "| #15 | workspace, 200 files: snapshot, 100 files changed vs git (wall) |" \
+            in section
     if pg[0] == "--pg-dsn":
         assert all(res["postgres"]["series"].values()) and "postgres-workers.png" in section
         # LangGraph's PostgresSaver beside AgentWALSaver on the same server and workload
