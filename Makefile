@@ -58,7 +58,7 @@ bench-postgres: $(STAMP)
 	$(PY) bench/langgraph_postgres_compare.py
 
 # docs/benchmarks.md's generated section and its plots (docs/images/bench/*.png), from one
-# run of every side-by-side measurement saved to bench/report.json (about 15 minutes).
+# run of every side-by-side measurement saved to bench/report.json (about 17 minutes).
 # `$(PY) bench/report.py --quick` is the same code at tiny sizes (seconds; meaningless figures).
 bench-report: $(STAMP)
 	$(PY) bench/report.py
