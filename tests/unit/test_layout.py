@@ -26,7 +26,7 @@ RANK = {
     "io": 2, "aio": 2,
     "local.control": 3, "local.wal": 3, "local.blobs": 3, "local.blobread": 3,
     "local.blobgate": 3, "treeio": 3, "tree_cache": 3, "tree_snapshot": 3,
-    "tree_restore": 3,
+    "tree_restore": 3, "tree_scan": 3,
     "local.logmark": 3, "local.opening": 3, "local.background": 3, "local.healthfile": 3,
     "effects": 4, "backend": 4, "local": 4, "local.records": 4, "local.memtable": 4,
     "local.reads": 4, "local.snapshot": 4,
