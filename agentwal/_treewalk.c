@@ -270,30 +270,60 @@ put_le64(char *out, int64_t v)
         out[i] = (char)(u >> (8 * i));
 }
 
-/* The Python result of a listing made without errors. */
-static PyObject *
-build(listing *l)
+/* The listing's signatures joined (Listing.sigs), in a malloc'd buffer (NULL: no memory;
+   a buffer of one byte stands for none), and the newest mtime of its files. */
+static char *
+join_sigs(const listing *l, size_t *len, int64_t *newest)
 {
-    size_t sig_len = 0, good = 0, ndirs = 0;
-    int64_t newest = 0;
+    size_t n = 0;
+    *newest = 0;
     for (size_t i = 0; i < l->n; i++) {
-        entry *e = &l->items[i];
-        switch (e->kind) {
-        case 'f':
-            sig_len += e->len + 2 + RECORD;
-            newest = e->rec[1] > newest ? e->rec[1] : newest;
-            break;
-        case 'd':
-            sig_len += e->len + 2;
-            ndirs++;
-            break;
-        case 'l':
-            sig_len += e->len + 3 + e->tlen;
-            break;
+        const entry *e = &l->items[i];
+        if (e->kind == 'f') {
+            n += e->len + 2 + RECORD;
+            *newest = e->rec[1] > *newest ? e->rec[1] : *newest;
+        } else if (e->kind == 'd') {
+            n += e->len + 2;
+        } else if (e->kind == 'l') {
+            n += e->len + 3 + e->tlen;
         }
-        good += e->kind == 'f' || e->kind == 'd' || e->kind == 'l' || e->kind == 'o';
     }
-    PyObject *sigs = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sig_len);
+    char *out = malloc(n ? n : 1), *s = out;
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < l->n; i++) {
+        const entry *e = &l->items[i];
+        if (e->kind != 'f' && e->kind != 'd' && e->kind != 'l')
+            continue;
+        memcpy(s, e->at, e->len);
+        s += e->len;
+        *s++ = '\0';
+        *s++ = e->kind;
+        if (e->kind == 'f') {
+            for (int k = 0; k < 5; k++)
+                put_le64(s + 8 * k, e->rec[k]);
+            s += RECORD;
+        } else if (e->kind == 'l') {
+            memcpy(s, l->targets.data + e->target, e->tlen);
+            s += e->tlen;
+            *s++ = '\0';
+        }
+    }
+    *len = n;
+    return out;
+}
+
+/* The Python tuple of a listing (tree_scan.Listing's fields), its signatures given. */
+static PyObject *
+build(const listing *l, const char *sig_data, size_t sig_len, int64_t newest)
+{
+    size_t good = 0, ndirs = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        char k = l->items[i].kind;
+        good += k == 'f' || k == 'd' || k == 'l' || k == 'o';
+        ndirs += k == 'd';
+    }
+    PyObject *sigs = PyBytes_FromStringAndSize(sig_data, (Py_ssize_t)sig_len);
     PyObject *stats = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(good * RECORD));
     PyObject *names = PyList_New((Py_ssize_t)good);
     PyObject *dirs = PyList_New((Py_ssize_t)ndirs);
@@ -302,14 +332,13 @@ build(listing *l)
     PyObject *result = NULL;
     if (!sigs || !stats || !names || !dirs || !targets || !errors)
         goto done;
-    char *s = PyBytes_AS_STRING(sigs), *r = PyBytes_AS_STRING(stats);
+    char *r = PyBytes_AS_STRING(stats);
     Py_ssize_t at = 0, at_dir = 0;
     for (size_t i = 0; i < l->n; i++) {
-        entry *e = &l->items[i];
-        const char *name = l->names.data + e->name;
+        const entry *e = &l->items[i];
         if (e->kind == 0)
             continue;
-        PyObject *bname = PyBytes_FromStringAndSize(name, (Py_ssize_t)e->len);
+        PyObject *bname = PyBytes_FromStringAndSize(e->at, (Py_ssize_t)e->len);
         if (bname == NULL)
             goto done;
         if (e->kind == '!' || e->kind == '?') {
@@ -326,24 +355,12 @@ build(listing *l)
         for (int k = 0; k < 5; k++)
             put_le64(r + 8 * k, e->rec[k]);
         r += RECORD;
-        if (e->kind == 'o')
-            continue;
-        memcpy(s, name, e->len);
-        s += e->len;
-        *s++ = '\0';
-        *s++ = e->kind;
-        if (e->kind == 'f') {
-            memcpy(s, r - RECORD, RECORD);
-            s += RECORD;
-        } else if (e->kind == 'd') {
+        if (e->kind == 'd') {
             Py_INCREF(bname);
             PyList_SET_ITEM(dirs, at_dir++, bname);
-        } else {
-            const char *target = l->targets.data + e->target;
-            memcpy(s, target, e->tlen);
-            s += e->tlen;
-            *s++ = '\0';
-            PyObject *t = PyBytes_FromStringAndSize(target, (Py_ssize_t)e->tlen);
+        } else if (e->kind == 'l') {
+            PyObject *t = PyBytes_FromStringAndSize(l->targets.data + e->target,
+                                                    (Py_ssize_t)e->tlen);
             if (t == NULL || PyDict_SetItem(targets, bname, t) != 0) {
                 Py_XDECREF(t);
                 goto done;
@@ -360,6 +377,310 @@ done:
     Py_XDECREF(dirs);
     Py_XDECREF(targets);
     Py_XDECREF(errors);
+    return result;
+}
+
+static PyObject *
+build_listing(const listing *l)
+{
+    size_t len;
+    int64_t newest;
+    char *sigs = join_sigs(l, &len, &newest);
+    if (sigs == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = build(l, sigs, len, newest);
+    free(sigs);
+    return result;
+}
+
+/* -- SHA-256 (FIPS 180-4), for a directory's digest: tree_cache._digest ---------------- */
+
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+    0xc67178f2,
+};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void
+sha256_block(uint32_t h[8], const unsigned char *p)
+{
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16
+               | (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = k + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g))
+                      + K256[i] + w[i];
+        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g;
+        g = f;
+        f = e;
+        e = d + t1;
+        d = c;
+        c = b;
+        b = a;
+        a = t1 + t2;
+    }
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += k;
+}
+
+/* The first 16 bytes of SHA-256(data): a directory's digest. */
+static void
+digest16(const char *data, size_t len, unsigned char out[16])
+{
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    const unsigned char *p = (const unsigned char *)data;
+    size_t left = len;
+    for (; left >= 64; p += 64, left -= 64)
+        sha256_block(h, p);
+    unsigned char tail[128] = {0};
+    memcpy(tail, p, left);
+    tail[left] = 0x80;
+    size_t end = left < 56 ? 64 : 128;
+    uint64_t bits = (uint64_t)len * 8;
+    for (int i = 0; i < 8; i++)
+        tail[end - 1 - i] = (unsigned char)(bits >> (8 * i));
+    sha256_block(h, tail);
+    if (end == 128)
+        sha256_block(h, tail + 64);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            out[4 * i + j] = (unsigned char)(h[i] >> (24 - 8 * j));
+}
+
+static PyObject *
+digest(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "digest: bytes expected");
+        return NULL;
+    }
+    unsigned char out[16];
+    digest16(PyBytes_AS_STRING(arg), (size_t)PyBytes_GET_SIZE(arg), out);
+    return PyBytes_FromStringAndSize((const char *)out, 16);
+}
+
+/* -- the whole-tree pass -------------------------------------------------------------- */
+
+/* Deeper directories are left to the Python walk (each level holds a descriptor here). */
+#define MAX_DEPTH 64
+
+typedef struct {
+    PyObject *trusted;  /* {rel: digest} of the trusted stat-cache records */
+    PyObject *clean;    /* set: rel of each directory as recorded, all below it too */
+    PyObject *listings; /* {rel: listing tuple} of every other directory looked into */
+    const char *const *skip;
+    const size_t *skip_len;
+    Py_ssize_t nskip;
+    const char *store; /* rel of the store's directory inside the tree, or NULL */
+    size_t store_len;
+    const char *stop; /* a file name below which the walk is Python's, or NULL */
+    size_t stop_len;
+} walker;
+
+static int
+rel_push(buffer *rel, const char *name, size_t len)
+{
+    if (rel->len > 0 && buf_add(rel, "/", 1) != 0)
+        return -1;
+    return buf_add(rel, name, len);
+}
+
+/* Walk directory `fd` (at `rel`, which it leaves as it found it): 1 if it is clean,
+   0 if not, -1 on a Python error. A directory that cannot be opened or listed is
+   not clean and has no listing: the Python walk looks at it again (and reports). */
+static int
+walk_dir(walker *w, int fd, buffer *rel, int depth)
+{
+    listing l;
+    memset(&l, 0, sizeof l);
+    Py_BEGIN_ALLOW_THREADS
+    list_dir(&l, fd, NULL, w->skip, w->skip_len, w->nskip);
+    Py_END_ALLOW_THREADS
+    if (l.err != 0) {
+        listing_free(&l);
+        if (l.err == ENOMEM) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        return 0;
+    }
+    size_t base = rel->len;
+    int clean = depth < MAX_DEPTH, stop = depth >= MAX_DEPTH, failed = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        entry *e = &l.items[i];
+        if (e->kind == '!' || e->kind == '?')
+            clean = 0;
+        if (w->stop != NULL && e->kind == 'f' && e->len == w->stop_len
+            && memcmp(e->at, w->stop, e->len) == 0)
+            stop = 1, clean = 0;
+        if (w->store != NULL && e->kind == 'd' && base + (base > 0) + e->len == w->store_len
+            && memcmp(w->store + w->store_len - e->len, e->at, e->len) == 0
+            && (base == 0 || (memcmp(w->store, rel->data, base) == 0 && w->store[base] == '/')))
+            e->kind = 0; /* the store itself: not part of the tree */
+    }
+    size_t sig_len;
+    int64_t newest;
+    char *sigs = join_sigs(&l, &sig_len, &newest);
+    if (sigs == NULL) {
+        listing_free(&l);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key = PyBytes_FromStringAndSize(rel->data, (Py_ssize_t)base);
+    if (key == NULL)
+        goto fail;
+    if (clean) {
+        unsigned char d[16];
+        digest16(sigs, sig_len, d);
+        PyObject *want = PyDict_GetItemWithError(w->trusted, key); /* borrowed */
+        if (want == NULL && PyErr_Occurred())
+            goto fail;
+        clean = want != NULL && PyBytes_Check(want) && PyBytes_GET_SIZE(want) == 16
+                && memcmp(PyBytes_AS_STRING(want), d, 16) == 0;
+    }
+    for (size_t i = 0; i < l.n && !stop; i++) {
+        entry *e = &l.items[i];
+        if (e->kind != 'd')
+            continue;
+        int sub;
+        Py_BEGIN_ALLOW_THREADS
+        sub = openat(fd, e->at, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        Py_END_ALLOW_THREADS
+        if (sub < 0) {
+            clean = 0;
+            continue;
+        }
+        int got = rel_push(rel, e->at, e->len) == 0 ? walk_dir(w, sub, rel, depth + 1) : -2;
+        close(sub);
+        rel->len = base;
+        if (got == -2) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        if (got < 0)
+            goto fail;
+        clean &= got;
+    }
+    if (clean) {
+        failed = PySet_Add(w->clean, key);
+    } else {
+        PyObject *t = build(&l, sigs, sig_len, newest);
+        failed = t == NULL || PyDict_SetItem(w->listings, key, t) != 0;
+        Py_XDECREF(t);
+    }
+    Py_DECREF(key);
+    free(sigs);
+    listing_free(&l);
+    return failed ? -1 : clean;
+fail:
+    Py_XDECREF(key);
+    free(sigs);
+    listing_free(&l);
+    return -1;
+}
+
+static int
+skip_names(PyObject *skip, const char ***names, size_t **lens)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(skip);
+    *names = PyMem_Calloc((size_t)n + 1, sizeof **names);
+    *lens = PyMem_Calloc((size_t)n + 1, sizeof **lens);
+    if (*names == NULL || *lens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(skip, i);
+        if (!PyBytes_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "skip must be a tuple of bytes");
+            return -1;
+        }
+        (*names)[i] = PyBytes_AS_STRING(item);
+        (*lens)[i] = (size_t)PyBytes_GET_SIZE(item);
+    }
+    return 0;
+}
+
+static PyObject *
+walk(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *top, *skip, *trusted, *store, *stop;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO:walk", &PyBytes_Type, &top, &PyTuple_Type, &skip,
+                          &PyDict_Type, &trusted, &store, &stop))
+        return NULL;
+    if ((store != Py_None && !PyBytes_Check(store)) || (stop != Py_None && !PyBytes_Check(stop))) {
+        PyErr_SetString(PyExc_TypeError, "walk: store and stop must be bytes or None");
+        return NULL;
+    }
+    if ((size_t)PyBytes_GET_SIZE(top) != strlen(PyBytes_AS_STRING(top))) {
+        PyErr_SetString(PyExc_ValueError, "walk: embedded null byte in the path");
+        return NULL;
+    }
+    walker w;
+    memset(&w, 0, sizeof w);
+    w.trusted = trusted;
+    w.nskip = PyTuple_GET_SIZE(skip);
+    if (store != Py_None) {
+        w.store = PyBytes_AS_STRING(store);
+        w.store_len = (size_t)PyBytes_GET_SIZE(store);
+    }
+    if (stop != Py_None) {
+        w.stop = PyBytes_AS_STRING(stop);
+        w.stop_len = (size_t)PyBytes_GET_SIZE(stop);
+    }
+    const char **names = NULL;
+    size_t *lens = NULL;
+    PyObject *result = NULL;
+    buffer rel = {NULL, 0, 0};
+    w.clean = PySet_New(NULL);
+    w.listings = PyDict_New();
+    if (w.clean == NULL || w.listings == NULL || skip_names(skip, &names, &lens) != 0)
+        goto done;
+    w.skip = names;
+    w.skip_len = lens;
+    int fd;
+    Py_BEGIN_ALLOW_THREADS
+    fd = open(PyBytes_AS_STRING(top), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    Py_END_ALLOW_THREADS
+    if (fd >= 0) { /* else nothing is known: the Python walk opens it and reports */
+        int got = walk_dir(&w, fd, &rel, 0);
+        close(fd);
+        if (got < 0)
+            goto done;
+    }
+    result = PyTuple_Pack(2, w.clean, w.listings);
+done:
+    free(rel.data);
+    PyMem_Free(names);
+    PyMem_Free(lens);
+    Py_XDECREF(w.clean);
+    Py_XDECREF(w.listings);
     return result;
 }
 
@@ -391,29 +712,17 @@ scan(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "scan: the directory must be a descriptor or bytes");
         return NULL;
     }
-    Py_ssize_t nskip = PyTuple_GET_SIZE(skip);
-    const char **names = PyMem_Calloc((size_t)nskip + 1, sizeof *names);
-    size_t *lens = PyMem_Calloc((size_t)nskip + 1, sizeof *lens);
-    if (names == NULL || lens == NULL) {
+    const char **names = NULL;
+    size_t *lens = NULL;
+    if (skip_names(skip, &names, &lens) != 0) {
         PyMem_Free(names);
         PyMem_Free(lens);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < nskip; i++) {
-        PyObject *item = PyTuple_GET_ITEM(skip, i);
-        if (!PyBytes_Check(item)) {
-            PyMem_Free(names);
-            PyMem_Free(lens);
-            PyErr_SetString(PyExc_TypeError, "scan: skip must be a tuple of bytes");
-            return NULL;
-        }
-        names[i] = PyBytes_AS_STRING(item);
-        lens[i] = (size_t)PyBytes_GET_SIZE(item);
+        return NULL;
     }
     listing l;
     memset(&l, 0, sizeof l);
     Py_BEGIN_ALLOW_THREADS
-    list_dir(&l, fd, path, names, lens, nskip);
+    list_dir(&l, fd, path, names, lens, PyTuple_GET_SIZE(skip));
     Py_END_ALLOW_THREADS
     PyMem_Free(names);
     PyMem_Free(lens);
@@ -425,7 +734,7 @@ scan(PyObject *module, PyObject *args)
         result = path != NULL ? PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, where)
                               : PyErr_SetFromErrno(PyExc_OSError);
     } else {
-        result = build(&l);
+        result = build_listing(&l);
     }
     listing_free(&l);
     return result;
@@ -435,6 +744,10 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(dir, skip) -> (sigs, newest, names, stats, targets, dirs, errors): one "
      "directory's listing (see agentwal.tree_scan.Listing)."},
+    {"walk", walk, METH_VARARGS,
+     "walk(top, skip, trusted, store, stop) -> (clean, listings): the whole-tree pass "
+     "(see agentwal.tree_scan.walk)."},
+    {"digest", digest, METH_O, "digest(data) -> the first 16 bytes of SHA-256(data)."},
     {NULL, NULL, 0, NULL},
 };
 

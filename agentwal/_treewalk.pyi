@@ -12,3 +12,27 @@ def scan(
     list[bytes],
     list[tuple[bytes, int, bool]],
 ]: ...
+
+def walk(
+    top: bytes,
+    skip: tuple[bytes, ...],
+    trusted: dict[bytes, bytes],
+    store: bytes | None,
+    stop: bytes | None,
+    /,
+) -> tuple[
+    set[bytes],
+    dict[
+        bytes,
+        tuple[
+            bytes,
+            int,
+            list[bytes],
+            bytes,
+            dict[bytes, bytes],
+            list[bytes],
+            list[tuple[bytes, int, bool]],
+        ],
+    ],
+]: ...
+def digest(data: bytes, /) -> bytes: ...

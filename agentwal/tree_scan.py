@@ -38,6 +38,7 @@ It must not decide what is stored, skipped or written, nor read the files' conte
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 import stat
 import struct
@@ -217,6 +218,87 @@ def without(listing: Listing, drop: set[bytes]) -> Listing:
     return Listing(b"".join(sigs), newest, names, b"".join(records),
                    {n: t for n, t in listing.targets.items() if n not in drop}, dirs,
                    [e for e in listing.errors if e[0] not in drop])
+
+
+#: Directories deeper than this below the top are left to the per-directory walk
+#: (the whole-tree pass holds a descriptor per level).
+MAX_DEPTH = 64
+_SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def walk(top: bytes, skip: tuple[bytes, ...], trusted: dict[bytes, bytes],
+         store: bytes | None, stop: bytes | None) -> tuple[set[bytes], dict[bytes, Listing]]:
+    """The whole-tree pass of a snapshot or status: every directory below ``top``
+    listed as :func:`scan` lists it (subdirectories opened with ``O_NOFOLLOW``).
+
+    Args:
+        top: the tree's top directory.
+        skip: names left out everywhere (``scan``'s).
+        trusted: ``{relpath: digest}`` of the stat cache's trusted records
+            (relpaths as ``tree_cache._key`` gives them, ``b""`` for the top).
+        store: the store directory's relpath if it is inside the tree (left out).
+        stop: a file name (``b".gitignore"``) below which the walk is left to the
+            caller, whose exclude rules it changes: a directory holding one is
+            listed, not gone into.
+
+    Returns:
+        ``(clean, listings)``: the relpaths of the directories whose digest is their
+        trusted record's, every directory below them clean too (nothing else is
+        known of them: their records stand for them); and the listing of every other
+        directory looked into, by relpath. A directory that could not be opened or
+        listed is in neither (the caller lists it again, and reports); nor is
+        anything below a ``stop``, or :data:`MAX_DEPTH` levels down.
+    """
+    if _scan is c_scan:
+        assert _EXT is not None
+        clean, raw = _EXT.walk(top, skip, trusted, store, stop)
+        return clean, {rel: Listing(*t) for rel, t in raw.items()}
+    return py_walk(top, skip, trusted, store, stop)
+
+
+def py_walk(top: bytes, skip: tuple[bytes, ...], trusted: dict[bytes, bytes],
+            store: bytes | None, stop: bytes | None) -> tuple[set[bytes], dict[bytes, Listing]]:
+    """:func:`walk` in Python."""
+    clean: set[bytes] = set()
+    listings: dict[bytes, Listing] = {}
+    store_in, _slash, store_name = (None, b"", b"") if store is None else store.rpartition(b"/")
+
+    def directory(fd: int, rel: bytes, depth: int) -> bool:
+        try:
+            ls = py_scan(fd, skip)
+        except OSError:
+            return False
+        if store is not None and store_in == rel and store_name in ls.dirs:
+            ls = without(ls, {store_name})
+        at = None if stop is None else find(ls, stop)
+        deep = depth >= MAX_DEPTH or (at is not None and stat.S_ISREG(stat_at(ls, at).st_mode))
+        ok = not deep and not ls.errors and trusted.get(rel) == hashlib.sha256(
+            ls.sigs).digest()[:16]
+        for name in [] if deep else ls.dirs:
+            try:
+                sub = os.open(name, _SUBDIR_FLAGS, dir_fd=fd)
+            except OSError:
+                ok = False
+                continue
+            try:
+                ok &= directory(sub, rel + b"/" + name if rel else name, depth + 1)
+            finally:
+                os.close(sub)
+        if ok:
+            clean.add(rel)
+        else:
+            listings[rel] = ls
+        return ok
+
+    try:
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return clean, listings
+    try:
+        directory(fd, b"", 0)
+    finally:
+        os.close(fd)
+    return clean, listings
 
 
 def find(listing: Listing, name: bytes) -> int | None:

@@ -155,6 +155,9 @@ class _Snapper:
         self._deferred: list[bytes] = []
         self._deferred_bytes = 0
         self._skip = (b".git",) if gitignore else ()  # left out of every listing
+        # the whole-tree pass's (_prefetch): directories as recorded, listings of the others
+        self._clean: set[bytes] = set()
+        self._listings: dict[bytes, tree_scan.Listing] = {}
         self._store_parent, self._store_name = os.path.split(trees.store_dir_b)
 
     def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
@@ -168,6 +171,7 @@ class _Snapper:
         """Walk, read and store the directory ``path`` (and, storing, the root object
         naming it, in the same batch); returns its object's ``(sha256, size)``."""
         nodes: list[_Node] = []
+        self._prefetch(os.fsencode(path), rules)
         top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
         changed = [n for n in nodes if not n.reused]
         if self.reuse and self.store:
@@ -191,16 +195,41 @@ class _Snapper:
                 self._put_objects(pool, objects + self._deferred)
         return top.sha, top.size
 
+    def _prefetch(self, top: bytes, rules: IgnoreRules) -> None:
+        """The whole-tree pass (``tree_scan.walk``, one C call when the extension is
+        built): the directories as their trusted records say, all below them too, and the
+        listings of the others. Not where exclude patterns are in force (they decide
+        where the walk may go); under GITIGNORE it stops at each ``.gitignore``, below
+        which the walk lists directory by directory."""
+        if rules:
+            return
+        inside = self.trees.store_dir_b[len(top.rstrip(b"/")) + 1:] if \
+            self.trees.store_dir_b.startswith(top.rstrip(b"/") + b"/") else None
+        self._clean, self._listings = tree_scan.walk(
+            top, self._skip, self.cache.trusted() if self.reuse else {}, inside,
+            b".gitignore" if self.gitignore else None)
+        for key in self._clean:  # each is reached below one the walk looks at: kept as is
+            self.cache.carry(key)
+
     def _walk(self, path: bytes, rel: str, rules: IgnoreRules, depth: int,
               nodes: list[_Node]) -> _Node:
         """One directory (``path`` as bytes: names come back as bytes, no decoding)."""
         node = _Node(rel, _key(rel), depth)
         nodes.append(node)
-        try:
-            ls = tree_scan.scan(path, self._skip)  # lstat of every entry, no link followed
-        except OSError as exc:
-            raise TreeSourceError(os.fsdecode(path), f"cannot list it: {exc.strerror or exc}"
-                                  ) from None
+        if node.key in self._clean:  # as recorded, and all below it: the record's object
+            rec = self.cache.get(node.key)
+            rec = None if rec is None else self.cache.reusable(node.key, rec[0])
+            if rec is not None:
+                node.reused = True
+                node.sha, node.size, node.files, node.nbytes = rec[3].hex(), *rec[4:7]
+                return node
+        ls = self._listings.pop(node.key, None)
+        if ls is None:
+            try:
+                ls = tree_scan.scan(path, self._skip)  # lstat of each entry, no link followed
+            except OSError as exc:
+                raise TreeSourceError(os.fsdecode(path), f"cannot list it: "
+                                      f"{exc.strerror or exc}") from None
         if self.gitignore:
             rules = self._gitignore(path, ls, rules, rel)
         drop = self._dropped(path, ls, rel, rules)
