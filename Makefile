@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: docs demo example test test-all test-langgraph-upstream torture bench bench-compare bench-langgraph bench-postgres bench-report lint format clean
 
-$(STAMP): pyproject.toml
+# (re)installed when the C walk changes too: the editable install compiles it in place
+$(STAMP): pyproject.toml hatch_build.py agentwal/_treewalk.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,langgraph]'
@@ -72,7 +73,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix agentwal tests bench
 
 clean:
-	rm -rf $(VENV) .langgraph-upstream .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal site build dist *.egg-info
+	rm -rf $(VENV) agentwal/_treewalk*.so .langgraph-upstream .pytest_cache .mypy_cache .ruff_cache .benchmarks .torture demo.awal site build dist *.egg-info
 
 # docs/cli.md's reference part, from each command's --help; then the site (mkdocs.yml) into
 # site/, strictly: a broken link, anchor or API reference fails the build.

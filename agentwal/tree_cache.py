@@ -206,6 +206,12 @@ class StatCache:
         self._valid.add(rel)
         return rec
 
+    def trusted(self) -> dict[bytes, bytes]:
+        """``{relpath: digest}`` of the loaded set's well-formed, trusted records (what
+        :meth:`matches` could say yes to)."""
+        return {rel: rec[0] for rel, rec in self.dirs.items()
+                if _valid_record(rel, rec) and rec[1] - rec[2] >= RACY_NS}
+
     def reusable(self, rel: bytes, digest: bytes) -> list[Any] | None:
         """The directory's record if its entries are exactly as recorded (same digest)
         and it is trusted: its newest mtime was :data:`RACY_NS` older than the walk

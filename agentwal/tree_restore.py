@@ -46,13 +46,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import failpoints
+from . import failpoints, tree_scan
 from .errors import CorruptionError, DiskFullError, Error, RestoreError, UnsafeTreeError
 from .format import TREE_DIR, TREE_FILE, TREE_LINK
 from .io import DISK_FULL_ERRNOS
 from .local.blobs import CHUNK, BlobMissing
 from .tree import Entry, IgnoreRules, Root, join
-from .tree_cache import _FILE_SIG, RACY_NS, StatCache, _digest, _dir_sig, _file_sig, _key, _link_sig
+from .tree_cache import RACY_NS, StatCache, _digest, _dir_sig, _file_sig, _key, _link_sig
 from .tree_snapshot import _READ_FLAGS, THREADS, _hash_fd, _read_lines
 from .types import BlobRef
 
@@ -80,6 +80,12 @@ def _restore_error(exc: OSError, path: str) -> Error:
                              "files written so far are whole. Free some space and run "
                              "restore_tree again.")
     return RestoreError(path, exc.strerror or str(exc))
+
+
+def _stat(ls: tree_scan.Listing, name: bytes) -> os.stat_result | None:
+    """The lstat of entry ``name`` as the listing has it, or None if it has no such entry."""
+    i = tree_scan.find(ls, name)
+    return None if i is None else tree_scan.stat_at(ls, i)
 
 
 # -- restoring a directory -------------------------------------------------------------
@@ -184,13 +190,16 @@ class _Restorer:
                 rules = rules.extended(_read_lines(self.trees.read_object(gi.sha256, gi.size)),
                                        rel)
         try:
-            with os.scandir(fd) as it:
-                present = {d.name: d for d in it}
+            ls = tree_scan.scan(fd)  # lstat of every entry, through fd: no link followed
         except OSError as exc:
             raise _restore_error(exc, self._abs(rel)) from None
+        kept = self._kept_names(rel, ls, rules)
+        for bad, err, _link in ls.errors:
+            if bad not in kept:
+                raise _restore_error(OSError(err, os.strerror(err)),
+                                     self._abs(join(rel, bad))) from None
         key = _key(rel)
-        stats: dict[str, os.stat_result | None] = {}
-        old = self._recorded(fd, rel, key, sha, present, rules, stats)
+        old = self._recorded(rel, key, sha, tree_scan.without(ls, kept) if kept else ls)
         if old is not None and old[0] == sha:
             # Exactly the directory the cache recorded, and already the tree's: only
             # the subdirectories are left to look at.
@@ -201,24 +210,22 @@ class _Restorer:
             self.counts.unchanged += len(entries) - len(subdirs)
             for e in subdirs:
                 name = os.fsdecode(e.name)
-                self._dir(fd, name, join(rel, name), e, stats.get(name), rules)
+                self._dir(fd, name, join(rel, name), e, _stat(ls, e.name), rules)
             return
         known = {} if old is None else old[1]
         closing = _Closing(key, sha, size)
         self.closing.append(closing)
         changed = False
-        wanted = {os.fsdecode(e.name) for e in entries}
-        for name, d in present.items():
-            if name in wanted:
+        wanted = {e.name for e in entries}
+        for bname in ls.names:
+            if bname in wanted:
                 continue
+            name = os.fsdecode(bname)
             crel = join(rel, name)
             if name.startswith(TMP_PREFIX):
                 changed |= self._remove(fd, name, crel, None)
-                continue
-            is_dir = d.is_dir(follow_symlinks=False)
-            if self._kept(crel, name, is_dir, rules):
-                continue
-            changed |= self._remove(fd, name, crel, rules)
+            elif bname not in kept:
+                changed |= self._remove(fd, name, crel, rules)
         writes: list[tuple[str, str, Entry]] = []
         for e in entries:
             name = os.fsdecode(e.name)
@@ -226,7 +233,7 @@ class _Restorer:
             if crel == self._store_rel:
                 raise RestoreError(self._abs(crel), "the tree has an entry where the store "
                                    "itself lives; restore it somewhere else")
-            st = stats[name] if name in stats else self._lstat(fd, name, crel, present)
+            st = _stat(ls, e.name)
             if e.kind == TREE_DIR:
                 closing.sigs.append(_dir_sig(e.name))
                 changed |= self._dir(fd, name, crel, e, st, rules)
@@ -257,57 +264,29 @@ class _Restorer:
         elif changed:
             self._fsync_dir(fd, rel)
 
-    def _lstat(self, fd: int, name: str, rel: str, present: dict[str, os.DirEntry[str]]
-               ) -> os.stat_result | None:
-        d = present.get(name)
-        if d is None:
-            return None
-        try:
-            return d.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise _restore_error(exc, self._abs(rel)) from None
+    def _kept_names(self, rel: str, ls: tree_scan.Listing, rules: IgnoreRules) -> set[bytes]:
+        """The entries of a directory that the restore leaves alone whatever the tree holds
+        (:meth:`_kept`), asked only where the answer can be yes."""
+        kept: set[bytes] = set()
+        if self.gitignore and tree_scan.find(ls, b".git") is not None:
+            kept.add(b".git")
+        if rules:  # (once per entry of a directory with exclude rules in force)
+            dirs, ignored = set(ls.dirs), rules.ignored
+            kept.update(n for n in ls.names if ignored(join(rel, n), n in dirs))
+        if self._store_rel is not None:
+            kept.update(n for n in ls.dirs if join(rel, n) == self._store_rel)
+        return kept
 
-    def _recorded(self, fd: int, rel: str, key: bytes, sha: str,
-                  present: dict[str, os.DirEntry[str]], rules: IgnoreRules,
-                  stats: dict[str, os.stat_result | None]
+    def _recorded(self, rel: str, key: bytes, sha: str, ls: tree_scan.Listing
                   ) -> tuple[str, dict[bytes, Entry]] | None:
         """``(object hash, {name: entry})`` of the directory object the cache says the
-        directory holds now (its entries' signatures hash to a trusted record's
-        digest), or None; the entries only if that is not ``sha``, the tree's own.
-        Fills ``stats`` with the entries' lstat results."""
+        directory holds now (the signatures of its entries, the kept ones left out, hash
+        to a trusted record's digest), or None; the entries only if that is not
+        ``sha``, the tree's own."""
         rec = self.cache.get(key)
         if rec is None or rec[1] - rec[2] < RACY_NS:
             return None
-        sigs: list[bytes] = []
-        add, pack, is_reg = sigs.append, _FILE_SIG.pack, stat.S_ISREG
-        # _kept, asked only where it can say yes: with rules, for ".git" under GITIGNORE,
-        # or for a directory when the store lives inside dest
-        ruled, gitignore, store_inside = bool(rules), self.gitignore, self._store_rel is not None
-        for name, d in present.items():  # (once per entry of the tree: kept lean)
-            is_dir = d.is_dir(follow_symlinks=False)
-            if ((ruled or (gitignore and name == ".git") or (is_dir and store_inside))
-                    and self._kept(join(rel, name), name, is_dir, rules)):
-                continue
-            try:
-                st = stats[name] = d.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                return None  # removed meanwhile
-            except OSError as exc:
-                raise _restore_error(exc, self._abs(join(rel, name))) from None
-            bname = name.encode("utf-8", "surrogateescape")
-            if is_reg(st.st_mode):  # _file_sig, inline
-                add(bname + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                          st.st_mode))
-            elif stat.S_ISDIR(st.st_mode):
-                sigs.append(_dir_sig(bname))
-            elif stat.S_ISLNK(st.st_mode):
-                try:
-                    sigs.append(_link_sig(bname, os.readlink(bname, dir_fd=fd)))
-                except OSError:
-                    return None
-        if self.cache.matches(key, _digest(sigs)) is None:
+        if self.cache.matches(key, _digest([ls.sigs])) is None:
             return None
         held = rec[3].hex()
         if held == sha:

@@ -56,13 +56,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import failpoints
+from . import failpoints, tree_scan
 from .errors import BlobSourceError, CorruptionError, TreeSourceError, UnsafeTreeError
 from .format import TREE_DIR, TREE_FILE, TREE_LINK
 from .local.blobs import CHUNK
 from .tree import Entry, IgnoreRules, Root, encode_dir, encode_root, join
 from .tree_cache import (
-    _FILE_SIG,
     RACY_NS,
     StatCache,
     _digest,
@@ -155,6 +154,11 @@ class _Snapper:
         # small files read and checked, stored with the objects (one batch of fsyncs)
         self._deferred: list[bytes] = []
         self._deferred_bytes = 0
+        self._skip = (b".git",) if gitignore else ()  # left out of every listing
+        # the whole-tree pass's (_prefetch): directories as recorded, listings of the others
+        self._clean: set[bytes] = set()
+        self._listings: dict[bytes, tree_scan.Listing] = {}
+        self._store_parent, self._store_name = os.path.split(trees.store_dir_b)
 
     def snapshot(self, top: str, patterns: tuple[str, ...]) -> Root:
         """Store the tree at ``top`` with its root object; returns the root."""
@@ -167,6 +171,7 @@ class _Snapper:
         """Walk, read and store the directory ``path`` (and, storing, the root object
         naming it, in the same batch); returns its object's ``(sha256, size)``."""
         nodes: list[_Node] = []
+        self._prefetch(os.fsencode(path), rules)
         top = self._walk(os.fsencode(path), rel, rules, 0, nodes)
         changed = [n for n in nodes if not n.reused]
         if self.reuse and self.store:
@@ -190,84 +195,96 @@ class _Snapper:
                 self._put_objects(pool, objects + self._deferred)
         return top.sha, top.size
 
+    def _prefetch(self, top: bytes, rules: IgnoreRules) -> None:
+        """The whole-tree pass (``tree_scan.walk``, one C call when the extension is
+        built): the directories as their trusted records say, all below them too, and the
+        listings of the others. Not where exclude patterns are in force (they decide
+        where the walk may go); under GITIGNORE it stops at each ``.gitignore``, below
+        which the walk lists directory by directory."""
+        if rules:
+            return
+        inside = self.trees.store_dir_b[len(top.rstrip(b"/")) + 1:] if \
+            self.trees.store_dir_b.startswith(top.rstrip(b"/") + b"/") else None
+        self._clean, self._listings = tree_scan.walk(
+            top, self._skip, self.cache.trusted() if self.reuse else {}, inside,
+            b".gitignore" if self.gitignore else None)
+        for key in self._clean:  # each is reached below one the walk looks at: kept as is
+            self.cache.carry(key)
+
     def _walk(self, path: bytes, rel: str, rules: IgnoreRules, depth: int,
               nodes: list[_Node]) -> _Node:
         """One directory (``path`` as bytes: names come back as bytes, no decoding)."""
         node = _Node(rel, _key(rel), depth)
         nodes.append(node)
-        try:
-            with os.scandir(path) as it:
-                items = list(it)
-        except OSError as exc:
-            raise TreeSourceError(os.fsdecode(path), f"cannot list it: {exc.strerror or exc}"
-                                  ) from None
-        if self.gitignore:
-            rules = self._gitignore(items, rules, rel)
-        files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]] = []
-        links: list[tuple[str, Entry]] = []
-        is_dir_, is_reg, gitignore, store_dir = stat.S_ISDIR, stat.S_ISREG, self.gitignore, \
-            self.trees.store_dir_b
-        ruled, add = bool(rules), files.append  # (the loop runs once per file of the tree)
-        for d in items:
+        if node.key in self._clean:  # as recorded, and all below it: the record's object
+            rec = self.cache.get(node.key)
+            rec = None if rec is None else self.cache.reusable(node.key, rec[0])
+            if rec is not None:
+                node.reused = True
+                node.sha, node.size, node.files, node.nbytes = rec[3].hex(), *rec[4:7]
+                return node
+        ls = self._listings.pop(node.key, None)
+        if ls is None:
             try:
-                st = d.stat(follow_symlinks=False)  # the one syscall per entry (fstatat)
-            except FileNotFoundError:
-                continue  # removed meanwhile: not in this snapshot
+                ls = tree_scan.scan(path, self._skip)  # lstat of each entry, no link followed
             except OSError as exc:
-                raise TreeSourceError(os.fsdecode(d.path), f"cannot stat it: "
+                raise TreeSourceError(os.fsdecode(path), f"cannot list it: "
                                       f"{exc.strerror or exc}") from None
-            name = d.name
-            if is_reg(st.st_mode):
-                if not ((gitignore and name == b".git")
-                        or (ruled and rules.ignored(join(rel, name), False))):
-                    add((name, d, st))
-                continue
-            is_dir = is_dir_(st.st_mode)
-            if ((gitignore and name == b".git") or (ruled and rules.ignored(join(rel, name),
-                                                                             is_dir))
-                    or (is_dir and d.path == store_dir)):
-                continue
-            if is_dir:
-                sub = self._walk(d.path, join(rel, name), rules, depth + 1, nodes)
-                node.subdirs.append((name, sub))
-            elif stat.S_ISLNK(st.st_mode):
-                try:
-                    target = os.readlink(d.path)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    raise TreeSourceError(os.fsdecode(d.path), f"cannot read the link: "
-                                          f"{exc.strerror or exc}") from None
-                links.append((join(rel, name), Entry(name, TREE_LINK, 0, "", len(target),
-                                                     target)))
-            # sockets, FIFOs and devices are not stored
-        other = [_link_sig(e.name, e.target) for _crel, e in links] + [
-            _dir_sig(name) for name, _sub in node.subdirs]
-        if self.reuse and self._as_recorded(node, files, other):
+        if self.gitignore:
+            rules = self._gitignore(path, ls, rules, rel)
+        drop = self._dropped(path, ls, rel, rules)
+        if drop:
+            ls = tree_scan.without(ls, drop)
+        if ls.errors:
+            name, err, link = ls.errors[0]
+            raise TreeSourceError(os.fsdecode(os.path.join(path, name)),
+                                  f"cannot {'read the link' if link else 'stat it'}: "
+                                  f"{os.strerror(err)}")
+        for name in ls.dirs:
+            sub = self._walk(os.path.join(path, name), join(rel, name), rules, depth + 1,
+                             nodes)
+            node.subdirs.append((name, sub))
+        if self.reuse and self._as_recorded(node, ls):
             return node
-        node.sigs = other
-        node.entries.extend(e for _crel, e in links)
+        # a changed directory (or no record to reuse): its entries one by one
+        node.sigs = [_dir_sig(name) for name in ls.dirs]
+        files: list[tuple[bytes, bytes, os.stat_result]] = []
+        is_reg, stat_at = stat.S_ISREG, tree_scan.stat_at
+        for i, name in enumerate(ls.names):
+            st = stat_at(ls, i)
+            if is_reg(st.st_mode):
+                files.append((name, os.path.join(path, name), st))
+        for name, target in ls.targets.items():
+            node.sigs.append(_link_sig(name, target))
+            node.entries.append(Entry(name, TREE_LINK, 0, "", len(target), target))
         if self.reuse:
             files = self._as_before(node, files)
         lookup, key = self.cache.lookup, node.key
-        for name, d, st in files:
+        for name, fpath, st in files:
             hit = lookup(key, name, st)
-            if hit is not None and (hit[1] or _hashes_to(d.path, hit[0])):
-                node.cached.append((name, d.path, st, hit[0], hit[1]))
+            if hit is not None and (hit[1] or _hashes_to(fpath, hit[0])):
+                node.cached.append((name, fpath, st, hit[0], hit[1]))
             else:
-                node.pending.append((name, d.path))
+                node.pending.append((name, fpath))
         return node
 
-    def _as_recorded(self, node: _Node,
-                     files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]],
-                     other: list[bytes]) -> bool:
+    def _dropped(self, path: bytes, ls: tree_scan.Listing, rel: str, rules: IgnoreRules
+                 ) -> set[bytes]:
+        """The entries of a directory that the snapshot leaves out: excluded by the rules,
+        or the store's own directory."""
+        drop: set[bytes] = set()
+        if path == self._store_parent and self._store_name in ls.dirs:
+            drop.add(self._store_name)
+        if rules:  # (once per entry of a directory with exclude rules in force)
+            dirs, ignored = set(ls.dirs), rules.ignored
+            drop.update(name for name in ls.names if ignored(join(rel, name), name in dirs))
+        return drop
+
+    def _as_recorded(self, node: _Node, ls: tree_scan.Listing) -> bool:
         """Whether the directory's own entries are as its trusted record says: then it
         is the record's object if its subdirectories are unchanged too, else its files
         and links are the old object's (only its subdirectories' entries are new)."""
-        pack = _FILE_SIG.pack  # _file_sig, inline: this runs for every file of the tree
-        sigs = [name + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                      st.st_mode) for name, _d, st in files] + other
-        digest = _digest(sigs)
+        digest = _digest([ls.sigs])
         if all(sub.reused for _name, sub in node.subdirs):
             rec = self.cache.reusable(node.key, digest)
             if rec is not None:
@@ -283,15 +300,14 @@ class _Snapper:
         except (CorruptionError, UnsafeTreeError):
             return False
         node.entries = [e for e in old if e.kind != TREE_DIR]
-        node.sigs = sigs
-        node.newest = max((st.st_mtime_ns for _n, _d, st in files), default=0)
+        node.sigs = [ls.sigs]  # (joined already: the digest is the same)
+        node.newest = ls.newest
         node.blob = rec[7]  # its files' cache entries, unchanged
         self.known.update(e.sha256 for e in node.entries if e.kind == TREE_FILE)
         return True
 
-    def _as_before(self, node: _Node,
-                   files: list[tuple[bytes, os.DirEntry[bytes], os.stat_result]]
-                   ) -> list[tuple[bytes, os.DirEntry[bytes], os.stat_result]]:
+    def _as_before(self, node: _Node, files: list[tuple[bytes, bytes, os.stat_result]]
+                   ) -> list[tuple[bytes, bytes, os.stat_result]]:
         """Take the files of a changed directory that are as its trusted record says
         straight from the record's directory object, an entry of the key's current tree
         (so no pin, no lookup, no new entry); returns the other files."""
@@ -304,10 +320,10 @@ class _Snapper:
             return files
         recorded = self.cache.files_of(node.key)
         seen = self.cache.seen.setdefault(node.key, {})
-        entries, sigs, newest, pack = node.entries, node.sigs, node.newest, _FILE_SIG.pack
+        entries, sigs, newest = node.entries, node.sigs, node.newest
         rest = []
         for item in files:  # (once per file of a changed directory)
-            name, _d, st = item
+            name, _p, st = item
             e = recorded.get(name)
             o = old.get(name)
             if (o is not None and e is not None and _entry_matches(e, st)
@@ -315,8 +331,7 @@ class _Snapper:
                     and o.kind == TREE_FILE and o.size == st.st_size
                     and o.perm == st.st_mode & 0o777 and o.sha256 == e[4].hex()):
                 entries.append(o)
-                sigs.append(name + b"\0f" + pack(st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                                  st.st_ino, st.st_mode))
+                sigs.append(_file_sig(name, st))
                 newest = max(newest, st.st_mtime_ns)
                 seen[name] = e  # carried over to the directory's new record
             else:
@@ -324,16 +339,17 @@ class _Snapper:
         node.newest = newest
         return rest
 
-    def _gitignore(self, items: list[os.DirEntry[bytes]], rules: IgnoreRules,
+    def _gitignore(self, path: bytes, ls: tree_scan.Listing, rules: IgnoreRules,
                    rel: str) -> IgnoreRules:
-        gi = next((d for d in items if d.name == b".gitignore"), None)
-        if gi is None or not gi.is_file(follow_symlinks=False):
+        i = tree_scan.find(ls, b".gitignore")
+        if i is None or not stat.S_ISREG(tree_scan.stat_at(ls, i).st_mode):
             return rules
+        gi = os.path.join(path, b".gitignore")
         try:
-            with open(gi.path, "rb") as f:
+            with open(gi, "rb") as f:
                 return rules.extended(_read_lines(f.read()), rel)
         except OSError as exc:
-            raise TreeSourceError(os.fsdecode(gi.path), f"cannot read it: "
+            raise TreeSourceError(os.fsdecode(gi), f"cannot read it: "
                                   f"{exc.strerror or exc}") from None
 
     def _old_known(self, changed: list[_Node]) -> None:

@@ -3,6 +3,7 @@ real PostgreSQL server (``pg_server``/``pg_dsn``/``pg_schema``, see tests/pg.py)
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 import agentwal
-from agentwal import failpoints
+from agentwal import failpoints, tree_scan
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +32,35 @@ def store(path: str) -> Iterator[agentwal.Store]:
     s = agentwal.open(path, durability="none", segment_bytes=65536, wal_max_bytes=1 << 20)
     yield s
     s.close()
+
+
+# -- the tree walks: the C listing and its pure-Python twin ------------------------------
+
+
+def ext_required() -> bool:
+    """True where a C walk that did not build is a failure, not a skip (CI)."""
+    return (os.environ.get("AGENTWAL_REQUIRE_EXT") == "1"
+            or os.environ.get("CI", "").lower() in ("1", "true", "yes"))
+
+
+@pytest.fixture(params=["c", "python"])
+def walker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Runs the test once with each implementation of ``tree_scan.scan`` (child processes
+    too: ``AGENTWAL_NO_EXT`` is set for the Python one). Modules of tree tests use it
+    with ``pytestmark = pytest.mark.usefixtures("walker")``."""
+    impl = request.param
+    if impl == "c" and not tree_scan.HAVE_EXTENSION:
+        if ext_required():
+            pytest.fail(f"the C walk is required here: {tree_scan.WHY_NOT}")
+        pytest.skip(f"the C walk: {tree_scan.WHY_NOT}")
+    before = tree_scan.implementation()
+    if impl == "python":
+        monkeypatch.setenv("AGENTWAL_NO_EXT", "1")
+    else:
+        monkeypatch.delenv("AGENTWAL_NO_EXT", raising=False)
+    tree_scan.use(impl)
+    yield impl
+    tree_scan.use(before)
 
 
 # -- PostgreSQL (tests/pg.py): one real server per session, started on first use ----------

@@ -26,6 +26,9 @@ import agentwal
 from agentwal.testing import sweep_blobs
 from tests.trees import Spec, build, read
 
+# each test with the C walk and with its pure-Python twin (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("walker")
+
 ROOT = str(Path(__file__).resolve().parents[2])
 
 

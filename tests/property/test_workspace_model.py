@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import agentwal
+from agentwal import tree_scan
 from tests.trees import read
 
 FILES = ["a", "b.txt", "d/c", "d/e/f", "g/h"]  # no file is another's directory
@@ -178,6 +179,24 @@ class WorkspaceMachine(RuleBasedStateMachine):
         assert read(str(self.dir)) == self.model
 
 
-WorkspaceMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25,
-                                              deadline=None)
+class PythonWalkMachine(WorkspaceMachine):
+    """The same machine with the pure-Python walk (the fallback when the C one is not
+    built); WorkspaceMachine runs whichever is in use (the C one where it was built)."""
+
+    def __init__(self) -> None:
+        self._before = tree_scan.implementation()
+        tree_scan.use("python")
+        super().__init__()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            tree_scan.use(self._before)
+
+
+for machine in (WorkspaceMachine, PythonWalkMachine):
+    machine.TestCase.settings = settings(max_examples=25, stateful_step_count=25,
+                                         deadline=None)
 TestWorkspace = WorkspaceMachine.TestCase
+TestWorkspacePythonWalk = PythonWalkMachine.TestCase

@@ -22,6 +22,9 @@ from agentwal.types import BlobRef
 from tests.helpers import Generated
 from tests.trees import Spec, build, read
 
+# each test with the C walk and with its pure-Python twin (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("walker")
+
 SPEC: Spec = {
     "README.md": b"# project\n",
     "src/app.py": b"print('hi')\n",

@@ -17,6 +17,9 @@ from tests.trees import Spec, build, read
 from tests.unit.test_store_trees import SPEC as BASE
 from tests.unit.test_store_trees import age, counting, files_read, put
 
+# each test with the C walk and with its pure-Python twin (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("walker")
+
 __all__ = ["counting"]  # a fixture, used by name
 
 SPEC: Spec = {k: BASE[k] for k in ("README.md", "src/app.py", "src/pkg/__init__.py",

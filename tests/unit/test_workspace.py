@@ -9,6 +9,9 @@ import pytest
 import agentwal
 from tests.trees import build, read
 
+# each test with the C walk and with its pure-Python twin (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("walker")
+
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
