@@ -1,8 +1,8 @@
 """Hatchling build hook: compile the optional C walk ``agentwal/_treewalk.c``.
 
 Why a hook and not setuptools: the project builds with hatchling, and the
-extension is one C file with no library to link (its hashing stays in Python:
-``hashlib``), so a compiler call is all it needs. The hook compiles it with
+extension is one C file with no library to link (its SHA-256 is its own, which
+the tests check against ``hashlib``), so a compiler call is all it needs. The hook compiles it with
 the compiler and flags the running Python was built with (``sysconfig``;
 ``CC`` from the environment wins, as with setuptools). If that fails (no
 compiler, no Python headers) the install still succeeds, without it:
