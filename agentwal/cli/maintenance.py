@@ -91,7 +91,9 @@ def salvage(path: str, dest: str, as_json: bool) -> None:
     value that did not read (a value that did not read is absent from those
     checkpoints in DEST). A damaged CONTROL is rebuilt from the store id the
     snapshot or the log's segment headers hold. Exits 1 if DEST (or
-    DEST.tmp) exists, or if nothing says whose files these are.
+    DEST.tmp) exists, if nothing says whose files these are, or if a writer
+    has the store open (store_locked: stop it first; `agentwal backup`
+    copies a store in use); no writer can open the store while it runs.
     """
     from ..local.salvage import describe
     from ..local.salvage import salvage as salvage_store
