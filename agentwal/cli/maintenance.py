@@ -12,7 +12,7 @@ import click
 
 from ..errors import DiskFullError, DurabilityError
 from ..health import size
-from ..views import when
+from ..views import command, when
 from .app import main
 from .common import (
     Failure,
@@ -226,7 +226,7 @@ def unpark(path: str, run: str, as_json: bool) -> None:
         was = store.parked().get(run)
         if not store.unpark(run):
             raise Failure("not_parked", f"run {run!r} is not parked; nothing was changed. "
-                          f"`agentwal runs {path}` shows the parked runs.")
+                          f"`{command('runs', path)}` shows the parked runs.")
     data = {"run": run, "parked_at": when(was[0]) if was else None,
             "was": was[1] if was else None}
     emit(as_json, data, lambda: click.echo(f"unparked {run} (parked because {data['was']})"))
