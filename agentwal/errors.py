@@ -137,7 +137,7 @@ class StoreLockedError(Error):
 
     code = "store_locked"
 
-    def __init__(self, path: str, pid: int | None) -> None:
+    def __init__(self, path: str, pid: int | None, *, advice: str | None = None) -> None:
         self.path = path
         self.pid = pid
         if pid is not None and pid == os.getpid():
@@ -146,8 +146,8 @@ class StoreLockedError(Error):
         else:
             holder = f"process {pid}" if pid else "another process"
         super().__init__(
-            f"store {path!r} is open for writing by {holder}. Close it there, "
-            "or open this one with readonly=True."
+            f"store {path!r} is open for writing by {holder}. "
+            + (advice or "Close it there, or open this one with readonly=True.")
         )
 
 

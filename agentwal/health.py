@@ -28,7 +28,7 @@ from .format import WAL_DIR
 from .io import OsFileSystem, writer_holder
 from .local.healthfile import JOBS, read_health
 from .local.wal import list_segments
-from .views import age, effect_counts, outbox, when
+from .views import age, command, effect_counts, outbox, when
 
 __all__ = ["attention", "inspect", "size"]
 
@@ -124,11 +124,11 @@ def attention(path: str, st: dict[str, Any], wal_max_bytes: int) -> list[str]:
         if eff["failed"]:
             parts.append(f"{eff['failed']} {'failed' if parts else 'effect(s) failed'}")
         out.append(f"{' and '.join(parts)}: check the downstream, then "
-                   f"`agentwal effects {path} --check` and `agentwal resolve`")
+                   f"`{command('effects', path, options=('--check',))}` and `agentwal resolve`")
     if st["outbox_pending"]:
         n = st["outbox_pending"]
         out.append(f"{n} outbox {'entry' if n == 1 else 'entries'} not yet dispatched: "
-                   f"`agentwal effects {path} --status pending`")
+                   f"`{command('effects', path, options=('--status', 'pending'))}`")
     if st.get("wal_bytes", 0) > 2 * wal_max_bytes:
         whose = {"recorded": "the writer's", "default": "the default"}.get(
             st.get("wal_max_bytes_from", ""), "")

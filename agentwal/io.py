@@ -30,6 +30,7 @@ import contextlib
 import errno
 import os
 import sys
+from collections.abc import Iterator
 from io import FileIO
 from typing import Protocol, runtime_checkable
 
@@ -306,6 +307,31 @@ class WriterLock:
             os.close(fd)
         if self._dir_fd is not None:
             fd, self._dir_fd = self._dir_fd, None
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def writers_kept_out(directory: str, why: str) -> Iterator[None]:
+    """Hold the store directory's writer ``flock`` (as a writer does) without writing ``LOCK``.
+
+    For code that reads a store's files by hand and must not race a writer
+    (salvage): a live writer makes this raise, and no writer can open the
+    store until the block ends. Nothing in the store is created or changed.
+
+    Raises:
+        StoreLockedError: a writer holds the store (``why`` says what to do instead).
+    """
+    path = os.path.join(directory, "LOCK")
+    fds = [os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                   | getattr(os, "O_CLOEXEC", 0))]
+    try:
+        with contextlib.suppress(FileNotFoundError):  # LOCK too, as WriterLock takes both
+            fds.append(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        if not all(_try_flock(fd) for fd in fds):
+            raise StoreLockedError(directory, _pid_in(path), advice=why)
+        yield
+    finally:
+        for fd in fds:
             os.close(fd)
 
 

@@ -61,6 +61,11 @@ __all__ = ["Store", "open"]
 
 T = TypeVar("T")
 
+#: The smallest ``map_size`` ``open`` takes (a smaller map cannot hold a new store's first
+#: pages, and LMDB's "map full" there read as a full disk).
+MIN_MAP_SIZE = 1 << 20
+
+
 def open(
     path: str | os.PathLike[str],
     *,
@@ -93,7 +98,7 @@ def open(
             ``wal_max_bytes``, at most 16 MiB).
         map_size: initial LMDB map size (address space, not disk; default
             twice the snapshot file, at least 64 MiB). A full map is doubled
-            when no read is open.
+            when no read is open. At least 1 MiB (``MIN_MAP_SIZE``).
         effect_retention: how long settled effects-ledger entries (done,
             resolved, not applied) are kept after their last update, so their
             keys still dedup (default 30 days; None keeps them forever).
@@ -140,6 +145,9 @@ def open(
         raise ValueError(f"wal_max_bytes must be at least {MIN_SEGMENT_BYTES}")
     if sync_interval <= 0:
         raise ValueError("sync_interval must be positive")
+    if map_size is not None and map_size < MIN_MAP_SIZE:  # LMDB's first pages need ~40 KiB
+        raise ValueError(f"map_size must be at least {MIN_MAP_SIZE} (1 MiB): it is address "
+                         "space, not disk, and grows when full; pass None for the default")
     first_segment = segment_bytes
     if segment_bytes is None:
         segment_bytes = max(MIN_SEGMENT_BYTES * 16, min(DEFAULT_SEGMENT_BYTES, wal_max_bytes // 4))

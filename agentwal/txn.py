@@ -740,6 +740,9 @@ class Transaction(EffectSteps):
             ValueError: ``sp`` is not a live savepoint of this transaction.
         """
         self._check()
+        if not isinstance(sp, Savepoint):
+            raise ValueError(f"rollback_to takes a Savepoint from txn.savepoint(), not {sp!r}; "
+                             "to go back to a checkpoint, use store.rollback_to(run, id)")
         if sp._depth >= len(self._savepoints) or self._savepoints[sp._depth] is not sp:
             raise ValueError("savepoint is not live in this transaction (released or foreign)")
         del self._savepoints[sp._depth + 1 :]

@@ -17,6 +17,7 @@ import decimal
 import difflib
 import json
 import math
+import shlex
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -206,12 +207,25 @@ def outbox(entries: list[Any]) -> list[Any]:
                   key=lambda e: e.order or (0, 0))
 
 
+def command(name: str, *args: Any, options: tuple[str, ...] = ()) -> str:
+    """An ``agentwal`` command line that a shell runs as printed.
+
+    Each argument is shell-quoted (a store path with a space, a DSN with ``&``),
+    and ``--`` goes before them when one starts with ``-`` (a run id may), so it
+    is not taken for an option; ``options`` (already shell-safe) go before that.
+    """
+    words = [shlex.quote(str(a)) for a in args]
+    if any(str(a).startswith("-") for a in args):
+        return " ".join(["agentwal", name, *options, "--", *words])
+    return " ".join(["agentwal", name, *words, *options])
+
+
 def resolve_command(path: str, e: Any) -> str | None:
     """The ``agentwal resolve`` command that settles an unsettled entry, or None."""
     if e.status not in ("in_doubt", "failed", "pending"):
         return None
-    return (f"agentwal resolve {path} {e.effect_id} --result 'JSON'   "
-            f"# or --not-applied")
+    return (command("resolve", path, e.effect_id, options=("--result", "'JSON'"))
+            + "   # or --not-applied")
 
 
 def first_checkpoint(store: Any, run: str, head: Any = None) -> Any:

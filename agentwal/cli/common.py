@@ -41,7 +41,7 @@ from rich.text import Text
 from .. import is_postgres_dsn
 from ..errors import Error
 from ..types import Progress
-from ..views import jsonable
+from ..views import command, jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -126,15 +126,15 @@ def _list_hint(exc: Error, params: dict[str, Any]) -> str:
     """The command that lists what a not-found error was looking for."""
     path = params.get("path", "STORE")
     if exc.code == "run_not_found":
-        return f" List the runs with `agentwal runs {path}`."
+        return f" List the runs with `{command('runs', path)}`."
     if exc.code == "checkpoint_not_found":
         run = getattr(exc, "run", params.get("run", "RUN"))
-        return f" List its checkpoints with `agentwal history {path} {run}`."
+        return f" List its checkpoints with `{command('history', path, run)}`."
     if exc.code == "effect_not_found":
-        return f" List the ledger with `agentwal effects {path}`."
+        return f" List the ledger with `{command('effects', path)}`."
     if exc.code == "missing_key":
         run = getattr(exc, "run", params.get("run", "RUN"))
-        return f" List its keys with `agentwal show {path} {run}`."
+        return f" List its keys with `{command('show', path, run)}`."
     return ""
 
 
@@ -157,7 +157,9 @@ def cli_message(exc: Error, params: dict[str, Any]) -> str:
     message = _API_HINT.sub("", str(exc)) if hint else str(exc)
     api, cli = _API_ADVICE.get(exc.code, ("", ""))
     if api and message.endswith(api):
-        message = message[: -len(api)] + cli.replace("PATH", str(params.get("path", "PATH")))
+        path = params.get("path", "PATH")
+        message = (message[: -len(api)]
+                   + cli.replace("`agentwal compact PATH`", f"`{command('compact', path)}`"))
     return message + hint
 
 

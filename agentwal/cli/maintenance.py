@@ -12,7 +12,7 @@ import click
 
 from ..errors import DiskFullError, DurabilityError
 from ..health import size
-from ..views import when
+from ..views import command, when
 from .app import main
 from .common import (
     Failure,
@@ -91,7 +91,9 @@ def salvage(path: str, dest: str, as_json: bool) -> None:
     value that did not read (a value that did not read is absent from those
     checkpoints in DEST). A damaged CONTROL is rebuilt from the store id the
     snapshot or the log's segment headers hold. Exits 1 if DEST (or
-    DEST.tmp) exists, or if nothing says whose files these are.
+    DEST.tmp) exists, if nothing says whose files these are, or if a writer
+    has the store open (store_locked: stop it first; `agentwal backup`
+    copies a store in use); no writer can open the store while it runs.
     """
     from ..local.salvage import describe
     from ..local.salvage import salvage as salvage_store
@@ -224,7 +226,7 @@ def unpark(path: str, run: str, as_json: bool) -> None:
         was = store.parked().get(run)
         if not store.unpark(run):
             raise Failure("not_parked", f"run {run!r} is not parked; nothing was changed. "
-                          f"`agentwal runs {path}` shows the parked runs.")
+                          f"`{command('runs', path)}` shows the parked runs.")
     data = {"run": run, "parked_at": when(was[0]) if was else None,
             "was": was[1] if was else None}
     emit(as_json, data, lambda: click.echo(f"unparked {run} (parked because {data['was']})"))

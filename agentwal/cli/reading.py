@@ -17,6 +17,7 @@ from ..types import TreeRef
 from ..views import (
     age,
     checkpoint_row,
+    command,
     fork_map,
     graph_rows,
     jsonable,
@@ -285,7 +286,7 @@ def show(path: str, run: str, key: str | None, keys: tuple[str, ...], at: int | 
         where = f"checkpoint {at}" if at else "its latest commit"
         raise NotFound("missing_key", f"run {run!r} has no key {missing[0]!r} at {where}. "
                        "List its keys with "
-                       f"`agentwal show {path} {run}" + (f" --at {at}`." if at else "`."))
+                       f"`{command('show', path, run, options=('--at', str(at)) if at else ())}`.")
     if key is not None and not keys and key not in trees:
         value = state[key]
         emit(as_json, value, lambda: click.echo(to_json(value)))

@@ -60,7 +60,7 @@ from .. import history
 from ..codec import CodecError, decode_value, is_blob_ref
 from ..errors import CorruptionError, Error, PathExistsError, StoreNotFoundError
 from ..format import BLOBS_DIR, LAYOUT4_VERSION, SNAPSHOT_DIR, SPARE_NAME, WAL_DIR
-from ..io import OsFileSystem
+from ..io import OsFileSystem, writers_kept_out
 from ..transfer import _origins_first
 from ..types import BlobRef, Checkpoint, TreeRef
 from .control import Control, create_control, raise_format, read_control
@@ -128,12 +128,20 @@ class SalvageReport:
                     or self.lost_values or self.skipped)
 
 
+#: Why salvage refuses a store a writer holds: it reads the files by hand, and a fold
+#: meanwhile would show it damage and lost checkpoints that are not there.
+_LIVE_WRITER = ("Salvage reads the store's files by hand and cannot follow a writer's "
+                "changes: stop the writer first. To copy a store that is in use, take a "
+                "backup (store.backup(dest), agentwal backup STORE DEST).")
+
+
 def salvage(src_path: str, dest: str) -> SalvageReport:
     """Copy everything that still reads from the store at ``src_path`` into a new store ``dest``.
 
     Raises:
         PathExistsError: ``dest`` or ``dest.tmp`` exists.
         StoreNotFoundError: no store at ``src_path``, or ``dest``'s parent is missing.
+        StoreLockedError: a writer has the store open (it is held out until salvage ends).
         CorruptionError: the source's ``CONTROL`` is damaged and neither the
             snapshot nor the log's segment headers say whose files these are;
             or it is whole but of another format version.
@@ -163,24 +171,25 @@ def salvage(src_path: str, dest: str) -> SalvageReport:
     if control is None and damaged_control is None:
         raise StoreNotFoundError(src_path, "no agentwal store here (no CONTROL file)",
                                  "Check the path: salvage needs the store's CONTROL file.")
-    shadow = tempfile.mkdtemp(prefix=".agentwal-salvage-", dir=parent)
-    done = False
-    try:
-        joined = _build_shadow(src_path, shadow, control, damaged_control, report)
-        with open_store(shadow, recover="prefix") as src:
-            if joined:
-                report.lost = _named(src.lost, shadow, src_path)
-            with open_store(tmp, durability="none") as out:
-                _copy_runs(src, out, report)
-                for entry in src.effects():
-                    out._engine.effectlog.write(entry)
-                    report.effects += 1
-                out.sync()
-        done = True
-    finally:
-        shutil.rmtree(shadow, ignore_errors=True)
-        if not done:  # our own partial copy: a later salvage may start afresh
-            shutil.rmtree(tmp, ignore_errors=True)
+    with writers_kept_out(src_path, _LIVE_WRITER):
+        shadow = tempfile.mkdtemp(prefix=".agentwal-salvage-", dir=parent)
+        done = False
+        try:
+            joined = _build_shadow(src_path, shadow, control, damaged_control, report)
+            with open_store(shadow, recover="prefix") as src:
+                if joined:
+                    report.lost = _named(src.lost, shadow, src_path)
+                with open_store(tmp, durability="none") as out:
+                    _copy_runs(src, out, report)
+                    for entry in src.effects():
+                        out._engine.effectlog.write(entry)
+                        report.effects += 1
+                    out.sync()
+            done = True
+        finally:
+            shutil.rmtree(shadow, ignore_errors=True)
+            if not done:  # our own partial copy: a later salvage may start afresh
+                shutil.rmtree(tmp, ignore_errors=True)
     fs.rename(tmp, dest)
     fs.fsync_dir(parent)
     return report

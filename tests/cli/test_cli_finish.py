@@ -7,6 +7,7 @@ import decimal
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import uuid
@@ -92,6 +93,52 @@ def test_an_unknown_run_is_a_usage_error_with_the_list_command(forked: str) -> N
         "code": "run_not_found", "exit_code": 2, "message": json.loads(out)["error"]["message"]}
     code, _, err = run("history", forked, "run-a", "--before", "99")
     assert code == 2 and f"agentwal history {forked} run-a" in err
+
+
+def _suggested(message: str) -> list[str]:
+    """The command a message tells the user to run, split as a shell would."""
+    start = message.index("`agentwal ") + 1
+    words = shlex.split(message[start:message.index("`", start)])
+    assert words[0] == "agentwal", message
+    return words[1:]
+
+
+def test_suggested_commands_run_as_printed_for_odd_paths_and_run_ids(tmp_path: Path) -> None:
+    # A store path with a space and a run id that starts with "-" (both allowed) used to be
+    # printed into the suggested command unquoted: pasted into a shell it failed ("No such
+    # option '-x'", or the path split in two).
+    path = str(tmp_path / "my store é")
+    with agentwal.open(path, durability="none") as s:
+        with s.begin("-x 1") as txn:
+            txn["k"] = 1
+        txn = s.begin("-x 1")
+        with pytest.raises(KeyboardInterrupt):
+            txn.effect("charge", lambda ctx: (_ for _ in ()).throw(KeyboardInterrupt()),
+                       mode="at_most_once")
+        txn.rollback()
+    for args, code_expected in ((["show", "--", path, "-x 1", "nope"], "missing_key"),
+                                (["show", "--", path, "nope"], "run_not_found"),
+                                (["history", "--before", "9", "--", path, "-x 1"],
+                                 "checkpoint_not_found"),
+                                (["show", "--at", "9", "--", path, "-x 1"],
+                                 "checkpoint_not_found"),
+                                (["resolve", path, "ef-nope", "--not-applied"],
+                                 "effect_not_found")):
+        code, _, err = run(*args)
+        assert code == 2 and code_expected in err, (args, err)
+        again, _, err2 = run(*_suggested(err))
+        assert again == 0, (args, err, err2)
+    code, out, _ = run("inspect", path)
+    assert code == 0 and "in doubt" in out
+    line = next(x for x in out.splitlines() if "in doubt" in x)
+    assert run(*_suggested(line))[0] == 1  # effects --check: the entry in doubt
+    from agentwal.views import resolve_command
+
+    with agentwal.open(path, readonly=True) as ro:
+        (entry,) = ro.effects()
+        command = resolve_command(path, entry)
+    assert command is not None
+    assert shlex.split(command)[:4] == ["agentwal", "resolve", path, entry.effect_id]
 
 
 def test_history_graph_shows_forks_rollbacks_and_head(forked: str) -> None:

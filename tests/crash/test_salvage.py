@@ -140,3 +140,39 @@ def test_recover_prefix_of_a_whole_store_loses_nothing(tmp_path: Path) -> None:
 def test_recover_argument(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         agentwal.open(tmp_path / "s", recover="everything")
+
+
+def test_salvage_refuses_a_store_with_a_live_writer(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # salvage reads data.mdb and the log by hand, so a writer folding meanwhile made it
+    # report snapshot damage and lost checkpoints that were not lost (seen against a live
+    # agent). It must refuse, changing and creating nothing, and keep writers out while it runs.
+    import agentwal.local.salvage as salvage_module
+
+    src, dest = tmp_path / "s", tmp_path / "out"
+    store = agentwal.open(src)
+    with store.begin("r") as txn:
+        txn["i"] = 1
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(agentwal.StoreLockedError) as info:
+        salvage(str(src), str(dest))
+    assert info.value.pid == os.getpid() and "backup" in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == before  # no dest, dest.tmp or shadow left
+    result = CliRunner().invoke(main, ["salvage", str(src), str(dest), "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["error"]["code"] == "store_locked"
+    store.close()
+
+    copy_runs = salvage_module._copy_runs
+    refused = []
+
+    def copy_and_try_a_writer(src_store: object, out: object, report: object) -> None:
+        with pytest.raises(agentwal.StoreLockedError):
+            agentwal.open(src)
+        refused.append(True)
+        copy_runs(src_store, out, report)
+
+    monkeypatch.setattr(salvage_module, "_copy_runs", copy_and_try_a_writer)
+    report = salvage(str(src), str(dest))
+    assert refused and report.complete and report.checkpoints == {"r": 1}
+    with agentwal.open(src) as again:  # released once salvage ends
+        assert again.get("r", "i") == 1

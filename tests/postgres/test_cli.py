@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -83,7 +84,8 @@ def test_reading_commands_take_a_url(filled: PostgresStore, url: str) -> None:
 def test_not_found_names_the_url_in_its_hint(filled: PostgresStore, url: str) -> None:
     code, out = run("history", url, "nope", "--json")
     assert code == 2 and error_of(out)["code"] == "run_not_found"  # a name not there: usage
-    assert f"agentwal runs {url}" in error_of(out)["message"]
+    # shell-quoted: the URL's "&" would otherwise end the command when pasted
+    assert f"agentwal runs {shlex.quote(url)}" in error_of(out)["message"]
 
 
 def test_writing_commands_are_one_more_worker(filled: PostgresStore, url: str) -> None:

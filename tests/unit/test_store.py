@@ -321,6 +321,18 @@ def test_bad_open_arguments(path: str) -> None:
     assert agentwal.Durability("async") is agentwal.Durability.ASYNC
 
 
+@pytest.mark.parametrize("map_size", [0, 4096, 32 << 10])
+def test_a_tiny_map_size_is_a_usage_error_not_a_full_disk(path: str, map_size: int) -> None:
+    # Regression: map_size=4096 (or up to ~40 KiB) made the first open fail with
+    # DiskFullError, "no room to write the snapshot ... Free some space", on a disk with
+    # plenty: the map (address space) was too small for LMDB's first pages.
+    with pytest.raises(ValueError, match="map_size"):
+        agentwal.open(path, map_size=map_size)
+    assert not os.path.exists(path)  # nothing was created
+    with agentwal.open(path, map_size=1 << 20) as s:  # the smallest accepted map works
+        commit(s, "r", a=1)
+
+
 class FlakyFs(OsFileSystem):
     """The OS file system with switchable fsync and write failures."""
 

@@ -101,6 +101,19 @@ def test_savepoints(store: agentwal.Store) -> None:
     assert store.state("r") == {"a": 1, "e": 5}
 
 
+def test_rollback_to_a_checkpoint_id_is_the_documented_value_error(store: agentwal.Store) -> None:
+    # Regression: txn.rollback_to(3), mistaking it for store.rollback_to(run, 3), raised a
+    # bare AttributeError ("'int' object has no attribute '_depth'").
+    with store.begin("r") as txn:
+        txn["a"] = 1
+    with store.begin("r") as txn:
+        txn["a"] = 2
+        with pytest.raises(ValueError, match=r"store\.rollback_to"):
+            txn.rollback_to(1)  # type: ignore[arg-type]
+        assert txn.get("a") == 2  # nothing was undone; the transaction goes on
+    assert store.get("r", "a") == 2
+
+
 def test_savepoint_restores_meta(store: agentwal.Store) -> None:
     with store.begin("r") as txn:
         txn.meta(node="a")
