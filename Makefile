@@ -59,7 +59,7 @@ bench-postgres: $(STAMP)
 	$(PY) bench/langgraph_postgres_compare.py
 
 # docs/benchmarks.md's generated section and its plots (docs/images/bench/*.png), from one
-# run of every side-by-side measurement saved to bench/report.json (about 17 minutes).
+# run of every side-by-side measurement saved to bench/report.json (about 12 minutes on the 2-CPU machine of the report).
 # `$(PY) bench/report.py --quick` is the same code at tiny sizes (seconds; meaningless figures).
 bench-report: $(STAMP)
 	$(PY) bench/report.py

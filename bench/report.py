@@ -3,7 +3,7 @@
 
 Usage::
 
-    make bench-report                          # the full run (about 17 minutes), then the page
+    make bench-report                          # the full run (about 12 minutes), then the page
     .venv/bin/python bench/report.py --quick   # tiny sizes, a few seconds: checks the code path
     .venv/bin/python bench/report.py --render-only   # page and plots again from bench/report.json
 
