@@ -551,7 +551,9 @@ class Store(StepsAPI, HistoryAPI, BlobsAPI, EffectsAPI):
 
         After ``close()`` every method raises ``StoreClosedError``; open
         transactions are dead. If the writer is broken the fold is skipped and
-        the WAL keeps everything for the next open.
+        the WAL keeps everything for the next open. Once everything is folded,
+        the log goes on in a new first-size segment (64 KiB) and a grown one
+        is removed, so a store at rest holds little log and opens fast.
         """
         self._leases.release_all("the store was closed")
         self._engine.close()

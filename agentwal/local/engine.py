@@ -579,6 +579,11 @@ class Engine:
                 self.folder.fold()
                 self.maintenance.retain_step(force=True)
                 self._pipe.writer.remove_spare()
+                # At rest a store keeps a first segment, not a grown one's zeros (which
+                # the next open would read). Best effort: when it fails, the grown
+                # segment and all it holds are still there, and nothing is lost.
+                with self._pipe.flush_lock, contextlib.suppress(Error):
+                    self._pipe.writer.restart_small(self._applied)
         finally:
             self.closed = True
             self._release_all()

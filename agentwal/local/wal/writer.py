@@ -305,13 +305,14 @@ class Writer:
         with self.lock:  # no fsync of the old descriptor is in flight
             self._rotate_locked(first_lsn, number, need)
 
-    def _rotate_locked(self, first_lsn: int, number: int, need: int) -> None:
+    def _rotate_locked(self, first_lsn: int, number: int, need: int,
+                       size: int | None = None) -> None:
         if self._fd is not None:  # retire the full segment: durable, then closed
             if self.written_lsn > self.synced_lsn:
                 self._fsync_current()
             self.synced_lsn, self.synced_end = self.written_lsn, self.end
             self._close_fd()
-        size = self._next_size(need)
+        size = size or self._next_size(need)
         if self.segments and self.segments[-1].first_lsn == first_lsn:
             # The current segment holds no record yet (a first record too big
             # for it): the new one takes its name, number and place.
@@ -519,6 +520,36 @@ class Writer:
             if spare is not None:
                 with contextlib.suppress(OSError):
                     self.fs.close(spare[0])
+
+    def restart_small(self, folded_lsn: int) -> bool:
+        """At a clean close, once every record is folded: go on in a new first-size segment.
+
+        A busy store's segments grow to ``segment_bytes``, preallocated with
+        zeros, and its current one stays that big at rest: disk held by a
+        store nobody writes to, and bytes the next open reads to check where
+        the log ends (the preallocation after the last record must be all
+        zeros). When LMDB holds every record written (``folded_lsn``, its
+        applied LSN, is the last LSN) and the current segment is larger than
+        a first segment, this makes the next segment at the first size, with
+        no record in it, and removes the old one: a rotation and a removal,
+        as the log makes after any fold, so recovery knows every state a
+        crash can leave between them. Returns whether it did; nothing is
+        done when a record is not folded, the writer stopped or the segment
+        is small already. Call under the pipeline's ``flush_lock``.
+
+        Raises:
+            DiskFullError, DurabilityError: as a rotation or removal can (the
+            old segment and everything in it are then still there).
+        """
+        with self.lock:
+            if (self.broken is not None or self.closed or self._fd is None
+                    or not self.segments or self.written_lsn != folded_lsn
+                    or self.segments[-1].size <= self.first_bytes):
+                return False
+            self._rotate_locked(folded_lsn + 1, self.segments[-1].number + 1, 0,
+                                size=self.first_bytes)
+            self._remove_through(folded_lsn)
+        return True
 
     def remove_spare(self) -> None:
         """Remove an unused spare and make no more (a clean close; best effort).
