@@ -771,23 +771,14 @@ def langgraph_local(threads: list[int], steps: int, message_bytes: int, rounds: 
     except ImportError as exc:
         out["notes"] = [f"LangGraph's SqliteSaver skipped: {exc}"]
         return out
-    runs = dict(zip(LG_LOCAL_SAVERS, (lgc.run_agentwal, lgc.run_sqlite), strict=True))
-    got: dict[str, list[list[dict[str, Any]]]] = {n: [[] for _ in threads] for n in runs}
-    for i, t in enumerate(threads):
-        args = argparse.Namespace(threads=t, steps=steps, message_bytes=message_bytes,
-                                  no_view=False, fold_every=0)
-        for r in range(rounds):
-            order = list(runs.items())
-            for name, run in order if (r + i) % 2 == 0 else order[::-1]:
-                with scratch_dir("lg-bench-") as d:
-                    got[name][i].append(run(d, args))
-                log(f"langgraph round {r + 1}/{rounds}: {name} x{t}: "
-                    f"{got[name][i][-1]['puts_per_s']:,.0f} puts/s")
-    out["series"] = {n: {c: [spread([x[c] for x in per]) for per in got[n]] for c in LG_COLUMNS}
-                     for n in runs}
-    aw, sq = (got[n] for n in LG_LOCAL_SAVERS)
-    out["ratios"] = {c: [paired([x[c] for x in a], [x[c] for x in q]) if all(
-        x[c] for x in q) else None for a, q in zip(aw, sq, strict=True)] for c in LG_COLUMNS}
+    def one(run: Callable[..., dict[str, Any]], args: argparse.Namespace,
+            _r: int) -> dict[str, Any]:
+        with scratch_dir("lg-bench-") as d:
+            return run(d, args)
+
+    saver_rounds(out, dict(zip(LG_LOCAL_SAVERS, (lgc.run_agentwal, lgc.run_sqlite),
+                               strict=True)), one, "langgraph", log, no_view=False,
+                 fold_every=0)
     return out
 
 
@@ -1003,23 +994,37 @@ def langgraph_postgres_sweep(threads: list[int], steps: int, message_bytes: int,
     except ImportError as exc:
         out["notes"].append(f"LangGraph's PostgresSaver skipped: {exc}")
         return out
-    runs = {"AgentWALSaver (PostgreSQL)": lpc.run_agentwal, "PostgresSaver":
-            lpc.run_postgres_saver}
+    dsn = pg.dsn
+    saver_rounds(out, dict(zip(LG_SAVERS, (lpc.run_agentwal, lpc.run_postgres_saver),
+                               strict=True)),
+                 lambda run, args, r: run(dsn, args, r), "langgraph on postgres", log)
+    return out
+
+
+def saver_rounds(out: dict[str, Any], runs: dict[str, Callable[..., dict[str, Any]]],
+                 call: Callable[[Callable[..., dict[str, Any]], argparse.Namespace, int],
+                                dict[str, Any]],
+                 label: str, log: Log, **extra: Any) -> None:
+    """Two LangGraph savers' rounds at each of ``out["threads"]`` (agentwal's first in
+    ``runs``, then its baseline), alternating which goes first; ``call(run, args, round)``
+    runs one. Fills ``out["series"]`` (each column's spread per thread count) and
+    ``out["ratios"]`` (agentwal / baseline, the median of per-round ratios)."""
+    threads = out["threads"]
     got: dict[str, list[list[dict[str, Any]]]] = {n: [[] for _ in threads] for n in runs}
     for i, t in enumerate(threads):
-        args = argparse.Namespace(threads=t, steps=steps, message_bytes=message_bytes)
-        for r in range(rounds):
+        args = argparse.Namespace(threads=t, steps=out["steps"],
+                                  message_bytes=out["message_bytes"], **extra)
+        for r in range(out["rounds"]):
             order = list(runs.items())
             for name, run in order if (r + i) % 2 == 0 else order[::-1]:
-                got[name][i].append(run(pg.dsn, args, r))
-                log(f"langgraph on postgres round {r + 1}/{rounds}: {name} x{t}: "
+                got[name][i].append(call(run, args, r))
+                log(f"{label} round {r + 1}/{out['rounds']}: {name} x{t}: "
                     f"{got[name][i][-1]['puts_per_s']:,.0f} puts/s")
     out["series"] = {n: {c: [spread([x[c] for x in per]) for per in got[n]] for c in LG_COLUMNS}
                      for n in runs}
-    aw, ps = (got[n] for n in LG_SAVERS)
-    out["ratios"] = {c: [paired([x[c] for x in a], [x[c] for x in p]) if all(
-        x[c] for x in p) else None for a, p in zip(aw, ps, strict=True)] for c in LG_COLUMNS}
-    return out
+    aw, base = (got[n] for n in runs)
+    out["ratios"] = {c: [paired([x[c] for x in a], [x[c] for x in b]) if all(
+        x[c] for x in b) else None for a, b in zip(aw, base, strict=True)] for c in LG_COLUMNS}
 
 
 # -- failover time vs lease TTL on PostgreSQL ------------------------------------------------------

@@ -741,18 +741,7 @@ def _langgraph_local(res: dict[str, Any], cmd: str) -> list[str]:
             f"{_n(lg['rounds'], 'round')}, alternating which saver goes first. Bytes per "
             f"checkpoint: the files' growth over the last 20 steps of every thread, both "
             f"logs folded first. {cmd}.", ""]
-    cols = {"puts_per_s": "checkpoints/s", "get_tuple_p50_ms": "get_tuple ms",
-            "list_all_s": "list s", "bytes_per_checkpoint_at_end": "B per checkpoint"}
-    rows = []
-    for i, t in enumerate(lg["threads"]):
-        for name, sr in lg["series"].items():
-            rows.append([str(t), name, *(_num(sr[c][i]["median"]) for c in cols)])
-        rows.append([str(t), "**AgentWALSaver / SqliteSaver**", *(
-            f"{r:.3g}x" if (r := lg["ratios"][c][i]) is not None else "n/a" for c in cols)])
-    out += _table(["threads", "saver", *cols.values()], rows)
-    out += ["Ratios are medians of per-round ratios; `list` reads all of one thread's "
-            "checkpoints.", ""]
-    return out
+    return out + _saver_table(lg, "SqliteSaver", "{:.3g}x")
 
 
 def _langgraph_postgres(res: dict[str, Any], page_dir: str, images: dict[str, str | None],
@@ -774,18 +763,24 @@ def _langgraph_postgres(res: dict[str, Any], page_dir: str, images: dict[str, st
            f"durable) against LangGraph threads; right: milliseconds per `get_tuple` of a "
            f"thread's latest checkpoint at the end. Medians over rounds, bars min to max. "
            f"{cmd}.*")
+    return out + _saver_table(lp, "PostgresSaver", "{:.2f}x")
+
+
+def _saver_table(part: dict[str, Any], baseline: str, ratio: str) -> list[str]:
+    """Two LangGraph savers' medians per thread count, and agentwal's ratio to ``baseline``
+    (formatted with ``ratio``): ``report.saver_rounds``'s figures."""
     cols = {"puts_per_s": "checkpoints/s", "get_tuple_p50_ms": "get_tuple ms",
             "list_all_s": "list s", "bytes_per_checkpoint_at_end": "B per checkpoint"}
     rows = []
-    for i, t in enumerate(lp["threads"]):
-        for name, sr in lp["series"].items():
+    for i, t in enumerate(part["threads"]):
+        for name, sr in part["series"].items():
             rows.append([str(t), name, *(_num(sr[c][i]["median"]) for c in cols)])
-        rows.append([str(t), "**AgentWALSaver / PostgresSaver**", *(
-            f"{r:.2f}x" if (r := lp["ratios"][c][i]) is not None else "n/a" for c in cols)])
-    out += _table(["threads", "saver", *cols.values()], rows)
-    out += ["Ratios are medians of per-round ratios; `list` reads all of one thread's "
+        rows.append([str(t), f"**AgentWALSaver / {baseline}**", *(
+            ratio.format(r) if (r := part["ratios"][c][i]) is not None else "n/a"
+            for c in cols)])
+    return [*_table(["threads", "saver", *cols.values()], rows),
+            "Ratios are medians of per-round ratios; `list` reads all of one thread's "
             "checkpoints.", ""]
-    return out
 
 
 def _failover(res: dict[str, Any], page_dir: str, images: dict[str, str | None],
