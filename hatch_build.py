@@ -2,9 +2,10 @@
 
 Why a hook and not setuptools: the project builds with hatchling, and the
 extension is one C file with no library to link (its SHA-256 is its own, which
-the tests check against ``hashlib``), so a compiler call is all it needs. The hook compiles it with
-the compiler and flags the running Python was built with (``sysconfig``;
-``CC`` from the environment wins, as with setuptools). If that fails (no
+the tests check against ``hashlib``), so a compiler call is all it needs. The
+hook compiles it with the linker command and shared-object flags the running
+Python was built with (``sysconfig``'s ``LDSHARED`` and ``CCSHARED``, plus
+``-O2 -Wall``; ``CC`` from the environment wins, as with setuptools). If that fails (no
 compiler, no Python headers) the install still succeeds, without it:
 ``agentwal.tree_scan`` then uses its pure-Python twin, which gives the same
 results, slower (``docs/workspace.md``). ``AGENTWAL_NO_EXT_BUILD=1`` skips the

@@ -23,8 +23,8 @@
  *   names   every entry's name, sorted (files, links, directories, others);
  *   stats   per name a 40-byte record, little-endian int64 size, mtime_ns,
  *           ctime_ns, inode, mode (tree_cache._FILE_SIG); a directory's record
- *           holds only its mode's type bits when the file system gives the
- *           type in the listing (no lstat is made for it, as os.DirEntry);
+ *           holds only its mode's type bits (no lstat is made for it, as
+ *           os.DirEntry);
  *   targets {name: target} of the links;
  *   dirs    the names of the subdirectories, sorted;
  *   errors  [(name, errno, while reading the link)] of the entries that could
