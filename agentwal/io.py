@@ -286,10 +286,12 @@ class WriterLock:
                 raise StoreLockedError(directory, _pid_in(self.path))
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                          FILE_MODE)
-            if not _try_flock(fd):
-                holder = _read_pid(fd)
+            try:
+                if not _try_flock(fd):
+                    raise StoreLockedError(directory, _read_pid(fd))
+            except BaseException:  # held, or flock failed otherwise (ENOLCK)
                 os.close(fd)
-                raise StoreLockedError(directory, holder)
+                raise
         except BaseException:
             os.close(dir_fd)
             raise

@@ -628,3 +628,25 @@ def test_open_source_reads_the_callers_file_unbuffered(tmp_path: Path) -> None:
         io.open_source(str(tmp_path / "missing"))
     with pytest.raises(IsADirectoryError):
         io.open_source(str(tmp_path))
+
+
+def test_a_lock_file_flock_that_fails_leaks_no_descriptor(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The directory's flock succeeds, LOCK's fails with an error other than "held"
+    # (ENOLCK): the error reaches the caller and both descriptors are closed.
+    real, calls = io._try_flock, []
+
+    def flaky(fd: int) -> bool:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOLCK, "no locks available")
+        return real(fd)
+
+    monkeypatch.setattr(io, "_try_flock", flaky)
+    store = tmp_path / "s.awal"
+    store.mkdir()
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as err:
+        io.WriterLock(str(store)).acquire()
+    assert err.value.errno == errno.ENOLCK
+    assert sorted(os.listdir("/proc/self/fd")) == before
