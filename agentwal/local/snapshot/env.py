@@ -91,7 +91,7 @@ def translate(exc: Exception, directory: str, what: str, *, reading: bool = Fals
             "Too many open files" in str(exc):
         return StoreLimitError(path, f"no file descriptor left ({what}: {exc})",
                                "Close stores this process no longer uses, or raise the limit "
-                               "(`ulimit -n`; each open store uses about 5).")
+                               "(`ulimit -n`; each open store uses about 6).")
     if (isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or "No space" in str(exc)
             or getattr(exc, "code", None) in DISK_FULL_ERRNOS):
         return DiskFullError(path, f"no room to write the snapshot {path!r} ({what}); "

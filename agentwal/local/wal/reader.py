@@ -121,6 +121,7 @@ def scan_segment(data: bytes, header: SegmentHeader, start: tuple[int, int] | No
 
 
 _ZEROS = bytes(1 << 20)
+_ZERO_VIEW = memoryview(_ZEROS)  # a shorter block of zeros without a copy
 
 
 def _zero_from(data: bytes, off: int) -> bool:
@@ -132,7 +133,7 @@ def _zero_from(data: bytes, off: int) -> bool:
     end = len(data)
     while off < end:
         n = min(end - off, len(_ZEROS))
-        if not data.startswith(_ZEROS if n == len(_ZEROS) else _ZEROS[:n], off):
+        if not data.startswith(_ZERO_VIEW[:n], off):
             return False
         off += n
     return True
